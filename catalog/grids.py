@@ -1,0 +1,94 @@
+"""Activation grids (method.md section 3): every neuron's activation on every prompt.
+
+For neuron n of layer L and operator op, ``K[a, b]`` is the neuron's activation
+after the non-linearity (``blocks.L.mlp.hook_post``) at the last prompt position
+of ``"{a}{op}{b}="``. One batched pass over the whole prompt table records these
+for the requested layers and, from the same pass, whether the model answers each
+prompt correctly (greedy continuation equals the result's tokens, judged by
+teacher forcing so multi-token answers cost no extra passes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer, utils
+
+from catalog.prompts import PromptTable
+
+
+def post_hook_name(layer: int) -> str:
+    """TransformerLens name of layer ``layer``'s MLP activation hook."""
+    return utils.get_act_name("post", layer)
+
+
+def final_logits(
+    model: HookedTransformer, resid: Float[torch.Tensor, "batch pos d_model"]
+) -> Float[torch.Tensor, "batch pos d_vocab"]:
+    """Unembed a final residual stream (final LayerNorm, then W_U)."""
+    return model.unembed(model.ln_final(resid))
+
+
+def _groups(table: PromptTable) -> dict[tuple[int, int], np.ndarray]:
+    """(prompt length, result token count) -> prompt indices."""
+    keys = np.array([(len(t), len(r)) for t, r in zip(table.tokens, table.result_tokens,
+                                                       strict=True)])
+    out = {}
+    for key in np.unique(keys, axis=0):
+        out[(int(key[0]), int(key[1]))] = np.nonzero((keys == key).all(axis=1))[0]
+    return out
+
+
+@torch.no_grad()
+def run_grid(
+    model: HookedTransformer,
+    table: PromptTable,
+    layers: list[int],
+    batch_size: int = 4096,
+    progress: bool = False,
+) -> dict[int, Float[np.ndarray, "prompt d_mlp"]]:
+    """Last-position MLP activations of ``layers`` for every prompt; sets ``table.correct``.
+
+    Returns layer -> float32 array (n_prompts, d_mlp) in table order.
+    """
+    n = len(table)
+    d_mlp = model.cfg.d_mlp
+    device = model.cfg.device
+    acts = {layer: np.empty((n, d_mlp), dtype=np.float32) for layer in layers}
+    correct = np.zeros(n, dtype=bool)
+    groups = _groups(table)
+    total = sum(-(-len(idx) // batch_size) for idx in groups.values())
+    bar = tqdm(total=total, desc="activation grids", disable=not progress, unit="batch")
+    for (length, m), idx_all in groups.items():
+        for start in range(0, len(idx_all), batch_size):
+            idx = idx_all[start:start + batch_size]
+            seq = np.stack([np.concatenate([table.tokens[i], table.result_tokens[i][:-1]])
+                            for i in idx])
+            captured: dict[int, torch.Tensor] = {}
+
+            def grab(act, hook, _pos=length - 1, _store=captured):
+                _store[hook.layer()] = act[:, _pos, :].float().cpu()
+
+            resid = model.run_with_hooks(
+                torch.from_numpy(seq).to(device),
+                stop_at_layer=model.cfg.n_layers,
+                fwd_hooks=[(post_hook_name(layer), grab) for layer in layers],
+            )
+            pred = final_logits(model, resid[:, length - 1:length - 1 + m]).argmax(-1).cpu()
+            target = torch.from_numpy(np.stack([table.result_tokens[i] for i in idx]))
+            correct[idx] = (pred == target).all(dim=1).numpy()
+            for layer in layers:
+                acts[layer][idx] = captured[layer].numpy()
+            bar.update(1)
+    bar.close()
+    table.correct = correct
+    return acts
+
+
+def accuracy_by_operator(table: PromptTable) -> dict[str, float]:
+    """Share of valid prompts answered correctly, per operator."""
+    if table.correct is None:
+        raise ValueError("prompt correctness is unknown; run run_grid first")
+    return {op: float(table.correct[table.op_index(op)].mean()) for op in table.operators}

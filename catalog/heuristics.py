@@ -1,0 +1,277 @@
+"""Heuristics (method.md section 7): the prompt sets that neurons are matched against.
+
+A heuristic H is a set S_H of grid prompts it is "about": op1 in [20, 30), result
+= 3 (mod 5), op2 ends in 7, op1 = op2, ... Families are pluggable (a registry that
+refuses duplicate names). Each family yields *partitions*: groups of heuristics
+whose sets are disjoint over one operator's cells, written as one label per cell
+(-1 for cells in none). Scoring (catalog.matching) works a partition at a time,
+which is what makes matching every neuron against every heuristic fast.
+
+Operand heuristics (targets op1, op2, both) are scored on the activation map K;
+result heuristics on the KV map, the neuron's direct push on the right answer.
+Each heuristic also knows its own membership rule (``contains``), used by the
+slow reference implementation in the tests and by knockouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from catalog.config import MeasureConfig
+
+TARGETS = ("op1", "op2", "both", "result")
+
+
+@dataclass(frozen=True)
+class Heuristic:
+    """One heuristic: family, target, parameters, and a readable label.
+
+    ``params`` by family: range (start, width); modulo (modulus, residue);
+    pattern (pattern string of 3 characters, digits or '.'); identical ();
+    multi_result (sorted tuple of results).
+    """
+
+    family: str
+    target: str
+    params: tuple
+
+    @property
+    def key(self) -> str:
+        """Stable text id, e.g. ``range:op1:20:10``."""
+        return ":".join([self.family, self.target, *map(str, self.params)])
+
+    @property
+    def direct(self) -> bool:
+        """Result heuristics act through the neuron's direct effect (scored on the KV map)."""
+        return self.target == "result"
+
+    @property
+    def label(self) -> str:
+        who = {"op1": "op1", "op2": "op2", "both": "op1 and op2", "result": "result"}[self.target]
+        p = self.params
+        if self.family == "range":
+            return f"{who} in [{p[0]}, {p[0] + p[1]})"
+        if self.family == "modulo":
+            return f"{who} = {p[1]} (mod {p[0]})"
+        if self.family == "pattern":
+            return f"{who} matches {p[0]}"
+        if self.family == "identical":
+            return "op1 = op2"
+        if self.family == "multi_result":
+            return f"result in {{{', '.join(map(str, p))}}}"
+        return self.key
+
+    def contains(self, a: np.ndarray, b: np.ndarray, result: np.ndarray) -> np.ndarray:
+        """Boolean membership of cells (a, b, result) in S_H: the definition itself."""
+        p = self.params
+        if self.family == "identical":
+            return a == b
+        if self.family == "multi_result":
+            return np.isin(result, np.array(p))
+        if self.family == "range":
+            def test(x):
+                return (x >= p[0]) & (x < p[0] + p[1])
+        elif self.family == "modulo":
+            def test(x):
+                return x % p[0] == p[1]
+        elif self.family == "pattern":
+            def test(x):
+                ok = x < 1000
+                for pos, ch in enumerate(p[0]):
+                    if ch != ".":
+                        ok &= (x // 10 ** (2 - pos)) % 10 == int(ch)
+                return ok
+        else:
+            raise ValueError(f"unknown heuristic family {self.family!r}")
+        if self.target == "op1":
+            return test(a)
+        if self.target == "op2":
+            return test(b)
+        if self.target == "both":
+            return test(a) & test(b)
+        return test(result)
+
+
+@dataclass
+class Partition:
+    """Disjoint heuristics over one operator's cells.
+
+    labels: (n_cells,) index into ``heuristics`` or -1. sizes: |S_H| of each.
+    scoring: "topk" (Algorithm 1) or "count" (the released code's pattern count).
+    """
+
+    heuristics: list[Heuristic]
+    labels: np.ndarray
+    sizes: np.ndarray
+    scoring: str = "topk"
+
+    @property
+    def direct(self) -> bool:
+        return self.heuristics[0].direct
+
+
+@dataclass(frozen=True)
+class Cells:
+    """The valid cells of one operator's grid."""
+
+    op: str
+    a: np.ndarray
+    b: np.ndarray
+    result: np.ndarray
+    lo: int
+    hi: int
+
+    def values(self, target: str) -> np.ndarray:
+        return {"op1": self.a, "op2": self.b, "result": self.result}[target]
+
+
+FamilyBuilder = Callable[[Cells, MeasureConfig], list[Partition]]
+FAMILIES: dict[str, FamilyBuilder] = {}
+
+
+def register_family(name: str) -> Callable[[FamilyBuilder], FamilyBuilder]:
+    """Register a heuristic family builder; a second family of the same name is refused."""
+    def deco(fn: FamilyBuilder) -> FamilyBuilder:
+        if name in FAMILIES:
+            raise ValueError(f"heuristic family {name!r} is already registered")
+        FAMILIES[name] = fn
+        return fn
+    return deco
+
+
+def _partition(
+    cells: Cells, labels: np.ndarray, heuristics: list[Heuristic], scoring: str = "topk"
+) -> Partition | None:
+    """Drop empty heuristics and trivial ones (every cell); renumber labels."""
+    n = len(cells.a)
+    sizes = np.bincount(labels[labels >= 0], minlength=len(heuristics))
+    keep = (sizes > 0) & (sizes < n)
+    if not keep.any():
+        return None
+    new_id = np.full(len(heuristics), -1, dtype=np.int64)
+    new_id[keep] = np.arange(int(keep.sum()))
+    lab = np.where(labels >= 0, new_id[np.maximum(labels, 0)], -1)
+    return Partition(
+        heuristics=[h for h, k in zip(heuristics, keep, strict=True) if k],
+        labels=lab.astype(np.int64),
+        sizes=sizes[keep].astype(np.int64),
+        scoring=scoring,
+    )
+
+
+def _operand_targets(op: str) -> tuple[str, ...]:
+    return ("op1", "op2", "both")
+
+
+def _value_targets(op: str) -> tuple[str, ...]:
+    return ("op1", "op2", "result") if op != "/" else ("op1", "op2")
+
+
+def operand_range_widths(op: str) -> tuple[int, ...]:
+    return (3, 5, 10) if op == "*" else (10, 30, 50, 100)
+
+
+def result_range_widths(op: str) -> tuple[int, ...]:
+    return {"+": (10, 30, 50), "-": (10, 30, 50), "*": (10, 30, 50, 100), "/": (2, 10, 100)}[op]
+
+
+@register_family("range")
+def range_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """Operand windows [s, s+w) that tile [lo, hi); overlapping result windows."""
+    out = []
+    span = cells.hi - cells.lo
+    for w in operand_range_widths(cells.op):
+        if w >= span:
+            continue
+        starts = list(range(cells.lo, cells.hi, w))
+        ia = (cells.a - cells.lo) // w
+        ib = (cells.b - cells.lo) // w
+        for target in _operand_targets(cells.op):
+            labels = {"op1": ia, "op2": ib, "both": np.where(ia == ib, ia, -1)}[target]
+            hs = [Heuristic("range", target, (s, w)) for s in starts]
+            out.append(_partition(cells, labels, hs))
+    top = int(cells.result.max())
+    for w in result_range_widths(cells.op):
+        step = max(w // 3, 10)
+        starts = list(range(0, top + 1, step))
+        groups = -(-w // step)  # windows j and j + groups never overlap
+        for g in range(groups):
+            gs = starts[g::groups]
+            labels = np.full(len(cells.a), -1, dtype=np.int64)
+            for j, s in enumerate(gs):
+                labels[(cells.result >= s) & (cells.result < s + w)] = j
+            out.append(_partition(cells, labels, [Heuristic("range", "result", (s, w))
+                                                  for s in gs]))
+    return [p for p in out if p is not None]
+
+
+@register_family("modulo")
+def modulo_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """x = m (mod n) for op1, op2, both operands and the result (not for /)."""
+    out = []
+    targets = ("op1", "op2", "both") + (("result",) if cells.op != "/" else ())
+    for n in config.modulo_bases():
+        for target in targets:
+            if target == "both":
+                ra, rb = cells.a % n, cells.b % n
+                labels = np.where(ra == rb, ra, -1)
+            else:
+                labels = cells.values(target) % n
+            hs = [Heuristic("modulo", target, (n, m)) for m in range(n)]
+            out.append(_partition(cells, labels, hs))
+    return [p for p in out if p is not None]
+
+
+# Fixed-digit positions of the zero-padded 3-digit number; prefix patterns
+# ("1..", "12.") are left to the range family, full numbers are values.
+PATTERN_SHAPES = ((2,), (1,), (1, 2), (0, 2))
+
+
+@register_family("pattern")
+def pattern_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """Digit patterns with wildcards, e.g. ``..3``, ``.2.``, ``1.3`` (not for / results)."""
+    out = []
+    scoring = "count" if config.heuristic_variant == "code" else "topk"
+    seen: set[bytes] = set()
+    for target in _value_targets(cells.op):
+        x = cells.values(target)
+        digits = [(x // 100) % 10, (x // 10) % 10, x % 10]
+        for shape in PATTERN_SHAPES:
+            code = np.zeros_like(x)
+            for pos in shape:
+                code = code * 10 + digits[pos]
+            labels = np.where(x < 1000, code, -1)
+            # The same cell grouping under another shape (e.g. "0.3" when every
+            # number is below 100) would only repeat heuristics: skip it.
+            _, canon = np.unique(labels, return_inverse=True)
+            sig = target.encode() + canon.astype(np.int64).tobytes()
+            if sig in seen:
+                continue
+            seen.add(sig)
+            hs = []
+            for c in range(10 ** len(shape)):
+                pat = ["."] * 3
+                for i, pos in enumerate(shape):
+                    pat[pos] = str((c // 10 ** (len(shape) - 1 - i)) % 10)
+                hs.append(Heuristic("pattern", target, ("".join(pat),)))
+            out.append(_partition(cells, labels, hs, scoring=scoring))
+    return [p for p in out if p is not None]
+
+
+@register_family("identical")
+def identical_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """op1 = op2."""
+    labels = np.where(cells.a == cells.b, 0, -1)
+    p = _partition(cells, labels, [Heuristic("identical", "both", ())])
+    return [p] if p is not None else []
+
+
+def partitions_for(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """Every partition of every registered family for one operator's cells."""
+    out = []
+    for build in FAMILIES.values():
+        out.extend(build(cells, config))
+    return out

@@ -1,0 +1,141 @@
+"""Offline stand-ins for hub models, so the real loading paths run without internet.
+
+Model hubs are unreachable on many research and CI machines. These builders
+write small, randomly initialised models in exactly the formats real users load:
+
+- ``write_pythia_cache``: a GPT-NeoX model with Pythia-14m's shape (6 layers,
+  d_model 128, 4 heads, d_mlp 512, rotary 0.25, parallel residual), saved with
+  ``save_pretrained`` at several training steps into a Hugging Face cache layout
+  (``models--EleutherAI--pythia-14m/refs/step{N}`` -> ``snapshots/<hash>/``), so
+  ``load_model("EleutherAI/pythia-14m", checkpoint=N)`` with ``HF_HUB_OFFLINE=1``
+  takes the same code path as an online user;
+- ``write_local_model``: a Hugging Face model directory;
+- ``write_llama_gguf``: a tiny Llama in a GGUF file whose SentencePiece-style
+  tokenizer splits numbers into single digits (like Llama 2 or Mistral).
+
+Their tokenizers are built with the ``tokenizers`` library: numbers up to a limit
+(Pythia: about 520) are single tokens, as in the real vocabularies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import Unigram
+from transformers import PreTrainedTokenizerFast
+
+PYTHIA_REPO = "EleutherAI/pythia-14m"
+PYTHIA_SINGLE_TOKEN_LIMIT = 520
+
+
+def number_tokenizer(limit: int = PYTHIA_SINGLE_TOKEN_LIMIT) -> PreTrainedTokenizerFast:
+    """A tokenizer with one token per integer 0..limit and per printable character.
+
+    Longer numbers split into the fewest known pieces ("999" -> "9", "99"), as BPE
+    vocabularies like Pythia's do. BOS/EOS is ``<|endoftext|>`` (id 0).
+    """
+    specials = ["<|endoftext|>", "<|padding|>"]
+    chars = [c for c in string.printable if c not in string.digits and c not in "\t\n\r\x0b\x0c"]
+    vocab = [(t, 0.0) for t in specials]
+    vocab += [(str(n), -1.0) for n in range(limit + 1)] + [(c, -1.0) for c in chars]
+    tok = Tokenizer(Unigram(vocab, unk_id=None, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+|\D"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+        pad_token="<|padding|>",
+    )
+
+
+def pythia_like_config(vocab_size: int):
+    """GPT-NeoX config with Pythia-14m's shape."""
+    from transformers import GPTNeoXConfig
+
+    return GPTNeoXConfig(
+        vocab_size=vocab_size, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=512, rotary_pct=0.25, rotary_emb_base=10000,
+        use_parallel_residual=True, max_position_embeddings=2048, hidden_act="gelu",
+        layer_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+    )
+
+
+def write_local_model(path: Path, seed: int = 0, tokenizer=None) -> Path:
+    """Save a randomly initialised Pythia-shaped model and its tokenizer to ``path``."""
+    from transformers import GPTNeoXForCausalLM
+
+    tokenizer = tokenizer or number_tokenizer()
+    torch.manual_seed(seed)
+    model = GPTNeoXForCausalLM(pythia_like_config(len(tokenizer)))
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def write_pythia_cache(hub_cache: Path, steps: list[int], repo: str = PYTHIA_REPO) -> Path:
+    """Write ``repo`` at each step as a Hugging Face cache entry; refs/main is the last step.
+
+    ``hub_cache`` is what ``HF_HUB_CACHE`` points at. Each step gets its own seed, so
+    the weights (and their hashes) differ per step.
+    """
+    folder = hub_cache / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        commit = hashlib.sha1(f"{repo}@step{step}".encode()).hexdigest()
+        write_local_model(folder / "snapshots" / commit, seed=step)
+        (folder / "refs" / f"step{step}").write_text(commit)
+    (folder / "refs" / "main").write_text((folder / "refs" / f"step{max(steps)}").read_text())
+    return folder
+
+
+def write_llama_gguf(path: Path, seed: int = 0) -> Path:
+    """A tiny random Llama (2 layers, d_model 64, d_mlp 128) in GGUF, digit-level tokenizer."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    specials = ["<unk>", "<s>", "</s>"]
+    chars = ["\u2581"] + list(string.digits) + list("+-*/=:?.,") + list(string.ascii_letters)
+    tokens = specials + chars
+    n_vocab, d, n_layers, d_ff, n_heads = len(tokens), 64, 2, 128, 4
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(d)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(d_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_heads)
+    w.add_rope_dimension_count(d // n_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(specials) + [-float(i) for i in range(len(chars))])
+    w.add_token_types([3, 3, 3] + [1] * len(chars))  # 3 = control, 1 = normal
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", t(n_vocab, d))
+    for i in range(n_layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, dtype=np.float32))
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(f"blk.{i}.{name}.weight", t(d, d))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", t(d_ff, d))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", t(d_ff, d))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", t(d, d_ff))
+    w.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
+    w.add_tensor("output.weight", t(n_vocab, d))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,202 @@
+"""Patching effects of neurons (method.md section 5): exact and attribution patching.
+
+Activation patching asks how much one neuron, by itself, carries the answer: run
+a clean prompt p (answer r) with neuron n's last-position activation replaced by
+its value on a counterfactual prompt p' (answer r'), and compare next-token
+probabilities P (clean) and P* (patched):
+
+    effect(p, p') = 1/2 * [ (P*(r') - P(r')) / P(r')  +  (P(r) - P*(r)) / P*(r) ]
+
+A neuron's effect is the mean over pairs.
+
+Exact patching, done efficiently. Patching layer L's neuron at the last position
+cannot change any earlier position (attention is causal), and it changes the
+residual stream there by exactly ``delta * v_n`` (v_n = row n of W_out). So the
+patched run only needs the LAST position recomputed from layer L+1 on, attending
+to the clean run's cached keys and values of the earlier positions. Every
+(pair, neuron) becomes one row of a batch of single-position forwards; for the
+last layer the patched logits are just ``unembed(ln_final(resid + delta * v_n))``.
+The naive way, one full forward with a hook per neuron, is kept in the tests as
+the reference this must equal.
+
+Attribution patching is the first-order estimate of the same effect for every
+neuron at once: at delta = 0 the effect's derivative is
+``1/2 * d(log P(r') - log P(r)) / dk_n``, so one forward and one backward pass
+give ``grad * (k_n(p') - k_n(p))`` per pair. The heuristics paper's released code
+ranks neurons by this (mean + std over prompts); both are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from transformer_lens import HookedTransformer, utils
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+
+from catalog.grids import final_logits, post_hook_name
+from catalog.prompts import PromptTable
+
+
+def patching_effect(p_r, p_rp, ps_r, ps_rp):
+    """The effect of method.md from probabilities (arrays or floats).
+
+    p_r, p_rp: clean probabilities of the clean answer r and the counterfactual
+    answer r'; ps_r, ps_rp: the same under patching.
+    """
+    return 0.5 * ((ps_rp - p_rp) / p_rp + (p_r - ps_r) / ps_r)
+
+
+def effect_from_logprobs(lp_r, lp_rp, lps_r, lps_rp):
+    """Same effect from log-probabilities, stable when probabilities are tiny.
+
+    (P*(r') - P(r')) / P(r') = exp(log P*(r') - log P(r')) - 1, and likewise for r.
+    """
+    return 0.5 * (torch.expm1(lps_rp - lp_rp) + torch.expm1(lp_r - lps_r))
+
+
+@dataclass
+class PairBatch:
+    """Clean-run facts about a set of (clean, counterfactual) pairs of one prompt length."""
+
+    tokens: torch.Tensor  # (P, T) clean prompt tokens
+    answer: torch.Tensor  # (P,) clean answer token r
+    cf_answer: torch.Tensor  # (P,) counterfactual answer token r'
+    positions: np.ndarray  # (P,) index of each pair in the caller's pair list
+
+
+def pair_batches(table: PromptTable, clean: np.ndarray, cf: np.ndarray, device) -> list[PairBatch]:
+    """Group pairs by clean prompt length so every batch runs without padding."""
+    lengths = np.array([len(table.tokens[i]) for i in clean])
+    out = []
+    for n in np.unique(lengths):
+        pos = np.nonzero(lengths == n)[0]
+        out.append(PairBatch(
+            tokens=torch.from_numpy(table.token_matrix(clean[pos])).to(device),
+            answer=torch.from_numpy(table.answer[clean[pos]]).to(device),
+            cf_answer=torch.from_numpy(table.answer[cf[pos]]).to(device),
+            positions=pos,
+        ))
+    return out
+
+
+def _last_position_forward(
+    model: HookedTransformer,
+    x: Float[torch.Tensor, "rows d_model"],
+    first_block: int,
+    past_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    repeat: int,
+) -> Float[torch.Tensor, "rows d_vocab"]:
+    """Run one position from ``first_block`` to the logits, attending to cached keys/values.
+
+    ``past_kv[i]`` holds the clean run's keys and values of all earlier positions for
+    block ``first_block + i``, one row per pair; each row of ``x`` is pair
+    ``row // repeat``.
+    """
+    h = x[:, None, :]
+    for i, block in enumerate(model.blocks[first_block:]):
+        k, v = past_kv[i]
+        entry = TransformerLensKeyValueCacheEntry(
+            past_keys=k.repeat_interleave(repeat, dim=0),
+            past_values=v.repeat_interleave(repeat, dim=0),
+            frozen=True,
+        )
+        h = block(h, past_kv_cache_entry=entry)
+    return final_logits(model, h)[:, 0]
+
+
+@torch.no_grad()
+def exact_patching(
+    model: HookedTransformer,
+    table: PromptTable,
+    layer: int,
+    clean: np.ndarray,
+    cf: np.ndarray,
+    cf_acts: Float[np.ndarray, "pair d_mlp"],
+    chunk: int = 64,
+) -> Float[np.ndarray, "d_mlp pair"]:
+    """Exact patching effect of every neuron of ``layer`` on every pair.
+
+    ``cf_acts[j]`` is the layer's last-position activation vector on counterfactual
+    prompt ``cf[j]``. Returns a float32 (d_mlp, n_pairs) array.
+    """
+    n_layers, d_mlp = model.cfg.n_layers, model.cfg.d_mlp
+    device = model.cfg.device
+    out = np.empty((d_mlp, len(clean)), dtype=np.float32)
+    w_out = model.W_out[layer]  # (d_mlp, d_model)
+    later = list(range(layer + 1, n_layers))
+    names = {utils.get_act_name("resid_post", layer), post_hook_name(layer)}
+    for lay in later:
+        names |= {utils.get_act_name("k", lay), utils.get_act_name("v", lay)}
+    for pb in pair_batches(table, clean, cf, device):
+        logits, cache = model.run_with_cache(pb.tokens, names_filter=lambda n: n in names)
+        lp = logits[:, -1].log_softmax(-1)
+        rows = torch.arange(len(pb.answer), device=device)
+        lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
+        resid = cache[utils.get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
+        act_clean = cache[post_hook_name(layer)][:, -1]  # (P, d_mlp)
+        delta_all = torch.as_tensor(cf_acts[pb.positions], device=device,
+                                    dtype=act_clean.dtype) - act_clean
+        past = [(cache[utils.get_act_name("k", lay)][:, :-1],
+                 cache[utils.get_act_name("v", lay)][:, :-1]) for lay in later]
+        n_pairs = len(pb.answer)
+        for start in range(0, d_mlp, chunk):
+            sl = slice(start, min(start + chunk, d_mlp))
+            c = sl.stop - sl.start
+            delta = delta_all[:, sl]  # (P, c)
+            x = resid[:, None, :] + delta[..., None] * w_out[sl][None]  # (P, c, d_model)
+            x = x.reshape(n_pairs * c, -1)
+            if later:
+                patched = _last_position_forward(model, x, layer + 1, past, repeat=c)
+            else:
+                patched = final_logits(model, x[:, None, :])[:, 0]
+            lps = patched.log_softmax(-1).reshape(n_pairs, c, -1)
+            lps_r = lps.gather(-1, pb.answer[:, None, None].expand(n_pairs, c, 1))[..., 0]
+            lps_rp = lps.gather(-1, pb.cf_answer[:, None, None].expand(n_pairs, c, 1))[..., 0]
+            eff = effect_from_logprobs(lp_r[:, None], lp_rp[:, None], lps_r, lps_rp)  # (P, c)
+            out[sl][:, pb.positions] = eff.T.float().cpu().numpy()
+    return out
+
+
+def attribution_patching(
+    model: HookedTransformer,
+    table: PromptTable,
+    layers: list[int],
+    clean: np.ndarray,
+    cf_acts: dict[int, Float[np.ndarray, "pair d_mlp"]],
+    cf: np.ndarray,
+) -> dict[int, Float[np.ndarray, "d_mlp pair"]]:
+    """First-order estimate of the patching effect for all neurons of ``layers``.
+
+    One forward and one backward pass per prompt-length group. Returns layer ->
+    float32 (d_mlp, n_pairs).
+    """
+    device = model.cfg.device
+    out = {layer: np.empty((model.cfg.d_mlp, len(clean)), dtype=np.float32) for layer in layers}
+    for pb in pair_batches(table, clean, cf, device):
+        saved: dict[int, torch.Tensor] = {}
+
+        def keep(act, hook, _saved=saved):
+            act.retain_grad()
+            _saved[hook.layer()] = act
+            return act
+
+        with torch.enable_grad():
+            model.zero_grad(set_to_none=True)
+            logits = model.run_with_hooks(
+                pb.tokens, fwd_hooks=[(post_hook_name(layer), keep) for layer in layers]
+            )
+            lp = logits[:, -1].log_softmax(-1)
+            rows = torch.arange(len(pb.answer), device=device)
+            metric = 0.5 * (lp[rows, pb.cf_answer] - lp[rows, pb.answer]).sum()
+            metric.backward()
+        for layer in layers:
+            act = saved[layer][:, -1].detach()
+            grad = saved[layer].grad[:, -1]
+            delta = torch.as_tensor(cf_acts[layer][pb.positions], device=device,
+                                    dtype=act.dtype) - act
+            out[layer][:, pb.positions] = (grad * delta).T.float().cpu().numpy()
+        model.zero_grad(set_to_none=True)
+    return out

@@ -1,0 +1,174 @@
+"""Prompt grids: every valid ``a op b =`` prompt of a measurement, tokenized once.
+
+For each operator the operands range over [lo, hi); a cell is kept only if it is
+valid (catalog.arith) for the tokenizer's single-token limit. All prompts of all
+operators live in one flat table (operator-major, then a, then b), which is the
+row order of every activation array in the catalog. Prompts of equal token
+length form buckets, so forward passes never need padding: with single-token
+numbers there is one length, with digit-level tokenizers a few.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catalog.arith import apply_op, is_valid
+from catalog.config import MeasureConfig
+from catalog.tokens import NumberTokens, encode_number
+
+# Digit-level tokenizers have no single-token limit on results.
+UNLIMITED = 10**12
+
+
+@dataclass
+class PromptTable:
+    """All valid prompts of one measurement, flat over operators.
+
+    Arrays have one entry per prompt: ``op`` (index into ``operators``), ``a``, ``b``,
+    ``result``, ``answer`` (id of the result's first token) and ``tokens`` (the prompt's
+    token ids, BOS included where the model uses one). ``result_tokens`` holds the
+    full tokenization of each result, used to judge multi-token answers.
+    """
+
+    operators: tuple[str, ...]
+    lo: int
+    hi: int
+    numbers: NumberTokens
+    op: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    result: np.ndarray
+    answer: np.ndarray
+    tokens: list[np.ndarray]
+    result_tokens: list[np.ndarray]
+    correct: np.ndarray | None = None  # set by catalog.grids.run_grid
+    _buckets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.a)
+
+    @property
+    def side(self) -> int:
+        """Number of operand values per axis (hi - lo)."""
+        return self.hi - self.lo
+
+    def op_index(self, op: str) -> np.ndarray:
+        """Indices (into the table) of the valid prompts of operator ``op``."""
+        return np.nonzero(self.op == self.operators.index(op))[0]
+
+    def cell_index(self, idx: np.ndarray) -> np.ndarray:
+        """Flat position of prompts ``idx`` in their operator's side x side grid."""
+        return (self.a[idx] - self.lo) * self.side + (self.b[idx] - self.lo)
+
+    def buckets(self) -> dict[int, np.ndarray]:
+        """Prompt length -> indices of the prompts with that many tokens."""
+        if not self._buckets:
+            lengths = np.array([len(t) for t in self.tokens])
+            self._buckets = {int(n): np.nonzero(lengths == n)[0] for n in np.unique(lengths)}
+        return self._buckets
+
+    def token_matrix(self, idx: np.ndarray) -> np.ndarray:
+        """Token ids of prompts ``idx`` (all of one length) as an (n, length) int64 array."""
+        return np.stack([self.tokens[i] for i in idx]).astype(np.int64)
+
+    def to_grid(self, values: np.ndarray, op: str) -> np.ndarray:
+        """Scatter per-prompt values of ``op``'s prompts into a (..., side, side) grid.
+
+        ``values`` has the prompts of ``op`` on its last axis (table order); invalid
+        cells are NaN.
+        """
+        idx = self.op_index(op)
+        out = np.full(values.shape[:-1] + (self.side * self.side,), np.nan, dtype=np.float32)
+        out[..., self.cell_index(idx)] = values
+        return out.reshape(values.shape[:-1] + (self.side, self.side))
+
+
+def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> PromptTable:
+    """Tokenize every valid prompt of ``config`` for this tokenizer.
+
+    Raises ValueError if the operand range needs numbers the tokenizer cannot write
+    as single tokens (not for digit-level tokenizers) or no cell is valid.
+    """
+    config.check_tokens(numbers)
+    limit = UNLIMITED if numbers.digit_level else numbers.limit
+    side = np.arange(config.operand_lo, config.operand_hi)
+    ga, gb = np.meshgrid(side, side, indexing="ij")
+    ga, gb = ga.ravel(), gb.ravel()
+    ops, aa, bb = [], [], []
+    for i, op in enumerate(config.operators):
+        ok = is_valid(op, ga, gb, limit)
+        ops.append(np.full(int(ok.sum()), i, dtype=np.int8))
+        aa.append(ga[ok])
+        bb.append(gb[ok])
+    op_arr, a, b = np.concatenate(ops), np.concatenate(aa), np.concatenate(bb)
+    if len(a) == 0:
+        raise ValueError(f"no valid prompt in operand range [{config.operand_lo}, "
+                         f"{config.operand_hi}) for operators {config.operators}")
+    result = np.empty_like(a)
+    for i, op in enumerate(config.operators):
+        m = op_arr == i
+        result[m] = apply_op(op, a[m], b[m])
+
+    texts = [
+        config.few_shot + config.template.format(a=int(x), op=config.operators[o], b=int(y))
+        for o, x, y in zip(op_arr, a, b, strict=True)
+    ]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    prefix = [numbers.bos_id] if numbers.bos_id is not None else []
+    tokens = [np.array(prefix + list(t), dtype=np.int64) for t in ids]
+
+    uniq = np.unique(result)
+    res_tok = {int(r): np.array(encode_number(tokenizer, int(r)), dtype=np.int64) for r in uniq}
+    result_tokens = [res_tok[int(r)] for r in result]
+    answer = np.array([t[0] for t in result_tokens], dtype=np.int64)
+    return PromptTable(
+        operators=tuple(config.operators),
+        lo=config.operand_lo,
+        hi=config.operand_hi,
+        numbers=numbers,
+        op=op_arr,
+        a=a,
+        b=b,
+        result=result,
+        answer=answer,
+        tokens=tokens,
+        result_tokens=result_tokens,
+    )
+
+
+def sample_pairs(
+    table: PromptTable, op: str, n_pairs: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Counterfactual pairs for ``op``: (clean, counterfactual) prompt indices.
+
+    Clean prompts are drawn without replacement from the correct prompts of ``op``;
+    each counterfactual is drawn from the correct prompts of ALL operators of the
+    table whose answer token differs (method.md section 5). Seeded and
+    deterministic. Returns fewer pairs when fewer correct prompts exist.
+    """
+    if table.correct is None:
+        raise ValueError("prompt correctness is unknown; run catalog.grids.run_grid first")
+    op_i = table.operators.index(op)
+    rng = np.random.default_rng([seed, op_i])
+    pool = np.nonzero(table.correct)[0]
+    clean_pool = pool[table.op[pool] == op_i]
+    if len(clean_pool) == 0 or len(pool) < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    clean = np.sort(rng.choice(clean_pool, size=min(n_pairs, len(clean_pool)), replace=False))
+    cf = np.empty_like(clean)
+    keep = np.ones(len(clean), dtype=bool)
+    for j, c in enumerate(clean):
+        for _ in range(64):  # rejection sampling; fall back to an explicit filter
+            cand = pool[rng.integers(len(pool))]
+            if table.answer[cand] != table.answer[c]:
+                break
+        else:
+            others = pool[table.answer[pool] != table.answer[c]]
+            if len(others) == 0:
+                keep[j] = False
+                continue
+            cand = others[rng.integers(len(others))]
+        cf[j] = cand
+    return clean[keep], cf[keep]

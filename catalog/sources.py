@@ -1,0 +1,300 @@
+"""Model sources: one way to ask for a model, whatever its origin.
+
+``load_model(name, checkpoint)`` returns a weight-processed TransformerLens
+``HookedTransformer``, its tokenizer and a ``ModelInfo`` (name, checkpoint step,
+weights hash, shape, tokenizer facts), for:
+
+- the built-in arithmetic model (``builtin``), at any cached checkpoint step;
+- a GGUF file (a path ending in ``.gguf``; transformers dequantizes it);
+- a local Hugging Face model directory (a path holding ``config.json``);
+- a TransformerLens / Hugging Face hub name (``EleutherAI/pythia-14m``), with a
+  training checkpoint given as a step (Pythia revisions ``step{N}``). With
+  ``HF_HUB_OFFLINE=1`` the same code reads the local Hugging Face cache.
+
+Sources are tried in registry order; the first whose ``accepts`` says yes loads.
+Every failure names what was asked and what exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformer_lens import HookedTransformer
+from transformer_lens import loading_from_pretrained as tl_loading
+
+from catalog import builtin
+from catalog.tokens import detect_number_tokens
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the catalog records about a loaded model checkpoint."""
+
+    name: str
+    source: str  # builtin | gguf | local | hub
+    checkpoint: int | None  # training step, None for a model without checkpoints
+    revision: str | None  # e.g. "step1000" for hub checkpoints
+    weights_hash: str
+    n_layers: int
+    d_model: int
+    d_mlp: int
+    d_vocab: int
+    act_fn: str
+    gated_mlp: bool
+    number_limit: int
+    digit_level: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LoadedModel:
+    model: HookedTransformer
+    tokenizer: object
+    info: ModelInfo
+
+
+class ModelSourceError(ValueError):
+    """A model, path or checkpoint that cannot be loaded, with what exists instead."""
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    accepts: Callable[[str], bool]
+    load: Callable[..., LoadedModel]
+    checkpoints: Callable[[str], list[int] | None]
+
+
+SOURCES: dict[str, Source] = {}
+
+
+def register_source(source: Source) -> Source:
+    """Add a model source; a second source of the same name is refused."""
+    if source.name in SOURCES:
+        raise ValueError(f"model source {source.name!r} is already registered")
+    SOURCES[source.name] = source
+    return source
+
+
+def _info(name, source, checkpoint, revision, whash, model, tokenizer) -> ModelInfo:
+    numbers = detect_number_tokens(tokenizer, prepend_bos=model.cfg.default_prepend_bos)
+    return ModelInfo(
+        name=name, source=source, checkpoint=checkpoint, revision=revision, weights_hash=whash,
+        n_layers=model.cfg.n_layers, d_model=model.cfg.d_model, d_mlp=model.cfg.d_mlp,
+        d_vocab=model.cfg.d_vocab, act_fn=str(model.cfg.act_fn),
+        gated_mlp=bool(model.cfg.gated_mlp), number_limit=numbers.limit,
+        digit_level=numbers.digit_level,
+    )
+
+
+# ------------------------------------------------------------------ built-in
+
+
+def _is_builtin(name: str) -> bool:
+    return name == builtin.BUILTIN_NAME or name == "builtin"
+
+
+def _load_builtin(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
+                  builtin_config=None, cache_root=None) -> LoadedModel:
+    cfg = builtin_config or builtin.TrainConfig()
+    steps = builtin.available_steps(cfg, cache_root)
+    if checkpoint is None:
+        if not steps:
+            raise ModelSourceError(
+                "the built-in model has no checkpoints yet; train it first "
+                "(ncat train-builtin, or catalog.builtin.train())")
+        checkpoint = steps[-1]
+    try:
+        model, meta = builtin.load_checkpoint(cfg, checkpoint, cache_root, device=device)
+    except FileNotFoundError as exc:
+        raise ModelSourceError(str(exc)) from exc
+    except ValueError as exc:
+        raise ModelSourceError(str(exc)) from exc
+    model.to(dtype)
+    tok = tokenizer or builtin.builtin_tokenizer()
+    info = _info(builtin.BUILTIN_NAME, "builtin", checkpoint, f"step{checkpoint}",
+                 meta["weights_hash"], model, tok)
+    return LoadedModel(model, tok, info)
+
+
+def _builtin_checkpoints(name: str, builtin_config=None, cache_root=None) -> list[int]:
+    return builtin.available_steps(builtin_config or builtin.TrainConfig(), cache_root)
+
+
+# ------------------------------------------------------- Hugging Face models
+
+
+def _from_hf_model(hf_model, tokenizer, config_dir: str, device, dtype) -> HookedTransformer:
+    """Convert a loaded Hugging Face causal LM into a weight-processed HookedTransformer.
+
+    ``config_dir`` holds the model's config.json, from which TransformerLens derives
+    its own config; the weights come from ``hf_model`` (nothing is downloaded).
+    """
+    cfg = tl_loading.get_pretrained_model_config(
+        config_dir, fold_ln=True, device=device, dtype=dtype)
+    state_dict = tl_loading.get_pretrained_state_dict(config_dir, cfg, hf_model, dtype=dtype)
+    model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+    model.load_and_process_state_dict(
+        state_dict, fold_ln=True, center_writing_weights=True, center_unembed=True)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def _is_gguf(name: str) -> bool:
+    return name.lower().endswith(".gguf")
+
+
+def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
+               **_) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(name)
+    if not path.is_file():
+        raise ModelSourceError(f"GGUF file {name!r} does not exist")
+    if checkpoint is not None:
+        raise ModelSourceError(f"a GGUF file has no training checkpoints; got checkpoint "
+                               f"{checkpoint} for {name!r}")
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=dtype)
+        tok = tokenizer or AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:
+        raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
+    whash = builtin.weights_hash(hf_model.state_dict())
+    if not hf_model.config.architectures:  # GGUF configs do not record it
+        hf_model.config.architectures = [type(hf_model).__name__]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_model.config.save_pretrained(tmp)
+        model = _from_hf_model(hf_model, tok, tmp, device, dtype)
+    info = _info(str(path.resolve()), "gguf", None, None, whash, model, tok)
+    return LoadedModel(model, tok, info)
+
+
+def _is_local(name: str) -> bool:
+    return (Path(name) / "config.json").is_file()
+
+
+def _load_local(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
+                **_) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if checkpoint is not None:
+        raise ModelSourceError(
+            f"local model directory {name!r} has no training checkpoints; got checkpoint "
+            f"{checkpoint} (point at one directory per checkpoint instead)")
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        tok = tokenizer or AutoTokenizer.from_pretrained(name)
+    except Exception as exc:
+        raise ModelSourceError(f"local model directory {name!r} cannot be loaded: {exc}") from exc
+    whash = builtin.weights_hash(hf_model.state_dict())
+    model = _from_hf_model(hf_model, tok, name, device, dtype)
+    info = _info(str(Path(name).resolve()), "local", None, None, whash, model, tok)
+    return LoadedModel(model, tok, info)
+
+
+def _official_name(name: str) -> str:
+    try:
+        return tl_loading.get_official_model_name(name)
+    except ValueError:
+        raise ModelSourceError(
+            f"unknown model {name!r}: it is not the built-in model ('builtin'), not an "
+            "existing local directory or .gguf file, and not a TransformerLens model name "
+            "(e.g. 'EleutherAI/pythia-14m', 'gpt2')") from None
+
+
+def _hub_checkpoints(name: str, **_) -> list[int] | None:
+    official = _official_name(name)
+    try:
+        labels, label_type = tl_loading.get_checkpoint_labels(official)
+    except ValueError:
+        return None
+    return list(labels) if label_type == "step" else None
+
+
+def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
+              **_) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    official = _official_name(name)
+    revision = None
+    if checkpoint is not None:
+        labels = _hub_checkpoints(official)
+        if labels is None:
+            raise ModelSourceError(f"{official} has no training checkpoints; got checkpoint "
+                                   f"{checkpoint}")
+        if checkpoint not in labels:
+            near = sorted(labels, key=lambda s: abs(s - checkpoint))[:5]
+            raise ModelSourceError(
+                f"checkpoint step {checkpoint} does not exist for {official}; nearest "
+                f"published steps: {sorted(near)} ({len(labels)} in all, {labels[0]}.."
+                f"{labels[-1]})")
+        revision = f"step{checkpoint}"
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(official, revision=revision, dtype=dtype)
+        tok = tokenizer or AutoTokenizer.from_pretrained(official, revision=revision)
+    except Exception as exc:
+        where = f" at revision {revision}" if revision else ""
+        raise ModelSourceError(
+            f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
+    whash = builtin.weights_hash(hf_model.state_dict())
+    # The checkpoint's own HF model is passed in, so TransformerLens converts exactly
+    # these weights (its config is the same at every revision).
+    model = HookedTransformer.from_pretrained(
+        official, hf_model=hf_model, tokenizer=tok, device=device, dtype=dtype,
+        fold_ln=True, center_writing_weights=True, center_unembed=True)
+    model.eval()
+    info = _info(official, "hub", checkpoint, revision, whash, model, tok)
+    return LoadedModel(model, tok, info)
+
+
+register_source(Source("builtin", _is_builtin, _load_builtin, _builtin_checkpoints))
+register_source(Source("gguf", _is_gguf, _load_gguf, lambda name, **_: None))
+register_source(Source("local", _is_local, _load_local, lambda name, **_: None))
+register_source(Source("hub", lambda name: True, _load_hub, _hub_checkpoints))
+
+
+def find_source(name: str) -> Source:
+    """The first registered source that accepts ``name``."""
+    if not name:
+        raise ModelSourceError("model name is empty")
+    p = Path(name)
+    if (name.startswith((".", "/", "~")) or p.suffix == ".gguf") and not p.exists():
+        raise ModelSourceError(f"path {name!r} does not exist")
+    if p.is_dir() and not _is_local(name):
+        raise ModelSourceError(f"directory {name!r} is not a Hugging Face model (no config.json)")
+    for source in SOURCES.values():
+        if source.accepts(name):
+            return source
+    raise ModelSourceError(f"no model source accepts {name!r}")
+
+
+def load_model(
+    name: str,
+    checkpoint: int | None = None,
+    *,
+    tokenizer=None,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    builtin_config: builtin.TrainConfig | None = None,
+    cache_root: Path | None = None,
+) -> LoadedModel:
+    """Load ``name`` at training step ``checkpoint`` (None: the final weights)."""
+    source = find_source(name)
+    return source.load(name, checkpoint, tokenizer=tokenizer, device=device, dtype=dtype,
+                       builtin_config=builtin_config, cache_root=cache_root)
+
+
+def list_checkpoints(name: str, **kwargs) -> list[int] | None:
+    """Training steps available for ``name`` (None where the model has no checkpoints)."""
+    return find_source(name).checkpoints(name, **kwargs)

@@ -1,0 +1,155 @@
+"""Command line: ``ncat``. Trains the built-in model and measures checkpoints.
+
+The catalog library never prints; this module turns its results into text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import numpy as np
+
+from catalog import builtin
+from catalog.arith import OPERATORS
+from catalog.config import MeasureConfig
+from catalog.measure import CheckpointResult, measure
+from catalog.sources import ModelSourceError, list_checkpoints, load_model
+
+# The demo catalogs operands in [0, 100): on 2 CPU cores a full built-in checkpoint
+# then takes well under a minute (the paper's [0, 300) grid takes about 9x longer).
+DEMO_CONFIG = MeasureConfig(operand_hi=100)
+
+
+def _parse_layers(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--layers must be comma-separated integers, got {text!r}") from None
+
+
+def _config_from_args(args) -> MeasureConfig:
+    ops = tuple(args.ops) if args.ops else OPERATORS
+    try:
+        return MeasureConfig(operators=ops, operand_lo=args.lo, operand_hi=args.hi,
+                             pairs_per_op=args.pairs, seed=args.seed,
+                             heuristic_variant=args.variant)
+    except ValueError as exc:
+        raise SystemExit(f"invalid measurement config: {exc}") from None
+
+
+def print_result(res: CheckpointResult, top: int = 5, out=sys.stdout) -> None:
+    """Readable summary: accuracy, faithfulness, the top neurons of each layer."""
+    ops = res.config.operators
+    if res.summary:
+        s = res.summary
+        print("accuracy:   " + "  ".join(f"{op} {s.accuracy[op]:.3f}" for op in ops), file=out)
+        for op in ops:
+            curve = ", ".join(f"k={k}: {f:.2f}" for k, f in s.faithfulness[op])
+            print(f"faithfulness {op}: {curve}", file=out)
+    for layer, lr in sorted(res.layers.items()):
+        print(f"\nlayer {layer}: {len(lr.matches)} heuristic scores >= {res.config.score_floor}",
+              file=out)
+        for o, op in enumerate(ops):
+            order = np.argsort(lr.rank[:, o])[:top]
+            for n in order:
+                sel = (lr.matches.neuron == n) & (lr.matches.op == o)
+                best = ""
+                if sel.any():
+                    i = np.nonzero(sel)[0][np.argmax(lr.matches.score[sel])]
+                    best = f"{lr.matches.heuristic[i].label} ({lr.matches.score[i]:.2f})"
+                print(f"  {op} neuron {n:5d}  effect {lr.effect[n, o]:9.3f}  {best}", file=out)
+
+
+def cmd_train_builtin(args) -> int:
+    cfg = builtin.TrainConfig(steps=args.steps, seed=args.seed)
+    path = builtin.train(cfg)
+    meta = json.loads((path / f"step{cfg.steps}.json").read_text())
+    acc = meta["heldout_accuracy"]
+    print(f"checkpoints in {path}: steps {builtin.available_steps(cfg)}")
+    print("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
+    return 0
+
+
+def cmd_checkpoints(args) -> int:
+    try:
+        steps = list_checkpoints(args.model)
+    except ModelSourceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print("no training checkpoints" if steps is None else " ".join(map(str, steps)))
+    return 0
+
+
+def cmd_measure(args) -> int:
+    config = _config_from_args(args)
+    try:
+        lm = load_model(args.model, args.checkpoint, device=args.device)
+        t0 = time.perf_counter()
+        res = measure(lm.model, lm.tokenizer, config, layers=_parse_layers(args.layers),
+                      progress=not args.quiet, provenance=lm.info.as_dict())
+    except (ModelSourceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{lm.info.name} step {lm.info.checkpoint}: measured in "
+          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts)")
+    print_result(res)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    builtin.train(builtin.TrainConfig())
+    lm = load_model("builtin")
+    t0 = time.perf_counter()
+    res = measure(lm.model, lm.tokenizer, DEMO_CONFIG, provenance=lm.info.as_dict())
+    print(f"built-in model, step {lm.info.checkpoint}: measured in "
+          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts)")
+    print_result(res)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ncat", description="The arithmetic neuron catalog.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("demo", help="train the built-in model (cached) and measure it")
+    s.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("train-builtin", help="train the built-in arithmetic model (cached)")
+    s.add_argument("--steps", type=int, default=builtin.TrainConfig.steps)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_train_builtin)
+
+    s = sub.add_parser("checkpoints", help="list a model's training checkpoints")
+    s.add_argument("model")
+    s.set_defaults(fn=cmd_checkpoints)
+
+    s = sub.add_parser("measure", help="measure every neuron of one checkpoint, no database")
+    s.add_argument("model", help="'builtin', a hub name, a local HF directory or a .gguf file")
+    s.add_argument("--checkpoint", type=int, default=None, help="training step")
+    s.add_argument("--layers", default=None, help="comma-separated layers (default all)")
+    s.add_argument("--ops", default=None, help="operators, e.g. '+-' (default all four)")
+    s.add_argument("--lo", type=int, default=0)
+    s.add_argument("--hi", type=int, default=DEMO_CONFIG.operand_hi)
+    s.add_argument("--pairs", type=int, default=100, help="counterfactual pairs per operator")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--variant", choices=("paper", "code"), default="paper")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(fn=cmd_measure)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

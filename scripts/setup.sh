@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv and installs the project. torch is installed first and pinned,
+# so that no dependency resolves an unpinned torch to a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      PY="$cand"; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup: Python 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  pip install -q --disable-pip-version-check "torch==2.13.0"
+  pip install -q --disable-pip-version-check -e ".[dev]"
+  rm -f .venv/.installed-*; touch "$stamp"
+fi
