@@ -14,21 +14,23 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer, utils
+from transformer_lens import HookedTransformer
+from transformer_lens.utilities import get_act_name
 
 from catalog.prompts import PromptTable
 
 
 def post_hook_name(layer: int) -> str:
     """TransformerLens name of layer ``layer``'s MLP activation hook."""
-    return utils.get_act_name("post", layer)
+    return get_act_name("post", layer)
 
 
 def final_logits(
     model: HookedTransformer, resid: Float[torch.Tensor, "batch pos d_model"]
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
-    """Unembed a final residual stream (final LayerNorm, then W_U)."""
-    return model.unembed(model.ln_final(resid))
+    """Unembed a final residual stream (final LayerNorm where the model has one, then W_U)."""
+    ln = getattr(model, "ln_final", None)
+    return model.unembed(ln(resid) if ln is not None else resid)
 
 
 def _groups(table: PromptTable) -> dict[tuple[int, int], np.ndarray]:

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from jaxtyping import Float
-from transformer_lens import HookedTransformer, utils
+from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+from transformer_lens.utilities import get_act_name
 
 from catalog.grids import final_logits, post_hook_name
 from catalog.prompts import PromptTable
@@ -127,20 +128,20 @@ def exact_patching(
     out = np.empty((d_mlp, len(clean)), dtype=np.float32)
     w_out = model.W_out[layer]  # (d_mlp, d_model)
     later = list(range(layer + 1, n_layers))
-    names = {utils.get_act_name("resid_post", layer), post_hook_name(layer)}
+    names = {get_act_name("resid_post", layer), post_hook_name(layer)}
     for lay in later:
-        names |= {utils.get_act_name("k", lay), utils.get_act_name("v", lay)}
+        names |= {get_act_name("k", lay), get_act_name("v", lay)}
     for pb in pair_batches(table, clean, cf, device):
         logits, cache = model.run_with_cache(pb.tokens, names_filter=lambda n: n in names)
         lp = logits[:, -1].log_softmax(-1)
         rows = torch.arange(len(pb.answer), device=device)
         lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
-        resid = cache[utils.get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
+        resid = cache[get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
         act_clean = cache[post_hook_name(layer)][:, -1]  # (P, d_mlp)
         delta_all = torch.as_tensor(cf_acts[pb.positions], device=device,
                                     dtype=act_clean.dtype) - act_clean
-        past = [(cache[utils.get_act_name("k", lay)][:, :-1],
-                 cache[utils.get_act_name("v", lay)][:, :-1]) for lay in later]
+        past = [(cache[get_act_name("k", lay)][:, :-1],
+                 cache[get_act_name("v", lay)][:, :-1]) for lay in later]
         n_pairs = len(pb.answer)
         for start in range(0, d_mlp, chunk):
             sl = slice(start, min(start + chunk, d_mlp))

@@ -1,0 +1,49 @@
+"""Shared fixtures. Model hubs are unreachable: every hub load reads a local cache."""
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+# Must precede any import of huggingface_hub / transformers, which read these once.
+_HF_CACHE = Path(tempfile.mkdtemp(prefix="ncat-test-hf-"))
+os.environ["HF_HUB_CACHE"] = str(_HF_CACHE)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from catalog import builtin  # noqa: E402
+from catalog.offline import PYTHIA_REPO, write_pythia_cache  # noqa: E402
+
+PYTHIA_STEPS = [1000, 2000]
+
+# A built-in model small enough to train in a few seconds, used wherever a trained
+# checkpoint is needed but the default model's accuracy is not.
+TINY = builtin.TrainConfig(steps=300, d_model=32, n_heads=2, d_mlp=64, operand_hi=20,
+                           batch_size=128, lr=1e-2, eval_prompts_per_op=200)
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_builtin(tmp_path_factory):
+    """(TrainConfig, cache root) of a trained tiny built-in model."""
+    root = tmp_path_factory.mktemp("builtin")
+    builtin.train(TINY, root=root, progress=False)
+    return TINY, root
+
+
+@pytest.fixture(scope="session")
+def pythia_hub():
+    """The Pythia-14m-shaped offline hub cache at two step revisions; returns the repo name."""
+    write_pythia_cache(_HF_CACHE, PYTHIA_STEPS)
+    return PYTHIA_REPO

@@ -1,0 +1,50 @@
+"""The built-in arithmetic model: deterministic training, checkpoint cache, accuracy."""
+
+import json
+import os
+
+import pytest
+
+from catalog import builtin
+from catalog.arith import OPERATORS
+
+
+def test_training_is_deterministic_and_cached(tiny_builtin, tmp_path):
+    cfg, root = tiny_builtin
+    builtin.train(cfg, root=tmp_path, progress=False)
+    for step in cfg.checkpoint_steps():
+        a = json.loads((root / cfg.key() / f"step{step}.json").read_text())
+        b = json.loads((tmp_path / cfg.key() / f"step{step}.json").read_text())
+        assert a["weights_hash"] == b["weights_hash"], step
+    final = tmp_path / cfg.key() / f"step{cfg.steps}.pt"
+    mtime = os.stat(final).st_mtime_ns
+    builtin.train(cfg, root=tmp_path, progress=False)  # everything cached: nothing rewritten
+    assert os.stat(final).st_mtime_ns == mtime
+
+
+def test_tiny_model_learns_something(tiny_builtin):
+    cfg, root = tiny_builtin
+    first = json.loads((root / cfg.key() / "step0.json").read_text())
+    last = json.loads((root / cfg.key() / f"step{cfg.steps}.json").read_text())
+    assert sum(last["train_accuracy"].values()) > sum(first["train_accuracy"].values()) + 1.0
+
+
+def test_schedule_and_config_validation():
+    assert builtin.TrainConfig(steps=100).checkpoint_steps() == [0, 1, 2, 4, 8, 16, 32, 64, 100]
+    assert builtin.TrainConfig(steps=64).checkpoint_steps()[-1] == 64
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        builtin.TrainConfig(steps=0)
+    with pytest.raises(ValueError, match="operand_hi must be in"):
+        builtin.TrainConfig(operand_hi=2000)
+    assert builtin.TrainConfig().key() == builtin.TrainConfig().key()
+    assert builtin.TrainConfig(seed=1).key() != builtin.TrainConfig().key()
+
+
+@pytest.mark.slow
+def test_default_training_reaches_95_percent_on_held_out_addition_and_subtraction():
+    """Trains the default model (a few minutes on 2 cores) unless it is already cached."""
+    cfg = builtin.TrainConfig()
+    path = builtin.train(cfg, progress=False)
+    acc = json.loads((path / f"step{cfg.steps}.json").read_text())["heldout_accuracy"]
+    assert acc["+"] >= 0.95 and acc["-"] >= 0.95, acc
+    assert set(acc) == set(OPERATORS)

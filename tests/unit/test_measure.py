@@ -1,0 +1,120 @@
+"""The measure entry point: every stored number checked against a direct computation."""
+
+import numpy as np
+import pytest
+import torch
+
+from catalog.config import MeasureConfig
+from catalog.matching import reference_score
+from catalog.measure import measure
+from catalog.offline import write_llama_gguf
+from catalog.sources import load_model
+from catalog.tokens import number_token_ids
+
+CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=10, faithfulness_prompts=50)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_builtin):
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", builtin_config=cfg, cache_root=root)
+    return lm, measure(lm.model, lm.tokenizer, CONFIG, progress=False)
+
+
+def test_grids_and_correctness_equal_a_plain_forward(tiny):
+    lm, res = tiny
+    table = res.table
+    idx = np.arange(0, len(table), 37)
+    logits, cache = lm.model.run_with_cache(torch.from_numpy(table.token_matrix(idx)))
+    for layer in (0, 1):
+        direct = cache[f"blocks.{layer}.mlp.hook_post"][:, -1].numpy()
+        np.testing.assert_allclose(res.layers[layer].acts[idx], direct, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(table.correct[idx], logits[:, -1].argmax(-1).numpy() == table.answer[idx])
+    for o, op in enumerate(CONFIG.operators):
+        assert res.summary.accuracy[op] == pytest.approx(table.correct[table.op_index(op)].mean())
+        k = res.layers[1].acts[table.op_index(op)]
+        np.testing.assert_allclose(res.layers[1].max_act[:, o], k.max(0))
+
+
+def test_lens_equals_value_vectors_times_unembedding(tiny):
+    lm, res = tiny
+    lens = res.layers[1].lens
+    full = (lm.model.W_out[1] @ lm.model.W_U).detach().numpy()
+    ids = number_token_ids(lm.tokenizer, 999)
+    np.testing.assert_allclose(lens.numbers, full[:, ids], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lens.top_values, -np.sort(-full, axis=1)[:, :10], rtol=1e-5,
+                               atol=1e-6)
+    assert (full[np.arange(full.shape[0])[:, None], lens.bottom_ids] == lens.bottom_values).all()
+
+
+def test_ranks_and_stored_scores_are_consistent(tiny):
+    _, res = tiny
+    table = res.table
+    layer = res.layers[1]
+    for o in range(4):
+        best = np.argmin(layer.rank[:, o])
+        assert layer.rank[best, o] == 0
+        assert layer.effect_exact[best, o] == np.nanmax(layer.effect_exact[:, o])
+    m = layer.matches
+    assert len(m) > 0 and (m.score >= CONFIG.score_floor).all()
+    rng = np.random.default_rng(0)
+    for i in rng.choice(len(m), 25, replace=False):
+        op = CONFIG.operators[m.op[i]]
+        idx = table.op_index(op)
+        h = m.heuristic[i]
+        values = layer.kv(idx)[m.neuron[i]] if h.direct else layer.acts[idx, m.neuron[i]]
+        member = h.contains(table.a[idx], table.b[idx], table.result[idx])
+        if h.family != "multi_result":
+            assert reference_score(values, member) == pytest.approx(float(m.score[i]), abs=1e-6)
+
+
+def test_same_inputs_give_the_same_rows(tiny):
+    lm, res = tiny
+    again = measure(lm.model, lm.tokenizer, CONFIG, layers=[1], progress=False)
+    a, b = res.layers[1], again.layers[1]
+    assert again.summary is None  # a summary needs every layer
+    np.testing.assert_array_equal(a.acts, b.acts)
+    np.testing.assert_array_equal(a.effect_exact, b.effect_exact)
+    np.testing.assert_array_equal(a.effect_attr, b.effect_attr)
+    np.testing.assert_array_equal(a.matches.score, b.matches.score)
+    assert [h.key for h in a.matches.heuristic] == [h.key for h in b.matches.heuristic]
+    assert res.provenance["config_hash"] == again.provenance["config_hash"]
+
+
+def test_summary_numbers(tiny):
+    lm, res = tiny
+    s = res.summary
+    assert s.circuit_sizes == [1, 2, 4, 7, 13, 32]
+    assert set(s.faithfulness) == set(CONFIG.operators)
+    assert all(len(curve) == 6 for curve in s.faithfulness.values())
+    assert s.n_pairs["+"] == min(10, s.n_correct["+"])
+
+
+def test_bad_layers_are_refused(tiny):
+    lm, _ = tiny
+    with pytest.raises(ValueError, match=r"layers \[2\] do not exist; this model has layers 0..1"):
+        measure(lm.model, lm.tokenizer, CONFIG, layers=[0, 2], progress=False)
+    with pytest.raises(ValueError, match="layers is empty"):
+        measure(lm.model, lm.tokenizer, CONFIG, layers=[], progress=False)
+
+
+def test_digit_level_model_answers_are_judged_on_the_greedy_continuation(tmp_path):
+    lm = load_model(str(write_llama_gguf(tmp_path / "tiny.gguf")))
+    config = MeasureConfig(operators=("+", "*"), operand_hi=12, pairs_per_op=5,
+                           faithfulness_prompts=20)
+    res = measure(lm.model, lm.tokenizer, config, progress=False)
+    table = res.table
+    assert res.numbers.digit_level
+    i = int(np.nonzero((table.a == 7) & (table.b == 5) & (table.op == 0))[0][0])
+    assert table.result[i] == 12 and len(table.result_tokens[i]) == 2
+    assert table.answer[i] == lm.tokenizer.convert_tokens_to_ids("1")
+    for j in range(0, len(table), 17):  # greedy generation, one token at a time
+        seq = torch.from_numpy(table.tokens[j][None])
+        ok = True
+        for want in table.result_tokens[j]:
+            nxt = lm.model(seq)[0, -1].argmax()
+            ok &= int(nxt) == int(want)
+            seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
+        assert bool(table.correct[j]) == ok
+    # a gated MLP can go negative: bottom-k was scored
+    assert res.layers[1].effect_exact.shape == (128, 2)

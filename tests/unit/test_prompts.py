@@ -1,0 +1,94 @@
+"""Grid validity, the single-token limit read off real tokenizers, prompts and pairs."""
+
+import numpy as np
+import pytest
+
+from catalog.arith import apply_op, is_valid
+from catalog.builtin import builtin_tokenizer
+from catalog.config import MeasureConfig
+from catalog.offline import number_tokenizer
+from catalog.prompts import build_prompts, sample_pairs
+from catalog.tokens import detect_number_tokens, encode_number
+
+
+def test_validity_rules_match_method():
+    a = np.array([5, 5, 3, 10, 7, 0, 9])
+    b = np.array([5, 6, 4, 0, 2, 1, 3])
+    assert is_valid("+", a, b, 10).tolist() == [True, False, True, True, True, True, False]
+    assert is_valid("-", a, b, 10).tolist() == [True, False, False, True, True, False, True]
+    assert is_valid("*", a, b, 15).tolist() == [False, False, True, True, True, True, False]
+    assert is_valid("/", a, b, 10).tolist() == [True, True, True, False, True, True, True]
+    assert apply_op("/", np.array([7, 9, 0]), np.array([2, 3, 5])).tolist() == [3, 3, 0]
+    with pytest.raises(ValueError, match="unknown operator '%'"):
+        is_valid("%", a, b, 10)
+
+
+def test_token_limit_detected_from_real_tokenizers():
+    assert detect_number_tokens(builtin_tokenizer()).limit == 999
+    pythia_like = detect_number_tokens(number_tokenizer(520))
+    assert pythia_like.limit == 520 and not pythia_like.digit_level
+    assert detect_number_tokens(number_tokenizer(37)).limit == 37
+    # numbers past the limit split into several tokens
+    assert len(encode_number(number_tokenizer(520), 521)) == 2
+
+
+def test_prompt_counts_follow_the_limit():
+    tok = number_tokenizer(15)
+    cfg = MeasureConfig(operand_hi=10)
+    table = build_prompts(tok, detect_number_tokens(tok, prepend_bos=False), cfg)
+    counts = {op: len(table.op_index(op)) for op in cfg.operators}
+    # a, b in 0..9, limit 15: six + cells have a + b >= 16; 48 * cells have a * b > 15
+    assert counts == {"+": 94, "-": 55, "*": 52, "/": 90}
+    i = table.op_index("/")[0]
+    assert (table.a[i], table.b[i], table.result[i]) == (0, 1, 0)
+    assert table.tokens[i].tolist() == tok("0/1=", add_special_tokens=False)["input_ids"]
+    grid = table.to_grid(table.result[table.op_index("-")].astype(np.float32), "-")
+    assert grid.shape == (10, 10) and np.isnan(grid[2, 3]) and grid[7, 3] == 4
+
+
+def test_bos_and_few_shot_template():
+    tok = builtin_tokenizer()
+    cfg = MeasureConfig(operators=("+",), operand_hi=3, few_shot="1+1=2 ", template="{a}{op}{b}=")
+    table = build_prompts(tok, detect_number_tokens(tok), cfg)
+    ids = tok("1+1=2 2+1=", add_special_tokens=False)["input_ids"]
+    last = [t for t in table.tokens if t[-4:].tolist() == ids[-4:]][0]
+    assert last[0] == tok.bos_token_id and last[1:].tolist() == ids
+
+
+def test_operand_range_beyond_limit_is_refused():
+    tok = number_tokenizer(520)
+    with pytest.raises(ValueError, match="single-token limit 520; use operand_hi <= 521"):
+        build_prompts(tok, detect_number_tokens(tok), MeasureConfig(operand_hi=600))
+
+
+def test_pairs_are_seeded_and_cross_operator():
+    tok = builtin_tokenizer()
+    table = build_prompts(tok, detect_number_tokens(tok), MeasureConfig(operand_hi=30))
+    table.correct = np.ones(len(table), dtype=bool)
+    table.correct[::7] = False
+    clean, cf = sample_pairs(table, "+", 100, seed=3)
+    assert len(clean) == 100 and len(set(clean)) == 100
+    assert (table.op[clean] == 0).all()
+    assert table.correct[clean].all() and table.correct[cf].all()
+    assert (table.answer[clean] != table.answer[cf]).all()
+    assert len(set(table.op[cf].tolist())) == 4  # counterfactuals come from all operators
+    again = sample_pairs(table, "+", 100, seed=3)
+    other = sample_pairs(table, "+", 100, seed=4)
+    assert np.array_equal(again[0], clean) and np.array_equal(again[1], cf)
+    assert not np.array_equal(other[1], cf)
+
+
+def test_config_validation_names_the_field():
+    for kwargs, msg in [
+        ({"operators": ("+", "^")}, "unknown operator '\\^'"),
+        ({"operand_lo": 5, "operand_hi": 5}, "operand_hi must exceed"),
+        ({"template": "{a}{b}="}, "lacks {op}"),
+        ({"pairs_per_op": 0}, "pairs_per_op must be >= 1"),
+        ({"heuristic_variant": "mine"}, "heuristic_variant must be one of"),
+        ({"score_floor": 1.5}, "score_floor must be in"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            MeasureConfig(**kwargs)
+    a, b = MeasureConfig(operators=["+", "-"]), MeasureConfig(operators=("+", "-"))
+    assert a.config_hash() == b.config_hash() != MeasureConfig().config_hash()
+    assert MeasureConfig.from_dict(a.as_dict()) == a

@@ -1,0 +1,88 @@
+"""Model sources: built-in checkpoints, the offline Pythia cache, local HF dirs, GGUF, errors."""
+
+import json
+
+import pytest
+import torch
+
+from catalog.offline import write_llama_gguf, write_local_model
+from catalog.sources import ModelSourceError, list_checkpoints, load_model
+
+
+def test_builtin_checkpoints_load_with_distinct_hashes(tiny_builtin):
+    cfg, root = tiny_builtin
+    steps = list_checkpoints("builtin", builtin_config=cfg, cache_root=root)
+    assert steps == cfg.checkpoint_steps() == [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
+    first = load_model("builtin", 0, builtin_config=cfg, cache_root=root)
+    last = load_model("builtin", builtin_config=cfg, cache_root=root)
+    assert last.info.checkpoint == 300 and last.info.revision == "step300"
+    assert first.info.weights_hash != last.info.weights_hash
+    assert (last.info.n_layers, last.info.d_mlp, last.info.number_limit) == (2, 64, 999)
+    # the recorded hash is the hash of the saved raw weights
+    meta = json.loads((root / cfg.key() / "step300.json").read_text())
+    assert meta["weights_hash"] == last.info.weights_hash
+
+
+def test_builtin_missing_and_broken_checkpoints(tiny_builtin, tmp_path):
+    cfg, root = tiny_builtin
+    with pytest.raises(ModelSourceError, match=r"step 5 not found.*available steps: \[0, 1, 2"):
+        load_model("builtin", 5, builtin_config=cfg, cache_root=root)
+    broken = tmp_path / cfg.key()
+    broken.mkdir()
+    (broken / "step3.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelSourceError, match="step3.pt cannot be read"):
+        load_model("builtin", 3, builtin_config=cfg, cache_root=tmp_path)
+    with pytest.raises(ModelSourceError, match="no checkpoints yet"):
+        load_model("builtin", builtin_config=cfg, cache_root=tmp_path / "empty")
+
+
+def test_pythia_revisions_from_offline_cache(pythia_hub):
+    a = load_model(pythia_hub, checkpoint=1000)
+    b = load_model(pythia_hub, checkpoint=2000)
+    assert a.info.source == "hub" and a.info.revision == "step1000"
+    assert a.info.weights_hash != b.info.weights_hash
+    assert (a.info.n_layers, a.info.d_model, a.info.d_mlp) == (6, 128, 512)
+    assert a.model.cfg.rotary_dim == 8  # rotary 0.25 of d_head 32
+    assert a.info.number_limit == 520 and not a.info.digit_level
+    again = load_model(pythia_hub, checkpoint=1000)
+    assert again.info.weights_hash == a.info.weights_hash
+    steps = list_checkpoints(pythia_hub)
+    assert steps[:4] == [0, 1, 2, 4] and steps[-1] == 143000 and 1000 in steps
+
+
+def test_pythia_bad_checkpoints_name_what_exists(pythia_hub):
+    with pytest.raises(ModelSourceError, match=r"step 1500 does not exist.*\[.*1000, 2000"):
+        load_model(pythia_hub, checkpoint=1500)
+    with pytest.raises(ModelSourceError, match="at revision step3000"):
+        load_model(pythia_hub, checkpoint=3000)  # published, but not in the offline cache
+
+
+def test_local_directory_and_gguf(tmp_path):
+    local = load_model(str(write_local_model(tmp_path / "model", seed=3)))
+    assert local.info.source == "local" and local.info.n_layers == 6
+    gguf = load_model(str(write_llama_gguf(tmp_path / "tiny.gguf")))
+    assert gguf.info.source == "gguf" and gguf.info.gated_mlp
+    assert gguf.info.digit_level and gguf.info.number_limit == 9
+    assert (gguf.info.n_layers, gguf.info.d_model, gguf.info.d_mlp) == (2, 64, 128)
+    logits = gguf.model(torch.tensor([[1, 5, 6]]))
+    assert logits.shape == (1, 3, gguf.info.d_vocab) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name, checkpoint, message", [
+    ("no-such-model-anywhere", None, "unknown model 'no-such-model-anywhere'"),
+    ("./missing/dir", None, "path './missing/dir' does not exist"),
+    ("/nowhere/model.gguf", None, "does not exist"),
+    ("", None, "model name is empty"),
+    ("gpt2", 100, "has no training checkpoints"),
+])
+def test_bad_names_and_paths(name, checkpoint, message):
+    with pytest.raises(ModelSourceError, match=message):
+        load_model(name, checkpoint)
+
+
+def test_directory_without_config_and_checkpoint_on_local(tmp_path):
+    with pytest.raises(ModelSourceError, match="not a Hugging Face model"):
+        load_model(str(tmp_path))
+    path = write_local_model(tmp_path / "m")
+    with pytest.raises(ModelSourceError, match="has no training checkpoints"):
+        load_model(str(path), checkpoint=10)
