@@ -40,6 +40,7 @@ class Prepared:
     table: PromptTable
     pairs: dict[str, tuple[np.ndarray, np.ndarray]]  # op -> (clean, counterfactual)
     partitions: dict[str, list[Partition]]
+    cells: dict[str, Cells]
     number_ids: np.ndarray
     acts: dict[int, np.ndarray] = field(default_factory=dict)  # layer -> (n_prompts, d_mlp)
 
@@ -123,12 +124,12 @@ def prepare(
     acts = run_grid(model, table, layers, batch_size=config.batch_size, progress=progress)
     pairs = {op: sample_pairs(table, op, config.pairs_per_op, config.seed)
              for op in config.operators}
-    partitions = {}
+    cells, partitions = {}, {}
     for op in config.operators:
         idx = table.op_index(op)
-        cells = Cells(op, table.a[idx], table.b[idx], table.result[idx], table.lo, table.hi)
-        partitions[op] = partitions_for(cells, config)
-    return Prepared(config, numbers, table, pairs, partitions,
+        cells[op] = Cells(op, table.a[idx], table.b[idx], table.result[idx], table.lo, table.hi)
+        partitions[op] = partitions_for(cells[op], config)
+    return Prepared(config, numbers, table, pairs, partitions, cells,
                     number_token_ids(tokenizer, min(numbers.limit, 10_000)), acts)
 
 
@@ -195,7 +196,8 @@ def measure_layer(model: HookedTransformer, prep: Prepared, layer: int) -> Layer
         dev = model.cfg.device
         m = score_partitions(torch.as_tensor(k_map, device=dev),
                              torch.as_tensor(kv_map, device=dev), prep.partitions[op],
-                             config.score_floor, with_bottom, config.pattern_top_k)
+                             config.score_floor, with_bottom, config.pattern_top_k,
+                             cells=prep.cells[op])
         rows.extend((int(n), o, m.heuristics[h], float(s), bool(b))
                     for n, h, s, b in zip(m.neuron, m.heuristic, m.score, m.bottom, strict=True))
         if op == "/":

@@ -174,6 +174,42 @@ def test_vectorised_scores_equal_algorithm_1(op, ties):
     assert checked > 1000
 
 
+@pytest.mark.parametrize("op", ["+", "*"])
+@pytest.mark.parametrize("variant", ["paper", "code"])
+def test_grouped_fast_path_equals_reference(op, variant):
+    """score_partitions (one-number heuristics through value histograms) vs Algorithm 1,
+    on maps with and without ties, top and bottom."""
+    cells = grid_cells(op, 30)
+    rng = np.random.default_rng(2)
+    cont = rng.standard_normal((6, len(cells.a)))
+    tied = rng.integers(-2, 3, (4, len(cells.a)))
+    maps = torch.from_numpy(np.concatenate([cont, tied]).astype(np.float32))
+    kv = torch.from_numpy(rng.standard_normal(maps.shape).astype(np.float32))
+    config = MeasureConfig(operand_hi=30, heuristic_variant=variant)
+    parts = partitions_for(cells, config)
+    rows = score_partitions(maps, kv, parts, floor=0.0, with_bottom=True, pattern_top_k=40,
+                            cells=cells)
+    got = {(int(n), rows.heuristics[h].key): (float(s), bool(b)) for n, h, s, b in
+           zip(rows.neuron, rows.heuristic, rows.score, rows.bottom, strict=True)}
+    count_keys = {h.key for p in parts if p.scoring == "count" for h in p.heuristics}
+    checked = 0
+    for h in (h for p in parts for h in p.heuristics):
+        member = h.contains(cells.a, cells.b, cells.result)
+        k = 40 if h.key in count_keys else None
+        for n in range(len(maps)):
+            values = (kv if h.direct else maps)[n].numpy()
+            top, bottom = reference_score(values, member, k), reference_score(-values, member, k)
+            want = max(top, bottom)
+            if h.key in count_keys and want < 0.1:
+                want = 0.0
+            score, is_bottom = got.get((n, h.key), (0.0, False))
+            assert score == pytest.approx(want, abs=1e-6), (h.key, n)
+            if want > 0 and top != bottom:
+                assert is_bottom == (bottom > top), (h.key, n)
+            checked += 1
+    assert checked > 3000
+
+
 def test_count_variant_equals_reference_with_fixed_k():
     cells = grid_cells("+", 30)
     maps = torch.from_numpy(np.random.default_rng(1).standard_normal((4, len(cells.a)))

@@ -16,6 +16,8 @@ from catalog.patching import (
 from catalog.prompts import sample_pairs
 from catalog.sources import load_model
 
+from reference import naive_patching
+
 
 def test_effect_metric_on_hand_computed_numbers():
     # P(r)=0.5, P(r')=0.1 clean; patched P*(r)=0.25, P*(r')=0.2:
@@ -25,30 +27,6 @@ def test_effect_metric_on_hand_computed_numbers():
     assert patching_effect(0.4, 0.3, 0.8, 0.3) == pytest.approx(-0.25)
     lp = torch.log(torch.tensor([0.5, 0.1, 0.25, 0.2], dtype=torch.float64))
     assert float(effect_from_logprobs(*lp)) == pytest.approx(1.0, rel=1e-12)
-
-
-def naive_patching(model, table, layer, clean, cf):
-    """The slow reference: one full forward per neuron with a hook on hook_post."""
-    toks = torch.from_numpy(table.token_matrix(clean))
-    name = post_hook_name(layer)
-    with torch.no_grad():
-        cf_vals = torch.cat([
-            model.run_with_cache(torch.from_numpy(table.tokens[j][None]), names_filter=name)[1][
-                name][:, -1]
-            for j in cf])
-        lp = model(toks)[:, -1].log_softmax(-1)
-    r, rp = torch.from_numpy(table.answer[clean]), torch.from_numpy(table.answer[cf])
-    rows = torch.arange(len(clean))
-    out = np.zeros((model.cfg.d_mlp, len(clean)))
-    for n in range(model.cfg.d_mlp):
-        def hook(act, hook, n=n):
-            act[:, -1, n] = cf_vals[:, n]
-            return act
-        with torch.no_grad():
-            lps = model.run_with_hooks(toks, fwd_hooks=[(post_hook_name(layer), hook)])
-        lps = lps[:, -1].log_softmax(-1)
-        out[n] = effect_from_logprobs(lp[rows, r], lp[rows, rp], lps[rows, r], lps[rows, rp])
-    return out
 
 
 def check_exact_equals_naive(model, tokenizer, layers, hi):
