@@ -1,0 +1,1 @@
+"""The catalog's PostgreSQL store: settings, engine, tables, the bulk writer, views."""

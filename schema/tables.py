@@ -1,0 +1,267 @@
+"""The catalog's tables, in one readable file (created only by Alembic migrations).
+
+Entities: models, their checkpoints (weights hash, duplicate weights flagged),
+measurement configs (hashed), heuristics, jobs. Measurements, one row per:
+- ``neuron_op``: (checkpoint, config, layer, neuron, operator): activation statistics,
+  patching effects, rank, best heuristic. Everything analysts filter on is a plain
+  indexed column.
+- ``neuron_grid``: the same key: the activation grid over the operator's valid cells,
+  8-bit quantized with a per-grid scale and offset (see schema.quantize).
+- ``neuron_lens``: (checkpoint, config, layer, neuron): the logit lens.
+- ``neuron_score``: (checkpoint, config, layer, neuron, operator, heuristic): raw scores.
+The measurement tables are partitioned by HASH(model_id) into 8 partitions, so every
+query about one model touches one partition and its indexes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    REAL,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlmodel import Field, SQLModel
+
+N_PARTITIONS = 8
+PARTITIONED = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(**kw) -> Column:
+    return Column(DateTime(timezone=True), nullable=False, server_default=text("now()"), **kw)
+
+
+class Model(SQLModel, table=True):
+    __tablename__ = "model"
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    source: str = Field(sa_column=Column(String(16), nullable=False))
+    n_layers: int
+    d_model: int
+    d_mlp: int
+    d_vocab: int
+    act_fn: str = Field(sa_column=Column(Text, nullable=False))
+    gated_mlp: bool
+    number_limit: int
+    digit_level: bool
+    created_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class Checkpoint(SQLModel, table=True):
+    """One set of weights of a model; step is NULL for models without checkpoints."""
+
+    __tablename__ = "checkpoint"
+    __table_args__ = (UniqueConstraint("model_id", "step", name="uq_checkpoint_model_step"),)
+    id: int | None = Field(default=None, primary_key=True)
+    model_id: int = Field(sa_column=Column(Integer, ForeignKey("model.id", ondelete="CASCADE"),
+                                           nullable=False, index=True))
+    step: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    revision: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    weights_hash: str = Field(sa_column=Column(String(64), nullable=False, index=True))
+    # set when an earlier-stored checkpoint of the same model has identical weights
+    duplicate_of_step: int | None = Field(default=None, sa_column=Column(BigInteger,
+                                                                          nullable=True))
+    created_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class MeasureConfigRow(SQLModel, table=True):
+    """A measurement config: its hash, full JSON and the columns analysts filter on."""
+
+    __tablename__ = "measure_config"
+    id: int | None = Field(default=None, primary_key=True)
+    config_hash: str = Field(sa_column=Column(String(64), nullable=False, unique=True))
+    config: dict = Field(sa_column=Column(JSONB, nullable=False))
+    operators: str = Field(sa_column=Column(String(8), nullable=False))
+    operand_lo: int
+    operand_hi: int
+    template: str = Field(sa_column=Column(Text, nullable=False))
+    pairs_per_op: int
+    seed: int
+    heuristic_variant: str = Field(sa_column=Column(String(16), nullable=False))
+    catalog_version: str = Field(sa_column=Column(String(32), nullable=False))
+    created_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class GridLayout(SQLModel, table=True):
+    """Which cells of the side x side operand grid are valid, per (config, token limit, op).
+
+    ``valid`` is a packed bit mask (numpy.packbits, row-major a then b); the grids of
+    ``neuron_grid`` hold the valid cells in that order.
+    """
+
+    __tablename__ = "grid_layout"
+    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
+                                                                ondelete="CASCADE"),
+                                            primary_key=True))
+    number_limit: int = Field(sa_column=Column(Integer, primary_key=True))
+    op: str = Field(sa_column=Column(String(1), primary_key=True))
+    lo: int
+    side: int
+    n_cells: int
+    valid: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class Heuristic(SQLModel, table=True):
+    __tablename__ = "heuristic"
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    family: str = Field(sa_column=Column(String(32), nullable=False, index=True))
+    target: str = Field(sa_column=Column(String(8), nullable=False))
+    params: list = Field(sa_column=Column(JSONB, nullable=False))
+    label: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class Job(SQLModel, table=True):
+    """One (model, checkpoint, config) to catalog; progress is durable here."""
+
+    __tablename__ = "job"
+    id: int | None = Field(default=None, primary_key=True)
+    job_key: str = Field(sa_column=Column(String(64), nullable=False, unique=True))
+    model_id: int = Field(sa_column=Column(Integer, ForeignKey("model.id", ondelete="CASCADE"),
+                                           nullable=False))
+    checkpoint_id: int = Field(sa_column=Column(Integer, ForeignKey("checkpoint.id",
+                                                                    ondelete="CASCADE"),
+                                                nullable=False))
+    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
+                                                                ondelete="CASCADE"),
+                                            nullable=False))
+    status: str = Field(sa_column=Column(String(16), nullable=False, index=True))
+    layers_total: int
+    layers_done: int = 0
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    failed_layer: int | None = None
+    created_at: datetime = Field(default_factory=_now, sa_column=_ts())
+    updated_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class LayerResult(SQLModel, table=True):
+    """A layer whose rows are stored: written in the same transaction as the rows."""
+
+    __tablename__ = "layer_result"
+    checkpoint_id: int = Field(sa_column=Column(Integer, ForeignKey("checkpoint.id",
+                                                                    ondelete="CASCADE"),
+                                                primary_key=True))
+    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
+                                                                ondelete="CASCADE"),
+                                            primary_key=True))
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    n_neurons: int
+    n_scores: int
+    worker: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    seconds: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    written_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class CheckpointSummary(SQLModel, table=True):
+    __tablename__ = "checkpoint_summary"
+    checkpoint_id: int = Field(sa_column=Column(Integer, ForeignKey("checkpoint.id",
+                                                                    ondelete="CASCADE"),
+                                                primary_key=True))
+    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
+                                                                ondelete="CASCADE"),
+                                            primary_key=True))
+    accuracy: dict = Field(sa_column=Column(JSONB, nullable=False))
+    faithfulness: dict = Field(sa_column=Column(JSONB, nullable=False))
+    heuristic_knockouts: list = Field(sa_column=Column(JSONB, nullable=False))
+    prompt_knockouts: dict = Field(sa_column=Column(JSONB, nullable=False))
+    n_heuristic_neurons: dict = Field(sa_column=Column(JSONB, nullable=False))
+    written_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class NeuronOp(SQLModel, table=True):
+    __tablename__ = "neuron_op"
+    __table_args__ = (
+        Index("ix_neuron_op_effect", "model_id", "checkpoint_id", "op", "effect_exact"),
+        Index("ix_neuron_op_rank", "model_id", "checkpoint_id", "op", "rank"),
+        Index("ix_neuron_op_neuron", "model_id", "layer", "neuron", "op"),
+        Index("ix_neuron_op_best", "model_id", "best_heuristic_id", "best_score"),
+        {"postgresql_partition_by": "HASH (model_id)"},
+    )
+    model_id: int = Field(primary_key=True)
+    checkpoint_id: int = Field(primary_key=True)
+    config_id: int = Field(primary_key=True)
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    neuron: int = Field(primary_key=True)
+    op: str = Field(sa_column=Column(String(1), primary_key=True))
+    max_act: float = Field(sa_column=Column(REAL, nullable=False))
+    mean_act: float = Field(sa_column=Column(REAL, nullable=False))
+    density: float = Field(sa_column=Column(REAL, nullable=False))
+    effect_exact: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_exact_std: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_attr: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_attr_std: float | None = Field(default=None, sa_column=Column(REAL))
+    rank: int = Field(sa_column=Column(Integer, nullable=False))
+    op_accuracy: float = Field(sa_column=Column(REAL, nullable=False))
+    best_heuristic_id: int | None = Field(default=None, sa_column=Column(Integer))
+    best_score: float | None = Field(default=None, sa_column=Column(REAL))
+
+
+class NeuronGrid(SQLModel, table=True):
+    __tablename__ = "neuron_grid"
+    __table_args__ = ({"postgresql_partition_by": "HASH (model_id)"},)
+    model_id: int = Field(primary_key=True)
+    checkpoint_id: int = Field(primary_key=True)
+    config_id: int = Field(primary_key=True)
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    neuron: int = Field(primary_key=True)
+    op: str = Field(sa_column=Column(String(1), primary_key=True))
+    q: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    scale: float = Field(sa_column=Column(REAL, nullable=False))
+    offset: float = Field(sa_column=Column(REAL, nullable=False))
+
+
+class NeuronLens(SQLModel, table=True):
+    __tablename__ = "neuron_lens"
+    __table_args__ = ({"postgresql_partition_by": "HASH (model_id)"},)
+    model_id: int = Field(primary_key=True)
+    checkpoint_id: int = Field(primary_key=True)
+    config_id: int = Field(primary_key=True)
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    neuron: int = Field(primary_key=True)
+    numbers: list[float] = Field(sa_column=Column(ARRAY(REAL), nullable=False))
+    top_tokens: list[str] = Field(sa_column=Column(ARRAY(Text), nullable=False))
+    top_values: list[float] = Field(sa_column=Column(ARRAY(REAL), nullable=False))
+    bottom_tokens: list[str] = Field(sa_column=Column(ARRAY(Text), nullable=False))
+    bottom_values: list[float] = Field(sa_column=Column(ARRAY(REAL), nullable=False))
+
+
+class NeuronScore(SQLModel, table=True):
+    __tablename__ = "neuron_score"
+    __table_args__ = (
+        Index("ix_neuron_score_heuristic", "model_id", "heuristic_id", "score"),
+        {"postgresql_partition_by": "HASH (model_id)"},
+    )
+    model_id: int = Field(primary_key=True)
+    checkpoint_id: int = Field(primary_key=True)
+    config_id: int = Field(primary_key=True)
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    neuron: int = Field(primary_key=True)
+    op: str = Field(sa_column=Column(String(1), primary_key=True))
+    heuristic_id: int = Field(primary_key=True)
+    score: float = Field(sa_column=Column(REAL, nullable=False))
+    bottom: bool = False
+
+
+class CatalogSetting(SQLModel, table=True):
+    """Analysis settings the views read (match threshold, circuit size); analysts may edit."""
+
+    __tablename__ = "catalog_setting"
+    key: str = Field(sa_column=Column(String(64), primary_key=True))
+    value: float
