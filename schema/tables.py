@@ -224,7 +224,7 @@ class NeuronGrid(SQLModel, table=True):
     op: str = Field(sa_column=Column(String(1), primary_key=True))
     q: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     scale: float = Field(sa_column=Column(REAL, nullable=False))
-    offset: float = Field(sa_column=Column(REAL, nullable=False))
+    vmin: float = Field(sa_column=Column(REAL, nullable=False))
 
 
 class NeuronLens(SQLModel, table=True):

@@ -74,7 +74,7 @@ def upgrade() -> None:
     sa.Column('op', sa.String(length=1), nullable=False),
     sa.Column('q', sa.LargeBinary(), nullable=False),
     sa.Column('scale', sa.REAL(), nullable=False),
-    sa.Column('offset', sa.REAL(), nullable=False),
+    sa.Column('vmin', sa.REAL(), nullable=False),
     sa.PrimaryKeyConstraint('model_id', 'checkpoint_id', 'config_id', 'layer', 'neuron', 'op'),
     postgresql_partition_by='HASH (model_id)'
     )

@@ -62,40 +62,36 @@ MATERIALIZED = {
         WHERE n.rank < {CIRCUIT_K} AND s.score >= {THRESHOLD}
         GROUP BY m.name, c.step, n.config_id, n.op, h.family, n.model_id, n.checkpoint_id""",
     # For each (neuron, operator, heuristic) that holds at the model's last stored
-    # checkpoint: the first step from which its score stays >= the threshold.
+    # checkpoint: the first step from which its score stays >= the threshold. Checkpoints
+    # are numbered from the last (rn = 1); a pair's holding checkpoints, numbered the same
+    # way (k), form an unbroken run back from the last one exactly while rn = k.
     "heuristic_emergence": f"""
         CREATE MATERIALIZED VIEW heuristic_emergence AS
         WITH ck AS (
-            SELECT c.model_id, lr.config_id, lr.layer, c.id AS checkpoint_id, c.step
+            SELECT c.model_id, lr.config_id, lr.layer, c.id AS checkpoint_id, c.step,
+                   row_number() OVER (PARTITION BY c.model_id, lr.config_id, lr.layer
+                                      ORDER BY c.step DESC) AS rn
             FROM layer_result lr JOIN checkpoint c ON c.id = lr.checkpoint_id
             WHERE c.step IS NOT NULL),
-        pairs AS (
-            SELECT DISTINCT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id
-            FROM neuron_score s WHERE s.score >= {THRESHOLD}),
-        grid AS (
-            SELECT p.*, ck.step, coalesce(s.score, 0) AS score
-            FROM pairs p
-            JOIN ck ON ck.model_id = p.model_id AND ck.config_id = p.config_id
-                   AND ck.layer = p.layer
-            LEFT JOIN neuron_score s ON s.model_id = p.model_id
-                 AND s.checkpoint_id = ck.checkpoint_id AND s.config_id = p.config_id
-                 AND s.layer = p.layer AND s.neuron = p.neuron AND s.op = p.op
-                 AND s.heuristic_id = p.heuristic_id),
-        agg AS (
+        held AS (
+            SELECT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id,
+                   ck.step, ck.rn,
+                   row_number() OVER (PARTITION BY s.model_id, s.config_id, s.layer,
+                                      s.neuron, s.op, s.heuristic_id ORDER BY ck.rn) AS k
+            FROM neuron_score s
+            JOIN ck ON ck.checkpoint_id = s.checkpoint_id AND ck.config_id = s.config_id
+                   AND ck.layer = s.layer
+            WHERE s.score >= {THRESHOLD}),
+        runs AS (
             SELECT model_id, config_id, layer, neuron, op, heuristic_id,
-                   max(step) FILTER (WHERE score < {THRESHOLD}) AS last_below,
-                   max(step) AS last_step
-            FROM grid GROUP BY model_id, config_id, layer, neuron, op, heuristic_id)
-        SELECT m.name AS model, a.layer, a.neuron, a.op, a.config_id, h.label AS heuristic,
-               h.family,
-               (SELECT min(ck.step) FROM ck WHERE ck.model_id = a.model_id
-                  AND ck.config_id = a.config_id AND ck.layer = a.layer
-                  AND (a.last_below IS NULL OR ck.step > a.last_below)) AS emergence_step,
-               a.model_id, a.heuristic_id
-        FROM agg a
-        JOIN model m ON m.id = a.model_id
-        JOIN heuristic h ON h.id = a.heuristic_id
-        WHERE a.last_below IS NULL OR a.last_below < a.last_step""",
+                   min(step) AS emergence_step, count(*) AS checkpoints_held
+            FROM held WHERE rn = k
+            GROUP BY model_id, config_id, layer, neuron, op, heuristic_id)
+        SELECT m.name AS model, r.layer, r.neuron, r.op, r.config_id, h.label AS heuristic,
+               h.family, r.emergence_step, r.checkpoints_held, r.model_id, r.heuristic_id
+        FROM runs r
+        JOIN model m ON m.id = r.model_id
+        JOIN heuristic h ON h.id = r.heuristic_id""",
     # Share of the last checkpoint's (heuristic, neuron) pairs in the circuit that
     # already match at each checkpoint (the heuristics paper's training-dynamics plot).
     "checkpoint_overlap": f"""
@@ -105,7 +101,7 @@ MATERIALIZED = {
             FROM layer_result lr JOIN checkpoint c ON c.id = lr.checkpoint_id
             WHERE c.step IS NOT NULL),
         final AS (
-            SELECT DISTINCT ON (model_id, config_id) model_id, config_id, checkpoint_id, step
+            SELECT DISTINCT ON (model_id, config_id) model_id, config_id, checkpoint_id
             FROM ck ORDER BY model_id, config_id, step DESC),
         final_pairs AS (
             SELECT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id
@@ -115,18 +111,27 @@ MATERIALIZED = {
             JOIN neuron_op n ON n.model_id = s.model_id AND n.checkpoint_id = s.checkpoint_id
                  AND n.config_id = s.config_id AND n.layer = s.layer AND n.neuron = s.neuron
                  AND n.op = s.op
-            WHERE s.score >= {THRESHOLD} AND n.rank < {CIRCUIT_K})
-        SELECT m.name AS model, ck.step, ck.config_id,
-               (SELECT count(*) FROM final_pairs fp
-                 WHERE fp.model_id = ck.model_id AND fp.config_id = ck.config_id) AS final_pairs,
-               (SELECT count(*) FROM final_pairs fp
-                 JOIN neuron_score s ON s.model_id = fp.model_id
-                      AND s.checkpoint_id = ck.checkpoint_id AND s.config_id = fp.config_id
-                      AND s.layer = fp.layer AND s.neuron = fp.neuron AND s.op = fp.op
-                      AND s.heuristic_id = fp.heuristic_id AND s.score >= {THRESHOLD}
-                 WHERE fp.model_id = ck.model_id AND fp.config_id = ck.config_id) AS present,
+            WHERE s.score >= {THRESHOLD} AND n.rank < {CIRCUIT_K}),
+        totals AS (
+            SELECT model_id, config_id, count(*) AS n FROM final_pairs
+            GROUP BY model_id, config_id),
+        present AS (
+            SELECT s.model_id, s.config_id, s.checkpoint_id, count(*) AS n
+            FROM final_pairs fp
+            JOIN neuron_score s ON s.model_id = fp.model_id AND s.config_id = fp.config_id
+                 AND s.layer = fp.layer AND s.neuron = fp.neuron AND s.op = fp.op
+                 AND s.heuristic_id = fp.heuristic_id
+            WHERE s.score >= {THRESHOLD}
+            GROUP BY s.model_id, s.config_id, s.checkpoint_id)
+        SELECT m.name AS model, ck.step, ck.config_id, t.n AS final_pairs,
+               coalesce(p.n, 0) AS present,
+               coalesce(p.n, 0)::real / nullif(t.n, 0) AS share,
                ck.model_id, ck.checkpoint_id
-        FROM ck JOIN model m ON m.id = ck.model_id""",
+        FROM ck
+        JOIN totals t ON t.model_id = ck.model_id AND t.config_id = ck.config_id
+        LEFT JOIN present p ON p.model_id = ck.model_id AND p.config_id = ck.config_id
+                           AND p.checkpoint_id = ck.checkpoint_id
+        JOIN model m ON m.id = ck.model_id""",
 }
 
 REFRESH = """

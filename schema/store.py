@@ -1,0 +1,290 @@
+"""Writing measurements to PostgreSQL, and reading grids back.
+
+The bulk writer takes one layer's measurements as plain arrays (``LayerRows``; jobs
+converts what ``catalog.measure`` returns) and writes them in ONE transaction: COPY
+into temporary staging tables, then ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``
+into the partitioned tables, plus the ``layer_result`` marker. Writing the same layer
+twice leaves the same rows; a failure anywhere rolls the whole layer back, so no
+partial layer is ever visible. Plain functions with keyword-only arguments, over a
+psycopg connection.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import psycopg
+
+from schema.quantize import dequantize, quantize_rows
+
+NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
+                  "effect_attr", "effect_attr_std", "rank")
+KEY = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
+
+
+def connect(url: str, **kwargs) -> psycopg.Connection:
+    """psycopg connection from a SQLAlchemy-style or plain PostgreSQL URL."""
+    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), **kwargs)
+
+
+@dataclass
+class HeuristicRow:
+    key: str
+    family: str
+    target: str
+    params: list
+    label: str
+
+
+@dataclass
+class LayerRows:
+    """One layer's measurements as plain arrays.
+
+    ops: operator symbols, the order of every ``op`` axis.
+    stats: NEURON_OP_COLS -> (d_mlp, n_ops) arrays (NaN = not measured).
+    op_accuracy: (n_ops,) the model's accuracy on each operator.
+    grids: one (d_mlp, n_cells_of_op) float32 array per operator (valid cells in the
+        grid layout's order).
+    lens_numbers: (d_mlp, n_numbers); lens top/bottom tokens (strings) and values (d_mlp, k).
+    score_neuron, score_op (index into ops), score_heuristic (key), score, score_bottom:
+        one entry per stored heuristic score.
+    heuristics: key -> HeuristicRow for every key used.
+    """
+
+    layer: int
+    ops: list[str]
+    stats: dict[str, np.ndarray]
+    op_accuracy: np.ndarray
+    grids: list[np.ndarray]
+    lens_numbers: np.ndarray
+    lens_top_tokens: list[list[str]]
+    lens_top_values: np.ndarray
+    lens_bottom_tokens: list[list[str]]
+    lens_bottom_values: np.ndarray
+    score_neuron: np.ndarray
+    score_op: np.ndarray
+    score_heuristic: list[str]
+    score: np.ndarray
+    score_bottom: np.ndarray
+    heuristics: dict[str, HeuristicRow] = field(default_factory=dict)
+
+    @property
+    def d_mlp(self) -> int:
+        return self.stats["rank"].shape[0]
+
+
+# ------------------------------------------------------------------ entities
+
+
+def upsert_model(conn: psycopg.Connection, *, info: dict) -> int:
+    """Insert or update a model by name; returns its id."""
+    cols = ("name", "source", "n_layers", "d_model", "d_mlp", "d_vocab", "act_fn", "gated_mlp",
+            "number_limit", "digit_level")
+    row = conn.execute(
+        f"INSERT INTO model ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))}) "
+        f"ON CONFLICT (name) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in cols[1:])} "
+        "RETURNING id", [info[c] for c in cols]).fetchone()
+    return row[0]
+
+
+def upsert_checkpoint(conn: psycopg.Connection, *, model_id: int, step: int | None,
+                      revision: str | None, weights_hash: str) -> int:
+    """Insert or update a checkpoint; flags it when another step has identical weights."""
+    dup = conn.execute(
+        "SELECT min(step) FROM checkpoint WHERE model_id = %s AND weights_hash = %s "
+        "AND step IS DISTINCT FROM %s", (model_id, weights_hash, step)).fetchone()[0]
+    existing = conn.execute(
+        "SELECT id FROM checkpoint WHERE model_id = %s AND step IS NOT DISTINCT FROM %s",
+        (model_id, step)).fetchone()
+    if existing:
+        conn.execute("UPDATE checkpoint SET revision = %s, weights_hash = %s, "
+                     "duplicate_of_step = %s WHERE id = %s",
+                     (revision, weights_hash, dup, existing[0]))
+        return existing[0]
+    return conn.execute(
+        "INSERT INTO checkpoint (model_id, step, revision, weights_hash, duplicate_of_step) "
+        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+        (model_id, step, revision, weights_hash, dup)).fetchone()[0]
+
+
+def upsert_config(conn: psycopg.Connection, *, config: dict, config_hash: str,
+                  catalog_version: str) -> int:
+    """Insert a measurement config (idempotent by hash); returns its id."""
+    row = conn.execute(
+        "INSERT INTO measure_config (config_hash, config, operators, operand_lo, operand_hi, "
+        "template, pairs_per_op, seed, heuristic_variant, catalog_version) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (config_hash) DO UPDATE SET config_hash = EXCLUDED.config_hash "
+        "RETURNING id",
+        (config_hash, json.dumps(config), "".join(config["operators"]), config["operand_lo"],
+         config["operand_hi"], config["few_shot"] + config["template"], config["pairs_per_op"],
+         config["seed"], config["heuristic_variant"], catalog_version)).fetchone()
+    return row[0]
+
+
+def upsert_grid_layout(conn: psycopg.Connection, *, config_id: int, number_limit: int, op: str,
+                       lo: int, side: int, valid: np.ndarray) -> None:
+    """Store which cells of op's side x side grid are valid (row-major, a then b)."""
+    valid = np.asarray(valid, dtype=bool).reshape(side * side)
+    conn.execute(
+        "INSERT INTO grid_layout (config_id, number_limit, op, lo, side, n_cells, valid) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (config_id, number_limit, op, lo, side, int(valid.sum()),
+         np.packbits(valid).tobytes()))
+
+
+def upsert_heuristics(conn: psycopg.Connection, *, rows: list[HeuristicRow]) -> dict[str, int]:
+    """Insert heuristics by key (existing ones kept); returns key -> id for all of them."""
+    if not rows:
+        return {}
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO heuristic (key, family, target, params, label) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (key) DO NOTHING",
+            [(r.key, r.family, r.target, json.dumps(r.params), r.label) for r in rows])
+    got = conn.execute("SELECT key, id FROM heuristic WHERE key = ANY(%s)",
+                       ([r.key for r in rows],)).fetchall()
+    return dict(got)
+
+
+# ------------------------------------------------------------------ the layer writer
+
+
+def _f(x) -> float | None:
+    x = float(x)
+    return None if np.isnan(x) else x
+
+
+def _copy(cur, table: str, cols: tuple[str, ...], rows) -> None:
+    quoted = ", ".join('"' + c + '"' for c in cols)
+    with cur.copy(f"COPY {table} ({quoted}) FROM STDIN") as cp:
+        for row in rows:
+            cp.write_row(row)
+
+
+def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
+                rows: LayerRows, worker: str | None = None, seconds: float | None = None) -> dict:
+    """Write one layer's rows in one transaction; returns row counts.
+
+    Idempotent: the layer's previous score rows are replaced, other rows upserted.
+    """
+    layer, ops, d_mlp = rows.layer, rows.ops, rows.d_mlp
+    key = (model_id, checkpoint_id, config_id, layer)
+    with conn.transaction(), conn.cursor() as cur:
+        ids = upsert_heuristics(conn, rows=list(rows.heuristics.values()))
+        best_id, best_score = _best_per_neuron_op(rows, ids)
+        for name, like in (("s_op", "neuron_op"), ("s_grid", "neuron_grid"),
+                           ("s_lens", "neuron_lens"), ("s_score", "neuron_score")):
+            cur.execute(f"CREATE TEMP TABLE {name} (LIKE {like}) ON COMMIT DROP")
+
+        op_cols = KEY + ("op",) + NEURON_OP_COLS + ("op_accuracy", "best_heuristic_id",
+                                                      "best_score")
+        stats = {c: rows.stats[c] for c in NEURON_OP_COLS}
+        _copy(cur, "s_op", op_cols, (
+            key + (n, op) + tuple(int(stats[c][n, o]) if c == "rank" else _f(stats[c][n, o])
+                                  for c in NEURON_OP_COLS)
+            + (float(rows.op_accuracy[o]), best_id.get((n, o)), best_score.get((n, o)))
+            for o, op in enumerate(ops) for n in range(d_mlp)))
+
+        grid_rows = []
+        for o, op in enumerate(ops):
+            q, scale, vmin = quantize_rows(rows.grids[o])
+            grid_rows.extend(key + (n, op, q[n].tobytes(), float(scale[n]), float(vmin[n]))
+                             for n in range(d_mlp))
+        _copy(cur, "s_grid", KEY + ("op", "q", "scale", "vmin"), grid_rows)
+
+        _copy(cur, "s_lens", KEY + ("numbers", "top_tokens", "top_values", "bottom_tokens",
+                                    "bottom_values"), (
+            key + (n, rows.lens_numbers[n].tolist(), rows.lens_top_tokens[n],
+                   rows.lens_top_values[n].tolist(), rows.lens_bottom_tokens[n],
+                   rows.lens_bottom_values[n].tolist())
+            for n in range(d_mlp)))
+
+        _copy(cur, "s_score", KEY + ("op", "heuristic_id", "score", "bottom"), (
+            key + (int(n), ops[o], ids[h], float(s), bool(b))
+            for n, o, h, s, b in zip(rows.score_neuron, rows.score_op, rows.score_heuristic,
+                                     rows.score, rows.score_bottom, strict=True)))
+
+        for table, staging, extra in (("neuron_op", "s_op", ("op",)),
+                                      ("neuron_grid", "s_grid", ("op",)),
+                                      ("neuron_lens", "s_lens", ())):
+            pk = KEY + extra
+            cols = [r[0] for r in cur.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                "ORDER BY ordinal_position", (table,)).fetchall()]
+            update = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in cols if c not in pk)
+            cur.execute(f"INSERT INTO {table} SELECT * FROM {staging} "
+                        f"ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {update}")
+        cur.execute("DELETE FROM neuron_score WHERE model_id = %s AND checkpoint_id = %s "
+                    "AND config_id = %s AND layer = %s", key)
+        cur.execute("INSERT INTO neuron_score SELECT * FROM s_score")
+        cur.execute(
+            "INSERT INTO layer_result (checkpoint_id, config_id, layer, n_neurons, n_scores, "
+            "worker, seconds) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (checkpoint_id, config_id, layer) DO UPDATE SET "
+            "n_neurons = EXCLUDED.n_neurons, n_scores = EXCLUDED.n_scores, "
+            "worker = EXCLUDED.worker, seconds = EXCLUDED.seconds, written_at = now()",
+            (checkpoint_id, config_id, layer, d_mlp, len(rows.score), worker, seconds))
+    return {"neuron_op": d_mlp * len(ops), "neuron_grid": d_mlp * len(ops),
+            "neuron_lens": d_mlp, "neuron_score": len(rows.score)}
+
+
+def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
+    """(neuron, op index) -> id and score of its highest-scoring heuristic."""
+    best_id, best_score = {}, {}
+    for n, o, h, s in zip(rows.score_neuron, rows.score_op, rows.score_heuristic, rows.score,
+                          strict=True):
+        k = (int(n), int(o))
+        if s > best_score.get(k, -1.0):
+            best_score[k], best_id[k] = float(s), ids[h]
+    return best_id, best_score
+
+
+def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
+                  summary: dict) -> None:
+    """Upsert a checkpoint summary (accuracy, faithfulness, knockouts, heuristic counts)."""
+    cols = ("accuracy", "faithfulness", "heuristic_knockouts", "prompt_knockouts",
+            "n_heuristic_neurons")
+    conn.execute(
+        f"INSERT INTO checkpoint_summary (checkpoint_id, config_id, {', '.join(cols)}) "
+        f"VALUES (%s, %s, {', '.join(['%s'] * len(cols))}) "
+        f"ON CONFLICT (checkpoint_id, config_id) DO UPDATE SET "
+        f"{', '.join(f'{c} = EXCLUDED.{c}' for c in cols)}, written_at = now()",
+        [checkpoint_id, config_id] + [json.dumps(summary[c]) for c in cols])
+
+
+def refresh_views(conn: psycopg.Connection) -> None:
+    """Refresh the materialized analyst views."""
+    conn.execute("SELECT refresh_catalog_views()")
+
+
+def stored_layers(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int) -> list[int]:
+    return [r[0] for r in conn.execute(
+        "SELECT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
+        "ORDER BY layer", (checkpoint_id, config_id)).fetchall()]
+
+
+# ------------------------------------------------------------------ reads
+
+
+def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
+             layer: int, neuron: int, op: str) -> np.ndarray:
+    """One activation grid as a (side, side) float32 array, op1 on axis 0, NaN where invalid."""
+    row = conn.execute(
+        "SELECT g.q, g.scale, g.vmin, l.side, l.valid FROM neuron_grid g "
+        "JOIN model m ON m.id = g.model_id "
+        "JOIN grid_layout l ON l.config_id = g.config_id AND l.op = g.op "
+        "AND l.number_limit = m.number_limit "
+        "WHERE g.model_id = %s AND g.checkpoint_id = %s AND g.config_id = %s AND g.layer = %s "
+        "AND g.neuron = %s AND g.op = %s",
+        (model_id, checkpoint_id, config_id, layer, neuron, op)).fetchone()
+    if row is None:
+        raise KeyError(f"no grid for model {model_id}, checkpoint {checkpoint_id}, config "
+                       f"{config_id}, layer {layer}, neuron {neuron}, op {op!r}")
+    q, scale, vmin, side, valid = row
+    mask = np.unpackbits(np.frombuffer(valid, dtype=np.uint8))[: side * side].astype(bool)
+    out = np.full(side * side, np.nan, dtype=np.float32)
+    out[mask] = dequantize(q, scale, vmin)
+    return out.reshape(side, side)

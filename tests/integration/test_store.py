@@ -1,0 +1,191 @@
+"""The store against a real PostgreSQL: migrations, the bulk writer, grids, access, fallback."""
+
+import socket
+
+import numpy as np
+import psycopg
+import pytest
+from alembic import command
+from sqlalchemy.engine import make_url
+
+from catalog.config import MeasureConfig
+from catalog.measure import measure_layer, prepare
+from catalog.sources import load_model
+from jobs.store_results import layer_rows, register, write_layouts
+from schema import store
+from schema.engine import alembic_config, migrate
+from schema.quantize import dequantize, max_error, quantize_rows
+from schema.settings import Settings, resolve_database_url
+
+TABLES = {"model", "checkpoint", "measure_config", "grid_layout", "heuristic", "job",
+          "layer_result", "checkpoint_summary", "neuron_op", "neuron_grid", "neuron_lens",
+          "neuron_score", "catalog_setting"}
+
+
+def tables(url):
+    with store.connect(url) as conn:
+        return {r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()}
+
+
+def test_migrations_upgrade_downgrade_and_no_drift(empty_db):
+    cfg = alembic_config(empty_db)
+    command.upgrade(cfg, "head")
+    have = tables(empty_db)
+    assert TABLES <= have
+    assert {f"neuron_score_p{i}" for i in range(8)} <= have
+    command.check(cfg)  # raises if the models and the migrations disagree
+    command.downgrade(cfg, "base")
+    assert tables(empty_db) == {"alembic_version"}
+    command.upgrade(cfg, "head")
+    assert TABLES <= tables(empty_db)
+
+
+def test_quantization_error_is_within_half_a_step():
+    rng = np.random.default_rng(0)
+    grids = rng.standard_normal((50, 777)).astype(np.float32) * rng.uniform(0.01, 10, (50, 1))
+    grids[0] = 3.25  # constant grid: exact
+    q, scale, vmin = quantize_rows(grids)
+    for i in range(len(grids)):
+        back = dequantize(q[i].tobytes(), scale[i], vmin[i])
+        err = np.abs(back - grids[i]).max()
+        assert err <= max_error(scale[i]) * (1 + 1e-5) + 1e-7
+        assert err <= (grids[i].max() - grids[i].min()) / 510 * (1 + 1e-5) + 1e-7
+    assert scale[0] == 0 and np.all(dequantize(q[0], scale[0], vmin[0]) == 3.25)
+
+
+@pytest.fixture(scope="module")
+def layer_data(tiny_builtin):
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", builtin_config=cfg, cache_root=root)
+    config = MeasureConfig(operand_hi=20, pairs_per_op=10)
+    prep = prepare(lm.model, lm.tokenizer, config)
+    return lm, config, prep, measure_layer(lm.model, prep, 1)
+
+
+def dump(url):
+    with store.connect(url) as conn:
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
+                for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
+
+
+def write(url, lm, config, prep, result, rows=None):
+    with store.connect(url) as conn:
+        ids = register(conn, lm, config)
+        write_layouts(conn, prep, ids)
+        store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                          config_id=ids.config_id, rows=rows or layer_rows(result, prep,
+                                                                          lm.tokenizer))
+    return ids
+
+
+def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
+    lm, config, prep, result = layer_data
+    ids = write(db, lm, config, prep, result)
+    first = dump(db)
+    d_mlp = lm.model.cfg.d_mlp
+    assert len(first["neuron_op"]) == len(first["neuron_grid"]) == 4 * d_mlp
+    assert len(first["neuron_lens"]) == d_mlp
+    assert len(first["neuron_score"]) == len(result.matches)
+    write(db, lm, config, prep, result)
+    assert dump(db) == first
+    table = prep.table
+    with store.connect(db) as conn:
+        assert store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
+                                   config_id=ids.config_id) == [1]
+        for op, neuron in (("+", 3), ("/", 17), ("*", 40)):
+            grid = store.get_grid(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                                  config_id=ids.config_id, layer=1, neuron=neuron, op=op)
+            want = table.to_grid(result.acts[table.op_index(op), neuron], op)
+            assert np.array_equal(np.isnan(grid), np.isnan(want))
+            span = np.nanmax(want) - np.nanmin(want)
+            assert np.nanmax(np.abs(grid - want)) <= span / 510 + 1e-6
+        # the best heuristic column agrees with the score rows
+        n, op, best, score = conn.execute(
+            "SELECT n.neuron, n.op, h.key, n.best_score FROM neuron_op n "
+            "JOIN heuristic h ON h.id = n.best_heuristic_id ORDER BY n.best_score DESC, "
+            "n.neuron LIMIT 1").fetchone()
+        top = conn.execute("SELECT max(score) FROM neuron_score WHERE neuron = %s AND op = %s",
+                           (n, op)).fetchone()[0]
+        assert top == pytest.approx(score)
+
+
+def test_failure_mid_layer_leaves_nothing_partial(db, layer_data):
+    lm, config, prep, result = layer_data
+    write(db, lm, config, prep, result)
+    before = dump(db)
+    rows = layer_rows(result, prep, lm.tokenizer)
+    rows.stats["max_act"] = rows.stats["max_act"] + 1.0  # would change every neuron_op row
+    rows.score_heuristic = rows.score_heuristic[:-1] + ["no-such-heuristic"]  # fails late
+    with pytest.raises(KeyError, match="no-such-heuristic"):
+        write(db, lm, config, prep, result, rows=rows)
+    assert dump(db) == before
+
+
+def test_checkpoint_with_identical_weights_is_flagged(db):
+    with store.connect(db) as conn:
+        model_id = store.upsert_model(conn, info={
+            "name": "m", "source": "hub", "n_layers": 1, "d_model": 4, "d_mlp": 8,
+            "d_vocab": 10, "act_fn": "gelu", "gated_mlp": False, "number_limit": 9,
+            "digit_level": False})
+        store.upsert_checkpoint(conn, model_id=model_id, step=1000, revision="step1000",
+                                weights_hash="a" * 64)
+        store.upsert_checkpoint(conn, model_id=model_id, step=2000, revision="step2000",
+                                weights_hash="a" * 64)
+        store.upsert_checkpoint(conn, model_id=model_id, step=3000, revision="step3000",
+                                weights_hash="b" * 64)
+        rows = conn.execute("SELECT step, duplicate_of_step FROM checkpoint ORDER BY step"
+                            ).fetchall()
+    assert rows == [(1000, None), (2000, 1000), (3000, None)]
+
+
+def reader_url(url):
+    return make_url(url).set(username="catalog_reader", password=None).render_as_string(
+        hide_password=False)
+
+
+@pytest.mark.parametrize("sql", [
+    "INSERT INTO catalog_setting VALUES ('x', 1)",
+    "UPDATE catalog_setting SET value = 0",
+    "DELETE FROM catalog_setting",
+    "DROP TABLE catalog_setting",
+    "CREATE TABLE evil (x int)",
+])
+def test_reader_role_cannot_write(db, sql):
+    with store.connect(reader_url(db)) as conn:
+        assert conn.execute("SELECT count(*) FROM catalog_setting").fetchone()[0] == 2
+        assert conn.execute("SHOW statement_timeout").fetchone()[0] == "10s"
+        with pytest.raises(psycopg.Error):
+            conn.execute(sql)
+    with store.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM catalog_setting").fetchone()[0] == 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_embedded_fallback_when_no_server_answers(tmp_path):
+    port = free_port()  # nothing listens here
+    url = resolve_database_url(Settings(database_url=None, ncat_home=tmp_path,
+                                        local_pg_port=port))
+    assert "host=" in url and str(tmp_path) in url  # a unix socket in our own data dir
+    migrate(url)
+    with store.connect(url) as conn:
+        assert conn.execute("SELECT value FROM catalog_setting WHERE key = 'match_threshold'"
+                            ).fetchone()[0] == pytest.approx(0.6)
+
+
+def test_database_url_wins(monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgresql://someone@db.example:5433/cat")
+    assert resolve_database_url() == "postgresql+psycopg://someone@db.example:5433/cat"
+    monkeypatch.delenv("DATABASE_URL")
+    with socket.socket() as listener:  # something answers on this port: it is used
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        url = resolve_database_url(Settings(database_url=None, local_pg_host="127.0.0.1",
+                                            local_pg_port=port))
+    assert url == f"postgresql+psycopg://postgres@127.0.0.1:{port}/ncat"
