@@ -141,8 +141,8 @@ def upsert_heuristics(conn: psycopg.Connection, *, rows: list[HeuristicRow]) -> 
         return {}
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO heuristic (key, family, target, params, label) VALUES (%s, %s, %s, %s, %s) "
-            "ON CONFLICT (key) DO NOTHING",
+            "INSERT INTO heuristic (key, family, target, params, label) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING",
             [(r.key, r.family, r.target, json.dumps(r.params), r.label) for r in rows])
     got = conn.execute("SELECT key, id FROM heuristic WHERE key = ANY(%s)",
                        ([r.key for r in rows],)).fetchall()
