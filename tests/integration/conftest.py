@@ -5,12 +5,13 @@ import uuid
 import pytest
 from sqlalchemy.engine import make_url
 
-from catalog.config import MeasureConfig
 from catalog.sources import load_model
 from jobs.store_results import catalog_checkpoint
 from schema import store
 from schema.engine import migrate
 from schema.settings import Settings, resolve_database_url
+
+from helpers import SEED_CONFIG, SEED_STEPS
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +50,6 @@ def db(pg_server):
     migrate(url)
     yield url
     _drop(url)
-
-
-SEED_STEPS = (64, 128, 300)
-SEED_CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40)
 
 
 @pytest.fixture(scope="module")

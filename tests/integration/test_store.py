@@ -6,7 +6,6 @@ import numpy as np
 import psycopg
 import pytest
 from alembic import command
-from sqlalchemy.engine import make_url
 
 from catalog.config import MeasureConfig
 from catalog.measure import measure_layer, prepare
@@ -16,6 +15,8 @@ from schema import store
 from schema.engine import alembic_config, migrate
 from schema.quantize import dequantize, max_error, quantize_rows
 from schema.settings import Settings, resolve_database_url
+
+from helpers import reader_url
 
 TABLES = {"model", "checkpoint", "measure_config", "grid_layout", "heuristic", "job",
           "layer_result", "checkpoint_summary", "neuron_op", "neuron_grid", "neuron_lens",
@@ -137,11 +138,6 @@ def test_checkpoint_with_identical_weights_is_flagged(db):
         rows = conn.execute("SELECT step, duplicate_of_step FROM checkpoint ORDER BY step"
                             ).fetchall()
     assert rows == [(1000, None), (2000, 1000), (3000, None)]
-
-
-def reader_url(url):
-    return make_url(url).set(username="catalog_reader", password=None).render_as_string(
-        hide_password=False)
 
 
 @pytest.mark.parametrize("sql", [

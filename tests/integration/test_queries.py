@@ -1,0 +1,153 @@
+"""Every query of docs/queries.md, run on a seeded catalog, checked against catalog.measure."""
+
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from catalog.measure import measure
+from catalog.sources import load_model
+from schema import store
+
+from helpers import SEED_CONFIG, SEED_STEPS, reader_url
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
+THRESHOLD, CIRCUIT_K = 0.6, 20
+
+
+def queries() -> dict[str, str]:
+    text = DOC.read_text()
+    found = dict(re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", text, flags=re.S))
+    assert len(found) == 7, sorted(found)
+    return found
+
+
+@pytest.fixture(scope="module")
+def direct(tiny_builtin):
+    """The same checkpoints measured by the library, no database involved."""
+    cfg, root = tiny_builtin
+    out = {}
+    for step in SEED_STEPS:
+        lm = load_model("builtin", step, builtin_config=cfg, cache_root=root)
+        out[step] = measure(lm.model, lm.tokenizer, SEED_CONFIG, progress=False)
+    return out
+
+
+def run(url, name):
+    with store.connect(url) as conn:
+        return conn.execute(queries()[name]).fetchall()
+
+
+def held(result, op_index, threshold=THRESHOLD):
+    """(layer, neuron, heuristic key) -> score for scores >= threshold of one operator."""
+    out = {}
+    for layer, lr in result.layers.items():
+        m = lr.matches
+        for i in np.nonzero((m.op == op_index) & (m.score >= threshold))[0]:
+            out[(layer, int(m.neuron[i]), m.heuristic[i].key)] = float(m.score[i])
+    return out
+
+
+def test_every_documented_query_runs_as_the_reader(seeded):
+    with store.connect(reader_url(seeded)) as conn:
+        for name, sql in queries().items():
+            assert conn.execute(sql).fetchall() is not None, name
+            conn.rollback()
+
+
+def test_neuron_evolution(seeded, direct):
+    rows = run(seeded, "neuron_evolution")
+    assert [r[0] for r in rows] == list(SEED_STEPS)
+    for step, effect, rank, label, best in rows:
+        lr = direct[step].layers[1]
+        want = lr.effect_exact[5, 0]
+        assert (effect is None and np.isnan(want)) or effect == pytest.approx(float(want),
+                                                                              rel=1e-6)
+        assert rank == lr.rank[5, 0]
+        sel = (lr.matches.neuron == 5) & (lr.matches.op == 0)
+        assert best == pytest.approx(float(lr.matches.score[sel].max()), rel=1e-6)
+        labels = {lr.matches.heuristic[i].label for i in np.nonzero(sel)[0]
+                  if lr.matches.score[i] == lr.matches.score[sel].max()}
+        assert label in labels
+
+
+def test_circuit(seeded, direct):
+    rows = run(seeded, "circuit")
+    last = direct[SEED_STEPS[-1]]
+    want = sorted((layer, int(n)) for layer, lr in last.layers.items()
+                  for n in np.nonzero(lr.rank[:, 0] < CIRCUIT_K)[0])
+    assert sorted((r[0], r[1]) for r in rows) == want
+    assert len(rows) == CIRCUIT_K * len(last.layers)
+
+
+def test_heuristic_neurons(seeded, direct):
+    rows = run(seeded, "heuristic_neurons")
+    last = direct[SEED_STEPS[-1]]
+    want = []
+    for layer, lr in last.layers.items():
+        m = lr.matches
+        for i in np.nonzero(m.op == 0)[0]:
+            if m.heuristic[i].label == "result in [10, 20)":
+                want.append((-float(m.score[i]), layer, int(m.neuron[i])))
+    want = sorted(want)[:10]
+    assert want, "the seeded catalog has no neuron for this heuristic"
+    assert [(r[0], r[1]) for r in rows] == [(w[1], w[2]) for w in want]
+    assert [r[2] for r in rows] == pytest.approx([-w[0] for w in want], rel=1e-6)
+
+
+def test_census(seeded, direct):
+    rows = run(seeded, "census")
+    want = Counter()
+    for step, res in direct.items():
+        for o, op in enumerate(SEED_CONFIG.operators):
+            per_family = defaultdict(set)
+            for (layer, neuron, key), _ in held(res, o).items():
+                if res.layers[layer].rank[neuron, o] < CIRCUIT_K:
+                    per_family[key.split(":")[0]].add((layer, neuron))
+            for family, neurons in per_family.items():
+                want[(step, op, family)] = len(neurons)
+    got = {(r[0], r[1], r[2]): r[3] for r in rows}
+    assert got == dict(want) and got
+
+
+def test_emergence(seeded, direct):
+    rows = run(seeded, "emergence")
+    holding = {step: held(res, 0) for step, res in direct.items()}
+    final = holding[SEED_STEPS[-1]]
+    counts = Counter()
+    for pair in final:
+        emerged = SEED_STEPS[-1]
+        for step in reversed(SEED_STEPS[:-1]):
+            if pair not in holding[step]:
+                break
+            emerged = step
+        counts[emerged] += 1
+    assert dict(rows) == dict(counts) and sum(counts.values()) == len(final)
+
+
+def test_overlap(seeded, direct):
+    rows = run(seeded, "overlap")
+    last = direct[SEED_STEPS[-1]]
+    final = set()
+    for o in range(len(SEED_CONFIG.operators)):
+        for (layer, neuron, key) in held(last, o):
+            if last.layers[layer].rank[neuron, o] < CIRCUIT_K:
+                final.add((o, layer, neuron, key))
+    assert [r[0] for r in rows] == list(SEED_STEPS)
+    for step, final_pairs, present, share in rows:
+        now = {(o,) + k for o in range(4) for k in held(direct[step], o)}
+        assert final_pairs == len(final)
+        assert present == len(final & now)
+        assert float(share) == pytest.approx(len(final & now) / len(final), abs=1e-3)
+    assert rows[-1][3] == 1
+
+
+def test_summary(seeded, direct):
+    rows = run(seeded, "summary")
+    assert [r[0] for r in rows] == list(SEED_STEPS)
+    for step, acc, faith in rows:
+        s = direct[step].summary
+        assert float(acc) == pytest.approx(s.accuracy["+"])
+        assert [k for k, _ in faith] == [k for k, _ in s.faithfulness["+"]]
