@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -113,6 +114,90 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _url(args) -> str:
+    from schema.settings import resolve_database_url, with_driver
+
+    return with_driver(args.database_url) if args.database_url else resolve_database_url()
+
+
+def cmd_migrate(args) -> int:
+    from schema.engine import migrate
+
+    url = migrate(_url(args))
+    print(f"database migrated to head: {url}")
+    return 0
+
+
+def cmd_catalog(args) -> int:
+    """Measure checkpoints and write them to the database (no queue)."""
+    from jobs.store_results import catalog_checkpoint
+    from schema.engine import migrate
+
+    config = _config_from_args(args)
+    try:
+        steps = _parse_checkpoints(args.model, args.checkpoints)
+        url = migrate(_url(args))
+        for step in steps:
+            lm = load_model(args.model, step, device=args.device)
+            t0 = time.perf_counter()
+            ids = catalog_checkpoint(url, lm, config, layers=_parse_layers(args.layers),
+                                     progress=not args.quiet)
+            print(f"{lm.info.name} step {step}: stored in {time.perf_counter() - t0:.1f} s "
+                  f"(checkpoint id {ids.checkpoint_id}, config id {ids.config_id})")
+    except (ModelSourceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _parse_checkpoints(model: str, text: str | None) -> list[int | None]:
+    """'all', a list '0,512,3000', or a range 'start:stop:step' (stop inclusive)."""
+    if not text:
+        return [None]
+    if text == "all":
+        steps = list_checkpoints(model)
+        if not steps:
+            raise ValueError(f"{model!r} has no checkpoints to catalog")
+        return steps
+    if ":" in text:
+        parts = [int(x) for x in text.split(":")]
+        if len(parts) != 3 or parts[2] <= 0:
+            raise ValueError(f"checkpoint range must be start:stop:step, got {text!r}")
+        return list(range(parts[0], parts[1] + 1, parts[2]))
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--checkpoints must be 'all', a list or start:stop:step, "
+                         f"got {text!r}") from None
+
+
+def cmd_export(args) -> int:
+    from schema.export import export
+
+    try:
+        n = export(_url(args), args.what, Path(args.out), args.format)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # database errors: say what failed
+        print(f"error: export of {args.what!r} failed: {exc}", file=sys.stderr)
+        return 2
+    print(f"{n} rows written to {args.out}")
+    return 0
+
+
+def _measure_options(s) -> None:
+    s.add_argument("--layers", default=None, help="comma-separated layers (default all)")
+    s.add_argument("--ops", default=None, help="operators, e.g. '+-' (default all four)")
+    s.add_argument("--lo", type=int, default=0)
+    s.add_argument("--hi", type=int, default=DEMO_CONFIG.operand_hi)
+    s.add_argument("--pairs", type=int, default=100, help="counterfactual pairs per operator")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--variant", choices=("paper", "code"), default="paper")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ncat", description="The arithmetic neuron catalog.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -132,16 +217,28 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("measure", help="measure every neuron of one checkpoint, no database")
     s.add_argument("model", help="'builtin', a hub name, a local HF directory or a .gguf file")
     s.add_argument("--checkpoint", type=int, default=None, help="training step")
-    s.add_argument("--layers", default=None, help="comma-separated layers (default all)")
-    s.add_argument("--ops", default=None, help="operators, e.g. '+-' (default all four)")
-    s.add_argument("--lo", type=int, default=0)
-    s.add_argument("--hi", type=int, default=DEMO_CONFIG.operand_hi)
-    s.add_argument("--pairs", type=int, default=100, help="counterfactual pairs per operator")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--variant", choices=("paper", "code"), default="paper")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    _measure_options(s)
     s.set_defaults(fn=cmd_measure)
+
+    db_help = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
+    s = sub.add_parser("migrate", help="create or upgrade the catalog's database")
+    s.add_argument("--database-url", default=None, help=db_help)
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("catalog", help="measure checkpoints and store them (no queue)")
+    s.add_argument("model", help="'builtin', a hub name, a local HF directory or a .gguf file")
+    s.add_argument("--checkpoints", default=None,
+                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    s.add_argument("--database-url", default=None, help=db_help)
+    _measure_options(s)
+    s.set_defaults(fn=cmd_catalog)
+
+    s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV")
+    s.add_argument("what", help="a view or table name, or a SELECT query")
+    s.add_argument("--out", required=True, help="output file (.parquet or .csv)")
+    s.add_argument("--format", choices=("parquet", "csv"), default=None)
+    s.add_argument("--database-url", default=None, help=db_help)
+    s.set_defaults(fn=cmd_export)
     return p
 
 
