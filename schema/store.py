@@ -164,58 +164,61 @@ def _copy(cur, table: str, cols: tuple[str, ...], rows) -> None:
             cp.write_row(row)
 
 
+STAGING = {"neuron_op": "s_op", "neuron_grid": "s_grid", "neuron_lens": "s_lens",
+           "neuron_score": "s_score"}
+
+
+def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRows,
+                    into: dict[str, str]) -> None:
+    """COPY one layer's rows into the tables named by ``into`` (target table -> table)."""
+    ops, d_mlp = rows.ops, rows.d_mlp
+    ids = upsert_heuristics(conn, rows=list(rows.heuristics.values()))
+    best_id, best_score = _best_per_neuron_op(rows, ids)
+    op_cols = KEY + ("op",) + NEURON_OP_COLS + ("op_accuracy", "best_heuristic_id", "best_score")
+    stats = rows.stats
+    _copy(cur, into["neuron_op"], op_cols, (
+        key + (n, op) + tuple(int(stats[c][n, o]) if c == "rank" else _f(stats[c][n, o])
+                              for c in NEURON_OP_COLS)
+        + (float(rows.op_accuracy[o]), best_id.get((n, o)), best_score.get((n, o)))
+        for o, op in enumerate(ops) for n in range(d_mlp)))
+    grid_rows = []
+    for o, op in enumerate(ops):
+        q, scale, vmin = quantize_rows(rows.grids[o])
+        grid_rows.extend(key + (n, op, q[n].tobytes(), float(scale[n]), float(vmin[n]))
+                         for n in range(d_mlp))
+    _copy(cur, into["neuron_grid"], KEY + ("op", "q", "scale", "vmin"), grid_rows)
+    _copy(cur, into["neuron_lens"], KEY + ("numbers", "top_tokens", "top_values",
+                                           "bottom_tokens", "bottom_values"), (
+        key + (n, rows.lens_numbers[n].tolist(), rows.lens_top_tokens[n],
+               rows.lens_top_values[n].tolist(), rows.lens_bottom_tokens[n],
+               rows.lens_bottom_values[n].tolist())
+        for n in range(d_mlp)))
+    _copy(cur, into["neuron_score"], KEY + ("op", "heuristic_id", "score", "bottom"), (
+        key + (int(n), ops[o], ids[h], float(s), bool(b))
+        for n, o, h, s, b in zip(rows.score_neuron, rows.score_op, rows.score_heuristic,
+                                 rows.score, rows.score_bottom, strict=True)))
+
+
 def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
                 rows: LayerRows, worker: str | None = None, seconds: float | None = None) -> dict:
     """Write one layer's rows in one transaction; returns row counts.
 
     Idempotent: the layer's previous score rows are replaced, other rows upserted.
     """
-    layer, ops, d_mlp = rows.layer, rows.ops, rows.d_mlp
+    layer, d_mlp = rows.layer, rows.d_mlp
     key = (model_id, checkpoint_id, config_id, layer)
     with conn.transaction(), conn.cursor() as cur:
-        ids = upsert_heuristics(conn, rows=list(rows.heuristics.values()))
-        best_id, best_score = _best_per_neuron_op(rows, ids)
-        for name, like in (("s_op", "neuron_op"), ("s_grid", "neuron_grid"),
-                           ("s_lens", "neuron_lens"), ("s_score", "neuron_score")):
-            cur.execute(f"CREATE TEMP TABLE {name} (LIKE {like}) ON COMMIT DROP")
-
-        op_cols = KEY + ("op",) + NEURON_OP_COLS + ("op_accuracy", "best_heuristic_id",
-                                                      "best_score")
-        stats = {c: rows.stats[c] for c in NEURON_OP_COLS}
-        _copy(cur, "s_op", op_cols, (
-            key + (n, op) + tuple(int(stats[c][n, o]) if c == "rank" else _f(stats[c][n, o])
-                                  for c in NEURON_OP_COLS)
-            + (float(rows.op_accuracy[o]), best_id.get((n, o)), best_score.get((n, o)))
-            for o, op in enumerate(ops) for n in range(d_mlp)))
-
-        grid_rows = []
-        for o, op in enumerate(ops):
-            q, scale, vmin = quantize_rows(rows.grids[o])
-            grid_rows.extend(key + (n, op, q[n].tobytes(), float(scale[n]), float(vmin[n]))
-                             for n in range(d_mlp))
-        _copy(cur, "s_grid", KEY + ("op", "q", "scale", "vmin"), grid_rows)
-
-        _copy(cur, "s_lens", KEY + ("numbers", "top_tokens", "top_values", "bottom_tokens",
-                                    "bottom_values"), (
-            key + (n, rows.lens_numbers[n].tolist(), rows.lens_top_tokens[n],
-                   rows.lens_top_values[n].tolist(), rows.lens_bottom_tokens[n],
-                   rows.lens_bottom_values[n].tolist())
-            for n in range(d_mlp)))
-
-        _copy(cur, "s_score", KEY + ("op", "heuristic_id", "score", "bottom"), (
-            key + (int(n), ops[o], ids[h], float(s), bool(b))
-            for n, o, h, s, b in zip(rows.score_neuron, rows.score_op, rows.score_heuristic,
-                                     rows.score, rows.score_bottom, strict=True)))
-
-        for table, staging, extra in (("neuron_op", "s_op", ("op",)),
-                                      ("neuron_grid", "s_grid", ("op",)),
-                                      ("neuron_lens", "s_lens", ())):
+        for table, staging in STAGING.items():
+            cur.execute(f"CREATE TEMP TABLE {staging} (LIKE {table}) ON COMMIT DROP")
+        copy_layer_rows(conn, cur, key=key, rows=rows, into=STAGING)
+        for table, extra in (("neuron_op", ("op",)), ("neuron_grid", ("op",)),
+                             ("neuron_lens", ())):
             pk = KEY + extra
             cols = [r[0] for r in cur.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
                 "ORDER BY ordinal_position", (table,)).fetchall()]
             update = ", ".join(f'"{c}" = EXCLUDED."{c}"' for c in cols if c not in pk)
-            cur.execute(f"INSERT INTO {table} SELECT * FROM {staging} "
+            cur.execute(f"INSERT INTO {table} SELECT * FROM {STAGING[table]} "
                         f"ON CONFLICT ({', '.join(pk)}) DO UPDATE SET {update}")
         cur.execute("DELETE FROM neuron_score WHERE model_id = %s AND checkpoint_id = %s "
                     "AND config_id = %s AND layer = %s", key)
@@ -227,7 +230,7 @@ def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, 
             "n_neurons = EXCLUDED.n_neurons, n_scores = EXCLUDED.n_scores, "
             "worker = EXCLUDED.worker, seconds = EXCLUDED.seconds, written_at = now()",
             (checkpoint_id, config_id, layer, d_mlp, len(rows.score), worker, seconds))
-    return {"neuron_op": d_mlp * len(ops), "neuron_grid": d_mlp * len(ops),
+    return {"neuron_op": d_mlp * len(rows.ops), "neuron_grid": d_mlp * len(rows.ops),
             "neuron_lens": d_mlp, "neuron_score": len(rows.score)}
 
 

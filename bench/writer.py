@@ -1,0 +1,68 @@
+"""Bulk writer throughput: write_layer (COPY to staging + upsert, one transaction) against a
+plain COPY of the same rows into tables with the same columns, in the same run.
+
+Run: .venv/bin/python bench/writer.py   (target: >= 50% of plain COPY)
+"""
+
+import time
+import uuid
+
+import torch
+
+from catalog import builtin
+from catalog.config import MeasureConfig
+from catalog.measure import measure_layer, prepare
+from catalog.sources import load_model
+from jobs.store_results import layer_rows, register, write_layouts
+from schema import store
+from schema.engine import migrate
+from schema.settings import resolve_database_url
+
+from _common import save
+
+
+def plain_copy(conn, ids, rows):
+    """The same rows, COPYed into unindexed tables of the same columns (the floor)."""
+    plain = {t: f"plain_{t}" for t in store.STAGING}
+    with conn.transaction(), conn.cursor() as cur:
+        for table, name in plain.items():
+            cur.execute(f"CREATE TEMP TABLE {name} (LIKE {table}) ON COMMIT DROP")
+        store.copy_layer_rows(conn, cur, key=(ids.model_id, ids.checkpoint_id, ids.config_id,
+                                              rows.layer), rows=rows, into=plain)
+
+
+def main():
+    builtin.train(builtin.TrainConfig())
+    lm = load_model("builtin")
+    config = MeasureConfig(operand_hi=100)
+    prep = prepare(lm.model, lm.tokenizer, config)
+    layer = measure_layer(lm.model, prep, 1)
+    rows = layer_rows(layer, prep, lm.tokenizer)
+    n_rows = 2 * rows.d_mlp * len(rows.ops) + rows.d_mlp + len(rows.score)
+    server = resolve_database_url()
+    url = server.rsplit("/", 1)[0] + f"/ncat_bench_{uuid.uuid4().hex[:8]}"
+    migrate(url)
+    timings = {"writer": [], "plain_copy": []}
+    with store.connect(url) as conn:
+        ids = register(conn, lm, config)
+        write_layouts(conn, prep, ids)
+        for _ in range(3):
+            t = time.perf_counter()
+            plain_copy(conn, ids, rows)
+            timings["plain_copy"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                              config_id=ids.config_id, rows=rows)
+            timings["writer"].append(time.perf_counter() - t)
+    with store.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+    w, p = min(timings["writer"]), min(timings["plain_copy"])
+    save("writer", {"rows_per_layer": n_rows, "writer_s": round(w, 3),
+                    "plain_copy_s": round(p, 3), "writer_rows_per_s": round(n_rows / w),
+                    "plain_copy_rows_per_s": round(n_rows / p),
+                    "writer_share_of_plain_copy": round(p / w, 2),
+                    "threads": torch.get_num_threads()})
+
+
+if __name__ == "__main__":
+    main()
