@@ -44,6 +44,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _fk(table: str, primary_key: bool = False, index: bool = False):
+    """An integer column referencing ``table.id`` (rows go when their parent goes)."""
+    return Field(sa_column=Column(Integer, ForeignKey(f"{table}.id", ondelete="CASCADE"),
+                                  nullable=False, primary_key=primary_key, index=index))
+
+
 def _ts(**kw) -> Column:
     return Column(DateTime(timezone=True), nullable=False, server_default=text("now()"), **kw)
 
@@ -70,8 +76,7 @@ class Checkpoint(SQLModel, table=True):
     __tablename__ = "checkpoint"
     __table_args__ = (UniqueConstraint("model_id", "step", name="uq_checkpoint_model_step"),)
     id: int | None = Field(default=None, primary_key=True)
-    model_id: int = Field(sa_column=Column(Integer, ForeignKey("model.id", ondelete="CASCADE"),
-                                           nullable=False, index=True))
+    model_id: int = _fk("model", index=True)
     step: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
     revision: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     weights_hash: str = Field(sa_column=Column(String(64), nullable=False, index=True))
@@ -107,9 +112,7 @@ class GridLayout(SQLModel, table=True):
     """
 
     __tablename__ = "grid_layout"
-    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
-                                                                ondelete="CASCADE"),
-                                            primary_key=True))
+    config_id: int = _fk("measure_config", primary_key=True)
     number_limit: int = Field(sa_column=Column(Integer, primary_key=True))
     op: str = Field(sa_column=Column(String(1), primary_key=True))
     lo: int
@@ -134,14 +137,9 @@ class Job(SQLModel, table=True):
     __tablename__ = "job"
     id: int | None = Field(default=None, primary_key=True)
     job_key: str = Field(sa_column=Column(String(64), nullable=False, unique=True))
-    model_id: int = Field(sa_column=Column(Integer, ForeignKey("model.id", ondelete="CASCADE"),
-                                           nullable=False))
-    checkpoint_id: int = Field(sa_column=Column(Integer, ForeignKey("checkpoint.id",
-                                                                    ondelete="CASCADE"),
-                                                nullable=False))
-    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
-                                                                ondelete="CASCADE"),
-                                            nullable=False))
+    model_id: int = _fk("model")
+    checkpoint_id: int = _fk("checkpoint")
+    config_id: int = _fk("measure_config")
     status: str = Field(sa_column=Column(String(16), nullable=False, index=True))
     layers_total: int
     layers_done: int = 0
@@ -155,12 +153,8 @@ class LayerResult(SQLModel, table=True):
     """A layer whose rows are stored: written in the same transaction as the rows."""
 
     __tablename__ = "layer_result"
-    checkpoint_id: int = Field(sa_column=Column(Integer, ForeignKey("checkpoint.id",
-                                                                    ondelete="CASCADE"),
-                                                primary_key=True))
-    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
-                                                                ondelete="CASCADE"),
-                                            primary_key=True))
+    checkpoint_id: int = _fk("checkpoint", primary_key=True)
+    config_id: int = _fk("measure_config", primary_key=True)
     layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
     n_neurons: int
     n_scores: int
@@ -171,12 +165,8 @@ class LayerResult(SQLModel, table=True):
 
 class CheckpointSummary(SQLModel, table=True):
     __tablename__ = "checkpoint_summary"
-    checkpoint_id: int = Field(sa_column=Column(Integer, ForeignKey("checkpoint.id",
-                                                                    ondelete="CASCADE"),
-                                                primary_key=True))
-    config_id: int = Field(sa_column=Column(Integer, ForeignKey("measure_config.id",
-                                                                ondelete="CASCADE"),
-                                            primary_key=True))
+    checkpoint_id: int = _fk("checkpoint", primary_key=True)
+    config_id: int = _fk("measure_config", primary_key=True)
     accuracy: dict = Field(sa_column=Column(JSONB, nullable=False))
     faithfulness: dict = Field(sa_column=Column(JSONB, nullable=False))
     heuristic_knockouts: list = Field(sa_column=Column(JSONB, nullable=False))
