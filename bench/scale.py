@@ -9,11 +9,11 @@ import sys
 import time
 import uuid
 
-from _common import save
-
 from schema import store
 from schema.engine import migrate
 from schema.settings import resolve_database_url
+
+from _common import save
 
 QUERIES = {
     "one neuron across training": (

@@ -29,6 +29,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformers import PreTrainedTokenizerFast
 
 from catalog.arith import OPERATORS, apply_op, is_valid
+from catalog.grids import final_logits
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +180,8 @@ def build_data(cfg: TrainConfig) -> ArithmeticData:
 
 def last_position_logits(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
     """Logits at the last position only (skips the unembedding of earlier positions)."""
-    resid = model(tokens, stop_at_layer=model.cfg.n_layers)[:, -1]
-    return model.unembed(model.ln_final(resid[:, None, :]))[:, 0]
+    resid = model(tokens, stop_at_layer=model.cfg.n_layers)[:, -1:]
+    return final_logits(model, resid)[:, 0]
 
 
 @torch.no_grad()

@@ -44,6 +44,8 @@ class MeasureConfig:
     faithfulness_prompts: correct prompts per operator used for faithfulness and
         knockouts.
     knockout_neurons: N of the prompt knockout (neurons per layer).
+    top_set_fraction: share of each layer's neurons (by effect) that the knockouts draw
+        from: the "top set" of method.md section 8.
     pattern_top_k: K of the released code's pattern counting (variant "code").
     multi_result_top: top cells examined by the multi-result heuristic (/ only).
     batch_size: prompts per forward pass.
@@ -66,6 +68,7 @@ class MeasureConfig:
     circuit_fractions: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
     faithfulness_prompts: int = 200
     knockout_neurons: int = 10
+    top_set_fraction: float = 0.05
     pattern_top_k: int = 100
     multi_result_top: int = 50
     batch_size: int = 4096
@@ -110,6 +113,8 @@ class MeasureConfig:
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
+        if not 0 < self.top_set_fraction <= 1:
+            raise ValueError(f"top_set_fraction must be in (0, 1], got {self.top_set_fraction}")
         if not self.circuit_fractions or any(not 0 < f <= 1 for f in self.circuit_fractions):
             raise ValueError(f"circuit_fractions must be in (0, 1], got {self.circuit_fractions}")
         for name in ("lens_top_k", "faithfulness_prompts", "knockout_neurons", "pattern_top_k",

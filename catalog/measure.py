@@ -246,7 +246,7 @@ def summarize(
     means = circuits.position_means(model, table, config.batch_size)
     rng = np.random.default_rng([config.seed, 7])
     faith, h_knock, p_knock = {}, [], {}
-    top_k = ks[min(len(ks) - 1, max(0, len(ks) // 2 - 1))]
+    top_k = circuits.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
     for o, op in enumerate(config.operators):
         correct = table.op_index(op)[table.correct[table.op_index(op)]]
         prompts = np.sort(rng.choice(correct, min(len(correct), config.faithfulness_prompts),
