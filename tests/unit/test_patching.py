@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 import torch
+from transformer_lens import HookedTransformer
 
+from catalog.builtin import builtin_model_config, builtin_tokenizer
 from catalog.config import MeasureConfig
 from catalog.grids import post_hook_name
 from catalog.measure import prepare
@@ -48,6 +50,13 @@ def test_exact_patching_equals_naive_loop_on_builtin(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root, dtype=torch.float64)
     check_exact_equals_naive(lm.model, lm.tokenizer, [0, 1], hi=20)
+
+
+def test_exact_patching_equals_naive_loop_on_builtin_default_shape():
+    """The built-in model at its default size (2 x 512 neurons), weights as initialised."""
+    model = HookedTransformer(builtin_model_config())
+    model.eval()
+    check_exact_equals_naive(model, builtin_tokenizer(), [0, 1], hi=15)
 
 
 def test_exact_patching_equals_naive_loop_on_pythia_shape(pythia_hub):
