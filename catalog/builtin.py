@@ -132,6 +132,32 @@ class TrainConfig:
         return sorted(set(out))
 
 
+def model_name(cfg: TrainConfig) -> str:
+    """Catalog name of a built-in model: ``builtin-arith``, or ``builtin-arith@<key>`` for a
+    variant trained with other settings (its cache folder name)."""
+    return BUILTIN_NAME if cfg == TrainConfig() else f"{BUILTIN_NAME}@{cfg.key()}"
+
+
+def config_from_name(name: str, root: Path | None = None) -> TrainConfig:
+    """The TrainConfig that ``builtin``, ``builtin-arith`` or ``builtin-arith@<key>`` names.
+
+    A variant's settings are read from ``train_config.json`` in its cache folder.
+    """
+    base, _, key = name.partition("@")
+    if base not in ("builtin", BUILTIN_NAME):
+        raise ValueError(f"{name!r} is not a built-in model name")
+    if not key:
+        return TrainConfig()
+    path = (root or default_cache_root()) / key / "train_config.json"
+    if not path.exists():
+        have = sorted(p.name for p in (root or default_cache_root()).glob("*") if p.is_dir())
+        raise FileNotFoundError(f"no built-in model variant {key!r} in "
+                                f"{root or default_cache_root()}; cached variants: {have}")
+    data = json.loads(path.read_text())
+    data["extra_steps"] = tuple(data.get("extra_steps", ()))
+    return TrainConfig(**data)
+
+
 def default_cache_root() -> Path:
     """Built-in checkpoints live in ``$NCAT_HOME/builtin`` (default ``~/.cache/neuron-catalog``)."""
     home = os.environ.get("NCAT_HOME") or os.path.join(Path.home(), ".cache", "neuron-catalog")

@@ -100,12 +100,21 @@ def _info(name, source, checkpoint, revision, whash, model, tokenizer) -> ModelI
 
 
 def _is_builtin(name: str) -> bool:
-    return name == builtin.BUILTIN_NAME or name == "builtin"
+    return name.partition("@")[0] in (builtin.BUILTIN_NAME, "builtin")
+
+
+def _builtin_config(name: str, builtin_config, cache_root) -> builtin.TrainConfig:
+    if builtin_config is not None:
+        return builtin_config
+    try:
+        return builtin.config_from_name(name, cache_root)
+    except FileNotFoundError as exc:
+        raise ModelSourceError(str(exc)) from exc
 
 
 def _load_builtin(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
                   builtin_config=None, cache_root=None) -> LoadedModel:
-    cfg = builtin_config or builtin.TrainConfig()
+    cfg = _builtin_config(name, builtin_config, cache_root)
     steps = builtin.available_steps(cfg, cache_root)
     if checkpoint is None:
         if not steps:
@@ -121,13 +130,13 @@ def _load_builtin(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch
         raise ModelSourceError(str(exc)) from exc
     model.to(dtype)
     tok = tokenizer or builtin.builtin_tokenizer()
-    info = _info(builtin.BUILTIN_NAME, "builtin", checkpoint, f"step{checkpoint}",
+    info = _info(builtin.model_name(cfg), "builtin", checkpoint, f"step{checkpoint}",
                  meta["weights_hash"], model, tok)
     return LoadedModel(model, tok, info)
 
 
 def _builtin_checkpoints(name: str, builtin_config=None, cache_root=None) -> list[int]:
-    return builtin.available_steps(builtin_config or builtin.TrainConfig(), cache_root)
+    return builtin.available_steps(_builtin_config(name, builtin_config, cache_root), cache_root)
 
 
 # ------------------------------------------------------- Hugging Face models

@@ -23,8 +23,7 @@ PYTHIA_STEPS = [1000, 2000]
 
 # A built-in model small enough to train in a few seconds, used wherever a trained
 # checkpoint is needed but the default model's accuracy is not.
-TINY = builtin.TrainConfig(steps=300, d_model=32, n_heads=2, d_mlp=64, operand_hi=20,
-                           batch_size=128, lr=1e-2, eval_prompts_per_op=200)
+from tiny_model import TINY  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -36,8 +35,12 @@ def _seed_everything():
 
 @pytest.fixture(scope="session")
 def tiny_builtin(tmp_path_factory):
-    """(TrainConfig, cache root) of a trained tiny built-in model."""
-    root = tmp_path_factory.mktemp("builtin")
+    """(TrainConfig, cache root) of a trained tiny built-in model.
+
+    The cache root is ``<NCAT_HOME>/builtin``, so a worker process started with
+    ``NCAT_HOME=root.parent`` finds the model as ``builtin.model_name(TINY)``.
+    """
+    root = tmp_path_factory.mktemp("home") / "builtin"
     builtin.train(TINY, root=root, progress=False)
     return TINY, root
 
