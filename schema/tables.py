@@ -132,21 +132,47 @@ class Heuristic(SQLModel, table=True):
 
 
 class Job(SQLModel, table=True):
-    """One (model, checkpoint, config) to catalog; progress is durable here."""
+    """One (model, checkpoint, config, layers) to catalog; its progress is durable here.
+
+    status: queued -> running -> summarizing -> done, or failed / cancelled. The checkpoint
+    row (with its weights hash) is linked once a worker has loaded the weights.
+    """
 
     __tablename__ = "job"
     id: int | None = Field(default=None, primary_key=True)
     job_key: str = Field(sa_column=Column(String(64), nullable=False, unique=True))
-    model_id: int = _fk("model")
-    checkpoint_id: int = _fk("checkpoint")
+    model_name: str = Field(sa_column=Column(Text, nullable=False))
+    step: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
     config_id: int = _fk("measure_config")
+    layers: list[int] = Field(sa_column=Column(ARRAY(Integer), nullable=False))
+    device: str = Field(sa_column=Column(String(32), nullable=False))
+    force: bool = False
     status: str = Field(sa_column=Column(String(16), nullable=False, index=True))
-    layers_total: int
-    layers_done: int = 0
+    checkpoint_id: int | None = Field(default=None, sa_column=Column(
+        Integer, ForeignKey("checkpoint.id", ondelete="SET NULL"), nullable=True))
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     failed_layer: int | None = None
     created_at: datetime = Field(default_factory=_now, sa_column=_ts())
     updated_at: datetime = Field(default_factory=_now, sa_column=_ts())
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
+                                                                        nullable=True))
+
+
+class JobLayer(SQLModel, table=True):
+    """Per-layer progress of a job: who computed it, when, and how it ended."""
+
+    __tablename__ = "job_layer"
+    job_id: int = Field(sa_column=Column(Integer, ForeignKey("job.id", ondelete="CASCADE"),
+                                         primary_key=True))
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    status: str = Field(sa_column=Column(String(16), nullable=False))
+    worker: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    attempts: int = 0
+    started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
+                                                                       nullable=True))
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
+                                                                        nullable=True))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class LayerResult(SQLModel, table=True):
