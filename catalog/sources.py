@@ -17,6 +17,8 @@ Every failure names what was asked and what exists.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import tempfile
 from collections.abc import Callable
@@ -288,6 +290,12 @@ def find_source(name: str) -> Source:
     raise ModelSourceError(f"no model source accepts {name!r}")
 
 
+def _quiet(fn, *args, **kwargs):
+    """Call fn with stdout captured: TransformerLens prints progress notes on load."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn(*args, **kwargs)
+
+
 def load_model(
     name: str,
     checkpoint: int | None = None,
@@ -300,8 +308,79 @@ def load_model(
 ) -> LoadedModel:
     """Load ``name`` at training step ``checkpoint`` (None: the final weights)."""
     source = find_source(name)
-    return source.load(name, checkpoint, tokenizer=tokenizer, device=device, dtype=dtype,
-                       builtin_config=builtin_config, cache_root=cache_root)
+    return _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
+                  dtype=dtype, builtin_config=builtin_config, cache_root=cache_root)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What validation needs to know about a model, without loading its weights."""
+
+    n_layers: int
+    numbers: object  # catalog.tokens.NumberTokens
+
+
+def inspect_model(name: str, checkpoint: int | None = None, **kwargs) -> ModelShape:
+    """Layer count and number tokenization of ``name`` at ``checkpoint``, cheaply.
+
+    Checks that the model and checkpoint exist. Built-in models and Hugging Face
+    configs are read without weights; GGUF files are loaded.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    source = find_source(name)
+    if source.name == "builtin":
+        cfg = _builtin_config(name, kwargs.get("builtin_config"), kwargs.get("cache_root"))
+        steps = builtin.available_steps(cfg, kwargs.get("cache_root"))
+        if not steps:
+            raise ModelSourceError(f"{name!r} has no checkpoints yet; train it first "
+                                   "(ncat train-builtin)")
+        if checkpoint is not None and checkpoint not in steps:
+            raise ModelSourceError(f"built-in checkpoint step {checkpoint} not found; "
+                                   f"available steps: {steps}")
+        return ModelShape(cfg.n_layers, detect_number_tokens(builtin.builtin_tokenizer()))
+    if source.name == "gguf":
+        lm = load_model(name, checkpoint, **kwargs)
+        return ModelShape(lm.info.n_layers, detect_number_tokens(
+            lm.tokenizer, prepend_bos=lm.model.cfg.default_prepend_bos))
+    if source.name == "local" and checkpoint is not None:
+        raise ModelSourceError(f"local model directory {name!r} has no training checkpoints; "
+                               f"got checkpoint {checkpoint}")
+    target = name if source.name == "local" else _official_name(name)
+    revision = None
+    if source.name == "hub" and checkpoint is not None:
+        labels = _hub_checkpoints(target)
+        if labels is None:
+            raise ModelSourceError(f"{target} has no training checkpoints; got checkpoint "
+                                   f"{checkpoint}")
+        if checkpoint not in labels:
+            near = sorted(sorted(labels, key=lambda s: abs(s - checkpoint))[:5])
+            raise ModelSourceError(f"checkpoint step {checkpoint} does not exist for {target}; "
+                                   f"nearest published steps: {near}")
+        revision = f"step{checkpoint}"
+    try:
+        hf_cfg = AutoConfig.from_pretrained(target, revision=revision)
+        tok = AutoTokenizer.from_pretrained(target, revision=revision)
+    except Exception as exc:
+        where = f" at revision {revision}" if revision else ""
+        raise ModelSourceError(f"cannot read {target}{where}: {type(exc).__name__}: "
+                               f"{exc}") from exc
+    n_layers = getattr(hf_cfg, "num_hidden_layers", None) or hf_cfg.n_layer
+    # TransformerLens prepends BOS for most architectures, not for GPT-NeoX (Pythia)
+    prepend = hf_cfg.model_type != "gpt_neox"
+    return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend))
+
+
+def canonical_name(name: str, **kwargs) -> str:
+    """The name a model is catalogued under: ``builtin`` -> ``builtin-arith``, hub aliases ->
+    official names, paths -> absolute paths. Raises ModelSourceError for unknown names."""
+    source = find_source(name)
+    if source.name == "builtin":
+        return builtin.model_name(_builtin_config(name, kwargs.get("builtin_config"),
+                                                  kwargs.get("cache_root")))
+    if source.name in ("local", "gguf"):
+        return str(Path(name).resolve())
+    return _official_name(name)
 
 
 def list_checkpoints(name: str, **kwargs) -> list[int] | None:

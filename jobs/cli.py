@@ -130,12 +130,13 @@ def cmd_migrate(args) -> int:
 
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
+    from jobs.enqueue import parse_checkpoints
     from jobs.store_results import catalog_checkpoint
     from schema.engine import migrate
 
     config = _config_from_args(args)
     try:
-        steps = _parse_checkpoints(args.model, args.checkpoints)
+        steps = parse_checkpoints(args.model, args.checkpoints)
         url = migrate(_url(args))
         for step in steps:
             lm = load_model(args.model, step, device=args.device)
@@ -150,27 +151,6 @@ def cmd_catalog(args) -> int:
     return 0
 
 
-def _parse_checkpoints(model: str, text: str | None) -> list[int | None]:
-    """'all', a list '0,512,3000', or a range 'start:stop:step' (stop inclusive)."""
-    if not text:
-        return [None]
-    if text == "all":
-        steps = list_checkpoints(model)
-        if not steps:
-            raise ValueError(f"{model!r} has no checkpoints to catalog")
-        return steps
-    if ":" in text:
-        parts = [int(x) for x in text.split(":")]
-        if len(parts) != 3 or parts[2] <= 0:
-            raise ValueError(f"checkpoint range must be start:stop:step, got {text!r}")
-        return list(range(parts[0], parts[1] + 1, parts[2]))
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--checkpoints must be 'all', a list or start:stop:step, "
-                         f"got {text!r}") from None
-
-
 def cmd_export(args) -> int:
     from schema.export import export
 
@@ -183,6 +163,81 @@ def cmd_export(args) -> int:
         print(f"error: export of {args.what!r} failed: {exc}", file=sys.stderr)
         return 2
     print(f"{n} rows written to {args.out}")
+    return 0
+
+
+def cmd_enqueue(args) -> int:
+    from jobs.enqueue import EnqueueError, enqueue
+    from schema.engine import migrate
+
+    config = _config_from_args(args)
+    try:
+        url = migrate(_url(args))
+        jobs = enqueue(url, args.model, args.checkpoints, config,
+                       layers=_parse_layers(args.layers), device=args.device, force=args.force)
+    except EnqueueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for j in jobs:
+        what = "queued" if j.created else ("queued again (--force)" if args.force
+                                           else "exists already")
+        print(f"job {j.job_id}: {j.model} step {j.step}, {len(j.layers)} layers: {what}")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from jobs.celery_app import app, queue_name
+
+    argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
+            "--queues", queue_name(), "--pool", args.pool]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
+    app.worker_main(argv)
+    return 0
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total) if total else 0
+    return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
+
+
+def cmd_status(args) -> int:
+    from jobs.enqueue import job_statuses
+
+    url = _url(args)
+    while True:
+        rows = job_statuses(url, args.jobs or None)
+        lines = [f"job {r.job_id:4d}  {r.model} step {r.step}  "
+                 f"{_bar(r.layers_done, r.layers_total)}  {r.status}"
+                 + (f"  layer {r.failed_layer}: {r.error}" if r.error else "") for r in rows]
+        print("\n".join(lines) if lines else "no jobs")
+        active = any(r.status in ("queued", "running", "summarizing") for r in rows)
+        if not args.watch or not active:
+            return 0
+        time.sleep(args.interval)
+        print()
+
+
+def cmd_cancel(args) -> int:
+    from jobs.enqueue import EnqueueError, cancel
+
+    try:
+        print(f"job {args.job}: {cancel(_url(args), args.job)}")
+    except EnqueueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_retry(args) -> int:
+    from jobs.enqueue import EnqueueError, retry
+
+    try:
+        layers = retry(_url(args), args.job)
+    except EnqueueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"job {args.job}: layers {layers} queued again")
     return 0
 
 
@@ -232,6 +287,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--database-url", default=None, help=db_help)
     _measure_options(s)
     s.set_defaults(fn=cmd_catalog)
+
+    s = sub.add_parser("enqueue", help="queue checkpoints for the workers")
+    s.add_argument("model", help="'builtin', a hub name, a local HF directory or a .gguf file")
+    s.add_argument("--checkpoints", default=None,
+                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    s.add_argument("--force", action="store_true", help="recompute jobs that exist already")
+    s.add_argument("--database-url", default=None, help=db_help)
+    _measure_options(s)
+    s.set_defaults(fn=cmd_enqueue)
+
+    s = sub.add_parser("worker", help="run a worker (one process; start one per GPU)")
+    s.add_argument("--concurrency", type=int, default=1)
+    s.add_argument("--pool", default="prefork", choices=("prefork", "solo"))
+    s.add_argument("--loglevel", default="info")
+    s.add_argument("--hostname", default=None)
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("status", help="progress of jobs")
+    s.add_argument("jobs", nargs="*", type=int, help="job ids (default all)")
+    s.add_argument("--watch", action="store_true", help="refresh until no job is active")
+    s.add_argument("--interval", type=float, default=2.0)
+    s.add_argument("--database-url", default=None, help=db_help)
+    s.set_defaults(fn=cmd_status)
+
+    for name, fn, text in (("cancel", cmd_cancel, "cancel a queued or running job"),
+                           ("retry", cmd_retry, "queue a failed or cancelled job again")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("job", type=int)
+        s.add_argument("--database-url", default=None, help=db_help)
+        s.set_defaults(fn=fn)
 
     s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV")
     s.add_argument("what", help="a view or table name, or a SELECT query")

@@ -6,7 +6,6 @@ Create Date: 2026-11-21 20:40:38.182344
 """
 
 import sqlalchemy as sa
-import sqlmodel
 from alembic import op
 from sqlalchemy.dialects import postgresql
 

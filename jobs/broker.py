@@ -1,0 +1,57 @@
+"""Where the Redis broker is: ``REDIS_URL``, else localhost:6379, else an embedded server.
+
+The embedded fallback starts the ``redis-server`` binary (Debian's package) on a free
+local port with its files in ``$NCAT_HOME/redis``, so the demo runs on a bare machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from schema.settings import Settings, port_open
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_embedded_redis(home: Path) -> str:
+    """Start (or reuse) a redis-server under ``home``; returns its URL."""
+    folder = home / "redis"
+    folder.mkdir(parents=True, exist_ok=True)
+    port_file = folder / "port"
+    if port_file.exists():
+        port = int(port_file.read_text())
+        if port_open("127.0.0.1", port):
+            return f"redis://127.0.0.1:{port}/0"
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("no Redis: set REDIS_URL, run one on localhost:6379, or install "
+                           "the redis-server package (scripts/setup.sh does on Debian)")
+    port = _free_port()
+    subprocess.run([binary, "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "yes",
+                    "--dir", str(folder), "--save", "", "--appendonly", "no",
+                    "--logfile", str(folder / "redis.log")], check=True)
+    deadline = time.monotonic() + 10
+    while not port_open("127.0.0.1", port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"embedded redis-server did not start; see {folder / 'redis.log'}")
+        time.sleep(0.1)
+    port_file.write_text(str(port))
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def resolve_redis_url() -> str:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url
+    if port_open("localhost", 6379):
+        return "redis://localhost:6379/0"
+    return start_embedded_redis(Settings().ncat_home)

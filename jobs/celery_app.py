@@ -1,0 +1,49 @@
+"""The Celery application and the settings long GPU tasks need.
+
+- late acks and ``task_reject_on_worker_lost``: a task whose worker dies is delivered
+  again instead of being lost;
+- prefetch 1: a worker holds one task at a time, so others can take the rest;
+- a Redis visibility timeout longer than the longest task (``NCAT_VISIBILITY_TIMEOUT``,
+  default 6 hours), after which an unacknowledged task is delivered again;
+- one process per GPU (concurrency 1); results are not stored in Redis: progress is
+  durable in PostgreSQL.
+This module imports neither torch nor the catalog, so the worker's parent process never
+initialises CUDA; the tasks import them inside the child.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from jobs.broker import resolve_redis_url
+
+DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
+
+
+def queue_name() -> str:
+    return os.environ.get("NCAT_QUEUE", "ncat")
+
+
+def make_app() -> Celery:
+    """A Celery app configured from the environment (broker URL, queue, timeouts)."""
+    app = Celery("ncat", broker=resolve_redis_url(), include=["jobs.tasks"])
+    visibility = int(os.environ.get("NCAT_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT))
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        broker_transport_options={"visibility_timeout": visibility},
+        broker_connection_retry_on_startup=True,
+        task_ignore_result=True,
+        task_default_queue=queue_name(),
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = make_app()

@@ -1,0 +1,233 @@
+"""Enqueueing, cancelling and retrying jobs; reading their progress.
+
+A job is (model, checkpoint, measurement config, layers). Its key is a hash of those,
+so enqueueing the same work again finds the existing job instead of redoing it
+(``force`` recomputes it). Everything is validated before anything is written or
+queued: unknown models or checkpoints, operand ranges beyond the tokenizer's
+single-token limit, unknown operators, empty or out-of-range layer sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from catalog.config import CATALOG_VERSION, MeasureConfig
+from catalog.sources import ModelSourceError, canonical_name, inspect_model, list_checkpoints
+from schema import store
+
+
+class EnqueueError(ValueError):
+    """A request that cannot be queued; the message says what to change."""
+
+
+@dataclass
+class Planned:
+    model: str
+    step: int | None
+    layers: list[int]
+
+
+def parse_checkpoints(model: str, spec: str | list | None) -> list[int | None]:
+    """None (final weights), a list, 'all', '0,512,3000' or 'start:stop:step' (stop inclusive)."""
+    if spec is None:
+        return [None]
+    if isinstance(spec, list | tuple):
+        out = list(spec)
+    elif spec == "all":
+        steps = list_checkpoints(model)
+        if not steps:
+            raise EnqueueError(f"{model!r} has no checkpoints to catalog ('all' found none)")
+        out = steps
+    elif ":" in spec:
+        try:
+            start, stop, step = (int(x) for x in spec.split(":"))
+        except ValueError:
+            raise EnqueueError(f"checkpoint range must be start:stop:step, got {spec!r}") from None
+        if step <= 0 or stop < start:
+            raise EnqueueError(f"checkpoint range {spec!r} is empty; use start:stop:step with "
+                               "stop >= start and step > 0")
+        out = list(range(start, stop + 1, step))
+    else:
+        try:
+            out = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise EnqueueError(f"checkpoints must be 'all', a list like 0,512,3000 or a range "
+                               f"start:stop:step; got {spec!r}") from None
+    if not out:
+        raise EnqueueError("the checkpoint list is empty")
+    if any(s is not None and s < 0 for s in out):
+        raise EnqueueError(f"checkpoint steps must be >= 0, got {out}")
+    return out
+
+
+def plan(model: str, checkpoints, config: MeasureConfig, layers: list[int] | None) -> list[Planned]:
+    """Validate a request completely; raises EnqueueError naming what is wrong."""
+    if not model:
+        raise EnqueueError("model name is empty")
+    try:
+        model = canonical_name(model)
+        steps = parse_checkpoints(model, checkpoints)
+        out = []
+        for step in steps:
+            shape = inspect_model(model, step)
+            config.check_tokens(shape.numbers)
+            todo = list(range(shape.n_layers)) if layers is None else sorted(set(layers))
+            if not todo:
+                raise EnqueueError("the layer set is empty; give at least one layer")
+            bad = [x for x in todo if not 0 <= x < shape.n_layers]
+            if bad:
+                raise EnqueueError(f"layers {bad} do not exist; {model} has layers "
+                                   f"0..{shape.n_layers - 1}")
+            out.append(Planned(model, step, todo))
+        return out
+    except ModelSourceError as exc:
+        raise EnqueueError(str(exc)) from None
+    except EnqueueError:
+        raise
+    except ValueError as exc:
+        raise EnqueueError(str(exc)) from None
+
+
+def job_key(model: str, step: int | None, config: MeasureConfig, layers: list[int]) -> str:
+    blob = json.dumps({"model": model, "step": step, "config": config.config_hash(),
+                       "layers": sorted(layers)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class Enqueued:
+    job_id: int
+    model: str
+    step: int | None
+    layers: list[int]
+    created: bool  # False: the same job existed already
+
+
+def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None = None,
+            layers: list[int] | None = None, device: str = "cpu", force: bool = False,
+            send=None) -> list[Enqueued]:
+    """Create (or find) one job per checkpoint and queue its layers.
+
+    ``send(job_id, layer)`` queues one task; by default through Celery.
+    """
+    config = config or MeasureConfig()
+    planned = plan(model, checkpoints, config, layers)
+    send = send or _celery_send
+    results, to_send = [], []
+    with store.connect(url) as conn, conn.transaction():
+        config_id = store.upsert_config(conn, config=config.as_dict(),
+                                        config_hash=config.config_hash(),
+                                        catalog_version=CATALOG_VERSION)
+        for p in planned:
+            key = job_key(p.model, p.step, config, p.layers)
+            row = conn.execute(
+                "INSERT INTO job (job_key, model_name, step, config_id, layers, device, force, "
+                "status) VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued') "
+                "ON CONFLICT (job_key) DO NOTHING RETURNING id",
+                (key, p.model, p.step, config_id, p.layers, device, force)).fetchone()
+            if row:
+                job_id = row[0]
+                for layer in p.layers:
+                    conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts) "
+                                 "VALUES (%s, %s, 'queued', 0)", (job_id, layer))
+                to_send += [(job_id, layer) for layer in p.layers]
+                results.append(Enqueued(job_id, p.model, p.step, p.layers, True))
+                continue
+            job_id = conn.execute("SELECT id FROM job WHERE job_key = %s", (key,)).fetchone()[0]
+            if force:
+                _requeue(conn, job_id, only_unfinished=False, force=True)
+                to_send += [(job_id, layer) for layer in p.layers]
+            results.append(Enqueued(job_id, p.model, p.step, p.layers, False))
+    for job_id, layer in to_send:  # after commit: a worker must find the rows
+        send(job_id, layer)
+    return results
+
+
+def _requeue(conn, job_id: int, only_unfinished: bool, force: bool) -> list[int]:
+    cond = "AND status <> 'done'" if only_unfinished else ""
+    layers = [r[0] for r in conn.execute(
+        f"UPDATE job_layer SET status = 'queued', error = NULL WHERE job_id = %s {cond} "
+        "RETURNING layer", (job_id,)).fetchall()]
+    conn.execute("UPDATE job SET status = 'queued', error = NULL, failed_layer = NULL, "
+                 "force = %s, finished_at = NULL, updated_at = now() WHERE id = %s",
+                 (force, job_id))
+    return sorted(layers)
+
+
+def _celery_send(job_id: int, layer: int) -> None:
+    from jobs.celery_app import queue_name
+
+    _app().send_task("ncat.run_layer", args=[job_id, layer], queue=queue_name())
+
+
+_APP = None
+
+
+def _app():
+    global _APP
+    if _APP is None:
+        from jobs.celery_app import make_app
+
+        _APP = make_app()
+    return _APP
+
+
+def cancel(url: str, job_id: int) -> str:
+    """Stop a job: queued layers are skipped; layers already stored stay."""
+    with store.connect(url) as conn, conn.transaction():
+        row = conn.execute("UPDATE job SET status = 'cancelled', updated_at = now(), "
+                           "finished_at = now() WHERE id = %s AND status IN "
+                           "('queued', 'running') RETURNING id", (job_id,)).fetchone()
+        if row:
+            conn.execute("UPDATE job_layer SET status = 'cancelled' WHERE job_id = %s AND "
+                         "status = 'queued'", (job_id,))
+            return "cancelled"
+        status = conn.execute("SELECT status FROM job WHERE id = %s", (job_id,)).fetchone()
+    if status is None:
+        raise EnqueueError(f"there is no job {job_id}")
+    raise EnqueueError(f"job {job_id} is {status[0]}; only queued or running jobs can be "
+                       "cancelled")
+
+
+def retry(url: str, job_id: int, send=None) -> list[int]:
+    """Queue again the unfinished layers of a failed or cancelled job; returns them."""
+    send = send or _celery_send
+    with store.connect(url) as conn, conn.transaction():
+        status = conn.execute("SELECT status FROM job WHERE id = %s", (job_id,)).fetchone()
+        if status is None:
+            raise EnqueueError(f"there is no job {job_id}")
+        if status[0] not in ("failed", "cancelled"):
+            raise EnqueueError(f"job {job_id} is {status[0]}; only failed or cancelled jobs "
+                               "can be retried")
+        layers = _requeue(conn, job_id, only_unfinished=True, force=False)
+    for layer in layers:
+        send(job_id, layer)
+    return layers
+
+
+@dataclass
+class JobStatus:
+    job_id: int
+    model: str
+    step: int | None
+    status: str
+    layers_total: int
+    layers_done: int
+    error: str | None
+    failed_layer: int | None
+    workers: list[str]
+
+
+def job_statuses(url: str, job_ids: list[int] | None = None) -> list[JobStatus]:
+    """Progress of jobs (all, or the given ones), newest last."""
+    with store.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT j.id, j.model_name, j.step, j.status, count(l.layer), "
+            "count(l.layer) FILTER (WHERE l.status = 'done'), j.error, j.failed_layer, "
+            "array_remove(array_agg(DISTINCT l.worker), NULL) "
+            "FROM job j LEFT JOIN job_layer l ON l.job_id = j.id "
+            "WHERE %s::int[] IS NULL OR j.id = ANY(%s::int[]) "
+            "GROUP BY j.id ORDER BY j.id", (job_ids, job_ids)).fetchall()
+    return [JobStatus(*r) for r in rows]
