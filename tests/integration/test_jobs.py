@@ -1,0 +1,282 @@
+"""Jobs through a real Redis, a real PostgreSQL and real Celery worker processes."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from catalog.builtin import model_name
+from catalog.config import MeasureConfig
+from catalog.measure import measure
+from catalog.sources import load_model
+from jobs import enqueue as enq
+from jobs.broker import start_embedded_redis
+from schema import store
+from schema.settings import port_open
+
+from tiny_model import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, faithfulness_prompts=20)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    if port_open("localhost", 6379):
+        return "redis://localhost:6379/0"
+    return start_embedded_redis(tmp_path_factory.mktemp("redis-home"))
+
+
+@pytest.fixture
+def queue(db, redis_url, tiny_builtin, monkeypatch):
+    """Environment of one isolated queue: its own Celery queue name and database."""
+    _, root = tiny_builtin
+    env = {
+        "DATABASE_URL": db, "REDIS_URL": redis_url, "NCAT_QUEUE": f"test-{uuid.uuid4().hex[:8]}",
+        "NCAT_HOME": str(root.parent), "NCAT_VISIBILITY_TIMEOUT": "3",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(enq, "_APP", None)  # the enqueuing side picks up this queue
+    workers = []
+
+    class Queue:
+        url = db
+        name = model_name(TINY)
+
+        def start_worker(self, label="w"):
+            log = open(Path(env["NCAT_HOME"]) / f"worker-{env['NCAT_QUEUE']}-{label}.log", "w")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jobs.cli", "worker", "--loglevel", "info",
+                 "--hostname", f"{label}@{env['NCAT_QUEUE']}"],
+                cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            workers.append(proc)
+            return proc
+
+        def queued_messages(self) -> int:
+            return redis.Redis.from_url(redis_url).llen(env["NCAT_QUEUE"])
+
+    yield Queue()
+    for proc in workers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_until(predicate, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def statuses(url):
+    return {s.job_id: s for s in enq.job_statuses(url)}
+
+
+def all_done(url):
+    st = statuses(url)
+    return bool(st) and all(s.status == "done" for s in st.values())
+
+
+def count(url, sql, args=()):
+    with store.connect(url) as conn:
+        return conn.execute(sql, args).fetchone()[0]
+
+
+def dump(url):
+    with store.connect(url) as conn:
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
+                for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
+
+
+def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
+    cfg, root = tiny_builtin
+    jobs = enq.enqueue(queue.url, queue.name, "128,300", CONFIG)
+    assert [j.created for j in jobs] == [True, True]
+    queue.start_worker()
+    wait_until(lambda: all_done(queue.url), what="both jobs done")
+    with store.connect(queue.url) as conn:
+        for step in (128, 300):
+            lm = load_model("builtin", step, builtin_config=cfg, cache_root=root)
+            direct = measure(lm.model, lm.tokenizer, CONFIG, progress=False)
+            ck = conn.execute("SELECT id FROM checkpoint WHERE step = %s", (step,)).fetchone()[0]
+            for layer, lr in direct.layers.items():
+                rows = conn.execute(
+                    "SELECT neuron, op, effect_exact, effect_attr FROM neuron_op "
+                    "WHERE checkpoint_id = %s AND layer = %s", (ck, layer)).fetchall()
+                assert len(rows) == lm.model.cfg.d_mlp * 4
+                for neuron, op, exact, attr in rows:
+                    o = CONFIG.operators.index(op)
+                    for got, want in ((exact, lr.effect_exact[neuron, o]),
+                                      (attr, lr.effect_attr[neuron, o])):
+                        # REAL columns hold float32 exactly: compare at that precision
+                        assert (got is None and np.isnan(want)) or np.float32(got) == want
+                scores = conn.execute(
+                    "SELECT s.neuron, s.op, h.key, s.score FROM neuron_score s JOIN heuristic h "
+                    "ON h.id = s.heuristic_id WHERE s.checkpoint_id = %s AND s.layer = %s",
+                    (ck, layer)).fetchall()
+                want = {(int(n), CONFIG.operators[o], h.key, float(s)) for n, o, h, s in zip(
+                    lr.matches.neuron, lr.matches.op, lr.matches.heuristic, lr.matches.score,
+                    strict=True)}
+                assert {(n, op, k, np.float32(s)) for n, op, k, s in scores} == {
+                    (n, op, k, np.float32(s)) for n, op, k, s in want}
+                ids = conn.execute("SELECT model_id, config_id FROM neuron_op "
+                                   "WHERE checkpoint_id = %s LIMIT 1", (ck,)).fetchone()
+                grid = store.get_grid(conn, model_id=ids[0], checkpoint_id=ck, config_id=ids[1],
+                                      layer=layer, neuron=7, op="*")
+                exact_grid = direct.table.to_grid(
+                    lr.acts[direct.table.op_index("*"), 7], "*")
+                span = np.nanmax(exact_grid) - np.nanmin(exact_grid)
+                assert np.nanmax(np.abs(grid - exact_grid)) <= span / 510 + 1e-6
+            summary = conn.execute("SELECT accuracy FROM checkpoint_summary "
+                                   "WHERE checkpoint_id = %s", (ck,)).fetchone()[0]
+            assert summary["+"] == pytest.approx(direct.summary.accuracy["+"])
+        workers = conn.execute("SELECT DISTINCT worker FROM job_layer").fetchall()
+        assert all(w[0].startswith("w@") for w in workers)
+
+
+def test_crash_mid_job_then_a_new_worker_completes_it(queue):
+    config = MeasureConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=30)
+    (job,) = enq.enqueue(queue.url, queue.name, "300", config)
+    worker = queue.start_worker("first")
+    wait_until(lambda: count(queue.url, "SELECT count(*) FROM job_layer WHERE status = "
+                                        "'running'") > 0, what="a layer to start")
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+    # no partial layer: every layer has all of its rows or none
+    d_mlp = TINY.d_mlp
+    with store.connect(queue.url) as conn:
+        for layer, n in conn.execute("SELECT layer, count(*) FROM neuron_op GROUP BY layer"):
+            assert n == d_mlp * 4, (layer, n)
+    assert statuses(queue.url)[job.job_id].status != "done"
+    queue.start_worker("second")
+    wait_until(lambda: all_done(queue.url), timeout=180, what="the job to finish after a crash")
+    assert count(queue.url, "SELECT count(*) FROM neuron_op") == TINY.n_layers * d_mlp * 4
+    assert count(queue.url, "SELECT count(*) FROM layer_result") == TINY.n_layers
+    assert count(queue.url, "SELECT count(*) FROM (SELECT DISTINCT * FROM neuron_score) s") \
+        == count(queue.url, "SELECT count(*) FROM neuron_score")
+    assert count(queue.url, "SELECT count(*) FROM checkpoint_summary") == 1
+
+
+def test_two_workers_compute_each_layer_once(queue):
+    jobs = enq.enqueue(queue.url, queue.name, "64,128,256,300", CONFIG)
+    queue.start_worker("a")
+    queue.start_worker("b")
+    wait_until(lambda: all_done(queue.url), timeout=180, what="four jobs done")
+    with store.connect(queue.url) as conn:
+        attempts = conn.execute("SELECT attempts, count(*) FROM job_layer GROUP BY attempts"
+                                ).fetchall()
+        workers = {r[0] for r in conn.execute("SELECT worker FROM job_layer").fetchall()}
+    assert attempts == [(1, len(jobs) * TINY.n_layers)]
+    assert len(workers) == 2  # both took part
+    assert count(queue.url, "SELECT count(*) FROM layer_result") == len(jobs) * TINY.n_layers
+
+
+def test_same_work_twice_is_one_job_and_force_gives_identical_rows(queue):
+    first = enq.enqueue(queue.url, queue.name, "300", CONFIG)
+    again = enq.enqueue(queue.url, "builtin-arith@" + TINY.key(), [300], CONFIG)
+    assert again[0].job_id == first[0].job_id and not again[0].created
+    assert count(queue.url, "SELECT count(*) FROM job") == 1
+    assert queue.queued_messages() == TINY.n_layers  # the second call queued nothing
+    queue.start_worker()
+    wait_until(lambda: all_done(queue.url), what="the job")
+    before = dump(queue.url)
+    forced = enq.enqueue(queue.url, queue.name, "300", CONFIG, force=True)
+    assert forced[0].job_id == first[0].job_id
+    wait_until(lambda: all_done(queue.url), what="the forced run")
+    assert count(queue.url, "SELECT min(attempts) FROM job_layer") == 2
+    assert dump(queue.url) == before
+
+
+BAD = [
+    (dict(model="no-such-model"), "unknown model 'no-such-model'"),
+    (dict(model=""), "model name is empty"),
+    (dict(checkpoints="999"), "step 999 not found"),
+    (dict(checkpoints="1:0:1"), "is empty"),
+    (dict(checkpoints="a,b"), "checkpoints must be 'all'"),
+    (dict(checkpoints="-5"), "must be >= 0"),
+    (dict(layers=[]), "layer set is empty"),
+    (dict(layers=[0, 7]), r"layers \[7\] do not exist"),
+    (dict(config=MeasureConfig(operand_hi=1200)), "single-token limit 999"),
+    (dict(model="./nowhere/model"), "does not exist"),
+    (dict(model="/tmp/x.gguf"), "does not exist"),
+    (dict(model="gpt2", checkpoints="100"), "has no training checkpoints"),
+]
+
+
+@pytest.mark.parametrize("request_, message", BAD)
+def test_bad_requests_are_refused_with_nothing_queued(queue, request_, message):
+    args = {"model": queue.name, "checkpoints": "300", "config": CONFIG, "layers": None,
+            **request_}
+    with pytest.raises(enq.EnqueueError, match=message):
+        enq.enqueue(queue.url, args["model"], args["checkpoints"], args["config"],
+                    layers=args["layers"])
+    assert count(queue.url, "SELECT count(*) FROM job") == 0
+    assert count(queue.url, "SELECT count(*) FROM measure_config") == 0
+    assert queue.queued_messages() == 0
+
+
+def test_unknown_operator_is_refused_by_the_command_line(queue, capsys):
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit, match="unknown operator '%'"):
+        main(["enqueue", queue.name, "--ops", "+%", "--database-url", queue.url])
+    assert main(["enqueue", "nothing-here", "--database-url", queue.url]) == 2
+    assert "unknown model 'nothing-here'" in capsys.readouterr().err
+    assert count(queue.url, "SELECT count(*) FROM job") == 0
+
+
+def test_broken_checkpoint_fails_its_job_and_the_next_job_completes(queue, tiny_builtin,
+                                                                     tmp_path, monkeypatch):
+    _, root = tiny_builtin
+    home = tmp_path / "home"
+    shutil.copytree(root, home / "builtin")
+    (home / "builtin" / TINY.key() / "step64.pt").write_bytes(b"truncated")
+    monkeypatch.setenv("NCAT_HOME", str(home))
+    from catalog import builtin as b
+
+    monkeypatch.setattr(b, "default_cache_root", lambda: home / "builtin")
+    broken, good = (enq.enqueue(queue.url, queue.name, step, CONFIG)[0] for step in ("64", "128"))
+    queue.start_worker()
+    wait_until(lambda: statuses(queue.url)[good.job_id].status == "done", what="the good job")
+    st = statuses(queue.url)[broken.job_id]
+    assert st.status == "failed"
+    assert "step64.pt cannot be read" in st.error and st.failed_layer in (0, 1)
+
+
+def test_cancel_and_retry(queue):
+    (job,) = enq.enqueue(queue.url, queue.name, "300", CONFIG)
+    assert enq.cancel(queue.url, job.job_id) == "cancelled"
+    with pytest.raises(enq.EnqueueError, match="only queued or running jobs"):
+        enq.cancel(queue.url, job.job_id)
+    queue.start_worker()
+    time.sleep(3)  # the worker consumes the messages and skips the cancelled layers
+    assert count(queue.url, "SELECT count(*) FROM layer_result") == 0
+    assert enq.retry(queue.url, job.job_id) == list(range(TINY.n_layers))
+    wait_until(lambda: all_done(queue.url), what="the retried job")
+    with pytest.raises(enq.EnqueueError, match="there is no job 999"):
+        enq.retry(queue.url, 999)
+
+
+def test_status_command_shows_progress(queue, capsys):
+    from jobs.cli import main
+
+    enq.enqueue(queue.url, queue.name, "300", CONFIG)
+    assert main(["status", "--database-url", queue.url]) == 0
+    out = capsys.readouterr().out
+    assert f"{queue.name} step 300" in out and "0/2" in out and "queued" in out
+
