@@ -3,20 +3,29 @@
     from catalog import load_model, measure, MeasureConfig
     lm = load_model("builtin")                       # or "EleutherAI/pythia-14m", checkpoint=1000
     result = measure(lm.model, lm.tokenizer, MeasureConfig(operand_hi=100))
+
+Names are imported on first use, so ``catalog.config`` or ``catalog.arith`` can be used
+without importing torch (the job system's parent process relies on that).
 """
 
-from catalog.config import MeasureConfig
-from catalog.measure import CheckpointResult, LayerResult, measure
-from catalog.sources import LoadedModel, ModelInfo, ModelSourceError, list_checkpoints, load_model
+import importlib
 
-__all__ = [
-    "CheckpointResult",
-    "LayerResult",
-    "LoadedModel",
-    "MeasureConfig",
-    "ModelInfo",
-    "ModelSourceError",
-    "list_checkpoints",
-    "load_model",
-    "measure",
-]
+_EXPORTS = {
+    "MeasureConfig": "catalog.config",
+    "CheckpointResult": "catalog.measure",
+    "LayerResult": "catalog.measure",
+    "measure": "catalog.measure",
+    "LoadedModel": "catalog.sources",
+    "ModelInfo": "catalog.sources",
+    "ModelSourceError": "catalog.sources",
+    "list_checkpoints": "catalog.sources",
+    "load_model": "catalog.sources",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'catalog' has no attribute {name!r}")

@@ -12,13 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from catalog import builtin
 from catalog.arith import OPERATORS
 from catalog.config import MeasureConfig
-from catalog.measure import CheckpointResult, measure
-from catalog.sources import ModelSourceError, list_checkpoints, load_model
+
+# Only light modules are imported here: `ncat worker` must not import torch in the
+# worker's parent process. Commands import the science when they run.
 
 # The demo catalogs operands in [0, 100): on 2 CPU cores a full built-in checkpoint
 # then takes well under a minute (the paper's [0, 300) grid takes about 9x longer).
@@ -44,8 +42,10 @@ def _config_from_args(args) -> MeasureConfig:
         raise SystemExit(f"invalid measurement config: {exc}") from None
 
 
-def print_result(res: CheckpointResult, top: int = 5, out=sys.stdout) -> None:
-    """Readable summary: accuracy, faithfulness, the top neurons of each layer."""
+def print_result(res, top: int = 5, out=sys.stdout) -> None:
+    """Readable summary of a CheckpointResult: accuracy, faithfulness, top neurons per layer."""
+    import numpy as np
+
     ops = res.config.operators
     if res.summary:
         s = res.summary
@@ -68,7 +68,9 @@ def print_result(res: CheckpointResult, top: int = 5, out=sys.stdout) -> None:
 
 
 def cmd_train_builtin(args) -> int:
-    cfg = builtin.TrainConfig(steps=args.steps, seed=args.seed)
+    from catalog import builtin
+
+    cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=args.seed)
     path = builtin.train(cfg)
     meta = json.loads((path / f"step{cfg.steps}.json").read_text())
     acc = meta["heldout_accuracy"]
@@ -78,6 +80,8 @@ def cmd_train_builtin(args) -> int:
 
 
 def cmd_checkpoints(args) -> int:
+    from catalog.sources import ModelSourceError, list_checkpoints
+
     try:
         steps = list_checkpoints(args.model)
     except ModelSourceError as exc:
@@ -88,6 +92,9 @@ def cmd_checkpoints(args) -> int:
 
 
 def cmd_measure(args) -> int:
+    from catalog.measure import measure
+    from catalog.sources import ModelSourceError, load_model
+
     config = _config_from_args(args)
     try:
         lm = load_model(args.model, args.checkpoint, device=args.device)
@@ -104,6 +111,10 @@ def cmd_measure(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from catalog import builtin
+    from catalog.measure import measure
+    from catalog.sources import load_model
+
     builtin.train(builtin.TrainConfig())
     lm = load_model("builtin")
     t0 = time.perf_counter()
@@ -130,6 +141,7 @@ def cmd_migrate(args) -> int:
 
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
+    from catalog.sources import ModelSourceError, load_model
     from jobs.enqueue import parse_checkpoints
     from jobs.store_results import catalog_checkpoint
     from schema.engine import migrate
@@ -261,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("train-builtin", help="train the built-in arithmetic model (cached)")
-    s.add_argument("--steps", type=int, default=builtin.TrainConfig.steps)
+    s.add_argument("--steps", type=int, default=None, help="training steps (default 3000)")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(fn=cmd_train_builtin)
 

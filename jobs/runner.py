@@ -48,6 +48,9 @@ def load_job(conn: psycopg.Connection, job_id: int) -> JobRow | None:
 # the next task on the same model reuses them.
 _MODEL: dict[tuple, object] = {}
 _PREP: dict[tuple, object] = {}
+# Effects and matches of the layers this process computed, per job: when one worker did
+# every layer, the summary needs no read-back from the database.
+_RESULTS: dict[int, dict[int, tuple]] = {}
 
 # Capture every layer's activations in the one grid pass when they fit in this budget.
 ACTIVATION_BUDGET_BYTES = int(os.environ.get("NCAT_ACTIVATION_BUDGET", 2 * 1024**3))
@@ -147,6 +150,9 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str
                                      config_id=ids.config_id)
         if job.force or layer not in stored:
             result = measure_layer(lm.model, prep, layer)
+            if job.id not in _RESULTS:
+                _RESULTS.clear()
+            _RESULTS.setdefault(job.id, {})[layer] = (result.effect, result.matches)
             store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
                               config_id=ids.config_id,
                               rows=layer_rows(result, prep, lm.tokenizer), worker=worker,
@@ -194,8 +200,13 @@ def _summarize(conn, job: JobRow) -> None:
     lm, prep, ids = _prepared(conn, job, job.layers[0])
     n_layers = lm.model.cfg.n_layers
     if sorted(job.layers) == list(range(n_layers)):
-        effects, matches = stored_effects_and_matches(conn, ids, prep.config, n_layers,
-                                                      lm.model.cfg.d_mlp)
+        here = _RESULTS.get(job.id, {})
+        if sorted(here) == list(range(n_layers)):
+            effects = {layer: here[layer][0] for layer in here}
+            matches = {layer: here[layer][1] for layer in here}
+        else:
+            effects, matches = stored_effects_and_matches(conn, ids, prep.config, n_layers,
+                                                          lm.model.cfg.d_mlp)
         summary = summarize(lm.model, prep, effects, matches)
         with conn.transaction():
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
@@ -214,7 +225,8 @@ def _as_layers(matches: dict) -> dict:
 
 
 def stored_effects_and_matches(conn, ids, config, n_layers: int, d_mlp: int):
-    """Effects (d_mlp, n_ops) and Matches per layer, read back from the store."""
+    """Effects (d_mlp, n_ops) and the Matches the summary uses (score >= the config's
+    match threshold; the summary looks at no other), read back from the store."""
     from catalog.heuristics import Heuristic
     from catalog.measure import Matches
 
@@ -232,8 +244,9 @@ def stored_effects_and_matches(conn, ids, config, n_layers: int, d_mlp: int):
             "SELECT s.layer, s.neuron, s.op, s.score, s.bottom, h.family, h.target, h.params "
             "FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
             "WHERE s.model_id = %s AND s.checkpoint_id = %s AND s.config_id = %s "
-            "ORDER BY s.layer, s.neuron, s.op, h.key",
-            (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall():
+            "AND s.score >= %s ORDER BY s.layer, s.neuron, s.op, h.key",
+            (ids.model_id, ids.checkpoint_id, ids.config_id,
+             float(np.float32(config.match_threshold)))).fetchall():
         rows[layer].append((neuron, ops.index(op), Heuristic(family, target, tuple(params)),
                             score, bottom))
     matches = {layer: Matches(

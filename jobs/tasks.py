@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import logging
 
+from celery.signals import worker_process_init
+
 from jobs.celery_app import app
 
 log = logging.getLogger(__name__)
+
+
+@worker_process_init.connect
+def _import_the_science(**_) -> None:
+    """Import torch and the catalog in each pool process as it starts, not on its first
+    task (several seconds). The parent process never imports them, so CUDA is never
+    initialised there."""
+    import catalog.measure  # noqa: F401
+    import catalog.sources  # noqa: F401
+    import jobs.runner  # noqa: F401
 
 
 def _db_url() -> str:

@@ -38,11 +38,11 @@ def test_export_refuses_bad_format_and_writes(seeded, tmp_path, capsys):
 
 def test_catalog_command_stores_checkpoints(db, tiny_builtin, capsys, monkeypatch):
     cfg, root = tiny_builtin
-    import jobs.cli as cli
-    from catalog.sources import load_model
+    import catalog.sources as sources
 
     # the tiny built-in model instead of the default one; everything else is the real path
-    monkeypatch.setattr(cli, "load_model", lambda name, step, device="cpu": load_model(
+    original = sources.load_model
+    monkeypatch.setattr(sources, "load_model", lambda name, step, device="cpu": original(
         name, step, device=device, builtin_config=cfg, cache_root=root))
     code = main(["catalog", "builtin", "--checkpoints", "128,300", "--hi", "12", "--pairs", "5",
                  "--quiet", "--database-url", db])

@@ -1,0 +1,50 @@
+"""The command line without services: errors, and what the worker's parent imports."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_worker_parent_process_never_imports_torch():
+    """CUDA can only be initialised by code that imports torch: the Celery parent must not."""
+    code = ("import sys, jobs.cli, jobs.celery_app, jobs.tasks; "
+            "print('torch' in sys.modules, 'catalog.measure' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_worker_settings_suit_long_gpu_tasks(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("NCAT_VISIBILITY_TIMEOUT", "7200")
+    from jobs.celery_app import make_app
+
+    conf = make_app().conf
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    assert conf.worker_prefetch_multiplier == 1 and conf.worker_concurrency == 1
+    assert conf.broker_transport_options["visibility_timeout"] == 7200
+
+
+def test_bad_arguments_exit_with_a_message(capsys):
+    with pytest.raises(SystemExit, match="--layers must be comma-separated integers"):
+        main(["measure", "builtin", "--layers", "one"])
+    with pytest.raises(SystemExit, match="operand range"):
+        main(["measure", "builtin", "--lo", "50", "--hi", "50"])
+    assert main(["checkpoints", "no-such-model-anywhere"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+
+
+def test_every_command_has_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert {"demo", "train-builtin", "checkpoints", "measure", "migrate", "catalog", "enqueue",
+            "worker", "status", "cancel", "retry", "export"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        assert p.format_help().strip(), name
