@@ -47,11 +47,19 @@ def write_layouts(conn: psycopg.Connection, prep: Prepared, ids: CatalogIds) -> 
     table = prep.table
     with conn.transaction():
         for op in prep.config.operators:
+            idx = table.op_index(op)
             valid = np.zeros(table.side * table.side, dtype=bool)
-            valid[table.cell_index(table.op_index(op))] = True
+            valid[table.cell_index(idx)] = True
             store.upsert_grid_layout(conn, config_id=ids.config_id,
                                      number_limit=prep.numbers.limit, op=op, lo=table.lo,
-                                     side=table.side, valid=valid)
+                                     side=table.side, valid=valid,
+                                     answer_index=answer_positions(prep, idx))
+
+
+def answer_positions(prep: Prepared, idx: np.ndarray) -> np.ndarray:
+    """Position of each prompt's answer token on the lens's number axis (number_ids)."""
+    where = {int(t): i for i, t in enumerate(prep.number_ids)}
+    return np.array([where[int(t)] for t in prep.table.answer[idx]], dtype=np.int32)
 
 
 def layer_rows(result: LayerResult, prep: Prepared, tokenizer) -> store.LayerRows:

@@ -125,14 +125,15 @@ def upsert_config(conn: psycopg.Connection, *, config: dict, config_hash: str,
 
 
 def upsert_grid_layout(conn: psycopg.Connection, *, config_id: int, number_limit: int, op: str,
-                       lo: int, side: int, valid: np.ndarray) -> None:
-    """Store which cells of op's side x side grid are valid (row-major, a then b)."""
+                       lo: int, side: int, valid: np.ndarray, answer_index: np.ndarray) -> None:
+    """Store which cells of op's side x side grid are valid (row-major, a then b), and
+    where each valid cell's answer sits on the lens's number axis."""
     valid = np.asarray(valid, dtype=bool).reshape(side * side)
     conn.execute(
-        "INSERT INTO grid_layout (config_id, number_limit, op, lo, side, n_cells, valid) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        "INSERT INTO grid_layout (config_id, number_limit, op, lo, side, n_cells, valid, "
+        "answer_index) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (config_id, number_limit, op, lo, side, int(valid.sum()),
-         np.packbits(valid).tobytes()))
+         np.packbits(valid).tobytes(), np.asarray(answer_index, dtype=np.int32).tobytes()))
 
 
 def upsert_heuristics(conn: psycopg.Connection, *, rows: list[HeuristicRow]) -> dict[str, int]:
@@ -273,10 +274,13 @@ def stored_layers(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
 
 
 def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
-             layer: int, neuron: int, op: str) -> np.ndarray:
-    """One activation grid as a (side, side) float32 array, op1 on axis 0, NaN where invalid."""
+             layer: int, neuron: int, op: str, kv: bool = False) -> np.ndarray:
+    """One activation grid as a (side, side) float32 array, op1 on axis 0, NaN where invalid.
+
+    With ``kv``, the KV map: each cell times the neuron's lens value of the cell's answer.
+    """
     row = conn.execute(
-        "SELECT g.q, g.scale, g.vmin, l.side, l.valid FROM neuron_grid g "
+        "SELECT g.q, g.scale, g.vmin, l.side, l.valid, l.answer_index FROM neuron_grid g "
         "JOIN model m ON m.id = g.model_id "
         "JOIN grid_layout l ON l.config_id = g.config_id AND l.op = g.op "
         "AND l.number_limit = m.number_limit "
@@ -286,8 +290,16 @@ def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, con
     if row is None:
         raise KeyError(f"no grid for model {model_id}, checkpoint {checkpoint_id}, config "
                        f"{config_id}, layer {layer}, neuron {neuron}, op {op!r}")
-    q, scale, vmin, side, valid = row
+    q, scale, vmin, side, valid, answer_index = row
     mask = np.unpackbits(np.frombuffer(valid, dtype=np.uint8))[: side * side].astype(bool)
+    values = dequantize(q, scale, vmin)
+    if kv:
+        lens = np.array(conn.execute(
+            "SELECT numbers FROM neuron_lens WHERE model_id = %s AND checkpoint_id = %s "
+            "AND config_id = %s AND layer = %s AND neuron = %s",
+            (model_id, checkpoint_id, config_id, layer, neuron)).fetchone()[0],
+            dtype=np.float32)
+        values = values * lens[np.frombuffer(answer_index, dtype=np.int32)]
     out = np.full(side * side, np.nan, dtype=np.float32)
-    out[mask] = dequantize(q, scale, vmin)
+    out[mask] = values
     return out.reshape(side, side)

@@ -108,7 +108,9 @@ class GridLayout(SQLModel, table=True):
     """Which cells of the side x side operand grid are valid, per (config, token limit, op).
 
     ``valid`` is a packed bit mask (numpy.packbits, row-major a then b); the grids of
-    ``neuron_grid`` hold the valid cells in that order.
+    ``neuron_grid`` hold the valid cells in that order. ``answer_index`` (int32 per valid
+    cell) is the position of the cell's answer token on the logit lens's number axis, so
+    the KV map is K times the lens at that index.
     """
 
     __tablename__ = "grid_layout"
@@ -119,6 +121,7 @@ class GridLayout(SQLModel, table=True):
     side: int
     n_cells: int
     valid: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    answer_index: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
 class Heuristic(SQLModel, table=True):

@@ -153,6 +153,7 @@ def upgrade() -> None:
     sa.Column('side', sa.Integer(), nullable=False),
     sa.Column('n_cells', sa.Integer(), nullable=False),
     sa.Column('valid', sa.LargeBinary(), nullable=False),
+    sa.Column('answer_index', sa.LargeBinary(), nullable=False),
     sa.ForeignKeyConstraint(['config_id'], ['measure_config.id'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('config_id', 'number_limit', 'op')
     )

@@ -101,6 +101,11 @@ def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
             assert np.array_equal(np.isnan(grid), np.isnan(want))
             span = np.nanmax(want) - np.nanmin(want)
             assert np.nanmax(np.abs(grid - want)) <= span / 510 + 1e-6
+            kv = store.get_grid(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                                config_id=ids.config_id, layer=1, neuron=neuron, op=op, kv=True)
+            want_kv = table.to_grid(result.kv(table.op_index(op))[neuron], op)
+            lens_max = np.abs(result.answer_lens[neuron]).max()
+            assert np.nanmax(np.abs(kv - want_kv)) <= (span / 510 + 1e-6) * lens_max + 1e-6
         # the best heuristic column agrees with the score rows
         n, op, best, score = conn.execute(
             "SELECT n.neuron, n.op, h.key, n.best_score FROM neuron_op n "
