@@ -260,7 +260,11 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
 
 
 def refresh_views(conn: psycopg.Connection) -> None:
-    """Refresh the materialized analyst views."""
+    """Update the planner's statistics after the bulk load, then refresh the materialized
+    views. Without fresh statistics PostgreSQL plans joins over freshly written rows as
+    if the tables were empty (nested loops that take minutes instead of milliseconds)."""
+    conn.execute("ANALYZE neuron_op, neuron_score, neuron_lens, heuristic, checkpoint, "
+                 "layer_result")
     conn.execute("SELECT refresh_catalog_views()")
 
 

@@ -1,0 +1,212 @@
+"""The explorer's pages run by Streamlit's AppTest against a seeded catalog in PostgreSQL."""
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from schema import store
+
+
+def page_script(name):
+    import importlib
+
+    importlib.import_module(f"ui.views.{name}").render()
+
+
+def run_page(name, params=None, timeout=60) -> AppTest:
+    at = AppTest.from_function(page_script, args=(name,), default_timeout=timeout)
+    for k, v in (params or {}).items():
+        at.query_params[k] = str(v)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.fixture
+def catalog_env(seeded, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", seeded)
+    monkeypatch.setenv("NCAT_QUEUE", "explorer-tests-no-worker")
+    from ui import data
+
+    data.database_url.clear()
+    data.engine.clear()
+    for fn in (data.has_catalog, data.models, data.search, data.checkpoints, data.configs):
+        fn.clear()
+    return seeded
+
+
+def ids(url):
+    with store.connect(url) as conn:
+        model_id, config_id = conn.execute("SELECT model_id, config_id FROM neuron_op LIMIT 1"
+                                           ).fetchone()
+        last = conn.execute("SELECT id FROM checkpoint ORDER BY step DESC LIMIT 1").fetchone()[0]
+    return model_id, last, config_id
+
+
+def text_of(at) -> str:
+    return "\n".join([m.value for m in at.markdown] + [m.value for m in at.caption]
+                     + [m.value for m in at.info] + [m.value for m in at.title])
+
+
+def test_overview_lists_models_checkpoints_and_accuracy(catalog_env):
+    at = run_page("overview")
+    table = at.dataframe[0].value
+    assert table.step.tolist() == [64, 128, 300]
+    with store.connect(catalog_env) as conn:
+        acc = conn.execute("SELECT s.accuracy ->> '+' FROM checkpoint_summary s JOIN checkpoint c "
+                           "ON c.id = s.checkpoint_id WHERE c.step = 300").fetchone()[0]
+    assert table["acc +"].iloc[-1] == pytest.approx(float(acc))
+    assert "No jobs yet" in text_of(at)
+
+
+def test_search_filters_and_pages_server_side(catalog_env):
+    at = run_page("search")
+    first = at.dataframe[0].value
+    assert len(first) == 50  # one page, not the table
+    with store.connect(catalog_env) as conn:
+        total = conn.execute("SELECT count(*) FROM neuron_op n JOIN checkpoint c ON "
+                             "c.id = n.checkpoint_id WHERE c.step = 300").fetchone()[0]
+    assert f"**{total}** neuron-operator rows match" in text_of(at)
+    assert first.effect_exact.is_monotonic_decreasing or first.effect_exact.isna().any()
+    assert first.open.str.startswith("/neuron?model_id=").all()
+    # filter: operator +, heuristic label, min score
+    at.selectbox(key="s-op").select("+").run()
+    at.text_input(key="s-label").input("result in [10, 20)").run()
+    at.number_input(key="s-score").set_value(0.5).run()
+    rows = at.dataframe[0].value if at.dataframe else None
+    with store.connect(catalog_env) as conn:
+        want = conn.execute(
+            "SELECT count(DISTINCT (s.layer, s.neuron)) FROM neuron_score s JOIN heuristic h ON "
+            "h.id = s.heuristic_id JOIN checkpoint c ON c.id = s.checkpoint_id WHERE c.step = 300 "
+            "AND s.op = '+' AND h.label ILIKE '%result in [10, 20)%' AND s.score >= 0.5"
+        ).fetchone()[0]
+    assert f"**{want}** neuron-operator rows match" in text_of(at)
+    if want:
+        assert (rows.op == "+").all() and len(rows) == min(want, 50)
+    at.selectbox(key="s-op").select("any").run()
+    at.text_input(key="s-label").input("").run()
+    at.number_input(key="s-score").set_value(0.0).run()
+    at.button(key="s-next").click().run()
+    second = at.dataframe[0].value
+    seen = set(zip(first.layer, first.neuron, first.op, strict=True))
+    assert "page 2 of" in text_of(at)
+    assert not seen & set(zip(second.layer, second.neuron, second.op, strict=True))
+
+
+def test_neuron_page_shows_grids_lens_matches_and_evolution(catalog_env):
+    model_id, ck, config_id = ids(catalog_env)
+    at = run_page("neuron", dict(model_id=model_id, checkpoint_id=ck, config_id=config_id,
+                                 layer=1, neuron=5))
+    charts = at.get("plotly_chart")
+    titles = [c.proto.spec for c in charts]
+    assert sum('"K map' in t for t in titles) == 4
+    assert any('"KV map' in t for t in titles)
+    assert any("Patching effect" in t for t in titles) and any("Best heuristic" in t
+                                                                for t in titles)
+    assert any("logit-lens value" in t for t in titles)
+    ops = at.dataframe[0].value
+    assert sorted(ops.op) == ["*", "+", "-", "/"]
+    with store.connect(catalog_env) as conn:
+        n = conn.execute("SELECT count(*) FROM neuron_score WHERE checkpoint_id = %s AND "
+                         "layer = 1 AND neuron = 5", (ck,)).fetchone()[0]
+        best = conn.execute("SELECT h.label FROM neuron_score s JOIN heuristic h ON "
+                            "h.id = s.heuristic_id WHERE checkpoint_id = %s AND layer = 1 AND "
+                            "neuron = 5 ORDER BY score DESC, h.label LIMIT 1", (ck,)).fetchone()
+    tables = [d.value for d in at.dataframe]
+    match_table = next(t for t in tables if "label" in t.columns)
+    assert len(match_table) == min(n, 200) and match_table.label.iloc[0] == best[0]
+    # grids carry NaN where a cell is invalid (blank in the heatmap): '-' needs b <= a
+    from ui import data
+
+    grid = data.grid(model_id, ck, config_id, 1, 5, op="-")
+    assert np.isnan(grid[2, 3]) and not np.isnan(grid[3, 2])
+
+
+def test_neuron_page_without_parameters_says_what_to_do(catalog_env):
+    at = run_page("neuron")
+    assert "Open a neuron from the search page" in text_of(at)
+
+
+def test_heuristics_page(catalog_env):
+    at = run_page("heuristics")
+    charts = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("Circuit neurons implementing" in c for c in charts)
+    assert any("already present" in c for c in charts)
+    overlap = at.dataframe[0].value
+    assert overlap.step.tolist() == [64, 128, 300] and overlap.share.iloc[-1] == 1
+
+
+@pytest.mark.parametrize("sql, message", [
+    ("INSERT INTO catalog_setting VALUES ('x', 1)", "read-only"),
+    ("UPDATE catalog_setting SET value = 0", "read-only"),
+    ("DELETE FROM heuristic", "read-only"),
+    ("DROP TABLE heuristic", "read-only"),
+    ("SELECT 1; DROP TABLE heuristic", "One statement at a time"),
+    ("WITH x AS (DELETE FROM heuristic RETURNING id) SELECT * FROM x", "writes are refused"),
+])
+def test_sql_console_refuses_writes(catalog_env, sql, message):
+    with store.connect(catalog_env) as conn:
+        before = conn.execute("SELECT count(*) FROM heuristic").fetchone()[0]
+    at = run_page("sql_console")
+    at.text_area[0].input(sql).run()
+    at.button[0].click().run()
+    assert at.error and message in at.error[0].value
+    with store.connect(catalog_env) as conn:
+        assert conn.execute("SELECT count(*) FROM heuristic").fetchone()[0] == before
+        assert conn.execute("SELECT count(*) FROM catalog_setting").fetchone()[0] == 2
+
+
+def test_sql_console_runs_a_query_with_a_row_cap(catalog_env, monkeypatch):
+    from ui import data
+
+    monkeypatch.setattr(data, "SQL_ROW_CAP", 7)
+    at = run_page("sql_console")
+    at.text_area[0].input("SELECT step FROM checkpoint ORDER BY step").run()
+    at.button[0].click().run()
+    assert at.dataframe[0].value.step.tolist() == [64, 128, 300]
+    at.text_area[0].input("SELECT id FROM heuristic ORDER BY id").run()
+    at.button[0].click().run()
+    assert len(at.dataframe[0].value) == 7 and "first 7 rows" in at.warning[0].value
+
+
+def test_jobs_page_shows_validation_errors(catalog_env):
+    at = run_page("jobs_page")
+    at.text_input[0].input("no-such-model")  # inside the form: sent with the submit
+    at.button[0].click().run()
+    assert at.error and "unknown model 'no-such-model'" in at.error[0].value
+    with store.connect(catalog_env) as conn:
+        assert conn.execute("SELECT count(*) FROM job").fetchone()[0] == 0
+
+
+def test_empty_catalog_says_how_to_start(db, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", db)
+    from ui import data
+
+    data.database_url.clear()
+    data.engine.clear()
+    data.has_catalog.clear()
+    data.models.clear()
+    for page in ("overview", "search", "heuristics"):
+        at = run_page(page)
+        assert "bash scripts/demo.sh" in text_of(at), page
+
+
+def test_engine_is_cached_and_job_progress_is_fresh(catalog_env):
+    import time
+
+    from ui import data
+
+    assert data.engine() is data.engine()
+    data.jobs.clear()
+    assert data.jobs().empty
+    with store.connect(catalog_env) as conn:
+        conn.execute("INSERT INTO job (job_key, model_name, step, config_id, layers, device, "
+                     "force, status) SELECT 'k', 'm', 1, id, '{0}', 'cpu', false, 'queued' "
+                     "FROM measure_config LIMIT 1")
+        conn.commit()
+    assert data.jobs().empty  # cached
+    time.sleep(2.2)  # the jobs query lives two seconds
+    assert data.jobs().status.tolist() == ["queued"]
+    with store.connect(catalog_env) as conn:
+        conn.execute("DELETE FROM job")
+        conn.commit()

@@ -1,0 +1,1 @@
+"""The Streamlit explorer: `streamlit run ui/app.py` (or `ncat explore`)."""

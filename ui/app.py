@@ -1,0 +1,21 @@
+"""The explorer's entry point: `streamlit run ui/app.py`."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+
+import streamlit as st  # noqa: E402
+
+from ui.views import heuristics, jobs_page, neuron, overview, search, sql_console  # noqa: E402
+
+st.set_page_config(page_title="Arithmetic neuron catalog", layout="wide")
+pages = [
+    st.Page(overview.render, title="Overview", url_path="overview", default=True),
+    st.Page(search.render, title="Neuron search", url_path="search"),
+    st.Page(neuron.render, title="Neuron", url_path="neuron"),
+    st.Page(heuristics.render, title="Heuristics", url_path="heuristics"),
+    st.Page(sql_console.render, title="SQL console", url_path="sql"),
+    st.Page(jobs_page.render, title="Jobs", url_path="jobs"),
+]
+st.navigation(pages).run()

@@ -1,0 +1,271 @@
+"""What the explorer reads, as small functions over the catalog database.
+
+The engine is a cached resource (one pool per server process); query results are cached
+for a few seconds, so running jobs show up without hammering the database. Every query
+is paged or bounded: no page loads a whole table.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import psycopg
+import streamlit as st
+from sqlalchemy import create_engine, text
+
+from schema import store
+from schema.export import as_reader
+from schema.settings import resolve_database_url, with_driver
+
+TTL = 5  # seconds a query result is reused
+SQL_ROW_CAP = 1000
+SQL_TIMEOUT_MS = 5000
+
+
+@st.cache_resource
+def database_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    return with_driver(url) if url else resolve_database_url()
+
+
+@st.cache_resource
+def engine():
+    return create_engine(database_url(), pool_pre_ping=True)
+
+
+def query(sql: str, **params) -> pd.DataFrame:
+    with engine().connect() as conn:
+        return pd.read_sql(text(sql), conn, params=params)
+
+
+@st.cache_data(ttl=TTL)
+def has_catalog() -> bool:
+    try:
+        return bool(query("SELECT EXISTS (SELECT 1 FROM neuron_op) AS x").x[0])
+    except Exception:
+        return False
+
+
+@st.cache_data(ttl=TTL)
+def models() -> pd.DataFrame:
+    return query("SELECT id, name, source, n_layers, d_mlp, number_limit, digit_level "
+                 "FROM model ORDER BY name")
+
+
+@st.cache_data(ttl=TTL)
+def checkpoints(model_id: int) -> pd.DataFrame:
+    """Checkpoints with stored results: step, weights hash, accuracy and faithfulness."""
+    return query(
+        "SELECT c.id AS checkpoint_id, c.step, s.config_id, c.duplicate_of_step, "
+        "left(c.weights_hash, 12) AS weights, s.accuracy, s.faithfulness "
+        "FROM checkpoint c LEFT JOIN checkpoint_summary s ON s.checkpoint_id = c.id "
+        "WHERE c.model_id = :m ORDER BY c.step", m=model_id)
+
+
+@st.cache_data(ttl=TTL)
+def configs(model_id: int) -> pd.DataFrame:
+    return query(
+        "SELECT DISTINCT mc.id, mc.operators, mc.operand_lo, mc.operand_hi, mc.pairs_per_op, "
+        "mc.heuristic_variant FROM measure_config mc JOIN layer_result lr "
+        "ON lr.config_id = mc.id JOIN checkpoint c ON c.id = lr.checkpoint_id "
+        "WHERE c.model_id = :m ORDER BY mc.id", m=model_id)
+
+
+@st.cache_data(ttl=2)
+def jobs(limit: int = 50) -> pd.DataFrame:
+    return query(
+        "SELECT j.id, j.model_name AS model, j.step, j.status, "
+        "count(l.layer) AS layers, count(l.layer) FILTER (WHERE l.status = 'done') AS done, "
+        "j.error, j.failed_layer, j.updated_at FROM job j "
+        "LEFT JOIN job_layer l ON l.job_id = j.id GROUP BY j.id ORDER BY j.id DESC "
+        "LIMIT :n", n=limit)
+
+
+@st.cache_data(ttl=TTL)
+def families() -> list[str]:
+    return query("SELECT DISTINCT family FROM heuristic ORDER BY family").family.tolist()
+
+
+@dataclass(frozen=True)
+class Filters:
+    model_id: int
+    checkpoint_id: int
+    config_id: int
+    layer: int | None = None
+    op: str | None = None
+    family: str | None = None
+    label: str = ""
+    min_score: float = 0.0
+    min_effect: float | None = None
+    max_rank: int | None = None
+    sort: str = "effect"
+
+
+SORTS = {"effect": "n.effect_exact DESC NULLS LAST", "rank": "n.rank ASC",
+         "score": "n.best_score DESC NULLS LAST", "neuron": "n.layer, n.neuron"}
+
+
+def _where(f: Filters) -> tuple[str, dict]:
+    cond = ["n.model_id = :model_id", "n.checkpoint_id = :checkpoint_id",
+            "n.config_id = :config_id"]
+    params = {"model_id": f.model_id, "checkpoint_id": f.checkpoint_id,
+              "config_id": f.config_id}
+    if f.layer is not None:
+        cond.append("n.layer = :layer")
+        params["layer"] = f.layer
+    if f.op:
+        cond.append("n.op = :op")
+        params["op"] = f.op
+    if f.min_effect is not None:
+        cond.append("n.effect_exact >= :min_effect")
+        params["min_effect"] = f.min_effect
+    if f.max_rank is not None:
+        cond.append("n.rank <= :max_rank")
+        params["max_rank"] = f.max_rank
+    if f.family or f.label or f.min_score > 0:
+        # constants (not correlations) so PostgreSQL prunes to one partition and hashes
+        # the matching (layer, neuron, op) set once
+        sub = ["s.model_id = :model_id", "s.checkpoint_id = :checkpoint_id",
+               "s.config_id = :config_id", "s.score >= :min_score"]
+        params["min_score"] = f.min_score
+        if f.family:
+            sub.append("h.family = :family")
+            params["family"] = f.family
+        if f.label:
+            sub.append("h.label ILIKE :label")
+            params["label"] = f"%{f.label}%"
+        cond.append("(n.layer, n.neuron, n.op) IN (SELECT s.layer, s.neuron, s.op FROM "
+                    "neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
+                    f"WHERE {' AND '.join(sub)})")
+    return " AND ".join(cond), params
+
+
+@st.cache_data(ttl=TTL)
+def search(f: Filters, page: int, page_size: int = 50) -> tuple[pd.DataFrame, int]:
+    """One page of neurons matching the filters, and how many match in all."""
+    where, params = _where(f)
+    total = int(query(f"SELECT count(*) AS n FROM neuron_op n WHERE {where}", **params).n[0])
+    rows = query(
+        "SELECT n.layer, n.neuron, n.op, n.effect_exact, n.effect_attr, n.rank, "
+        "h.label AS best_heuristic, n.best_score, n.max_act "
+        f"FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE {where} "
+        f"ORDER BY {SORTS[f.sort]}, n.layer, n.neuron, n.op LIMIT :lim OFFSET :off",
+        **params, lim=page_size, off=page * page_size)
+    return rows, total
+
+
+@st.cache_data(ttl=TTL)
+def grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv=False) -> np.ndarray | None:
+    with store.connect(database_url()) as conn:
+        try:
+            return store.get_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
+                                  config_id=config_id, layer=layer, neuron=neuron, op=op, kv=kv)
+        except KeyError:
+            return None
+
+
+@st.cache_data(ttl=TTL)
+def layout(config_id: int) -> pd.DataFrame:
+    return query("SELECT op, lo, side FROM grid_layout WHERE config_id = :c", c=config_id)
+
+
+@st.cache_data(ttl=TTL)
+def neuron_ops(model_id, checkpoint_id, config_id, layer, neuron) -> pd.DataFrame:
+    return query(
+        "SELECT n.op, n.effect_exact, n.effect_attr, n.rank, n.max_act, n.mean_act, n.density, "
+        "h.label AS best_heuristic, n.best_score FROM neuron_op n "
+        "LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE n.model_id = :m "
+        "AND n.checkpoint_id = :c AND n.config_id = :g AND n.layer = :l AND n.neuron = :n "
+        "ORDER BY n.op", m=model_id, c=checkpoint_id, g=config_id, l=layer, n=neuron)
+
+
+@st.cache_data(ttl=TTL)
+def lens(model_id, checkpoint_id, config_id, layer, neuron) -> dict | None:
+    df = query("SELECT numbers, top_tokens, top_values, bottom_tokens, bottom_values "
+               "FROM neuron_lens WHERE model_id = :m AND checkpoint_id = :c AND config_id = :g "
+               "AND layer = :l AND neuron = :n", m=model_id, c=checkpoint_id, g=config_id,
+               l=layer, n=neuron)
+    return None if df.empty else df.iloc[0].to_dict()
+
+
+@st.cache_data(ttl=TTL)
+def matches(model_id, checkpoint_id, config_id, layer, neuron, limit: int = 200):
+    return query(
+        "SELECT s.op, h.label, h.family, s.score, s.bottom FROM neuron_score s "
+        "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.model_id = :m "
+        "AND s.checkpoint_id = :c AND s.config_id = :g AND s.layer = :l AND s.neuron = :n "
+        "ORDER BY s.score DESC, h.label LIMIT :lim",
+        m=model_id, c=checkpoint_id, g=config_id, l=layer, n=neuron, lim=limit)
+
+
+@st.cache_data(ttl=TTL)
+def evolution(model_id, config_id, layer, neuron) -> pd.DataFrame:
+    return query(
+        "SELECT step, checkpoint_id, op, effect_exact, rank, best_heuristic, best_score "
+        "FROM neuron_evolution WHERE model_id = :m AND config_id = :g AND layer = :l "
+        "AND neuron = :n ORDER BY step, op", m=model_id, g=config_id, l=layer, n=neuron)
+
+
+@st.cache_data(ttl=TTL)
+def census(model_id: int, config_id: int) -> pd.DataFrame:
+    return query("SELECT step, op, family, circuit_neurons FROM heuristic_census "
+                 "WHERE model_id = :m AND config_id = :g ORDER BY step, op, family",
+                 m=model_id, g=config_id)
+
+
+@st.cache_data(ttl=TTL)
+def emergence(model_id: int, config_id: int) -> pd.DataFrame:
+    return query("SELECT op, family, emergence_step, count(*) AS pairs FROM heuristic_emergence "
+                 "WHERE model_id = :m AND config_id = :g GROUP BY op, family, emergence_step "
+                 "ORDER BY emergence_step", m=model_id, g=config_id)
+
+
+@st.cache_data(ttl=TTL)
+def overlap(model_id: int, config_id: int) -> pd.DataFrame:
+    return query("SELECT step, final_pairs, present, share FROM checkpoint_overlap "
+                 "WHERE model_id = :m AND config_id = :g ORDER BY step", m=model_id, g=config_id)
+
+
+# ------------------------------------------------------------------ the SQL console
+
+READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values|table|show)\b", re.I)
+
+
+class ConsoleError(ValueError):
+    """A console statement that was refused or failed, with a message for the user."""
+
+
+def run_console(sql: str, row_cap: int | None = None) -> tuple[pd.DataFrame, bool]:
+    """Run one read-only statement as the analysts' role; returns rows and whether capped.
+
+    Refused before it reaches the server: anything but SELECT / WITH / EXPLAIN / VALUES /
+    TABLE / SHOW, and more than one statement. The role itself is read-only and has a
+    statement timeout, so a write hidden in a WITH clause fails there too.
+    """
+    row_cap = row_cap or SQL_ROW_CAP
+    body = sql.strip().rstrip(";").strip()
+    if not body:
+        raise ConsoleError("Enter a SELECT query.")
+    if ";" in body:
+        raise ConsoleError("One statement at a time: the console refuses ';' inside a query.")
+    if not READ_ONLY_START.match(body):
+        raise ConsoleError("The SQL console is read-only: only SELECT, WITH, EXPLAIN, VALUES, "
+                           "TABLE and SHOW are allowed (no INSERT, UPDATE, DELETE or DDL).")
+    try:
+        with store.connect(as_reader(database_url())) as conn:
+            conn.execute(f"SET statement_timeout = {SQL_TIMEOUT_MS}")
+            cur = conn.execute(body)
+            cols = [d.name for d in cur.description] if cur.description else []
+            rows = cur.fetchmany(row_cap + 1)
+    except psycopg.errors.ReadOnlySqlTransaction:
+        raise ConsoleError("The SQL console is read-only: writes are refused.") from None
+    except psycopg.errors.QueryCanceled:
+        raise ConsoleError(f"The query ran longer than {SQL_TIMEOUT_MS // 1000} s and was "
+                           "stopped.") from None
+    except psycopg.Error as exc:
+        raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
+    return pd.DataFrame(rows[:row_cap], columns=cols), len(rows) > row_cap

@@ -1,0 +1,47 @@
+"""Plotly figures of the explorer: grids as heatmaps, lens and evolution as lines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+
+def heatmap(grid: np.ndarray, lo: int, title: str, diverging: bool = False) -> go.Figure:
+    """A (side, side) grid, op1 down the y axis and op2 along x; NaN cells stay blank."""
+    side = grid.shape[0]
+    axis = list(range(lo, lo + side))
+    lim = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+    fig = go.Figure(go.Heatmap(
+        z=grid, x=axis, y=axis, colorscale="RdBu_r" if diverging else "Viridis",
+        zmid=0 if diverging else None, zmin=-lim if diverging else None,
+        zmax=lim if diverging else None, hoverongaps=False,
+        hovertemplate="op1=%{y}<br>op2=%{x}<br>value=%{z:.3f}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="op2", yaxis_title="op1", height=330,
+                      margin=dict(l=40, r=10, t=40, b=40))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def lens_line(numbers: list[float]) -> go.Figure:
+    fig = px.line(x=list(range(len(numbers))), y=numbers,
+                  labels={"x": "number token", "y": "logit-lens value"})
+    fig.update_layout(height=280, margin=dict(l=40, r=10, t=20, b=40))
+    return fig
+
+
+def evolution_lines(df: pd.DataFrame, column: str, title: str) -> go.Figure:
+    fig = px.line(df, x="step", y=column, color="op", markers=True, title=title)
+    fig.update_layout(height=300, margin=dict(l=40, r=10, t=40, b=40))
+    if df["step"].min() > 0:
+        fig.update_xaxes(type="log")
+    return fig
+
+
+def census_bars(df: pd.DataFrame) -> go.Figure:
+    fig = px.bar(df, x="step", y="circuit_neurons", color="family", facet_col="op",
+                 title="Circuit neurons implementing each heuristic family")
+    fig.update_xaxes(type="category")
+    fig.update_layout(height=360, margin=dict(l=40, r=10, t=60, b=40))
+    return fig

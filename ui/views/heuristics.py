@@ -1,0 +1,35 @@
+"""Heuristics across training: census by family, emergence steps, overlap with the end."""
+
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from ui import data, plots
+from ui.views.common import pick_model_checkpoint_config, require_catalog
+
+
+def render() -> None:
+    st.title("Heuristics across training")
+    if not require_catalog():
+        return
+    model, _, config_id = pick_model_checkpoint_config("heuristics")
+    census = data.census(int(model.id), config_id)
+    if census.empty:
+        st.info("No circuit neuron implements a heuristic yet (score >= the threshold in "
+                "catalog_setting).")
+    else:
+        st.plotly_chart(plots.census_bars(census), key="census")
+    em = data.emergence(int(model.id), config_id)
+    if not em.empty:
+        fig = px.bar(em, x="emergence_step", y="pairs", color="family",
+                     title="When the final (neuron, heuristic) pairs emerged")
+        fig.update_xaxes(type="category")
+        st.plotly_chart(fig, key="emergence")
+    ov = data.overlap(int(model.id), config_id)
+    if not ov.empty:
+        fig = px.line(ov, x="step", y="share", markers=True,
+                      title="Share of the final checkpoint's heuristic circuit already present")
+        fig.update_yaxes(range=[0, 1.05])
+        st.plotly_chart(fig, key="overlap")
+        st.dataframe(ov, hide_index=True)

@@ -1,0 +1,56 @@
+"""Neuron search: filters, sortable server-side pages, links to each neuron."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui import data
+from ui.views.common import neuron_link, pick_model_checkpoint_config, require_catalog
+
+PAGE_SIZE = 50
+
+
+def render() -> None:
+    st.title("Neuron search")
+    if not require_catalog():
+        return
+    model, ck, config_id = pick_model_checkpoint_config("search")
+    c1, c2, c3, c4 = st.columns(4)
+    layer = c1.selectbox("Layer", ["any"] + list(range(int(model.n_layers))), key="s-layer")
+    op = c2.selectbox("Operator", ["any", "+", "-", "*", "/"], key="s-op")
+    family = c3.selectbox("Heuristic family", ["any"] + data.families(), key="s-family")
+    label = c4.text_input("Heuristic label contains", placeholder="result in [10", key="s-label")
+    c5, c6, c7, c8 = st.columns(4)
+    min_score = c5.number_input("Min score", 0.0, 1.0, 0.0, 0.05, key="s-score")
+    min_effect = c6.number_input("Min effect", value=None, placeholder="any", key="s-effect")
+    max_rank = c7.number_input("Max rank", min_value=0, value=None, placeholder="any",
+                               key="s-rank")
+    sort = c8.selectbox("Sort by", list(data.SORTS), key="s-sort")
+    f = data.Filters(
+        model_id=int(model.id), checkpoint_id=int(ck.checkpoint_id), config_id=config_id,
+        layer=None if layer == "any" else int(layer), op=None if op == "any" else op,
+        family=None if family == "any" else family, label=label.strip(),
+        min_score=float(min_score), min_effect=min_effect,
+        max_rank=None if max_rank is None else int(max_rank), sort=sort)
+    page = int(st.session_state.get("search-page", 0))
+    rows, total = data.search(f, page, PAGE_SIZE)
+    pages = max(1, -(-total // PAGE_SIZE))
+    if page >= pages:
+        page = 0
+        rows, total = data.search(f, 0, PAGE_SIZE)
+    st.write(f"**{total}** neuron-operator rows match; page {page + 1} of {pages}.")
+    if rows.empty:
+        st.info("No neuron matches these filters. Lower the minimum score or effect.")
+        return
+    rows.insert(0, "open", [neuron_link(int(model.id), int(ck.checkpoint_id), config_id,
+                                        r.layer, r.neuron) for r in rows.itertuples()])
+    st.dataframe(rows, hide_index=True, width="stretch", column_config={
+        "open": st.column_config.LinkColumn("neuron", display_text="open"),
+        "best_score": st.column_config.NumberColumn(format="%.2f")})
+    prev, _, nxt = st.columns([1, 4, 1])
+    if prev.button("Previous", disabled=page == 0, key="s-prev"):
+        st.session_state["search-page"] = page - 1
+        st.rerun()
+    if nxt.button("Next", disabled=page + 1 >= pages, key="s-next"):
+        st.session_state["search-page"] = page + 1
+        st.rerun()
