@@ -208,6 +208,21 @@ def cmd_worker(args) -> int:
     return 0
 
 
+def cmd_explore(args) -> int:
+    """Serve the Streamlit explorer (prints its URL)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ)
+    if args.database_url:
+        env["DATABASE_URL"] = args.database_url
+    app = Path(__file__).resolve().parents[1] / "ui" / "app.py"
+    print(f"explorer: http://localhost:{args.port}")
+    return subprocess.call([sys.executable, "-m", "streamlit", "run", str(app),
+                            "--server.port", str(args.port), "--server.headless", "true",
+                            "--browser.gatherUsageStats", "false"], env=env)
+
+
 def _bar(done: int, total: int, width: int = 24) -> str:
     filled = int(width * done / total) if total else 0
     return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
@@ -322,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=2.0)
     s.add_argument("--database-url", default=None, help=db_help)
     s.set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("explore", help="serve the Streamlit explorer")
+    s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--database-url", default=None, help=db_help)
+    s.set_defaults(fn=cmd_explore)
 
     for name, fn, text in (("cancel", cmd_cancel, "cancel a queued or running job"),
                            ("retry", cmd_retry, "queue a failed or cancelled job again")):

@@ -45,6 +45,6 @@ def test_every_command_has_help():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     assert {"demo", "train-builtin", "checkpoints", "measure", "migrate", "catalog", "enqueue",
-            "worker", "status", "cancel", "retry", "export"} <= set(sub.choices)
+            "worker", "status", "cancel", "retry", "export", "explore"} <= set(sub.choices)
     for name, p in sub.choices.items():
         assert p.format_help().strip(), name

@@ -1,0 +1,125 @@
+"""Explorer render time on a large catalog: the search page and a neuron page, rendered by
+Streamlit's AppTest against one model with >= 1M neuron rows (synthetic rows plus grids,
+lens and scores for the neuron shown), caches cleared before each render. The reference,
+in the same run, is what an unpaged search page would do: load every row of the
+checkpoint into a DataFrame. Run: .venv/bin/python bench/explorer.py [rows]  (target < 1 s)
+"""
+
+import os
+import sys
+import time
+import uuid
+
+import numpy as np
+
+from schema import store
+from schema.engine import migrate
+from schema.quantize import quantize_rows
+from schema.settings import resolve_database_url
+
+from _common import ROOT, save
+
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+
+def page_script(name):
+    import importlib
+
+    importlib.import_module(f"ui.views.{name}").render()
+
+
+def render(name, params=None, repeat=3):
+    from streamlit.testing.v1 import AppTest
+
+    from ui import data
+
+    best = float("inf")
+    for _ in range(repeat):
+        for fn in (data.search, data.grid, data.neuron_ops, data.matches, data.evolution,
+                   data.lens, data.checkpoints, data.configs, data.models, data.has_catalog):
+            fn.clear()  # measure the database work, not the cache
+        at = AppTest.from_function(page_script, args=(name,), default_timeout=120)
+        for k, v in (params or {}).items():
+            at.query_params[k] = str(v)
+        t = time.perf_counter()
+        at.run()
+        best = min(best, time.perf_counter() - t)
+        assert not at.exception, [e.value for e in at.exception]
+    return best
+
+
+def main(rows: int = 1_000_000):
+    n_ck, n_layers, ops, side = 10, 16, ["+", "-", "*", "/"], 100
+    d_mlp = rows // (n_ck * n_layers * len(ops))
+    server = resolve_database_url()
+    name = f"ncat_uibench_{uuid.uuid4().hex[:8]}"
+    url = server.rsplit("/", 1)[0] + "/" + name
+    migrate(url)
+    with store.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO model (id, name, source, n_layers, d_model, d_mlp, d_vocab, "
+                     "act_fn, gated_mlp, number_limit, digit_level) VALUES (1, 'big', 'hub', "
+                     f"{n_layers}, 1024, {d_mlp}, 50000, 'gelu', false, 999, false)")
+        conn.execute("INSERT INTO checkpoint (id, model_id, step, weights_hash) SELECT i, 1, "
+                     f"i * 1000, md5(i::text) FROM generate_series(1, {n_ck}) i")
+        conn.execute("INSERT INTO measure_config (id, config_hash, config, operators, "
+                     "operand_lo, operand_hi, template, pairs_per_op, seed, heuristic_variant, "
+                     "catalog_version) VALUES (1, 'h', '{}', '+-*/', 0, 100, '{a}{op}{b}=', 100, "
+                     "0, 'paper', 'bench')")
+        conn.execute("INSERT INTO heuristic (id, key, family, target, params, label) "
+                     "SELECT i, 'range:result:' || i, 'range', 'result', '[]', "
+                     "'result in [' || i || ', ' || (i + 10) || ')' FROM generate_series(1, 50) i")
+        conn.execute(
+            "INSERT INTO neuron_op (model_id, checkpoint_id, config_id, layer, neuron, op, "
+            "max_act, mean_act, density, effect_exact, rank, op_accuracy, best_heuristic_id, "
+            "best_score) SELECT 1, ck, 1, l, n, (ARRAY['+','-','*','/'])[o], random(), random(), "
+            f"random(), random(), (n * 7919 + ck) % {d_mlp}, 0.9, 1 + n % 50, random() "
+            f"FROM generate_series(1, {n_ck}) ck, generate_series(1, 4) o, "
+            f"generate_series(0, {n_layers - 1}) l, generate_series(0, {d_mlp - 1}) n")
+        conn.execute(
+            "INSERT INTO neuron_score (model_id, checkpoint_id, config_id, layer, neuron, op, "
+            "heuristic_id, score, bottom) SELECT 1, ck, 1, l, n, '+', 1 + (n + h) % 50, "
+            f"random(), false FROM generate_series(1, {n_ck}) ck, generate_series(0, "
+            f"{n_layers - 1}) l, generate_series(0, {d_mlp - 1}) n, generate_series(0, 2) h")
+        valid = np.ones(side * side, dtype=bool)
+        for op in ops:
+            store.upsert_grid_layout(conn, config_id=1, number_limit=999, op=op, lo=0,
+                                     side=side, valid=valid,
+                                     answer_index=np.zeros(side * side, dtype=np.int32))
+        q, scale, vmin = quantize_rows(np.random.default_rng(0).standard_normal(
+            (1, side * side)).astype(np.float32))
+        with conn.cursor() as cur, cur.copy(
+                "COPY neuron_grid (model_id, checkpoint_id, config_id, layer, neuron, op, q, "
+                "scale, vmin) FROM STDIN") as cp:
+            for ck in range(1, n_ck + 1):
+                for op in ops:
+                    cp.write_row((1, ck, 1, 3, 7, op, q[0].tobytes(), float(scale[0]),
+                                  float(vmin[0])))
+        conn.execute("INSERT INTO neuron_lens SELECT 1, ck, 1, 3, 7, array_fill(0.1::real, "
+                     "ARRAY[1000]), ARRAY['a'], ARRAY[1::real], ARRAY['b'], ARRAY[-1::real] "
+                     f"FROM generate_series(1, {n_ck}) ck")
+        conn.execute("INSERT INTO layer_result (checkpoint_id, config_id, layer, n_neurons, "
+                     f"n_scores) SELECT ck, 1, l, {d_mlp}, 0 FROM generate_series(1, {n_ck}) ck, "
+                     f"generate_series(0, {n_layers - 1}) l")
+        store.refresh_views(conn)
+        count = conn.execute("SELECT count(*) FROM neuron_op").fetchone()[0]
+    os.environ["DATABASE_URL"] = url
+    neuron = dict(model_id=1, checkpoint_id=n_ck, config_id=1, layer=3, neuron=7)
+    from ui import data
+
+    t = time.perf_counter()
+    unpaged = data.query("SELECT n.*, h.label FROM neuron_op n LEFT JOIN heuristic h ON "
+                         "h.id = n.best_heuristic_id WHERE n.model_id = 1 AND "
+                         f"n.checkpoint_id = {n_ck} ORDER BY n.effect_exact DESC")
+    unpaged_s = time.perf_counter() - t
+    search_s = render("search")
+    result = {"neuron_op_rows": count, "search_s": round(search_s, 3),
+              "neuron_page_s": round(render("neuron", neuron), 3),
+              "unpaged_load_s": round(unpaged_s, 3), "unpaged_rows": len(unpaged),
+              "search_vs_unpaged": round(unpaged_s / search_s, 1)}
+    with store.connect(server.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    save("explorer", result)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
