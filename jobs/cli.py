@@ -111,18 +111,23 @@ def cmd_measure(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from catalog import builtin
-    from catalog.measure import measure
-    from catalog.sources import load_model
+    from jobs.demo import catalog_all
+    from jobs.enqueue import EnqueueError
 
-    builtin.train(builtin.TrainConfig())
-    lm = load_model("builtin")
     t0 = time.perf_counter()
-    res = measure(lm.model, lm.tokenizer, DEMO_CONFIG, provenance=lm.info.as_dict())
-    print(f"built-in model, step {lm.info.checkpoint}: measured in "
-          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts)")
-    print_result(res)
-    return 0
+    try:
+        out = catalog_all(args.model, _config_from_args(args), progress=not args.quiet)
+    except EnqueueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"catalog ready in {time.perf_counter() - t0:.0f} s: {out['jobs']} checkpoints, "
+          f"{out['layers']} layers, in {out['database_url']}")
+    for job_id, step, error in out["failed"]:
+        print(f"job {job_id} (step {step}) failed: {error}", file=sys.stderr)
+    if args.no_serve:
+        return 1 if out["failed"] else 0
+    args.database_url = out["database_url"]
+    return cmd_explore(args)
 
 
 def _url(args) -> str:
@@ -284,7 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ncat", description="The arithmetic neuron catalog.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("demo", help="train the built-in model (cached) and measure it")
+    s = sub.add_parser("demo", help="catalog every built-in checkpoint through the queue, "
+                                    "then serve the explorer")
+    s.add_argument("--model", default="builtin")
+    s.add_argument("--no-serve", action="store_true", help="stop once the catalog is ready")
+    s.add_argument("--port", type=int, default=8501)
+    _measure_options(s)
     s.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("train-builtin", help="train the built-in arithmetic model (cached)")

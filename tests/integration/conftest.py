@@ -15,6 +15,21 @@ from helpers import SEED_CONFIG, SEED_STEPS
 
 
 @pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real Redis: REDIS_URL's, the local one, or an embedded redis-server."""
+    import os
+
+    from jobs.broker import start_embedded_redis
+    from schema.settings import port_open
+
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    if port_open("localhost", 6379):
+        return "redis://localhost:6379/0"
+    return start_embedded_redis(tmp_path_factory.mktemp("redis-home"))
+
+
+@pytest.fixture(scope="session")
 def pg_server(tmp_path_factory):
     """URL of a real server to create test databases on."""
     return resolve_database_url(Settings(ncat_home=tmp_path_factory.mktemp("pg")))

@@ -18,23 +18,12 @@ from catalog.config import MeasureConfig
 from catalog.measure import measure
 from catalog.sources import load_model
 from jobs import enqueue as enq
-from jobs.broker import start_embedded_redis
 from schema import store
-from schema.settings import port_open
 
 from tiny_model import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, faithfulness_prompts=20)
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory):
-    if os.environ.get("REDIS_URL"):
-        return os.environ["REDIS_URL"]
-    if port_open("localhost", 6379):
-        return "redis://localhost:6379/0"
-    return start_embedded_redis(tmp_path_factory.mktemp("redis-home"))
 
 
 @pytest.fixture
@@ -99,7 +88,7 @@ def count(url, sql, args=()):
 
 def dump(url):
     with store.connect(url) as conn:
-        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {t}").fetchall()
                 for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
 
 

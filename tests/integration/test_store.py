@@ -66,7 +66,7 @@ def layer_data(tiny_builtin):
 
 def dump(url):
     with store.connect(url) as conn:
-        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3, 4, 5, 6").fetchall()
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {t}").fetchall()
                 for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
 
 

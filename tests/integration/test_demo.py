@@ -1,0 +1,39 @@
+"""The demo's non-interactive part, end to end on a small configuration."""
+
+import time
+
+from catalog.builtin import model_name
+from catalog.config import MeasureConfig
+from jobs.demo import catalog_all
+from schema import store
+
+from tiny_model import TINY
+
+
+def test_demo_catalogs_every_checkpoint_then_reuses_everything(db, redis_url, tiny_builtin,
+                                                               monkeypatch):
+    _, root = tiny_builtin
+    monkeypatch.setenv("DATABASE_URL", db)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    monkeypatch.setenv("NCAT_QUEUE", f"demo-test-{time.time_ns()}")
+    config = MeasureConfig(operand_hi=12, pairs_per_op=8, faithfulness_prompts=20)
+    out = catalog_all(model_name(TINY), config, progress=False)
+    steps = TINY.checkpoint_steps()
+    assert out["jobs"] == len(steps) and out["failed"] == []
+    assert out["layers"] == len(steps) * TINY.n_layers
+    with store.connect(db) as conn:
+        def one(sql):
+            return conn.execute(sql).fetchone()[0]
+
+        assert [r[0] for r in conn.execute("SELECT step FROM checkpoint ORDER BY step")] == steps
+        assert one("SELECT count(*) FROM neuron_op") == len(steps) * TINY.n_layers * TINY.d_mlp * 4
+        assert one("SELECT count(*) FROM checkpoint_summary") == len(steps)
+        assert one("SELECT count(*) FROM heuristic") > 100
+        assert one("SELECT count(DISTINCT step) FROM checkpoint_overlap") == len(steps)
+        assert one("SELECT max(share) FROM checkpoint_overlap") == 1
+        assert one("SELECT count(*) FROM heuristic_census") > 0
+        assert one("SELECT count(*) FROM heuristic_emergence") > 0
+    t0 = time.perf_counter()
+    again = catalog_all(model_name(TINY), config, progress=False)
+    assert again["jobs"] == len(steps) and time.perf_counter() - t0 < 15
