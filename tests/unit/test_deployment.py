@@ -1,0 +1,58 @@
+"""docker-compose.yml and the Dockerfile, checked by reading them (no Docker engine here)."""
+
+import shlex
+from pathlib import Path
+
+import yaml
+
+from jobs.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose():
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def ncat_commands() -> set[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return set(sub.choices)
+
+
+def test_services_healthchecks_and_dependencies():
+    services = compose()["services"]
+    assert set(services) == {"postgres", "redis", "migrate", "worker", "explorer"}
+    for name in ("postgres", "redis"):
+        check = services[name]["healthcheck"]["test"]
+        assert check[0] in ("CMD", "CMD-SHELL") and len(check) > 1
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("worker", "explorer"):
+        deps = services[name]["depends_on"]
+        assert deps["migrate"]["condition"] == "service_completed_successfully"
+        assert deps["redis"]["condition"] == "service_healthy"
+    gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["capabilities"] == ["gpu"] and gpu["driver"] == "nvidia"
+    assert services["explorer"]["ports"] == ["${EXPLORER_PORT:-8501}:8501"]
+
+
+def test_every_command_exists_in_the_project():
+    known = ncat_commands()
+    for name, service in compose()["services"].items():
+        cmd = service.get("command")
+        if name in ("migrate", "worker", "explorer"):
+            assert cmd[0] == "ncat" and cmd[1] in known, (name, cmd)
+            build_parser().parse_args(cmd[1:])  # the arguments are valid too
+        env = service.get("environment", {})
+        for key in ("DATABASE_URL", "REDIS_URL"):
+            if name in ("migrate", "worker", "explorer"):
+                assert key in env and ":-" in env[key]  # overridable, with a default
+
+
+def test_dockerfile_copies_what_exists():
+    text = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir torch==2.13.0" in text
+    assert text.index("torch==2.13.0") < text.index("pip install --no-cache-dir .")
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for src in shlex.split(line)[1:-1]:
+                assert (ROOT / src).exists(), src
