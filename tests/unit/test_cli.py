@@ -48,3 +48,10 @@ def test_every_command_has_help():
             "worker", "status", "cancel", "retry", "export", "explore"} <= set(sub.choices)
     for name, p in sub.choices.items():
         assert p.format_help().strip(), name
+
+
+def test_readme_cli_reference_matches_the_parser():
+    from jobs.cli_reference import README, reference, section
+
+    assert section(README.read_text()) == reference().strip(), (
+        "README's command-line reference is stale: run python -m jobs.cli_reference --write")
