@@ -11,7 +11,7 @@ import torch
 
 from catalog import builtin
 from catalog.config import MeasureConfig
-from catalog.measure import measure_layer, prepare, summarize
+from catalog.measurement import measure_layer, prepare, summarize
 from catalog.sources import load_model
 
 from _common import save

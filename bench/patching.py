@@ -8,7 +8,7 @@ import torch
 
 from catalog import builtin
 from catalog.config import MeasureConfig
-from catalog.measure import prepare
+from catalog.measurement import prepare
 from catalog.patching import exact_patching
 from catalog.prompts import sample_pairs
 from catalog.sources import load_model

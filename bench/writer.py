@@ -11,7 +11,7 @@ import torch
 
 from catalog import builtin
 from catalog.config import MeasureConfig
-from catalog.measure import measure_layer, prepare
+from catalog.measurement import measure_layer, prepare
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import store

@@ -12,9 +12,9 @@ import importlib
 
 _EXPORTS = {
     "MeasureConfig": "catalog.config",
-    "CheckpointResult": "catalog.measure",
-    "LayerResult": "catalog.measure",
-    "measure": "catalog.measure",
+    "CheckpointResult": "catalog.measurement",
+    "LayerResult": "catalog.measurement",
+    "measure": "catalog.measurement",
     "LoadedModel": "catalog.sources",
     "ModelInfo": "catalog.sources",
     "ModelSourceError": "catalog.sources",

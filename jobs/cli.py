@@ -92,7 +92,7 @@ def cmd_checkpoints(args) -> int:
 
 
 def cmd_measure(args) -> int:
-    from catalog.measure import measure
+    from catalog.measurement import measure
     from catalog.sources import ModelSourceError, load_model
 
     config = _config_from_args(args)

@@ -77,7 +77,7 @@ def _config(conn, config_id: int):
 
 def _prepared(conn, job: JobRow, layer: int):
     """(LoadedModel, Prepared, CatalogIds) for the job, cached per process."""
-    from catalog.measure import prepare
+    from catalog.measurement import prepare
     from jobs.store_results import register, write_layouts
 
     lm = _loaded(job)
@@ -131,7 +131,7 @@ def process_layer(url: str, job_id: int, layer: int, worker: str) -> str:
 
 
 def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str:
-    from catalog.measure import measure_layer
+    from catalog.measurement import measure_layer
     from jobs.store_results import layer_rows
 
     done = conn.execute("SELECT status FROM job_layer WHERE job_id = %s AND layer = %s",
@@ -194,7 +194,7 @@ def finalize_if_complete(conn, job_id: int) -> bool:
 
 def _summarize(conn, job: JobRow) -> None:
     """Checkpoint summary from the stored layers (any worker may have written them)."""
-    from catalog.measure import summarize
+    from catalog.measurement import summarize
     from jobs.store_results import summary_dict
 
     lm, prep, ids = _prepared(conn, job, job.layers[0])
@@ -228,7 +228,7 @@ def stored_effects_and_matches(conn, ids, config, n_layers: int, d_mlp: int):
     """Effects (d_mlp, n_ops) and the Matches the summary uses (score >= the config's
     match threshold; the summary looks at no other), read back from the store."""
     from catalog.heuristics import Heuristic
-    from catalog.measure import Matches
+    from catalog.measurement import Matches
 
     ops = list(config.operators)
     column = "effect_exact" if "exact" in config.patching else "effect_attr"

@@ -16,7 +16,7 @@ import numpy as np
 import psycopg
 
 from catalog.config import CATALOG_VERSION, MeasureConfig
-from catalog.measure import LayerResult, Prepared, Summary, measure_layer, prepare, summarize
+from catalog.measurement import LayerResult, Prepared, Summary, measure_layer, prepare, summarize
 from catalog.sources import LoadedModel
 from schema import store
 

@@ -16,7 +16,7 @@ def _import_the_science(**_) -> None:
     """Import torch and the catalog in each pool process as it starts, not on its first
     task (several seconds). The parent process never imports them, so CUDA is never
     initialised there."""
-    import catalog.measure  # noqa: F401
+    import catalog.measurement  # noqa: F401
     import catalog.sources  # noqa: F401
     import jobs.runner  # noqa: F401
 

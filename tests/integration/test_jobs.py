@@ -15,7 +15,7 @@ import redis
 
 from catalog.builtin import model_name
 from catalog.config import MeasureConfig
-from catalog.measure import measure
+from catalog.measurement import measure
 from catalog.sources import load_model
 from jobs import enqueue as enq
 from schema import store

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from catalog.builtin import model_name
-from catalog.measure import measure
+from catalog.measurement import measure
 from catalog.sources import load_model
 from schema import store
 

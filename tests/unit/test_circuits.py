@@ -7,7 +7,7 @@ import torch
 from catalog import circuits
 from catalog.config import MeasureConfig
 from catalog.heuristics import Heuristic
-from catalog.measure import prepare
+from catalog.measurement import prepare
 from catalog.sources import load_model
 
 

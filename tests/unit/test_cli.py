@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_worker_parent_process_never_imports_torch():
     """CUDA can only be initialised by code that imports torch: the Celery parent must not."""
     code = ("import sys, jobs.cli, jobs.celery_app, jobs.tasks; "
-            "print('torch' in sys.modules, 'catalog.measure' in sys.modules)")
+            "print('torch' in sys.modules, 'catalog.measurement' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=True)
     assert out.stdout.split() == ["False", "False"]

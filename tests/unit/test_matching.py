@@ -16,7 +16,7 @@ from catalog.matching import (
     reference_score,
     score_partitions,
 )
-from catalog.measure import measure_layer, prepare
+from catalog.measurement import measure_layer, prepare
 
 
 def grid_cells(op: str, hi: int, lo: int = 0, limit: int = 999) -> Cells:

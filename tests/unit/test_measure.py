@@ -6,7 +6,7 @@ import torch
 
 from catalog.config import MeasureConfig
 from catalog.matching import reference_score
-from catalog.measure import measure
+from catalog.measurement import measure
 from catalog.offline import write_llama_gguf
 from catalog.sources import load_model
 from catalog.tokens import number_token_ids

@@ -8,7 +8,7 @@ from transformer_lens import HookedTransformer
 from catalog.builtin import builtin_model_config, builtin_tokenizer
 from catalog.config import MeasureConfig
 from catalog.grids import post_hook_name
-from catalog.measure import prepare
+from catalog.measurement import prepare
 from catalog.patching import (
     attribution_patching,
     effect_from_logprobs,

@@ -1,0 +1,60 @@
+"""The documentation cannot drift from the code: every `ncat` command shown in the README and
+the analyst's guide parses with the real command line, the scripts it names exist, and the
+README's Python example runs."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from jobs.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "queries.md"]
+
+
+def shell_lines(path: Path) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+    lines = []
+    for block in blocks:
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            lines.extend(part.strip() for part in line.split(";") if part.strip())
+    return lines
+
+
+def ncat_commands() -> list[str]:
+    return [line for path in DOCS for line in shell_lines(path) if line.startswith("ncat ")]
+
+
+def test_the_docs_show_commands():
+    assert len(ncat_commands()) >= 12
+
+
+@pytest.mark.parametrize("line", ncat_commands())
+def test_every_documented_command_parses(line):
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    assert callable(args.fn)
+
+
+def test_scripts_named_in_the_readme_exist():
+    for line in shell_lines(ROOT / "README.md"):
+        if line.startswith("bash "):
+            assert (ROOT / shlex.split(line)[1]).exists(), line
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/test.sh" in ci
+    assert shell_lines(ROOT / "README.md")[:2] == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+
+
+@pytest.mark.slow
+def test_readme_python_example_runs():
+    from catalog import builtin
+
+    builtin.train(builtin.TrainConfig(), progress=False)  # cached after the first time
+    code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)[1]
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102
+    result = scope["result"]
+    assert set(result.layers) == {0, 1} and result.summary is not None
+    assert scope["layer"].effect_exact.shape == (512, 4)
