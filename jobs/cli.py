@@ -17,10 +17,7 @@ from catalog.config import MeasureConfig
 
 # Only light modules are imported here: `ncat worker` must not import torch in the
 # worker's parent process. Commands import the science when they run.
-
-# The demo catalogs operands in [0, 100): on 2 CPU cores a full built-in checkpoint
-# then takes well under a minute (the paper's [0, 300) grid takes about 9x longer).
-DEMO_CONFIG = MeasureConfig(operand_hi=100)
+from jobs.demo import DEMO_CONFIG  # noqa: E402  (light: catalog.config only)
 
 
 def _parse_layers(text: str | None) -> list[int] | None:

@@ -210,18 +210,8 @@ def _summarize(conn, job: JobRow) -> None:
         summary = summarize(lm.model, prep, effects, matches)
         with conn.transaction():
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
-                                summary=summary_dict(summary, _as_layers(matches),
-                                                     prep.config))
+                                summary=summary_dict(summary, matches, prep.config))
     store.refresh_views(conn)
-
-
-class _LayerMatches:
-    def __init__(self, matches):
-        self.matches = matches
-
-
-def _as_layers(matches: dict) -> dict:
-    return {layer: _LayerMatches(m) for layer, m in matches.items()}
 
 
 def stored_effects_and_matches(conn, ids, config, n_layers: int, d_mlp: int):

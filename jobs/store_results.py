@@ -16,7 +16,15 @@ import numpy as np
 import psycopg
 
 from catalog.config import CATALOG_VERSION, MeasureConfig
-from catalog.measurement import LayerResult, Prepared, Summary, measure_layer, prepare, summarize
+from catalog.measurement import (
+    LayerResult,
+    Matches,
+    Prepared,
+    Summary,
+    measure_layer,
+    prepare,
+    summarize,
+)
 from catalog.sources import LoadedModel
 from schema import store
 
@@ -107,14 +115,14 @@ def _clean(x):
     return x
 
 
-def summary_dict(summary: Summary, layers: dict[int, LayerResult], config: MeasureConfig) -> dict:
+def summary_dict(summary: Summary, matches: dict[int, Matches], config: MeasureConfig) -> dict:
     """The checkpoint_summary row: summary plus heuristic-neuron counts per operator."""
     counts = {}
     for o, op in enumerate(config.operators):
         n = 0
-        for lr in layers.values():
-            sel = (lr.matches.op == o) & (lr.matches.score >= config.match_threshold)
-            n += len(np.unique(lr.matches.neuron[sel]))
+        for m in matches.values():
+            sel = (m.op == o) & (m.score >= config.match_threshold)
+            n += len(np.unique(m.neuron[sel]))
         counts[op] = n
     return _clean({
         "accuracy": summary.accuracy,
@@ -150,6 +158,8 @@ def catalog_checkpoint(
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
                                     config_id=ids.config_id,
-                                    summary=summary_dict(summ, results, config))
+                                    summary=summary_dict(
+                                        summ, {k: v.matches for k, v in results.items()},
+                                        config))
                 store.refresh_views(conn)
     return ids
