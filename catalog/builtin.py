@@ -14,6 +14,7 @@ runs on it exactly as on a hub model.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -283,7 +284,6 @@ def train(
     Returns the checkpoint folder. Deterministic for a given config on a given
     torch build: the seed fixes initialisation, the split and every batch.
     """
-    from tqdm.auto import tqdm
 
     cfg = cfg or TrainConfig()
     out = checkpoint_dir(cfg, root)
@@ -292,6 +292,20 @@ def train(
         log.info("built-in checkpoints already cached in %s", out)
         return out
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".training.lock", "w") as lock:
+        # one trainer per folder: a second process (another demo, a test) waits, then
+        # finds the finished run
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
+            return out
+        _train(cfg, root, out, schedule, progress)
+    return out
+
+
+def _train(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[int],
+           progress: bool) -> None:
+    from tqdm.auto import tqdm
+
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2, sort_keys=True))
 
     torch.manual_seed(cfg.seed)
@@ -334,7 +348,6 @@ def train(
         if step % 50 == 0:
             bar.set_postfix_str(f"loss={loss_val:.3f}", refresh=False)
     bar.close()
-    return out
 
 
 def _save_checkpoint(

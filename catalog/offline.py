@@ -52,42 +52,50 @@ def number_tokenizer(limit: int = PYTHIA_SINGLE_TOKEN_LIMIT) -> PreTrainedTokeni
     )
 
 
-def pythia_like_config(vocab_size: int):
-    """GPT-NeoX config with Pythia-14m's shape."""
+PYTHIA_14M_SHAPE = dict(hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
+                        intermediate_size=512)
+
+
+def pythia_like_config(vocab_size: int, shape: dict | None = None):
+    """GPT-NeoX config with Pythia's architecture and Pythia-14m's shape (or ``shape``:
+    hidden_size, num_hidden_layers, num_attention_heads, intermediate_size)."""
     from transformers import GPTNeoXConfig
 
     return GPTNeoXConfig(
-        vocab_size=vocab_size, hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
-        intermediate_size=512, rotary_pct=0.25, rotary_emb_base=10000,
-        use_parallel_residual=True, max_position_embeddings=2048, hidden_act="gelu",
-        layer_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, tie_word_embeddings=False,
+        vocab_size=vocab_size, **(shape or PYTHIA_14M_SHAPE), rotary_pct=0.25,
+        rotary_emb_base=10000, use_parallel_residual=True, max_position_embeddings=2048,
+        hidden_act="gelu", layer_norm_eps=1e-5, bos_token_id=0, eos_token_id=0,
+        tie_word_embeddings=False,
     )
 
 
-def write_local_model(path: Path, seed: int = 0, tokenizer=None) -> Path:
-    """Save a randomly initialised Pythia-shaped model and its tokenizer to ``path``."""
+def write_local_model(path: Path, seed: int = 0, tokenizer=None,
+                      shape: dict | None = None) -> Path:
+    """Save a randomly initialised Pythia-like model and its tokenizer to ``path``."""
     from transformers import GPTNeoXForCausalLM
 
     tokenizer = tokenizer or number_tokenizer()
     torch.manual_seed(seed)
-    model = GPTNeoXForCausalLM(pythia_like_config(len(tokenizer)))
+    model = GPTNeoXForCausalLM(pythia_like_config(len(tokenizer), shape))
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 
 
-def write_pythia_cache(hub_cache: Path, steps: list[int], repo: str = PYTHIA_REPO) -> Path:
+def write_pythia_cache(hub_cache: Path, steps: list[int], repo: str = PYTHIA_REPO,
+                       shape: dict | None = None) -> Path:
     """Write ``repo`` at each step as a Hugging Face cache entry; refs/main is the last step.
 
     ``hub_cache`` is what ``HF_HUB_CACHE`` points at. Each step gets its own seed, so
-    the weights (and their hashes) differ per step.
+    the weights (and their hashes) differ per step. ``shape`` overrides Pythia-14m's
+    (a small stand-in keeps a many-checkpoint test quick).
     """
     folder = hub_cache / ("models--" + repo.replace("/", "--"))
     (folder / "refs").mkdir(parents=True, exist_ok=True)
     for step in steps:
         commit = hashlib.sha1(f"{repo}@step{step}".encode()).hexdigest()
-        write_local_model(folder / "snapshots" / commit, seed=step)
+        write_local_model(folder / "snapshots" / commit, seed=step, shape=shape)
         (folder / "refs" / f"step{step}").write_text(commit)
     (folder / "refs" / "main").write_text((folder / "refs" / f"step{max(steps)}").read_text())
     return folder

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,13 @@ def _parse_layers(text: str | None) -> list[int] | None:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SystemExit(f"--layers must be comma-separated integers, got {text!r}") from None
+
+
+def _default_port() -> int:
+    value = os.environ.get("NCAT_EXPLORER_PORT", "8501")
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise SystemExit(f"NCAT_EXPLORER_PORT must be a port number, got {value!r}")
+    return int(value)
 
 
 def _config_from_args(args) -> MeasureConfig:
@@ -143,19 +151,29 @@ def cmd_migrate(args) -> int:
 
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
-    from catalog.sources import ModelSourceError, load_model
+    from catalog.sources import ModelSourceError, canonical_name, load_model
     from jobs.enqueue import parse_checkpoints
     from jobs.store_results import catalog_checkpoint
+    from schema import store
     from schema.engine import migrate
 
     config = _config_from_args(args)
+    layers = _parse_layers(args.layers)
     try:
+        name = canonical_name(args.model)
         steps = parse_checkpoints(args.model, args.checkpoints)
         url = migrate(_url(args))
         for step in steps:
+            if not args.force:
+                with store.connect(url) as conn:
+                    have = store.find_stored(conn, model_name=name, step=step,
+                                             config_hash=config.config_hash())
+                if have and have.covers(layers):
+                    print(f"{name} step {step}: already in the catalog (--force recomputes)")
+                    continue
             lm = load_model(args.model, step, device=args.device)
             t0 = time.perf_counter()
-            ids = catalog_checkpoint(url, lm, config, layers=_parse_layers(args.layers),
+            ids = catalog_checkpoint(url, lm, config, layers=layers,
                                      progress=not args.quiet)
             print(f"{lm.info.name} step {step}: stored in {time.perf_counter() - t0:.1f} s "
                   f"(checkpoint id {ids.checkpoint_id}, config id {ids.config_id})")
@@ -193,8 +211,12 @@ def cmd_enqueue(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for j in jobs:
-        what = "queued" if j.created else ("queued again (--force)" if args.force
-                                           else "exists already")
+        if j.stored:
+            what = "already in the catalog, nothing queued (--force recomputes)"
+        elif j.created:
+            what = "queued"
+        else:
+            what = "queued again (--force)" if args.force else "exists already"
         print(f"job {j.job_id}: {j.model} step {j.step}, {len(j.layers)} layers: {what}")
     return 0
 
@@ -212,7 +234,6 @@ def cmd_worker(args) -> int:
 
 def cmd_explore(args) -> int:
     """Serve the Streamlit explorer (prints its URL)."""
-    import os
     import subprocess
 
     env = dict(os.environ)
@@ -290,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "then serve the explorer")
     s.add_argument("--model", default="builtin")
     s.add_argument("--no-serve", action="store_true", help="stop once the catalog is ready")
-    s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--port", type=int, default=_default_port(),
+                   help="the explorer's port (default: $NCAT_EXPLORER_PORT or 8501)")
     _measure_options(s)
     s.set_defaults(fn=cmd_demo)
 
@@ -318,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="'builtin', a hub name, a local HF directory or a .gguf file")
     s.add_argument("--checkpoints", default=None,
                    help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    s.add_argument("--force", action="store_true",
+                   help="recompute checkpoints the catalog holds already")
     s.add_argument("--database-url", default=None, help=db_help)
     _measure_options(s)
     s.set_defaults(fn=cmd_catalog)
@@ -346,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_status)
 
     s = sub.add_parser("explore", help="serve the Streamlit explorer")
-    s.add_argument("--port", type=int, default=8501)
+    s.add_argument("--port", type=int, default=_default_port(),
+                   help="the explorer's port (default: $NCAT_EXPLORER_PORT or 8501)")
     s.add_argument("--database-url", default=None, help=db_help)
     s.set_defaults(fn=cmd_explore)
 

@@ -2,9 +2,11 @@
 
 A job is (model, checkpoint, measurement config, layers). Its key is a hash of those,
 so enqueueing the same work again finds the existing job instead of redoing it
-(``force`` recomputes it). Everything is validated before anything is written or
-queued: unknown models or checkpoints, operand ranges beyond the tokenizer's
-single-token limit, unknown operators, empty or out-of-range layer sets.
+(``force`` recomputes it). Work the catalog already holds (stored by ``ncat catalog``,
+or by an earlier job under another key) becomes a job that is done at once. Everything
+is validated before anything is written or queued: unknown models or checkpoints,
+operand ranges beyond the tokenizer's single-token limit, unknown operators, empty or
+out-of-range layer sets.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class Enqueued:
     step: int | None
     layers: list[int]
     created: bool  # False: the same job existed already
+    stored: bool = False  # True: new, but the catalog held all of it, so nothing was queued
 
 
 def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None = None,
@@ -122,18 +125,25 @@ def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None
                                         catalog_version=CATALOG_VERSION)
         for p in planned:
             key = job_key(p.model, p.step, config, p.layers)
+            have = None if force else store.find_stored(
+                conn, model_name=p.model, step=p.step, config_hash=config.config_hash())
+            done = have is not None and have.covers(p.layers)
             row = conn.execute(
                 "INSERT INTO job (job_key, model_name, step, config_id, layers, device, force, "
-                "status) VALUES (%s, %s, %s, %s, %s, %s, %s, 'queued') "
-                "ON CONFLICT (job_key) DO NOTHING RETURNING id",
-                (key, p.model, p.step, config_id, p.layers, device, force)).fetchone()
+                "status, checkpoint_id, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s, CASE WHEN %s THEN now() END) ON CONFLICT (job_key) DO NOTHING RETURNING id",
+                (key, p.model, p.step, config_id, p.layers, device, force,
+                 "done" if done else "queued", have.checkpoint_id if have else None,
+                 done)).fetchone()
             if row:
                 job_id = row[0]
                 for layer in p.layers:
-                    conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts) "
-                                 "VALUES (%s, %s, 'queued', 0)", (job_id, layer))
-                to_send += [(job_id, layer) for layer in p.layers]
-                results.append(Enqueued(job_id, p.model, p.step, p.layers, True))
+                    conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts, "
+                                 "finished_at) VALUES (%s, %s, %s, 0, CASE WHEN %s THEN now() "
+                                 "END)", (job_id, layer, "done" if done else "queued", done))
+                if not done:
+                    to_send += [(job_id, layer) for layer in p.layers]
+                results.append(Enqueued(job_id, p.model, p.step, p.layers, True, stored=done))
                 continue
             job_id = conn.execute("SELECT id FROM job WHERE job_key = %s", (key,)).fetchone()[0]
             if force:

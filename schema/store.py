@@ -274,6 +274,46 @@ def stored_layers(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
         "ORDER BY layer", (checkpoint_id, config_id)).fetchall()]
 
 
+@dataclass
+class Stored:
+    """What the catalog already holds of one (model, step, config), found by name."""
+
+    checkpoint_id: int
+    n_layers: int
+    layers: list[int]
+    summary: bool
+
+    def covers(self, layers: list[int] | None = None) -> bool:
+        """True when every one of ``layers`` (default: all) is stored, and the checkpoint
+        summary too where they are all the model's layers (only then is one computed)."""
+        every = set(range(self.n_layers))
+        want = every if layers is None else set(layers)
+        return want <= set(self.layers) and (self.summary or want != every)
+
+
+def find_stored(conn: psycopg.Connection, *, model_name: str, step: int | None,
+                config_hash: str) -> Stored | None:
+    """The stored layers of a checkpoint under a config, without loading any weights.
+
+    ``model_name`` is the canonical name (``catalog.sources.canonical_name``); a step of
+    None means the model's only weights. None when the checkpoint was never stored.
+    """
+    row = conn.execute(
+        "SELECT c.id, m.n_layers, (SELECT id FROM measure_config WHERE config_hash = %s) "
+        "FROM checkpoint c JOIN model m ON m.id = c.model_id "
+        "WHERE m.name = %s AND c.step IS NOT DISTINCT FROM %s",
+        (config_hash, model_name, step)).fetchone()
+    if row is None:
+        return None
+    checkpoint_id, n_layers, config_id = row
+    if config_id is None:
+        return Stored(checkpoint_id, n_layers, [], False)
+    summary = conn.execute("SELECT 1 FROM checkpoint_summary WHERE checkpoint_id = %s AND "
+                           "config_id = %s", (checkpoint_id, config_id)).fetchone()
+    return Stored(checkpoint_id, n_layers, stored_layers(
+        conn, checkpoint_id=checkpoint_id, config_id=config_id), summary is not None)
+
+
 # ------------------------------------------------------------------ reads
 
 

@@ -14,16 +14,19 @@ fi
 [ -n "$PY" ] || { echo "setup: Python 3.11 is required (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
 
 # System packages: Chromium for the explorer's browser test, redis-server for the embedded
-# broker fallback. Installed with apt where we are root on Debian; otherwise say so.
+# broker fallback, psql for the analysts (the README's psql line is run by a test).
+# Installed with apt where we are root on Debian; otherwise say so.
 missing=""
 command -v chromium >/dev/null || missing="$missing chromium"
 command -v redis-server >/dev/null || missing="$missing redis-server"
+command -v psql >/dev/null || missing="$missing postgresql-client"
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing$missing with apt-get"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
   else
-    echo "setup: please install$missing (Debian packages) for the browser test and the Redis fallback" >&2
+    echo "setup: please install$missing (Debian packages) for the browser test, the Redis" \
+         "fallback and psql" >&2
   fi
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv

@@ -1,8 +1,11 @@
 """Constants and helpers shared by the integration tests."""
 
+import uuid
+
 from sqlalchemy.engine import make_url
 
 from catalog.config import MeasureConfig
+from schema import store
 
 SEED_STEPS = (64, 128, 300)
 SEED_CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40)
@@ -12,3 +15,16 @@ def reader_url(url: str) -> str:
     """The same database, as the read-only analysts' role."""
     return make_url(url).set(username="catalog_reader", password=None).render_as_string(
         hide_password=False)
+
+
+def new_database_url(server_url: str) -> str:
+    """A URL for a new database on the server (created by whoever connects first)."""
+    url = make_url(server_url).set(database=f"ncat_test_{uuid.uuid4().hex[:10]}")
+    return url.render_as_string(hide_password=False)
+
+
+def drop_database(url: str) -> None:
+    u = make_url(url)
+    admin = u.set(database="postgres").render_as_string(hide_password=False)
+    with store.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')

@@ -191,6 +191,37 @@ def test_same_work_twice_is_one_job_and_force_gives_identical_rows(queue):
     assert dump(queue.url) == before
 
 
+def test_work_already_in_the_catalog_is_not_computed_again(queue, capsys):
+    """`ncat catalog` twice computes once; `ncat enqueue` of stored work queues nothing,
+    but a layer set the catalog does not fully hold is queued."""
+    args = ["--checkpoints", "128,300", "--hi", "12", "--pairs", "8", "--quiet",
+            "--database-url", queue.url]
+    from jobs.cli import main
+
+    assert main(["catalog", queue.name, "--layers", "0"] + args) == 0
+    written = "SELECT count(*), max(written_at) FROM layer_result"
+    before = count(queue.url, written.replace("count(*), ", ""))
+    assert main(["catalog", queue.name, "--layers", "0"] + args) == 0
+    out = capsys.readouterr().out
+    assert out.count("already in the catalog") == 2, out
+    assert count(queue.url, written.replace("count(*), ", "")) == before
+    assert count(queue.url, "SELECT count(*) FROM layer_result") == 2
+
+    config = MeasureConfig(operand_hi=12, pairs_per_op=8)
+    jobs = enq.enqueue(queue.url, queue.name, "128,300", config, layers=[0])
+    assert [(j.created, j.stored) for j in jobs] == [(True, True), (True, True)]
+    assert all(s.status == "done" and s.layers_done == 1 for s in statuses(queue.url).values())
+    assert queue.queued_messages() == 0
+    # all layers: layer 1 is missing, so the job is queued
+    whole = enq.enqueue(queue.url, queue.name, "300", config)
+    assert (whole[0].created, whole[0].stored) == (True, False)
+    assert queue.queued_messages() == TINY.n_layers
+    # --force recomputes even what is stored
+    forced = enq.enqueue(queue.url, queue.name, "128", config, layers=[1, 0], force=True)
+    assert (forced[0].created, forced[0].stored) == (True, False)
+    assert queue.queued_messages() == TINY.n_layers + 2
+
+
 BAD = [
     (dict(model="no-such-model"), "unknown model 'no-such-model'"),
     (dict(model=""), "model name is empty"),

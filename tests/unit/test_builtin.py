@@ -22,6 +22,30 @@ def test_training_is_deterministic_and_cached(tiny_builtin, tmp_path):
     assert os.stat(final).st_mtime_ns == mtime
 
 
+def test_a_second_trainer_waits_for_the_first_then_reuses_its_run(tiny_builtin, tmp_path):
+    """Two demos (or a demo and a test) starting at once must not both train into one folder."""
+    import fcntl
+    import shutil
+    import threading
+
+    cfg, root = tiny_builtin
+    folder = tmp_path / cfg.key()
+    folder.mkdir()
+    with open(folder / ".training.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" is training
+        waiter = threading.Thread(target=builtin.train, args=(cfg, tmp_path, False))
+        waiter.start()
+        waiter.join(2.0)
+        assert waiter.is_alive()  # it waits for the lock instead of training alongside
+        for f in (root / cfg.key()).iterdir():  # the other process finishes its run
+            if not f.name.startswith("."):
+                shutil.copy2(f, folder / f.name)
+        mtimes = {f.name: os.stat(f).st_mtime_ns for f in folder.iterdir()}
+    waiter.join(60)
+    assert not waiter.is_alive()
+    assert {f.name: os.stat(f).st_mtime_ns for f in folder.iterdir()} == mtimes  # nothing redone
+
+
 def test_tiny_model_learns_something(tiny_builtin):
     cfg, root = tiny_builtin
     first = json.loads((root / cfg.key() / "step0.json").read_text())

@@ -4,24 +4,12 @@ README's Python example runs."""
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from jobs.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "queries.md"]
-
-
-def shell_lines(path: Path) -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
-    lines = []
-    for block in blocks:
-        for line in block.splitlines():
-            line = line.split("  #")[0].strip()
-            lines.extend(part.strip() for part in line.split(";") if part.strip())
-    return lines
+from shell_docs import DOCS, ROOT, shell_lines
 
 
 def ncat_commands() -> list[str]:

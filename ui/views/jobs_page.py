@@ -43,7 +43,9 @@ def queue(model, checkpoints, lo, hi, pairs, ops, force) -> None:
     except Exception as exc:  # broker unreachable and the like
         st.error(f"Could not queue: {type(exc).__name__}: {exc}")
         return
-    new = sum(j.created for j in done)
-    st.success(f"{new} job(s) queued, {len(done) - new} existed already: "
+    stored = sum(j.stored for j in done)
+    new = sum(j.created for j in done) - stored
+    st.success(f"{new} job(s) queued, {len(done) - new - stored} existed already, {stored} "
+               "already in the catalog: "
                + ", ".join(f"#{j.job_id} (step {j.step})" for j in done))
     data.jobs.clear()

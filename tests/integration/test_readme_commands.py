@@ -1,0 +1,344 @@
+"""Every shell command that README.md and docs/queries.md show, run for real and in the
+order a reader meets them, in one environment: a fresh database on the test server, the
+test Redis with a queue of its own, and the offline hub cache, which holds a small
+stand-in for EleutherAI/pythia-70m at the README's 15 steps.
+
+Each documented line has a runner in RUNNERS; a line without one fails the first test,
+so a new command in the docs needs a check before it lands. Lines run through bash as
+written, with four exceptions, each for a reason:
+- the explorer's port comes from NCAT_EXPLORER_PORT (a free port; 8501 may be taken);
+- psql gets this test's database in its URL and reads its query from stdin;
+- the Pythia lines run with `--hi 30` instead of `--hi 300`: the [0, 300) grid has
+  about 230,000 prompts, which takes one to two minutes per checkpoint on 2 CPU cores
+  even for the small stand-in, and the lines name 15 checkpoints;
+- `bash scripts/test.sh` is not run: it is this test suite (.ci/run calls it, see
+  tests/unit/test_readme.py).
+
+The demo trains the default built-in model unless ~/.cache/neuron-catalog holds it
+(about 6 minutes on 2 cores; tests/unit/test_builtin.py uses the same cache), then
+catalogs its 14 checkpoints through the queue (a few minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import redis
+from sqlalchemy.engine import make_url
+
+from catalog import builtin
+from catalog.offline import write_pythia_cache
+from schema import store
+
+from helpers import drop_database, new_database_url, reader_url
+from shell_docs import ROOT, documented_lines
+
+pytestmark = pytest.mark.slow
+
+PYTHIA_70M = "EleutherAI/pythia-70m"
+PYTHIA_70M_STEPS = list(range(1000, 143001, 10000))  # the README's 1000:143000:10000
+STAND_IN = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=64)
+PYTHIA_HI = ("--hi 300", "--hi 30")  # see the module docstring
+DEMO_STEPS = builtin.TrainConfig().checkpoint_steps()
+BUILTIN = builtin.model_name(builtin.TrainConfig())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+class Env:
+    """The shared environment, and the processes started in it (stopped at the end)."""
+
+    def __init__(self, url: str, redis_url: str, work: Path):
+        self.url = url
+        self.redis_url = redis_url
+        self.queue = f"readme-{uuid.uuid4().hex[:8]}"
+        self.work = work
+        self.vars = dict(os.environ, DATABASE_URL=url, REDIS_URL=redis_url, NCAT_QUEUE=self.queue,
+                         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+        self.procs: list[subprocess.Popen] = []
+        self.worker: Served | None = None
+        self.outputs: dict[str, str] = {}
+
+    def run(self, line: str, timeout: float = 900, stdin: str | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+        done = subprocess.run(["bash", "-c", line], cwd=cwd or self.work, env=self.vars,
+                              input=stdin, capture_output=True, text=True, timeout=timeout)
+        self.outputs[line] = done.stdout + done.stderr
+        return done
+
+    def start(self, line: str, cwd: Path | None = None, port: int | None = None) -> Served:
+        env = dict(self.vars)
+        if port is not None:
+            env["NCAT_EXPLORER_PORT"] = str(port)
+        proc = subprocess.Popen(["bash", "-c", line], cwd=cwd or self.work, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        self.procs.append(proc)
+        return Served(proc)
+
+    def rows(self, sql: str, args=()) -> list[tuple]:
+        with store.connect(self.url) as conn:
+            return conn.execute(sql, args).fetchall()
+
+    def one(self, sql: str, args=()):
+        return self.rows(sql, args)[0][0]
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+class Served:
+    """A long-running command whose merged output is collected by a thread."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if m := re.search(pattern, line):
+                    return m
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # let the reader finish
+                raise AssertionError(f"exited with {self.proc.returncode} before printing "
+                                     f"{pattern!r}:\n{self.text[-4000:]}")
+            time.sleep(0.5)
+        raise AssertionError(f"no {pattern!r} after {timeout} s:\n{self.text[-4000:]}")
+
+    def stop(self) -> int:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(30)
+
+
+def healthy(port: int, timeout: float = 60) -> str:
+    """The Streamlit server's health answer and its page, once it is up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://localhost:{port}/_stcore/health", timeout=2) as r:
+                health = r.read().decode()
+            with urllib.request.urlopen(f"http://localhost:{port}/", timeout=2) as r:
+                assert r.status == 200 and b"<noscript>" in r.read()
+            return health
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def env(pg_server, redis_url, tmp_path_factory):
+    hub = Path(os.environ["HF_HUB_CACHE"])
+    write_pythia_cache(hub, PYTHIA_70M_STEPS, repo=PYTHIA_70M, shape=STAND_IN)
+    url = new_database_url(pg_server)  # the demo creates and migrates it
+    e = Env(url, redis_url, tmp_path_factory.mktemp("readme-cwd"))
+    yield e
+    e.stop_all()
+    drop_database(url)
+
+
+def layer_writes(env: Env) -> list[tuple]:
+    return env.rows("SELECT checkpoint_id, config_id, layer, written_at FROM layer_result "
+                    "ORDER BY 1, 2, 3")
+
+
+# ---------------------------------------------------------------- the runners, in doc order
+
+
+def demo(env: Env, line: str) -> None:
+    port = _free_port()
+    served = env.start(line, cwd=ROOT, port=port)
+    m = served.wait_for(r"catalog ready in (\d+) s: (\d+) checkpoints, (\d+) layers", 1800)
+    assert (int(m[2]), int(m[3])) == (len(DEMO_STEPS), 2 * len(DEMO_STEPS)), served.text
+    served.wait_for(rf"explorer: http://localhost:{port}", 60)
+    assert healthy(port) == "ok"
+    assert served.stop() in (0, -signal.SIGTERM, 143)
+    n = env.one("SELECT count(*) FROM neuron_op o JOIN model m ON m.id = o.model_id "
+                "WHERE m.name = %s", (BUILTIN,))
+    assert n == len(DEMO_STEPS) * 2 * 512 * 4
+    assert [r[0] for r in env.rows("SELECT step FROM checkpoint ORDER BY step")] == DEMO_STEPS
+    assert env.one("SELECT count(*) FROM checkpoint_summary") == len(DEMO_STEPS)
+    assert env.one("SELECT count(DISTINCT step) FROM checkpoint_overlap") == len(DEMO_STEPS)
+    assert env.one("SELECT count(*) FROM heuristic_census") > 0
+
+    # A second run reuses everything: no job, no layer is computed again, and it serves.
+    before, jobs = layer_writes(env), env.one("SELECT count(*) FROM job")
+    port = _free_port()
+    again = env.start(line, cwd=ROOT, port=port)
+    again.wait_for(rf"explorer: http://localhost:{port}", 300)
+    assert healthy(port) == "ok"
+    again.stop()
+    assert layer_writes(env) == before and env.one("SELECT count(*) FROM job") == jobs
+    assert "cataloging checkpoints" in again.text  # the progress bar, already full
+
+
+def migrate(env: Env, line: str) -> None:
+    done = env.run(line)
+    assert done.returncode == 0 and "migrated to head" in done.stdout, done.stderr
+
+
+def catalog_builtin(env: Env, line: str) -> None:
+    before = layer_writes(env)
+    done = env.run(line)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("already in the catalog") == len(DEMO_STEPS), done.stdout
+    assert layer_writes(env) == before
+
+
+def catalog_pythia(env: Env, line: str) -> None:
+    done = env.run(line.replace(*PYTHIA_HI), timeout=1500)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = env.rows("SELECT c.step, c.revision, count(lr.layer), count(DISTINCT s.config_id) "
+                   "FROM checkpoint c JOIN model m ON m.id = c.model_id "
+                   "JOIN layer_result lr ON lr.checkpoint_id = c.id "
+                   "LEFT JOIN checkpoint_summary s ON s.checkpoint_id = c.id "
+                   "WHERE m.name = %s GROUP BY 1, 2 ORDER BY 1", (PYTHIA_70M,))
+    assert got == [(s, f"step{s}", 2, 1) for s in PYTHIA_70M_STEPS]
+    assert env.one("SELECT operand_hi FROM measure_config c JOIN checkpoint_summary s ON "
+                   "s.config_id = c.id JOIN checkpoint k ON k.id = s.checkpoint_id JOIN model m "
+                   "ON m.id = k.model_id WHERE m.name = %s LIMIT 1", (PYTHIA_70M,)) == 30
+    assert env.one("SELECT count(DISTINCT weights_hash) FROM checkpoint c JOIN model m ON "
+                   "m.id = c.model_id WHERE m.name = %s", (PYTHIA_70M,)) == 15
+
+
+def export(env: Env, line: str) -> None:
+    args = shlex.split(line)
+    out = env.work / args[args.index("--out") + 1]
+    out.unlink(missing_ok=True)
+    done = env.run(line)
+    assert done.returncode == 0, done.stderr
+    what = args[2]
+    sql = what if what.upper().startswith("SELECT") else f"SELECT * FROM {what}"
+    expected = env.one(f"SELECT count(*) FROM ({sql}) q")
+    frame = pd.read_parquet(out) if out.suffix == ".parquet" else pd.read_csv(out)
+    assert len(frame) == expected > 0
+    assert f"{expected} rows written" in done.stdout
+
+
+def psql(env: Env, line: str) -> None:
+    documented = shlex.split(line)[1]
+    assert make_url(documented).username == "catalog_reader"
+    url = make_url(reader_url(env.url)).set(drivername="postgresql")
+    ours = line.replace(documented, url.render_as_string(hide_password=False))
+    done = env.run(ours, stdin="SELECT count(*) FROM neuron_evolution;\n")
+    assert done.returncode == 0, done.stderr
+    assert str(env.one("SELECT count(*) FROM neuron_evolution")) in done.stdout
+    refused = env.run(ours, stdin="\\set ON_ERROR_STOP on\nDELETE FROM model;\n")
+    assert refused.returncode != 0 and "permission denied" in refused.stderr
+    assert env.one("SELECT count(*) FROM model") == 2
+
+
+def worker(env: Env, line: str) -> None:
+    served = env.start(line)
+    served.wait_for(r"ready\.|celery@\S+ ready", 120)
+    env.worker = served
+
+
+def enqueue_builtin(env: Env, line: str) -> None:
+    done = env.run(line)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("exists already") == len(DEMO_STEPS), done.stdout
+    assert redis.Redis.from_url(env.redis_url).llen(env.queue) == 0
+
+
+def enqueue_pythia(env: Env, line: str) -> None:
+    jobs = env.one("SELECT count(*) FROM job")
+    done = env.run(line.replace(*PYTHIA_HI))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("already in the catalog, nothing queued") == 15, done.stdout
+    assert env.one("SELECT count(*) FROM job WHERE status = 'done'") == jobs + 15
+    assert redis.Redis.from_url(env.redis_url).llen(env.queue) == 0
+
+
+def status(env: Env, line: str) -> None:
+    done = env.run(line, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(" done") == len(DEMO_STEPS) + 15, done.stdout
+
+
+def cancel(env: Env, line: str) -> None:
+    done = env.run(line)
+    assert done.returncode == 2
+    assert "job 3 is done; only queued or running jobs can be cancelled" in done.stderr
+
+
+def retry(env: Env, line: str) -> None:
+    done = env.run(line)
+    assert done.returncode == 2
+    assert "job 3 is done; only failed or cancelled jobs can be retried" in done.stderr
+
+
+def explore(env: Env, line: str) -> None:
+    port = _free_port()
+    served = env.start(line, port=port)
+    served.wait_for(rf"explorer: http://localhost:{port}", 60)
+    assert healthy(port) == "ok"
+    served.stop()
+    # the worker started above is still serving its queue, then shuts down warmly
+    assert env.worker.proc.poll() is None, env.worker.text[-2000:]
+    assert env.worker.stop() == 0, env.worker.text[-2000:]
+
+
+RUNNERS = {
+    "bash scripts/demo.sh": demo,
+    "bash scripts/test.sh": None,  # this suite; .ci/run calls it (tests/unit/test_readme.py)
+    "ncat migrate": migrate,
+    "ncat catalog builtin --checkpoints all": catalog_builtin,
+    "ncat catalog EleutherAI/pythia-70m --checkpoints 1000:143000:10000 --hi 300": catalog_pythia,
+    "ncat export neuron_evolution --out evolution.parquet": export,
+    'psql "postgresql://catalog_reader@localhost:5432/ncat"': psql,
+    "ncat worker": worker,
+    "ncat enqueue builtin --checkpoints all": enqueue_builtin,
+    "ncat enqueue EleutherAI/pythia-70m --checkpoints 1000:143000:10000 --hi 300 --device cuda":
+        enqueue_pythia,
+    "ncat status --watch": status,
+    "ncat cancel 3": cancel,
+    "ncat retry 3": retry,
+    "ncat explore": explore,
+    "ncat export \"SELECT * FROM heuristic_census WHERE op = '+'\" --out census.csv": export,
+}
+
+
+def test_every_documented_line_has_a_runner():
+    assert documented_lines() == list(RUNNERS)
+
+
+@pytest.mark.parametrize("line", [line for line, fn in RUNNERS.items() if fn is not None])
+def test_documented_line(env, line):
+    RUNNERS[line](env, line)

@@ -1,0 +1,23 @@
+"""The shell lines that README.md and docs/queries.md show, as a reader would type them."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "queries.md"]
+
+
+def shell_lines(path: Path) -> list[str]:
+    """Every command of the file's ```bash blocks, comments dropped, split at ';'."""
+    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)
+    lines = []
+    for block in blocks:
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            lines.extend(part.strip() for part in line.split(";") if part.strip())
+    return lines
+
+
+def documented_lines() -> list[str]:
+    """Each distinct line of every doc, in order of first appearance."""
+    return list(dict.fromkeys(line for path in DOCS for line in shell_lines(path)))
