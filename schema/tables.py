@@ -204,7 +204,22 @@ class CheckpointSummary(SQLModel, table=True):
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
 
-class NeuronOp(SQLModel, table=True):
+class _NeuronKey(SQLModel):
+    """The key columns the four measurement tables share, first in each (its primary key
+    starts with them; ``model_id`` is also the partition key)."""
+
+    model_id: int = Field(primary_key=True)
+    checkpoint_id: int = Field(primary_key=True)
+    config_id: int = Field(primary_key=True)
+    layer: int = Field(sa_type=SmallInteger, primary_key=True)
+    neuron: int = Field(primary_key=True)
+
+
+class _NeuronOpKey(_NeuronKey):
+    op: str = Field(sa_type=String(1), primary_key=True)
+
+
+class NeuronOp(_NeuronOpKey, table=True):
     __tablename__ = "neuron_op"
     __table_args__ = (
         Index("ix_neuron_op_effect", "model_id", "checkpoint_id", "op", "effect_exact"),
@@ -213,12 +228,6 @@ class NeuronOp(SQLModel, table=True):
         Index("ix_neuron_op_best", "model_id", "best_heuristic_id", "best_score"),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
-    model_id: int = Field(primary_key=True)
-    checkpoint_id: int = Field(primary_key=True)
-    config_id: int = Field(primary_key=True)
-    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
-    neuron: int = Field(primary_key=True)
-    op: str = Field(sa_column=Column(String(1), primary_key=True))
     max_act: float = Field(sa_column=Column(REAL, nullable=False))
     mean_act: float = Field(sa_column=Column(REAL, nullable=False))
     density: float = Field(sa_column=Column(REAL, nullable=False))
@@ -232,28 +241,17 @@ class NeuronOp(SQLModel, table=True):
     best_score: float | None = Field(default=None, sa_column=Column(REAL))
 
 
-class NeuronGrid(SQLModel, table=True):
+class NeuronGrid(_NeuronOpKey, table=True):
     __tablename__ = "neuron_grid"
     __table_args__ = ({"postgresql_partition_by": "HASH (model_id)"},)
-    model_id: int = Field(primary_key=True)
-    checkpoint_id: int = Field(primary_key=True)
-    config_id: int = Field(primary_key=True)
-    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
-    neuron: int = Field(primary_key=True)
-    op: str = Field(sa_column=Column(String(1), primary_key=True))
     q: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     scale: float = Field(sa_column=Column(REAL, nullable=False))
     vmin: float = Field(sa_column=Column(REAL, nullable=False))
 
 
-class NeuronLens(SQLModel, table=True):
+class NeuronLens(_NeuronKey, table=True):
     __tablename__ = "neuron_lens"
     __table_args__ = ({"postgresql_partition_by": "HASH (model_id)"},)
-    model_id: int = Field(primary_key=True)
-    checkpoint_id: int = Field(primary_key=True)
-    config_id: int = Field(primary_key=True)
-    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
-    neuron: int = Field(primary_key=True)
     numbers: list[float] = Field(sa_column=Column(ARRAY(REAL), nullable=False))
     top_tokens: list[str] = Field(sa_column=Column(ARRAY(Text), nullable=False))
     top_values: list[float] = Field(sa_column=Column(ARRAY(REAL), nullable=False))
@@ -261,18 +259,12 @@ class NeuronLens(SQLModel, table=True):
     bottom_values: list[float] = Field(sa_column=Column(ARRAY(REAL), nullable=False))
 
 
-class NeuronScore(SQLModel, table=True):
+class NeuronScore(_NeuronOpKey, table=True):
     __tablename__ = "neuron_score"
     __table_args__ = (
         Index("ix_neuron_score_heuristic", "model_id", "heuristic_id", "score"),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
-    model_id: int = Field(primary_key=True)
-    checkpoint_id: int = Field(primary_key=True)
-    config_id: int = Field(primary_key=True)
-    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
-    neuron: int = Field(primary_key=True)
-    op: str = Field(sa_column=Column(String(1), primary_key=True))
     heuristic_id: int = Field(primary_key=True)
     score: float = Field(sa_column=Column(REAL, nullable=False))
     bottom: bool = False
