@@ -1,7 +1,11 @@
-"""Full measurement of one built-in checkpoint: every neuron, 4 operators, the full grid,
-100 pairs per operator, exact and attribution patching, all heuristic families, summary.
+"""Full measurement of one checkpoint: every neuron, 4 operators, the full grid, 100 pairs
+per operator, exact and attribution patching, all heuristic families, summary; timed per
+phase, which is where the README's cost-per-checkpoint guidance comes from.
 
-Run: .venv/bin/python bench/measure_checkpoint.py [operand_hi]   (target: < 60 s, 2 cores)
+Run: .venv/bin/python bench/measure_checkpoint.py [operand_hi] [builtin|pythia]
+(target for the built-in model on [0, 100): < 60 s on 2 cores). "pythia" is the offline
+random model with Pythia-14m's shape (6 layers x 512 neurons); its timings are those of
+the real model, whose weights only change the numbers measured.
 """
 
 import sys
@@ -14,12 +18,15 @@ from catalog.config import MeasureConfig
 from catalog.measurement import measure_layer, prepare, summarize
 from catalog.sources import load_model
 
-from _common import save
+from _common import offline_pythia, save
 
 
-def main(hi: int = 100):
-    builtin.train(builtin.TrainConfig())
-    lm = load_model("builtin")
+def main(hi: int = 100, model: str = "builtin"):
+    if model == "builtin":
+        builtin.train(builtin.TrainConfig())
+        lm = load_model("builtin")
+    else:
+        lm = load_model(offline_pythia(), 1000)
     config = MeasureConfig(operand_hi=hi, pairs_per_op=100)
     phases = {}
     t0 = time.perf_counter()
@@ -35,8 +42,8 @@ def main(hi: int = 100):
               {k: v.matches for k, v in layers.items()})
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
     total = time.perf_counter() - t0
-    save(f"measure_checkpoint_hi{hi}", {
-        "operand_range": [0, hi], "prompts": len(prep.table),
+    save(f"measure_checkpoint_{model}_hi{hi}", {
+        "model": lm.info.name, "operand_range": [0, hi], "prompts": len(prep.table),
         "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
         "score_rows": int(sum(len(v.matches) for v in layers.values())),
         "phases_s": {k: round(v, 2) for k, v in phases.items()},
@@ -44,4 +51,5 @@ def main(hi: int = 100):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100,
+         sys.argv[2] if len(sys.argv) > 2 else "builtin")

@@ -19,6 +19,8 @@ CATALOG_VERSION = "0.1.0"
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
 PATCHING_METHODS = ("exact", "attribution")
+# how the work is batched, not what is measured (see MeasureConfig)
+EXECUTION_FIELDS = ("batch_size", "patch_chunk")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class MeasureConfig:
     multi_result_top: top cells examined by the multi-result heuristic (/ only).
     batch_size: prompts per forward pass.
     patch_chunk: neurons patched together in one batched forward.
+
+    batch_size and patch_chunk (EXECUTION_FIELDS) only trade memory for speed: every
+    number measured is the same up to float rounding, so they are left out of the hash
+    and a worker may choose its own (NCAT_BATCH_SIZE, NCAT_PATCH_CHUNK).
     """
 
     operators: tuple[str, ...] = OPERATORS
@@ -140,8 +146,10 @@ class MeasureConfig:
         return cls(**d)
 
     def config_hash(self) -> str:
-        """SHA-256 of the canonical JSON of this config and the catalog version."""
-        blob = json.dumps({"config": self.as_dict(), "catalog": CATALOG_VERSION}, sort_keys=True)
+        """SHA-256 of the canonical JSON of this config (less the execution fields) and the
+        catalog version."""
+        config = {k: v for k, v in self.as_dict().items() if k not in EXECUTION_FIELDS}
+        blob = json.dumps({"config": config, "catalog": CATALOG_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def check_tokens(self, numbers: NumberTokens) -> None:

@@ -40,9 +40,11 @@ def _default_port() -> int:
 def _config_from_args(args) -> MeasureConfig:
     ops = tuple(args.ops) if args.ops else OPERATORS
     try:
+        batching = {k: getattr(args, k) for k in ("batch_size", "patch_chunk")
+                    if getattr(args, k, None) is not None}
         return MeasureConfig(operators=ops, operand_lo=args.lo, operand_hi=args.hi,
                              pairs_per_op=args.pairs, seed=args.seed,
-                             heuristic_variant=args.variant)
+                             heuristic_variant=args.variant, **batching)
     except ValueError as exc:
         raise SystemExit(f"invalid measurement config: {exc}") from None
 
@@ -303,6 +305,15 @@ def _measure_options(s) -> None:
     s.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+def _batch_options(s) -> None:
+    """Memory vs speed where this process computes (workers read NCAT_BATCH_SIZE and
+    NCAT_PATCH_CHUNK instead); not part of the config hash."""
+    s.add_argument("--batch-size", type=int, default=None,
+                   help="prompts per forward pass (default 4096; lower it on a small GPU)")
+    s.add_argument("--patch-chunk", type=int, default=None,
+                   help="neurons patched per batched forward (default 64)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ncat", description="The arithmetic neuron catalog.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -329,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", help="'builtin', a hub name, a local HF directory or a .gguf file")
     s.add_argument("--checkpoint", type=int, default=None, help="training step")
     _measure_options(s)
+    _batch_options(s)
     s.set_defaults(fn=cmd_measure)
 
     db_help = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
@@ -344,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recompute checkpoints the catalog holds already")
     s.add_argument("--database-url", default=None, help=db_help)
     _measure_options(s)
+    _batch_options(s)
     s.set_defaults(fn=cmd_catalog)
 
     s = sub.add_parser("enqueue", help="queue checkpoints for the workers")

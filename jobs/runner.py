@@ -72,7 +72,24 @@ def _config(conn, config_id: int):
 
     data = conn.execute("SELECT config FROM measure_config WHERE id = %s",
                         (config_id,)).fetchone()[0]
-    return MeasureConfig.from_dict(data)
+    return worker_batching(MeasureConfig.from_dict(data))
+
+
+def worker_batching(config):
+    """The config with this worker's batch sizes, where NCAT_BATCH_SIZE (prompts per forward)
+    or NCAT_PATCH_CHUNK (neurons per patched forward) are set: a worker on a small GPU
+    lowers them. They change no stored number, so the job's config hash stays the same."""
+    import dataclasses
+
+    changes = {}
+    for field, var in (("batch_size", "NCAT_BATCH_SIZE"), ("patch_chunk", "NCAT_PATCH_CHUNK")):
+        value = os.environ.get(var)
+        if value is None:
+            continue
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{var} must be a positive integer, got {value!r}")
+        changes[field] = int(value)
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def _prepared(conn, job: JobRow, layer: int):

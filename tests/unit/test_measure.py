@@ -81,6 +81,36 @@ def test_same_inputs_give_the_same_rows(tiny):
     assert res.provenance["config_hash"] == again.provenance["config_hash"]
 
 
+def test_batch_sizes_change_no_number_and_not_the_config_hash(tiny, monkeypatch):
+    """batch_size and patch_chunk trade memory for speed only: a small GPU's worker may
+    lower them and still fill the same catalog rows."""
+    import dataclasses
+
+    from jobs.runner import worker_batching
+
+    lm, res = tiny
+    small = dataclasses.replace(CONFIG, batch_size=37, patch_chunk=5)
+    assert small.config_hash() == CONFIG.config_hash()
+    again = measure(lm.model, lm.tokenizer, small, layers=[0, 1], progress=False)
+    for layer in (0, 1):
+        a, b = res.layers[layer], again.layers[layer]
+        np.testing.assert_allclose(a.acts, b.acts, atol=1e-5)
+        np.testing.assert_allclose(a.effect_exact, b.effect_exact, atol=1e-5)
+        np.testing.assert_allclose(a.effect_attr, b.effect_attr, atol=1e-5)
+        assert [h.key for h in a.matches.heuristic] == [h.key for h in b.matches.heuristic]
+        np.testing.assert_allclose(a.matches.score, b.matches.score, atol=1e-6)
+    assert dataclasses.replace(CONFIG, pairs_per_op=11).config_hash() != CONFIG.config_hash()
+
+    monkeypatch.setenv("NCAT_BATCH_SIZE", "256")
+    monkeypatch.setenv("NCAT_PATCH_CHUNK", "8")
+    mine = worker_batching(CONFIG)
+    assert (mine.batch_size, mine.patch_chunk) == (256, 8) and mine.config_hash() == \
+        CONFIG.config_hash()
+    monkeypatch.setenv("NCAT_PATCH_CHUNK", "0")
+    with pytest.raises(ValueError, match="NCAT_PATCH_CHUNK must be a positive integer, got '0'"):
+        worker_batching(CONFIG)
+
+
 def test_summary_numbers(tiny):
     lm, res = tiny
     s = res.summary
