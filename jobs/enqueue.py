@@ -16,7 +16,6 @@ import json
 from dataclasses import dataclass
 
 from catalog.config import CATALOG_VERSION, MeasureConfig
-from catalog.sources import ModelSourceError, canonical_name, inspect_model, list_checkpoints
 from schema import store
 
 
@@ -38,6 +37,8 @@ def parse_checkpoints(model: str, spec: str | list | None) -> list[int | None]:
     if isinstance(spec, list | tuple):
         out = list(spec)
     elif spec == "all":
+        from catalog.sources import list_checkpoints
+
         steps = list_checkpoints(model)
         if not steps:
             raise EnqueueError(f"{model!r} has no checkpoints to catalog ('all' found none)")
@@ -66,6 +67,10 @@ def parse_checkpoints(model: str, spec: str | list | None) -> list[int | None]:
 
 def plan(model: str, checkpoints, config: MeasureConfig, layers: list[int] | None) -> list[Planned]:
     """Validate a request completely; raises EnqueueError naming what is wrong."""
+    # imported here: loading transformer_lens takes seconds, and status, cancel and retry
+    # (which share this module) need none of it
+    from catalog.sources import ModelSourceError, canonical_name, inspect_model
+
     if not model:
         raise EnqueueError("model name is empty")
     try:

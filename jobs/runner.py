@@ -167,6 +167,8 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str
                                      config_id=ids.config_id)
         if job.force or layer not in stored:
             result = measure_layer(lm.model, prep, layer)
+            if sum(a.nbytes for a in prep.acts.values()) > ACTIVATION_BUDGET_BYTES:
+                prep.acts.pop(layer)  # over the budget: keep no layer's grid once it is done
             if job.id not in _RESULTS:
                 _RESULTS.clear()
             _RESULTS.setdefault(job.id, {})[layer] = (result.effect, result.matches)

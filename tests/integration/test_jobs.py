@@ -222,6 +222,34 @@ def test_work_already_in_the_catalog_is_not_computed_again(queue, capsys):
     assert queue.queued_messages() == TINY.n_layers + 2
 
 
+def test_a_worker_over_its_activation_budget_holds_one_layer_grid_at_a_time(queue, monkeypatch):
+    """With prompts x layers x d_mlp over NCAT_ACTIVATION_BUDGET, each layer's grid pass
+    runs on its own and is dropped once the layer is stored; the rows are the same."""
+    from jobs import runner
+
+    monkeypatch.setattr(runner, "ACTIVATION_BUDGET_BYTES", 1)
+    for cache in (runner._MODEL, runner._PREP, runner._RESULTS):  # this process's caches
+        cache.clear()
+    job = enq.enqueue(queue.url, queue.name, "300", CONFIG, send=lambda *a: None)[0]
+    for layer in range(TINY.n_layers):
+        runner.process_layer(queue.url, job.job_id, layer, "in-process")
+        [(prep, _)] = runner._PREP.values()
+        assert prep.acts == {}, layer
+    assert all_done(queue.url)
+    with_budget = dump(queue.url)
+    cfg_rows = count(queue.url, "SELECT count(*) FROM neuron_op")
+    assert cfg_rows == TINY.n_layers * TINY.d_mlp * 4
+
+    monkeypatch.setattr(runner, "ACTIVATION_BUDGET_BYTES", 2 * 1024**3)
+    runner._PREP.clear()
+    forced = enq.enqueue(queue.url, queue.name, "300", CONFIG, force=True, send=lambda *a: None)
+    for layer in range(TINY.n_layers):
+        runner.process_layer(queue.url, forced[0].job_id, layer, "in-process")
+    [(prep, _)] = runner._PREP.values()
+    assert sorted(prep.acts) == list(range(TINY.n_layers))  # under the budget: all kept
+    assert dump(queue.url) == with_budget
+
+
 BAD = [
     (dict(model="no-such-model"), "unknown model 'no-such-model'"),
     (dict(model=""), "model name is empty"),

@@ -21,6 +21,16 @@ def test_worker_parent_process_never_imports_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
+def test_status_cancel_and_retry_load_no_model_code():
+    """`ncat status`, `cancel`, `retry` and the explorer's job list start in well under a
+    second: they must not import torch or transformer_lens (seconds to load)."""
+    code = ("import sys, jobs.cli, jobs.enqueue, schema.store, schema.engine; "
+            "print('torch' in sys.modules, 'transformer_lens' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
 def test_worker_settings_suit_long_gpu_tasks(monkeypatch):
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
     monkeypatch.setenv("NCAT_VISIBILITY_TIMEOUT", "7200")

@@ -37,6 +37,7 @@ def test_services_healthchecks_and_dependencies():
 
 def test_every_command_exists_in_the_project():
     known = ncat_commands()
+    sources = [f for d in ("catalog", "jobs", "schema") for f in (ROOT / d).glob("*.py")]
     for name, service in compose()["services"].items():
         cmd = service.get("command")
         if name in ("migrate", "worker", "explorer"):
@@ -46,6 +47,11 @@ def test_every_command_exists_in_the_project():
         for key in ("DATABASE_URL", "REDIS_URL"):
             if name in ("migrate", "worker", "explorer"):
                 assert key in env and ":-" in env[key]  # overridable, with a default
+        for key, value in env.items():
+            if key.startswith("NCAT_"):  # the project reads it, and its default is valid
+                assert any(key in f.read_text() for f in sources), key
+                default = value.split(":-", 1)[1].rstrip("}")
+                assert default.isdigit() and int(default) > 0, (key, value)
 
 
 def test_dockerfile_copies_what_exists():
