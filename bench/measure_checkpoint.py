@@ -11,17 +11,17 @@ the real model, whose weights only change the numbers measured.
 import sys
 import time
 
-import torch
-
-from catalog import builtin
-from catalog.config import MeasureConfig
-from catalog.measurement import measure_layer, prepare, summarize
-from catalog.sources import load_model
-
-from _common import offline_pythia, save
+from _common import offline_pythia, save  # first: it points the hub cache at a temp folder
 
 
 def main(hi: int = 100, model: str = "builtin"):
+    import torch
+
+    from catalog import builtin
+    from catalog.config import MeasureConfig
+    from catalog.measurement import measure_layer, prepare, summarize
+    from catalog.sources import load_model
+
     if model == "builtin":
         builtin.train(builtin.TrainConfig())
         lm = load_model("builtin")
