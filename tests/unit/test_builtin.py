@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,28 @@ def test_training_is_deterministic_and_cached(tiny_builtin, tmp_path):
     mtime = os.stat(final).st_mtime_ns
     builtin.train(cfg, root=tmp_path, progress=False)  # everything cached: nothing rewritten
     assert os.stat(final).st_mtime_ns == mtime
+
+
+def test_training_is_bitwise_the_same_in_another_process_and_thread_count(tmp_path):
+    """Without deterministic algorithms, two processes training the default architecture
+    differ from the first step on (multi-threaded embedding gradients), and the default
+    model's held-out accuracy then depends on the run (0.995 or 0.894 on "-")."""
+    import subprocess
+    import sys
+
+    cfg = builtin.TrainConfig(steps=2)
+    code = ("from pathlib import Path; from catalog import builtin; "
+            f"builtin.train(builtin.TrainConfig(steps=2), root=Path({str(tmp_path / 'one')!r}), "
+            "progress=False)")
+    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    hashes = set()
+    for run in ("one", "two", "three"):
+        if run != "one":
+            builtin.train(cfg, root=tmp_path / run, progress=False)
+        hashes.add(json.loads((tmp_path / run / cfg.key() / "step2.json").read_text())
+                   ["weights_hash"])
+    assert len(hashes) == 1
 
 
 def test_a_second_trainer_waits_for_the_first_then_reuses_its_run(tiny_builtin, tmp_path):
