@@ -4,20 +4,20 @@ Run: .venv/bin/python bench/patching.py   (targets: >= 5x on both models)
 """
 
 import numpy as np
-import torch
 
-from catalog import builtin
-from catalog.config import MeasureConfig
-from catalog.measurement import prepare
-from catalog.patching import exact_patching
-from catalog.prompts import sample_pairs
-from catalog.sources import load_model
-
-from _common import offline_pythia, save, timed
-from reference import naive_patching
+from _common import offline_pythia, save, timed  # first: it points the hub cache at a temp folder
 
 
 def bench(name, lm, layers, hi, pairs):
+    import torch
+
+    from catalog.config import MeasureConfig
+    from catalog.measurement import prepare
+    from catalog.patching import exact_patching
+    from catalog.prompts import sample_pairs
+
+    from reference import naive_patching
+
     torch.set_num_threads(torch.get_num_threads())
     prep = prepare(lm.model, lm.tokenizer, MeasureConfig(operand_hi=hi, pairs_per_op=pairs),
                    layers=layers)
@@ -40,6 +40,11 @@ def bench(name, lm, layers, hi, pairs):
 
 
 def main():
+    import torch
+
+    from catalog import builtin
+    from catalog.sources import load_model
+
     builtin.train(builtin.TrainConfig())
     rows = [bench("built-in (2 layers, 1024 neurons)", load_model("builtin"), [0, 1], 100, 100)]
     repo = offline_pythia()
