@@ -241,10 +241,11 @@ def cmd_explore(args) -> int:
     env = dict(os.environ)
     if args.database_url:
         env["DATABASE_URL"] = args.database_url
+    port = args.port if args.port is not None else _default_port()
     app = Path(__file__).resolve().parents[1] / "ui" / "app.py"
-    print(f"explorer: http://localhost:{args.port}")
+    print(f"explorer: http://localhost:{port}")
     return subprocess.call([sys.executable, "-m", "streamlit", "run", str(app),
-                            "--server.port", str(args.port), "--server.headless", "true",
+                            "--server.port", str(port), "--server.headless", "true",
                             "--browser.gatherUsageStats", "false"], env=env)
 
 
@@ -322,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "then serve the explorer")
     s.add_argument("--model", default="builtin")
     s.add_argument("--no-serve", action="store_true", help="stop once the catalog is ready")
-    s.add_argument("--port", type=int, default=_default_port(),
+    s.add_argument("--port", type=int, default=None,
                    help="the explorer's port (default: $NCAT_EXPLORER_PORT or 8501)")
     _measure_options(s)
     s.set_defaults(fn=cmd_demo)
@@ -383,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_status)
 
     s = sub.add_parser("explore", help="serve the Streamlit explorer")
-    s.add_argument("--port", type=int, default=_default_port(),
+    s.add_argument("--port", type=int, default=None,
                    help="the explorer's port (default: $NCAT_EXPLORER_PORT or 8501)")
     s.add_argument("--database-url", default=None, help=db_help)
     s.set_defaults(fn=cmd_explore)

@@ -133,19 +133,20 @@ def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None
             have = None if force else store.find_stored(
                 conn, model_name=p.model, step=p.step, config_hash=config.config_hash())
             done = have is not None and have.covers(p.layers)
+            status = "done" if done else "queued"
             row = conn.execute(
                 "INSERT INTO job (job_key, model_name, step, config_id, layers, device, force, "
                 "status, checkpoint_id, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
                 "%s, CASE WHEN %s THEN now() END) ON CONFLICT (job_key) DO NOTHING RETURNING id",
                 (key, p.model, p.step, config_id, p.layers, device, force,
-                 "done" if done else "queued", have.checkpoint_id if have else None,
+                 status, have.checkpoint_id if have else None,
                  done)).fetchone()
             if row:
                 job_id = row[0]
                 for layer in p.layers:
                     conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts, "
                                  "finished_at) VALUES (%s, %s, %s, 0, CASE WHEN %s THEN now() "
-                                 "END)", (job_id, layer, "done" if done else "queued", done))
+                                 "END)", (job_id, layer, status, done))
                 if not done:
                     to_send += [(job_id, layer) for layer in p.layers]
                 results.append(Enqueued(job_id, p.model, p.step, p.layers, True, stored=done))

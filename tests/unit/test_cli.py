@@ -65,3 +65,10 @@ def test_readme_cli_reference_matches_the_parser():
 
     assert section(README.read_text()) == reference().strip(), (
         "README's command-line reference is stale: run python -m jobs.cli_reference --write")
+
+
+def test_a_bad_explorer_port_stops_only_the_explorer(monkeypatch):
+    monkeypatch.setenv("NCAT_EXPLORER_PORT", "eighty")
+    assert build_parser().parse_args(["status"]).fn  # other commands are unaffected
+    with pytest.raises(SystemExit, match="NCAT_EXPLORER_PORT must be a port number, got 'eighty'"):
+        main(["explore"])
