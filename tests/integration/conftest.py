@@ -1,13 +1,24 @@
 """Integration fixtures: a real PostgreSQL (DATABASE_URL's, the local one, or embedded)."""
 
-import pytest
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
 
+import pytest
+import redis
+
+from catalog.builtin import model_name
 from catalog.sources import load_model
+from jobs import enqueue as enq
 from jobs.store_results import catalog_checkpoint
 from schema.engine import migrate
 from schema.settings import Settings, resolve_database_url
 
 from helpers import SEED_CONFIG, SEED_STEPS, drop_database, new_database_url
+from tiny_model import TINY
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +73,43 @@ def seeded(pg_server, tiny_builtin):
         catalog_checkpoint(url, lm, SEED_CONFIG)
     yield url
     drop_database(url)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def queue(db, redis_url, tiny_builtin, monkeypatch):
+    """Environment of one isolated queue: its own Celery queue name and database."""
+    _, root = tiny_builtin
+    env = {
+        "DATABASE_URL": db, "REDIS_URL": redis_url, "NCAT_QUEUE": f"test-{uuid.uuid4().hex[:8]}",
+        "NCAT_HOME": str(root.parent), "NCAT_VISIBILITY_TIMEOUT": "3",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(enq, "_APP", None)  # the enqueuing side picks up this queue
+    workers = []
+
+    class Queue:
+        url = db
+        name = model_name(TINY)
+
+        def start_worker(self, label="w"):
+            log = open(Path(env["NCAT_HOME"]) / f"worker-{env['NCAT_QUEUE']}-{label}.log", "w")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jobs.cli", "worker", "--loglevel", "info",
+                 "--hostname", f"{label}@{env['NCAT_QUEUE']}"],
+                cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+            workers.append(proc)
+            return proc
+
+        def queued_messages(self) -> int:
+            return redis.Redis.from_url(redis_url).llen(env["NCAT_QUEUE"])
+
+    yield Queue()
+    for proc in workers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

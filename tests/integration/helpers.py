@@ -1,5 +1,6 @@
 """Constants and helpers shared by the integration tests."""
 
+import time
 import uuid
 
 from sqlalchemy.engine import make_url
@@ -28,3 +29,28 @@ def drop_database(url: str) -> None:
     admin = u.set(database="postgres").render_as_string(hide_password=False)
     with store.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
+
+
+def wait_until(predicate, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def statuses(url):
+    from jobs import enqueue as enq
+
+    return {s.job_id: s for s in enq.job_statuses(url)}
+
+
+def all_done(url):
+    st = statuses(url)
+    return bool(st) and all(s.status == "done" for s in st.values())
+
+
+def count(url, sql, args=()):
+    with store.connect(url) as conn:
+        return conn.execute(sql, args).fetchone()[0]

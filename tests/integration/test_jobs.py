@@ -3,87 +3,23 @@
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
-from catalog.builtin import model_name
 from catalog.config import MeasureConfig
 from catalog.measurement import measure
 from catalog.sources import load_model
 from jobs import enqueue as enq
 from schema import store
 
+from helpers import all_done, count, statuses, wait_until
 from tiny_model import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, faithfulness_prompts=20)
-
-
-@pytest.fixture
-def queue(db, redis_url, tiny_builtin, monkeypatch):
-    """Environment of one isolated queue: its own Celery queue name and database."""
-    _, root = tiny_builtin
-    env = {
-        "DATABASE_URL": db, "REDIS_URL": redis_url, "NCAT_QUEUE": f"test-{uuid.uuid4().hex[:8]}",
-        "NCAT_HOME": str(root.parent), "NCAT_VISIBILITY_TIMEOUT": "3",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setattr(enq, "_APP", None)  # the enqueuing side picks up this queue
-    workers = []
-
-    class Queue:
-        url = db
-        name = model_name(TINY)
-
-        def start_worker(self, label="w"):
-            log = open(Path(env["NCAT_HOME"]) / f"worker-{env['NCAT_QUEUE']}-{label}.log", "w")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "jobs.cli", "worker", "--loglevel", "info",
-                 "--hostname", f"{label}@{env['NCAT_QUEUE']}"],
-                cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-            workers.append(proc)
-            return proc
-
-        def queued_messages(self) -> int:
-            return redis.Redis.from_url(redis_url).llen(env["NCAT_QUEUE"])
-
-    yield Queue()
-    for proc in workers:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def wait_until(predicate, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def statuses(url):
-    return {s.job_id: s for s in enq.job_statuses(url)}
-
-
-def all_done(url):
-    st = statuses(url)
-    return bool(st) and all(s.status == "done" for s in st.values())
-
-
-def count(url, sql, args=()):
-    with store.connect(url) as conn:
-        return conn.execute(sql, args).fetchone()[0]
 
 
 def dump(url):

@@ -1,0 +1,40 @@
+"""A model-independent dump of what one catalog holds, for comparing two catalogs.
+
+Ids (model, checkpoint, config, heuristic) differ between databases, so rows are keyed
+by what they mean: (step, layer, neuron, op, heuristic key). Floats are kept as written
+(REAL columns hold float32); grids as the stored bytes and their scale and offset.
+"""
+
+from __future__ import annotations
+
+from schema import store
+
+QUERIES = {
+    "neuron_op": "SELECT c.step, n.layer, n.neuron, n.op, n.max_act, n.mean_act, n.density, "
+                 "n.effect_exact, n.effect_exact_std, n.effect_attr, n.effect_attr_std, n.rank, "
+                 "n.op_accuracy, n.best_score, bh.key FROM neuron_op n "
+                 "JOIN checkpoint c ON c.id = n.checkpoint_id "
+                 "LEFT JOIN heuristic bh ON bh.id = n.best_heuristic_id "
+                 "ORDER BY 1, 2, 3, 4",
+    "neuron_score": "SELECT c.step, s.layer, s.neuron, s.op, h.key, s.score, s.bottom "
+                    "FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
+                    "JOIN checkpoint c ON c.id = s.checkpoint_id ORDER BY 1, 2, 3, 4, 5",
+    "neuron_grid": "SELECT c.step, g.layer, g.neuron, g.op, encode(g.q, 'hex'), g.scale, "
+                   "g.vmin FROM neuron_grid g JOIN checkpoint c ON c.id = g.checkpoint_id "
+                   "ORDER BY 1, 2, 3, 4",
+    "neuron_lens": "SELECT c.step, l.layer, l.neuron, l.numbers, l.top_tokens, l.top_values, "
+                   "l.bottom_tokens, l.bottom_values FROM neuron_lens l "
+                   "JOIN checkpoint c ON c.id = l.checkpoint_id ORDER BY 1, 2, 3",
+    "checkpoint_summary": "SELECT c.step, s.accuracy, s.faithfulness, s.heuristic_knockouts, "
+                          "s.prompt_knockouts, s.n_heuristic_neurons FROM checkpoint_summary s "
+                          "JOIN checkpoint c ON c.id = s.checkpoint_id ORDER BY 1",
+}
+
+
+def dump_rows(url: str) -> dict[str, list[list]]:
+    """Every measurement row of the catalog at ``url``, as JSON-ready lists."""
+    out = {}
+    with store.connect(url) as conn:
+        for table, sql in QUERIES.items():
+            out[table] = [list(r) for r in conn.execute(sql).fetchall()]
+    return out
