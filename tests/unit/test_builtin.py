@@ -23,26 +23,45 @@ def test_training_is_deterministic_and_cached(tiny_builtin, tmp_path):
     assert os.stat(final).st_mtime_ns == mtime
 
 
-def test_training_is_bitwise_the_same_in_another_process_and_thread_count(tmp_path):
-    """Without deterministic algorithms, two processes training the default architecture
-    differ from the first step on (multi-threaded embedding gradients), and the default
-    model's held-out accuracy then depends on the run (0.995 or 0.894 on "-")."""
+# The weights hash of TrainConfig(steps=2) from the pinned trainer: what torch 2.13.0's
+# CPU build gives on any x86-64 CPU with AVX2 (measured on an AVX-512 Xeon, with 1 and 2
+# threads). On other builds or CPUs only the in-machine guarantees below hold.
+STEP2_HASH = "09a1c846f004f8fde9307a3ca1b1d9f9cbd48171a81d962d7fadc42aa0b4ec3f"
+
+
+def _has_avx2() -> bool:
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    return (platform.machine() in ("x86_64", "AMD64") and cpuinfo.exists()
+            and " avx2" in cpuinfo.read_text())
+
+
+def test_training_is_bitwise_the_same_for_any_thread_count_and_cpu_kernel_choice(tmp_path):
+    """MKL and oneDNN reductions depend on the thread count and the instruction set
+    (1-thread and 2-thread runs of the default architecture differed, and so did AVX-512
+    and AVX2 kernels). The trainer runs in a child process with those pinned, so what the
+    calling process says about threads or kernels cannot change the weights."""
     import subprocess
     import sys
 
+    import torch
+
     cfg = builtin.TrainConfig(steps=2)
-    code = ("from pathlib import Path; from catalog import builtin; "
-            f"builtin.train(builtin.TrainConfig(steps=2), root=Path({str(tmp_path / 'one')!r}), "
-            "progress=False)")
-    subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
-                   check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    hashes = set()
-    for run in ("one", "two", "three"):
-        if run != "one":
-            builtin.train(cfg, root=tmp_path / run, progress=False)
-        hashes.add(json.loads((tmp_path / run / cfg.key() / "step2.json").read_text())
-                   ["weights_hash"])
-    assert len(hashes) == 1
+    runs = {"one": {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default"},
+            "two": {"OMP_NUM_THREADS": "2", "MKL_CBWR": "AUTO"}}
+    for run, env in runs.items():
+        code = ("from pathlib import Path; from catalog import builtin; "
+                f"builtin.train(builtin.TrainConfig(steps=2), root=Path({str(tmp_path / run)!r}), "
+                "progress=False)")
+        subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                       check=True, env={**os.environ, **env})
+    builtin.train(cfg, root=tmp_path / "here", progress=False)  # this process's threads
+    hashes = {run: json.loads((tmp_path / run / cfg.key() / "step2.json").read_text())
+              ["weights_hash"] for run in ("one", "two", "here")}
+    assert len(set(hashes.values())) == 1, hashes
+    if _has_avx2() and torch.__version__ == "2.13.0+cpu":
+        assert hashes["here"] == STEP2_HASH
 
 
 def test_a_second_trainer_waits_for_the_first_then_reuses_its_run(tiny_builtin, tmp_path):
@@ -89,9 +108,13 @@ def test_schedule_and_config_validation():
 
 @pytest.mark.slow
 def test_default_training_reaches_95_percent_on_held_out_addition_and_subtraction():
-    """Trains the default model (a few minutes on 2 cores) unless it is already cached."""
+    """Trains the default model (a few minutes on 2 cores) unless it is already cached.
+
+    Seeds 0-3 of the default recipe reached held-out + 0.9995 to 1.0, - 1.0, * 0.98 to
+    0.99, / 0.99 (README), so 0.95 leaves a margin for any run of the recipe."""
     cfg = builtin.TrainConfig()
     path = builtin.train(cfg, progress=False)
     acc = json.loads((path / f"step{cfg.steps}.json").read_text())["heldout_accuracy"]
     assert acc["+"] >= 0.95 and acc["-"] >= 0.95, acc
+    assert acc["*"] >= 0.9 and acc["/"] >= 0.9, acc
     assert set(acc) == set(OPERATORS)

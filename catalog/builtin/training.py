@@ -1,0 +1,239 @@
+"""Training the built-in model: data, evaluation, and a trainer whose checkpoints are the
+same bits on every machine that can run it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformer_lens import HookedTransformer
+
+from catalog.arith import OPERATORS, apply_op, is_valid
+from catalog.builtin.model import (
+    TrainConfig,
+    builtin_model_config,
+    checkpoint_dir,
+    checkpoint_path,
+    default_cache_root,
+)
+from catalog.builtin.vocab import MAX_NUMBER, builtin_vocab
+from catalog.grids import final_logits
+from catalog.settings import child_env
+from catalog.weights import weights_hash
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ArithmeticData:
+    """All valid training prompts for the four operators, split into train and held-out."""
+
+    tokens: dict[str, torch.Tensor]  # op -> (n, 5) int64 [BOS, a, op, b, =]
+    answers: dict[str, torch.Tensor]  # op -> (n,) answer token id
+    is_train: dict[str, torch.Tensor]  # op -> (n,) bool
+
+
+def build_data(cfg: TrainConfig) -> ArithmeticData:
+    """Every valid ``a op b =`` prompt with a, b in [0, operand_hi); seeded train/held-out split."""
+    vocab = builtin_vocab()
+    num_id = np.array([vocab[str(n)] for n in range(MAX_NUMBER + 1)])
+    rng = np.random.default_rng(cfg.seed)
+    ga, gb = np.meshgrid(np.arange(cfg.operand_hi), np.arange(cfg.operand_hi), indexing="ij")
+    a, b = ga.ravel(), gb.ravel()
+    tokens, answers, is_train = {}, {}, {}
+    for op in OPERATORS:
+        ok = is_valid(op, a, b, MAX_NUMBER)
+        aa, bb = a[ok], b[ok]
+        res = apply_op(op, aa, bb)
+        seq = np.stack(
+            [
+                np.full_like(aa, vocab["<bos>"]),
+                num_id[aa],
+                np.full_like(aa, vocab[op]),
+                num_id[bb],
+                np.full_like(aa, vocab["="]),
+            ],
+            axis=1,
+        )
+        tokens[op] = torch.from_numpy(seq).long()
+        answers[op] = torch.from_numpy(num_id[res]).long()
+        is_train[op] = torch.from_numpy(rng.random(len(aa)) >= cfg.holdout_fraction)
+    return ArithmeticData(tokens, answers, is_train)
+
+
+def last_position_logits(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits at the last position only (skips the unembedding of earlier positions)."""
+    resid = model(tokens, stop_at_layer=model.cfg.n_layers)[:, -1:]
+    return final_logits(model, resid)[:, 0]
+
+
+@torch.no_grad()
+def evaluate(
+    model: HookedTransformer, data: ArithmeticData, held_out: bool, limit: int | None = None
+) -> dict[str, float]:
+    """Accuracy per operator on held-out (or training) prompts, first ``limit`` of each."""
+    accs = {}
+    for op in OPERATORS:
+        mask = ~data.is_train[op] if held_out else data.is_train[op]
+        toks, ans = data.tokens[op][mask], data.answers[op][mask]
+        if limit is not None:
+            toks, ans = toks[:limit], ans[:limit]
+        if len(toks) == 0:
+            accs[op] = float("nan")
+            continue
+        pred = torch.cat([last_position_logits(model, t).argmax(-1) for t in toks.split(4096)])
+        accs[op] = float((pred == ans).float().mean())
+    return accs
+
+
+# ---------------------------------------------------------------- training
+
+
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * 0.5 * (1 + np.cos(np.pi * min(1.0, frac)))
+
+
+# The trainer runs in a child process whose numerical libraries are pinned to one code
+# path. Measured on torch 2.13 (MKL 2024.2, oneDNN 3.12) on an AVX-512 machine: a run
+# with 1 thread and one with 2 threads gave different weights, and so did the AVX-512 and
+# AVX2 kernels; with these pins, 1 and 2 threads gave the same bits. These variables are
+# read once when the libraries start, which is why a fresh process is needed.
+PINNED_NUMERICS = {
+    "MKL_CBWR": "AVX2,STRICT",  # MKL's conditional numerical reproducibility, strict mode
+    "ATEN_CPU_CAPABILITY": "avx2",  # torch's own vectorised kernels
+    "ONEDNN_MAX_CPU_ISA": "AVX2",  # oneDNN (mkldnn) kernels
+}
+
+
+def train(
+    cfg: TrainConfig | None = None,
+    root: Path | None = None,
+    progress: bool = True,
+) -> Path:
+    """Train the built-in model, saving every checkpoint of the schedule; reuse a finished run.
+
+    Returns the checkpoint folder. The run happens in a child process with pinned
+    numerics (``PINNED_NUMERICS``), so the checkpoints are the same bits for any
+    thread count and any x86-64 CPU with AVX2, given the same torch build; the seed
+    fixes initialisation, the split and every batch. A second caller for the same
+    folder waits for the first and then reuses its run.
+    """
+    cfg = cfg or TrainConfig()
+    root = root or default_cache_root()
+    out = checkpoint_dir(cfg, root)
+    schedule = cfg.checkpoint_steps()
+    if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
+        log.info("built-in checkpoints already cached in %s", out)
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".training.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
+            return out
+        _train_in_child(cfg, root, progress)
+    return out
+
+
+def _train_in_child(cfg: TrainConfig, root: Path, progress: bool) -> None:
+    spec = json.dumps({"config": asdict(cfg), "root": str(root), "progress": progress})
+    # the child imports this package from the same place as we do
+    src = str(Path(__file__).resolve().parents[2])
+    env = child_env(None, **PINNED_NUMERICS)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-m", "catalog.builtin", spec], env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"training the built-in model {cfg.key()} failed in its child "
+                           f"process (exit code {done.returncode}); its messages are above")
+
+
+def train_here(cfg: TrainConfig, root: Path, progress: bool) -> None:
+    """The training run itself, in this process (``train`` calls it in a pinned child)."""
+    out = checkpoint_dir(cfg, root)
+    schedule = cfg.checkpoint_steps()
+    # Without deterministic algorithms the embedding gradient's multi-threaded
+    # accumulation differs between runs from the first step on.
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        _train_loop(cfg, root, out, schedule, progress)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[int],
+                progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2, sort_keys=True))
+
+    torch.manual_seed(cfg.seed)
+    model = HookedTransformer(
+        builtin_model_config(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_mlp)
+    )
+    data = build_data(cfg)
+    train_idx = {op: torch.nonzero(data.is_train[op])[:, 0] for op in OPERATORS}
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            betas=(0.9, 0.98))
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    per_op = cfg.batch_size // len(OPERATORS)
+    to_save = set(schedule)
+
+    bar = tqdm(total=cfg.steps, desc="training built-in model", disable=not progress, unit="step")
+    loss_val = float("nan")
+    for step in range(cfg.steps + 1):
+        if step in to_save:
+            _save_checkpoint(model, data, cfg, step, checkpoint_path(cfg, step, root))
+            acc = json.loads(checkpoint_path(cfg, step, root).with_suffix(".json").read_text())
+            bar.set_postfix(loss=f"{loss_val:.3f}", **{
+                f"acc{op}": f"{acc['heldout_accuracy'][op]:.2f}" for op in OPERATORS
+            })
+        if step == cfg.steps:
+            break
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, cfg)
+        toks, ans = [], []
+        for op in OPERATORS:
+            pick = train_idx[op][torch.randint(len(train_idx[op]), (per_op,), generator=gen)]
+            toks.append(data.tokens[op][pick])
+            ans.append(data.answers[op][pick])
+        logits = last_position_logits(model, torch.cat(toks))
+        loss = torch.nn.functional.cross_entropy(logits, torch.cat(ans))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss_val = loss.item()
+        bar.update(1)
+        if step % 50 == 0:
+            bar.set_postfix_str(f"loss={loss_val:.3f}", refresh=False)
+    bar.close()
+
+
+def _save_checkpoint(
+    model: HookedTransformer, data: ArithmeticData, cfg: TrainConfig, step: int, path: Path
+) -> None:
+    was_training = model.training
+    model.eval()
+    metrics = {
+        "step": step,
+        "heldout_accuracy": evaluate(model, data, held_out=True, limit=cfg.eval_prompts_per_op),
+        "train_accuracy": evaluate(model, data, held_out=False, limit=cfg.eval_prompts_per_op),
+    }
+    model.train(was_training)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    metrics["weights_hash"] = weights_hash(sd)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"state_dict": sd, "train_config": asdict(cfg), "step": step}, tmp)
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written checkpoint
+    path.with_suffix(".json").write_text(json.dumps(metrics, indent=2, sort_keys=True))

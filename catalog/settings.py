@@ -1,0 +1,79 @@
+"""Every environment variable the project reads, in one validated object.
+
+Nothing else in ``catalog``, ``schema``, ``jobs`` or ``ui`` reads ``os.environ``: code
+asks ``get_settings()`` (or takes a ``Settings`` argument, which is how tests and the
+demo pass their own values without touching the process environment). The module
+lives in ``catalog`` because that is the one package every other layer may import,
+and it imports nothing heavier than pydantic, so the worker's parent process and the
+job commands stay free of torch.
+
+The README's configuration table lists the same variables (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.home() / ".cache" / "neuron-catalog"
+
+
+class Settings(BaseSettings):
+    """Environment settings. Field ``x`` is read from the variable ``X`` (case-insensitive);
+    a bad value raises a ``ValidationError`` that names the variable."""
+
+    model_config = SettingsConfigDict(env_prefix="", extra="ignore", frozen=True)
+
+    database_url: str | None = Field(
+        None, description="PostgreSQL URL; unset: localhost:5432 if it answers, else an "
+                          "embedded server in NCAT_HOME/pgdata")
+    redis_url: str | None = Field(
+        None, description="Redis URL of the job broker; unset: localhost:6379 if it answers, "
+                          "else an embedded redis-server in NCAT_HOME/redis")
+    ncat_home: Path = Field(
+        default_factory=_default_home,
+        description="the catalog's own files: built-in checkpoints, embedded servers, logs")
+    ncat_queue: str = Field("ncat", min_length=1, description="Celery queue the jobs go to")
+    ncat_visibility_timeout: int = Field(
+        6 * 3600, ge=1, description="seconds before Redis re-delivers an unacknowledged task; "
+                                    "longer than the longest layer")
+    ncat_batch_size: int | None = Field(
+        None, ge=1, description="a worker's prompts per forward pass (execution only; "
+                                "default 4096)")
+    ncat_patch_chunk: int | None = Field(
+        None, ge=1, description="a worker's neurons per batched patching forward "
+                                "(execution only; default 64)")
+    ncat_activation_budget: int = Field(
+        2 * 1024**3, ge=0, description="bytes of activations a worker keeps from one grid "
+                                       "pass; over it, layers are captured one at a time")
+    ncat_explorer_port: int = Field(8501, gt=0, lt=65536,
+                                    description="port of `ncat explore` and `ncat demo`")
+    local_pg_host: str = Field("localhost", description="where to look for a local PostgreSQL")
+    local_pg_port: int = Field(5432, gt=0, lt=65536, description="its port")
+
+    @property
+    def builtin_root(self) -> Path:
+        """Where built-in model checkpoints are cached."""
+        return self.ncat_home / "builtin"
+
+
+def get_settings(**overrides) -> Settings:
+    """The settings of this process's environment (fields in ``overrides`` replace them)."""
+    return Settings(**overrides)
+
+
+def child_env(settings: Settings | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a child process (a worker, the explorer, the trainer): this
+    process's environment, the given settings written back as variables, and ``extra``."""
+    env = dict(os.environ)
+    if settings is not None:
+        for name, value in settings.model_dump().items():
+            if value is not None:
+                env[name.upper()] = str(value)
+    env.update(extra)
+    return env
