@@ -19,7 +19,7 @@ RESULTS = ROOT / "bench" / "results"
 
 def offline_pythia():
     """Write the Pythia-14m-shaped model into the benchmark's offline cache; return the repo."""
-    from catalog.offline import PYTHIA_REPO, write_pythia_cache
+    from offline_models import PYTHIA_REPO, write_pythia_cache
 
     write_pythia_cache(_HF_CACHE, [1000])
     return PYTHIA_REPO

@@ -19,7 +19,7 @@ def main(hi: int = 100, model: str = "builtin"):
 
     from catalog import builtin
     from catalog.config import MeasureConfig
-    from catalog.measurement import measure_layer, prepare, summarize
+    from catalog.run import CheckpointRun
     from catalog.sources import load_model
 
     if model == "builtin":
@@ -30,16 +30,16 @@ def main(hi: int = 100, model: str = "builtin"):
     config = MeasureConfig(operand_hi=hi, pairs_per_op=100)
     phases = {}
     t0 = time.perf_counter()
-    prep = prepare(lm.model, lm.tokenizer, config)
+    prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
     phases["prepare (prompts, grid pass, pairs)"] = time.perf_counter() - t0
     layers = {}
     for layer in range(lm.model.cfg.n_layers):
         t = time.perf_counter()
-        layers[layer] = measure_layer(lm.model, prep, layer)
+        layers[layer] = prep.run_layer(layer)
         phases[f"layer {layer}"] = time.perf_counter() - t
     t = time.perf_counter()
-    summarize(lm.model, prep, {k: v.effect for k, v in layers.items()},
-              {k: v.matches for k, v in layers.items()})
+    prep.summarize({k: v.effect for k, v in layers.items()},
+                   {k: v.matches for k, v in layers.items()})
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
     total = time.perf_counter() - t0
     save(f"measure_checkpoint_{model}_hi{hi}", {

@@ -12,22 +12,22 @@ def bench(name, lm, layers, hi, pairs):
     import torch
 
     from catalog.config import MeasureConfig
-    from catalog.measurement import prepare
     from catalog.patching import exact_patching
     from catalog.prompts import sample_pairs
+    from catalog.run import CheckpointRun
 
     from reference import naive_patching
 
     torch.set_num_threads(torch.get_num_threads())
-    prep = prepare(lm.model, lm.tokenizer, MeasureConfig(operand_hi=hi, pairs_per_op=pairs),
-                   layers=layers)
+    prep = CheckpointRun(lm.model, lm.tokenizer,
+                         MeasureConfig(operand_hi=hi, pairs_per_op=pairs), layers=layers).prepare()
     prep.table.correct[:] = True  # pairs from every prompt: the random model answers little
     clean, cf = sample_pairs(prep.table, "+", pairs, seed=0)
     fast_s = slow_s = 0.0
     max_diff = scale = 0.0
     for layer in layers:
         t, fast = timed(exact_patching, lm.model, prep.table, layer, clean, cf,
-                        prep.acts[layer][cf])
+                        prep.activations(layer)[cf])
         fast_s += t
         t, slow = timed(naive_patching, lm.model, prep.table, layer, clean, cf)
         slow_s += t

@@ -11,7 +11,7 @@ import torch
 
 from catalog import builtin
 from catalog.config import MeasureConfig
-from catalog.measurement import measure_layer, prepare
+from catalog.run import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import store
@@ -35,8 +35,8 @@ def main():
     builtin.train(builtin.TrainConfig())
     lm = load_model("builtin")
     config = MeasureConfig(operand_hi=100)
-    prep = prepare(lm.model, lm.tokenizer, config)
-    layer = measure_layer(lm.model, prep, 1)
+    prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
+    layer = prep.run_layer(1)
     rows = layer_rows(layer, prep, lm.tokenizer)
     n_rows = 2 * rows.d_mlp * len(rows.ops) + rows.d_mlp + len(rows.score)
     server = resolve_database_url()

@@ -1,8 +1,11 @@
 """The science of the arithmetic neuron catalog, usable from a notebook with no database.
 
-    from catalog import load_model, measure, MeasureConfig
+    from catalog import load_model, measure, ScienceConfig
     lm = load_model("builtin")                       # or "EleutherAI/pythia-14m", checkpoint=1000
-    result = measure(lm.model, lm.tokenizer, MeasureConfig(operand_hi=100))
+    result = measure(lm.model, lm.tokenizer, ScienceConfig(operand_hi=100))
+
+``measure`` drives a ``CheckpointRun`` (catalog.run), the one object that runs a
+checkpoint for every caller; docs/method.md defines what it measures.
 
 Names are imported on first use, so ``catalog.config`` or ``catalog.arith`` can be used
 without importing torch (the job system's parent process relies on that).
@@ -11,9 +14,15 @@ without importing torch (the job system's parent process relies on that).
 import importlib
 
 _EXPORTS = {
+    "ScienceConfig": "catalog.config",
+    "ExecutionConfig": "catalog.config",
     "MeasureConfig": "catalog.config",
-    "CheckpointResult": "catalog.measurement",
-    "LayerResult": "catalog.measurement",
+    "Settings": "catalog.settings",
+    "CheckpointRun": "catalog.run",
+    "CheckpointResult": "catalog.run",
+    "LayerResult": "catalog.run",
+    "Summary": "catalog.run",
+    "Matches": "catalog.matching",
     "measure": "catalog.measurement",
     "LoadedModel": "catalog.sources",
     "ModelInfo": "catalog.sources",

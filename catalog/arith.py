@@ -1,6 +1,6 @@
 """Arithmetic ground truth: the four operators, their results and validity rules.
 
-One place defines what a valid ``a op b`` cell is (method.md section 1), so that the
+One place defines what a valid ``a op b`` cell is (docs/method.md section 1), so that the
 trainer, the prompt grids and the heuristics can never disagree about it.
 """
 
@@ -34,7 +34,7 @@ def apply_op(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def is_valid(op: str, a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
-    """Boolean mask of valid cells (method.md): results are non-negative and at most ``limit``.
+    """Boolean mask of valid cells (docs/method.md): results are non-negative and at most ``limit``.
 
     ``+``: a + b <= limit; ``-``: b <= a; ``*``: a * b <= limit; ``/``: b >= 1.
     For ``-`` and ``/`` the result never exceeds ``a``; cells whose result would

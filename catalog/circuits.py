@@ -1,4 +1,4 @@
-"""Circuits, faithfulness and knockouts (method.md sections 6 and 8).
+"""Circuits, faithfulness and knockouts (docs/method.md sections 6 and 8).
 
 A circuit keeps the top-k neurons of every layer by patching effect. Its
 faithfulness compares the model with everything outside the circuit mean-ablated
@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Bool, Float
 from transformer_lens import HookedTransformer
 
-from catalog.grids import post_hook_name
+from catalog.grids import mlp_width, post_hook_name
 from catalog.heuristics import Heuristic
 from catalog.prompts import PromptTable
 
@@ -57,10 +57,10 @@ def position_means(
     n_layers = model.cfg.n_layers
     out = {}
     for length, idx in table.buckets().items():
-        total = torch.zeros(n_layers, length, model.cfg.d_mlp, dtype=torch.float64)
+        total = torch.zeros(n_layers, length, mlp_width(model), dtype=torch.float64)
         for start in range(0, len(idx), batch_size):
             chunk = idx[start:start + batch_size]
-            sums = {}
+            sums: dict[int, torch.Tensor] = {}
 
             def add(act, hook, _sums=sums):
                 _sums[hook.layer()] = act.double().sum(0).cpu()
@@ -111,7 +111,7 @@ def faithfulness_curve(
     """Faithfulness of the top-k-per-layer circuit for each k, on ``prompts``."""
     if len(prompts) == 0:
         return [(k, float("nan")) for k in ks]
-    curve = {k: [] for k in ks}
+    curve: dict[int, list[float]] = {k: [] for k in ks}
     nl_model_all, nl_empty_all = [], []
     for length, idx in table.buckets().items():
         sel = prompts[np.isin(prompts, idx)]

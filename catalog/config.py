@@ -1,15 +1,25 @@
-"""The measurement configuration: every choice that changes a stored number.
+"""Measurement configuration: what is measured (hashed) apart from how it is run (not).
 
-A config is validated when built (bad values raise ``ValueError`` naming the field
-and what would be right) and hashes deterministically, so that the same model,
-checkpoint and config always name the same catalog rows (method.md, Provenance).
+``ScienceConfig`` holds every choice that changes a stored number. It is validated
+when built (bad values raise ``ValueError`` naming the field and what would be
+right) and hashes deterministically, so that the same model, checkpoint and config
+always name the same catalog rows (docs/method.md, "Provenance").
+
+``ExecutionConfig`` holds how the work is batched and where it runs (batch sizes,
+device, activation budget). Every measured number is the same up to float rounding
+whatever it says, so it is never hashed or stored, and each worker may choose its own.
+
+Each field's metadata carries its help text (and, where it differs from
+``--field-name``, its command-line flag): the ``ncat`` flags and the explorer's job
+form are generated from it (``catalog.config_fields``), so each default and its
+help text live in exactly one place.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from catalog.arith import OPERATORS
 from catalog.tokens import NumberTokens
@@ -19,66 +29,57 @@ CATALOG_VERSION = "0.1.0"
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
 PATCHING_METHODS = ("exact", "attribution")
-# how the work is batched, not what is measured (see MeasureConfig)
-EXECUTION_FIELDS = ("batch_size", "patch_chunk")
+# keys that configs stored before the split carried; they never changed a number
+LEGACY_EXECUTION_KEYS = ("batch_size", "patch_chunk")
+
+
+def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
+    """A config field with its help text; ``form`` puts it on the explorer's job form."""
+    return field(default=default, metadata={"help": help, "flag": flag, "form": form, **extra})
 
 
 @dataclass(frozen=True)
-class MeasureConfig:
-    """What to measure and how (see method.md for each quantity).
+class ScienceConfig:
+    """What to measure and how (docs/method.md defines each quantity)."""
 
-    operators: subset of + - * /.
-    operand_lo, operand_hi: operands a, b range over [lo, hi) (paper: [0, 300)).
-    template: prompt text with {a}, {op}, {b}; few_shot: text put before it.
-    pairs_per_op: counterfactual pairs per operator for patching (paper: ~100).
-    seed: seeds pair sampling and every other random choice.
-    patching: which patching methods to run ("exact", "attribution").
-    heuristic_variant: "paper" (modulo n in 2..9, 11, 13, 15; Algorithm 1 for
-        patterns) or "code" (modulo n in 2..10; patterns counted among the top-K).
-    score_floor: heuristic scores below it are not returned.
-    match_threshold: score from which a neuron "implements" a heuristic (paper: 0.6);
-        used by knockouts and summaries, analysts may choose another in SQL.
-    score_bottom: also score bottom-k of each map: "auto" (gated MLPs only),
-        "always" or "never".
-    lens_top_k: top and bottom tokens kept per neuron from the full-vocabulary lens.
-    circuit_fractions: circuit sizes (share of each layer's neurons) for the
-        faithfulness curve.
-    faithfulness_prompts: correct prompts per operator used for faithfulness and
-        knockouts.
-    knockout_neurons: N of the prompt knockout (neurons per layer).
-    top_set_fraction: share of each layer's neurons (by effect) that the knockouts draw
-        from: the "top set" of method.md section 8.
-    pattern_top_k: K of the released code's pattern counting (variant "code").
-    multi_result_top: top cells examined by the multi-result heuristic (/ only).
-    batch_size: prompts per forward pass.
-    patch_chunk: neurons patched together in one batched forward.
-
-    batch_size and patch_chunk (EXECUTION_FIELDS) only trade memory for speed: every
-    number measured is the same up to float rounding, so they are left out of the hash
-    and a worker may choose its own (NCAT_BATCH_SIZE, NCAT_PATCH_CHUNK).
-    """
-
-    operators: tuple[str, ...] = OPERATORS
-    operand_lo: int = 0
-    operand_hi: int = 300
-    template: str = "{a}{op}{b}="
-    few_shot: str = ""
-    pairs_per_op: int = 100
-    seed: int = 0
-    patching: tuple[str, ...] = PATCHING_METHODS
-    heuristic_variant: str = "paper"
-    score_floor: float = 0.3
-    match_threshold: float = 0.6
-    score_bottom: str = "auto"
-    lens_top_k: int = 10
-    circuit_fractions: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
-    faithfulness_prompts: int = 200
-    knockout_neurons: int = 10
-    top_set_fraction: float = 0.05
-    pattern_top_k: int = 100
-    multi_result_top: int = 50
-    batch_size: int = 4096
-    patch_chunk: int = 64
+    operators: tuple[str, ...] = _opt(
+        OPERATORS, "operators to measure, e.g. '+-' (default all four)", flag="--ops",
+        form=True, kind="operators")
+    operand_lo: int = _opt(0, "smallest operand: a, b range over [lo, hi)", flag="--lo",
+                           form=True)
+    operand_hi: int = _opt(300, "operands range over [lo, hi); the paper used [0, 300), "
+                                "[0, 100) is 9x cheaper", flag="--hi", form=True)
+    template: str = _opt("{a}{op}{b}=", "prompt text with {a}, {op} and {b}")
+    few_shot: str = _opt("", "text put before every prompt (solved examples)")
+    pairs_per_op: int = _opt(100, "counterfactual pairs per operator for patching (paper: "
+                                  "about 100)", flag="--pairs", form=True)
+    seed: int = _opt(0, "seeds pair sampling and every other random choice", form=True)
+    patching: tuple[str, ...] = _opt(
+        PATCHING_METHODS, "patching methods, comma-separated: exact, attribution",
+        kind="words")
+    heuristic_variant: str = _opt(
+        "paper", "'paper' (modulo n in 2..9, 11, 13, 15; Algorithm 1 for patterns) or "
+        "'code' (the released code: modulo n in 2..10, patterns counted among the top K)",
+        flag="--variant", form=True, choices=HEURISTIC_VARIANTS)
+    score_floor: float = _opt(0.3, "heuristic scores below it are not stored")
+    match_threshold: float = _opt(
+        0.6, "score from which a neuron implements a heuristic (paper: 0.6); knockouts and "
+             "summaries use it, analysts may choose another in SQL")
+    score_bottom: str = _opt("auto", "also score the bottom-k of each map: auto (gated MLPs "
+                                     "only), always or never", choices=BOTTOM_MODES)
+    lens_top_k: int = _opt(10, "top and bottom vocabulary tokens kept per neuron's lens")
+    circuit_fractions: tuple[float, ...] = _opt(
+        (0.01, 0.02, 0.05, 0.1, 0.2, 0.5), "circuit sizes (share of each layer's neurons) "
+        "of the faithfulness curve, comma-separated", kind="floats")
+    faithfulness_prompts: int = _opt(200, "correct prompts per operator for faithfulness "
+                                          "and knockouts")
+    knockout_neurons: int = _opt(10, "N of the prompt knockout (neurons per layer)")
+    top_set_fraction: float = _opt(0.05, "share of each layer's neurons (by effect) that "
+                                         "the knockouts draw from (the top set)")
+    pattern_top_k: int = _opt(100, "K of the released code's pattern counting "
+                                   "(variant 'code')")
+    multi_result_top: int = _opt(50, "top cells examined by the multi-result heuristic "
+                                     "(/ only)")
 
     def __post_init__(self) -> None:
         # tuples keep the config hashable and its JSON stable, even if lists were passed
@@ -124,7 +125,7 @@ class MeasureConfig:
         if not self.circuit_fractions or any(not 0 < f <= 1 for f in self.circuit_fractions):
             raise ValueError(f"circuit_fractions must be in (0, 1], got {self.circuit_fractions}")
         for name in ("lens_top_k", "faithfulness_prompts", "knockout_neurons", "pattern_top_k",
-                     "multi_result_top", "batch_size", "patch_chunk"):
+                     "multi_result_top"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -138,7 +139,10 @@ class MeasureConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> MeasureConfig:
+    def from_dict(cls, d: dict) -> ScienceConfig:
+        """The config stored as JSON (keys of configs stored before the execution split,
+        which never changed a number, are ignored)."""
+        d = {k: v for k, v in d.items() if k not in LEGACY_EXECUTION_KEYS}
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -146,10 +150,9 @@ class MeasureConfig:
         return cls(**d)
 
     def config_hash(self) -> str:
-        """SHA-256 of the canonical JSON of this config (less the execution fields) and the
-        catalog version."""
-        config = {k: v for k, v in self.as_dict().items() if k not in EXECUTION_FIELDS}
-        blob = json.dumps({"config": config, "catalog": CATALOG_VERSION}, sort_keys=True)
+        """SHA-256 of the canonical JSON of this config and the catalog version."""
+        blob = json.dumps({"config": self.as_dict(), "catalog": CATALOG_VERSION},
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def check_tokens(self, numbers: NumberTokens) -> None:
@@ -170,3 +173,29 @@ class MeasureConfig:
         if self.heuristic_variant == "paper":
             return (2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 15)
         return tuple(range(2, 11))
+
+
+# The former name: every stored config is a ScienceConfig.
+MeasureConfig = ScienceConfig
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """How the work runs. Never hashed: each changes speed and memory, not the numbers."""
+
+    batch_size: int = _opt(4096, "prompts per forward pass (lower it on a small GPU)")
+    patch_chunk: int = _opt(64, "neurons patched together in one batched forward")
+    device: str = _opt("cpu", "torch device of the forward passes: cpu, cuda, cuda:1, ...",
+                       form=True)
+    activation_budget: int = _opt(
+        2 * 1024**3, "bytes of activations one grid pass may keep; over it, each layer's "
+                     "grid is computed when the layer runs and dropped once it is done")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "patch_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.activation_budget < 0:
+            raise ValueError(f"activation_budget must be >= 0, got {self.activation_budget}")
+        if not self.device:
+            raise ValueError("device is empty; use cpu, cuda or cuda:N")

@@ -1,4 +1,4 @@
-"""Activation grids (method.md section 3): every neuron's activation on every prompt.
+"""Activation grids (docs/method.md section 3): every neuron's activation on every prompt.
 
 For neuron n of layer L and operator op, ``K[a, b]`` is the neuron's activation
 after the non-linearity (``blocks.L.mlp.hook_post``) at the last prompt position
@@ -18,6 +18,15 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from catalog.prompts import PromptTable
+
+
+def mlp_width(model: HookedTransformer) -> int:
+    """The model's d_mlp (TransformerLens configs type it as optional; an MLP model has it)."""
+    d_mlp = model.cfg.d_mlp
+    if d_mlp is None:
+        raise ValueError(f"{model.cfg.model_name} has no MLP width (d_mlp); it has no MLP "
+                         "neurons to catalog")
+    return int(d_mlp)
 
 
 def post_hook_name(layer: int) -> str:
@@ -56,7 +65,7 @@ def run_grid(
     Returns layer -> float32 array (n_prompts, d_mlp) in table order.
     """
     n = len(table)
-    d_mlp = model.cfg.d_mlp
+    d_mlp = mlp_width(model)
     device = model.cfg.device
     acts = {layer: np.empty((n, d_mlp), dtype=np.float32) for layer in layers}
     correct = np.zeros(n, dtype=bool)

@@ -1,4 +1,4 @@
-"""Heuristics (method.md section 7): the prompt sets that neurons are matched against.
+"""Heuristics (docs/method.md section 7): the prompt sets that neurons are matched against.
 
 A heuristic H is a set S_H of grid prompts it is "about": op1 in [20, 30), result
 = 3 (mod 5), op2 ends in 7, op1 = op2, ... Families are pluggable (a registry that

@@ -1,4 +1,4 @@
-"""Logit lens of neurons (method.md section 4): what each value vector writes.
+"""Logit lens of neurons (docs/method.md section 4): what each value vector writes.
 
 An MLP layer adds ``sum_n k_n(x) * v_n`` to the residual stream, where ``v_n`` is
 row n of ``W_out``. Projecting ``v_n`` through the unembedding, ``lens_n = v_n @ W_U``,

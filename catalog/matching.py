@@ -1,4 +1,4 @@
-"""Heuristic matching scores (method.md section 7, Algorithm 1), for all neurons at once.
+"""Heuristic matching scores (docs/method.md section 7, Algorithm 1), for all neurons at once.
 
 For a heuristic H with k = |S_H| and a neuron's map M over the valid cells, the
 score is |top-k(M) ∩ S_H| / k. Ties at the k-th value are shared fairly: a cell
@@ -176,18 +176,72 @@ def reference_score(values: np.ndarray, member: np.ndarray, k: int | None = None
 
 
 @dataclass
-class MatchRows:
-    """Sparse scores of one (layer, operator): rows with score >= floor.
+class Matches:
+    """Heuristic scores of one layer: one row per (neuron, operator, heuristic) >= the floor.
 
-    neuron, heuristic (index into ``heuristics``), score, bottom (True when the
-    bottom-k score was the larger one and is the one stored).
+    The one representation of matches from the matcher to the writer and back:
+    neuron (int32), op (int8, index into the config's operators), heuristic (int32,
+    index into ``heuristics``), score (float32) and bottom (True when the bottom-k
+    score was the larger one and is the one kept). The writer reads the same arrays
+    (``schema.store.LayerRows.matches``), and ``from_records`` rebuilds them from
+    stored rows.
     """
 
     neuron: np.ndarray
+    op: np.ndarray
     heuristic: np.ndarray
     score: np.ndarray
     bottom: np.ndarray
     heuristics: list[Heuristic]
+
+    def __len__(self) -> int:
+        return len(self.neuron)
+
+    @classmethod
+    def empty(cls) -> Matches:
+        return cls(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(0, np.int32),
+                   np.zeros(0, np.float32), np.zeros(0, bool), [])
+
+    @classmethod
+    def from_records(cls, records) -> Matches:
+        """From (neuron, op index, Heuristic, score, bottom) tuples, in that order."""
+        records = list(records)
+        index: dict[str, int] = {}
+        heuristics: list[Heuristic] = []
+        hidx = []
+        for _, _, h, _, _ in records:
+            if h.key not in index:
+                index[h.key] = len(heuristics)
+                heuristics.append(h)
+            hidx.append(index[h.key])
+        return cls(np.array([r[0] for r in records], dtype=np.int32),
+                   np.array([r[1] for r in records], dtype=np.int8),
+                   np.array(hidx, dtype=np.int32),
+                   np.array([r[3] for r in records], dtype=np.float32),
+                   np.array([r[4] for r in records], dtype=bool), heuristics)
+
+    @classmethod
+    def concat(cls, parts: list[Matches]) -> Matches:
+        """Rows of every part, in order; heuristic indices re-based onto one list."""
+        out = cls.empty()
+        if not parts:
+            return out
+        offsets = np.cumsum([0] + [len(p.heuristics) for p in parts[:-1]])
+        return cls(np.concatenate([p.neuron for p in parts]).astype(np.int32),
+                   np.concatenate([p.op for p in parts]).astype(np.int8),
+                   np.concatenate([p.heuristic + o for p, o in zip(parts, offsets, strict=True)]
+                                  ).astype(np.int32),
+                   np.concatenate([p.score for p in parts]).astype(np.float32),
+                   np.concatenate([p.bottom for p in parts]).astype(bool),
+                   [h for p in parts for h in p.heuristics])
+
+    def row_heuristic(self, i: int) -> Heuristic:
+        return self.heuristics[int(self.heuristic[i])]
+
+    def neurons_matching(self, op: int, threshold: float) -> np.ndarray:
+        """Distinct neurons with a score >= ``threshold`` on operator index ``op``."""
+        sel = (self.op == op) & (self.score >= threshold)
+        return np.unique(self.neuron[sel])
 
 
 def score_partitions(
@@ -198,13 +252,15 @@ def score_partitions(
     with_bottom: bool,
     pattern_top_k: int = 100,
     cells: Cells | None = None,
-) -> MatchRows:
+    op: int = 0,
+) -> Matches:
     """Score every neuron against every partition's heuristics; keep scores >= floor.
 
     Operand heuristics use ``k_map``, result heuristics ``kv_map``. With
     ``with_bottom`` the bottom-k of each map (top-k of its negation) is scored too
     and the larger of the two is kept. With ``cells``, heuristics of one number
-    (op1, op2, result) take the faster ``value_group_scores`` path.
+    (op1, op2, result) take the faster ``value_group_scores`` path. ``op`` is the
+    operator's index, written into every row.
     """
     sides = [(k_map, kv_map)] + ([(-k_map, -kv_map)] if with_bottom else [])
     best: list[torch.Tensor | None] = [None] * len(partitions)
@@ -223,20 +279,24 @@ def score_partitions(
                 top_k = pattern_top_k if part.scoring == "count" else None
                 scores[i] = partition_scores(sorted_maps[part.direct], part, top_k)
         for (direct, target), idx in groups.items():
+            assert cells is not None  # groups are only formed with cells
             parts = [partitions[i] for i in idx]
             top_ks = [pattern_top_k if p.scoring == "count" else None for p in parts]
             for i, sc in zip(idx, value_group_scores(sorted_maps[direct], parts,
                                                      cells.values(target), top_ks), strict=True):
                 scores[i] = sc
         for i, sc in scores.items():
-            if best[i] is None:
+            prev = best[i]
+            if prev is None:
                 best[i], is_bottom[i] = sc, torch.zeros_like(sc, dtype=torch.bool)
             else:
-                better = sc > best[i]
-                best[i], is_bottom[i] = torch.where(better, sc, best[i]), better
+                better = sc > prev
+                best[i], is_bottom[i] = torch.where(better, sc, prev), better
     rows_n, rows_h, rows_s, rows_b = [], [], [], []
     heuristics: list[Heuristic] = []
-    for part, sc, bot in zip(partitions, best, is_bottom, strict=True):
+    for part, sc_or_none, bot_or_none in zip(partitions, best, is_bottom, strict=True):
+        assert sc_or_none is not None and bot_or_none is not None  # every partition scored
+        sc, bot = sc_or_none, bot_or_none
         if part.scoring == "count":
             sc = torch.where(sc >= 0.1, sc, torch.zeros_like(sc))  # keep >= K/10
         nz = torch.nonzero(sc >= floor)
@@ -246,11 +306,13 @@ def score_partitions(
         rows_b.append(bot[nz[:, 0], nz[:, 1]])
         heuristics.extend(part.heuristics)
     if not rows_n:
-        empty = np.zeros(0)
-        return MatchRows(empty.astype(np.int32), empty.astype(np.int32),
-                         empty.astype(np.float32), empty.astype(bool), heuristics)
-    return MatchRows(
-        neuron=torch.cat(rows_n).cpu().numpy().astype(np.int32),
+        out = Matches.empty()
+        out.heuristics = heuristics
+        return out
+    neuron = torch.cat(rows_n).cpu().numpy().astype(np.int32)
+    return Matches(
+        neuron=neuron,
+        op=np.full(len(neuron), op, dtype=np.int8),
         heuristic=torch.cat(rows_h).cpu().numpy().astype(np.int32),
         score=torch.cat(rows_s).cpu().numpy().astype(np.float32),
         bottom=torch.cat(rows_b).cpu().numpy(),
@@ -263,10 +325,13 @@ def multi_result_matches(
     result: np.ndarray,
     top: int = 50,
     coverage: float = 0.95,
-) -> list[tuple[int, Heuristic, float]]:
+    floor: float = 0.0,
+    op: int = 0,
+) -> Matches:
     """Division neurons whose top cells fall on 2-5 results covering >= ``coverage``.
 
-    Returns (neuron, heuristic "result in {...}", covered share) for each match.
+    One row per match: the heuristic "result in {...}" and the covered share as its
+    score (rows below ``floor`` are dropped; ``op`` is the operator's index).
     """
     n, c = kv_map.shape
     top = min(top, c)
@@ -284,7 +349,9 @@ def multi_result_matches(
         for r in range(2, min(5, len(uniq)) + 1):
             if cum[neuron, r - 1] >= coverage:
                 results = tuple(sorted(int(x) for x in uniq[order[neuron, :r]]))
-                out.append((neuron, Heuristic("multi_result", "result", results),
-                            float(cum[neuron, r - 1])))
+                share = float(cum[neuron, r - 1])
+                if share >= floor:
+                    out.append((neuron, op, Heuristic("multi_result", "result", results),
+                                share, False))
                 break
-    return out
+    return Matches.from_records(out)

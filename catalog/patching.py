@@ -1,4 +1,4 @@
-"""Patching effects of neurons (method.md section 5): exact and attribution patching.
+"""Patching effects of neurons (docs/method.md section 5): exact and attribution patching.
 
 Activation patching asks how much one neuron, by itself, carries the answer: run
 a clean prompt p (answer r) with neuron n's last-position activation replaced by
@@ -37,12 +37,12 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
-from catalog.grids import final_logits, post_hook_name
+from catalog.grids import final_logits, mlp_width, post_hook_name
 from catalog.prompts import PromptTable
 
 
 def patching_effect(p_r, p_rp, ps_r, ps_rp):
-    """The effect of method.md from probabilities (arrays or floats).
+    """The effect of docs/method.md from probabilities (arrays or floats).
 
     p_r, p_rp: clean probabilities of the clean answer r and the counterfactual
     answer r'; ps_r, ps_rp: the same under patching.
@@ -123,7 +123,7 @@ def exact_patching(
     ``cf_acts[j]`` is the layer's last-position activation vector on counterfactual
     prompt ``cf[j]``. Returns a float32 (d_mlp, n_pairs) array.
     """
-    n_layers, d_mlp = model.cfg.n_layers, model.cfg.d_mlp
+    n_layers, d_mlp = model.cfg.n_layers, mlp_width(model)
     device = model.cfg.device
     out = np.empty((d_mlp, len(clean)), dtype=np.float32)
     w_out = model.W_out[layer]  # (d_mlp, d_model)
@@ -133,6 +133,7 @@ def exact_patching(
         names |= {get_act_name("k", lay), get_act_name("v", lay)}
     for pb in pair_batches(table, clean, cf, device):
         logits, cache = model.run_with_cache(pb.tokens, names_filter=lambda n: n in names)
+        assert isinstance(logits, torch.Tensor)  # run_with_cache returns logits by default
         lp = logits[:, -1].log_softmax(-1)
         rows = torch.arange(len(pb.answer), device=device)
         lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
@@ -175,7 +176,8 @@ def attribution_patching(
     float32 (d_mlp, n_pairs).
     """
     device = model.cfg.device
-    out = {layer: np.empty((model.cfg.d_mlp, len(clean)), dtype=np.float32) for layer in layers}
+    d_mlp = mlp_width(model)
+    out = {layer: np.empty((d_mlp, len(clean)), dtype=np.float32) for layer in layers}
     for pb in pair_batches(table, clean, cf, device):
         saved: dict[int, torch.Tensor] = {}
 
@@ -195,7 +197,9 @@ def attribution_patching(
             metric.backward()
         for layer in layers:
             act = saved[layer][:, -1].detach()
-            grad = saved[layer].grad[:, -1]
+            grad_all = saved[layer].grad
+            assert grad_all is not None  # retained by the hook above
+            grad = grad_all[:, -1]
             delta = torch.as_tensor(cf_acts[layer][pb.positions], device=device,
                                     dtype=act.dtype) - act
             out[layer][:, pb.positions] = (grad * delta).T.float().cpu().numpy()

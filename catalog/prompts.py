@@ -94,8 +94,8 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
     config.check_tokens(numbers)
     limit = UNLIMITED if numbers.digit_level else numbers.limit
     side = np.arange(config.operand_lo, config.operand_hi)
-    ga, gb = np.meshgrid(side, side, indexing="ij")
-    ga, gb = ga.ravel(), gb.ravel()
+    grid_a, grid_b = np.meshgrid(side, side, indexing="ij")
+    ga, gb = grid_a.ravel(), grid_b.ravel()
     ops, aa, bb = [], [], []
     for i, op in enumerate(config.operators):
         ok = is_valid(op, ga, gb, limit)
@@ -145,7 +145,7 @@ def sample_pairs(
 
     Clean prompts are drawn without replacement from the correct prompts of ``op``;
     each counterfactual is drawn from the correct prompts of ALL operators of the
-    table whose answer token differs (method.md section 5). Seeded and
+    table whose answer token differs (docs/method.md section 5). Seeded and
     deterministic. Returns fewer pairs when fewer correct prompts exist.
     """
     if table.correct is None:

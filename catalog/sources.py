@@ -31,6 +31,7 @@ from transformer_lens import loading_from_pretrained as tl_loading
 
 from catalog import builtin
 from catalog.tokens import detect_number_tokens
+from catalog.weights import weights_hash
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.fl
         tok = tokenizer or AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:
         raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
-    whash = builtin.weights_hash(hf_model.state_dict())
+    whash = weights_hash(hf_model.state_dict())
     if not hf_model.config.architectures:  # GGUF configs do not record it
         hf_model.config.architectures = [type(hf_model).__name__]
     with tempfile.TemporaryDirectory() as tmp:
@@ -208,7 +209,7 @@ def _load_local(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.f
         tok = tokenizer or AutoTokenizer.from_pretrained(name)
     except Exception as exc:
         raise ModelSourceError(f"local model directory {name!r} cannot be loaded: {exc}") from exc
-    whash = builtin.weights_hash(hf_model.state_dict())
+    whash = weights_hash(hf_model.state_dict())
     model = _from_hf_model(hf_model, tok, name, device, dtype)
     info = _info(str(Path(name).resolve()), "local", None, None, whash, model, tok)
     return LoadedModel(model, tok, info)
@@ -258,7 +259,7 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
         where = f" at revision {revision}" if revision else ""
         raise ModelSourceError(
             f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
-    whash = builtin.weights_hash(hf_model.state_dict())
+    whash = weights_hash(hf_model.state_dict())
     # The checkpoint's own HF model is passed in, so TransformerLens converts exactly
     # these weights (its config is the same at every revision).
     model = HookedTransformer.from_pretrained(

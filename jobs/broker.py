@@ -6,14 +6,14 @@ local port with its files in ``$NCAT_HOME/redis``, so the demo runs on a bare ma
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from schema.settings import Settings, port_open
+from catalog.settings import Settings, get_settings
+from schema.settings import port_open
 
 
 def _free_port() -> int:
@@ -48,10 +48,10 @@ def start_embedded_redis(home: Path) -> str:
     return f"redis://127.0.0.1:{port}/0"
 
 
-def resolve_redis_url() -> str:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return url
+def resolve_redis_url(settings: Settings | None = None) -> str:
+    s = settings or get_settings()
+    if s.redis_url:
+        return s.redis_url
     if port_open("localhost", 6379):
         return "redis://localhost:6379/0"
-    return start_embedded_redis(Settings().ncat_home)
+    return start_embedded_redis(s.ncat_home)

@@ -13,23 +13,21 @@ initialises CUDA; the tasks import them inside the child.
 
 from __future__ import annotations
 
-import os
-
 from celery import Celery
 
+from catalog.settings import Settings, get_settings
 from jobs.broker import resolve_redis_url
-
-DEFAULT_VISIBILITY_TIMEOUT = 6 * 3600
 
 
 def queue_name() -> str:
-    return os.environ.get("NCAT_QUEUE", "ncat")
+    return get_settings().ncat_queue
 
 
-def make_app() -> Celery:
-    """A Celery app configured from the environment (broker URL, queue, timeouts)."""
-    app = Celery("ncat", broker=resolve_redis_url(), include=["jobs.tasks"])
-    visibility = int(os.environ.get("NCAT_VISIBILITY_TIMEOUT", DEFAULT_VISIBILITY_TIMEOUT))
+def make_app(settings: Settings | None = None) -> Celery:
+    """A Celery app configured from the settings (broker URL, queue, timeouts)."""
+    settings = settings or get_settings()
+    app = Celery("ncat", broker=resolve_redis_url(settings), include=["jobs.tasks"])
+    visibility = settings.ncat_visibility_timeout
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -38,7 +36,7 @@ def make_app() -> Celery:
         broker_transport_options={"visibility_timeout": visibility},
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,
-        task_default_queue=queue_name(),
+        task_default_queue=settings.ncat_queue,
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,

@@ -15,68 +15,77 @@ import sys
 import time
 from pathlib import Path
 
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
+from catalog.settings import Settings, child_env, get_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 # The demo catalogs operands in [0, 100): on 2 CPU cores a full built-in checkpoint then
 # takes well under a minute (the paper's [0, 300) grid takes about 9x longer).
-DEMO_CONFIG = MeasureConfig(operand_hi=100)
+DEMO_CONFIG = ScienceConfig(operand_hi=100)
 
 
-def _start_worker(log: Path) -> subprocess.Popen:
+def _start_worker(log: Path, settings: Settings) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "jobs.cli", "worker", "--loglevel", "warning",
-                             "--hostname", "demo@%h"], cwd=ROOT, env=dict(os.environ),
+                             "--hostname", "demo@%h"], cwd=ROOT, env=child_env(settings),
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
 
-def catalog_all(model: str = "builtin", config: MeasureConfig = DEMO_CONFIG,
-                progress: bool = True) -> dict:
+def demo_settings(settings: Settings | None = None) -> Settings:
+    """The demo's settings: a database and a broker found or started (embedded fallbacks),
+    and its own queue unless NCAT_QUEUE names one."""
+    from jobs.broker import resolve_redis_url
+    from schema.settings import resolve_database_url, with_driver
+
+    s = settings or get_settings()
+    url = with_driver(s.database_url) if s.database_url else resolve_database_url(s)
+    queue = s.ncat_queue if "ncat_queue" in s.model_fields_set else "ncat-demo"
+    return s.model_copy(update={"database_url": url, "redis_url": resolve_redis_url(s),
+                                "ncat_queue": queue})
+
+
+def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
+                progress: bool = True, settings: Settings | None = None) -> dict:
     """The non-interactive part: services, migration, training, queue, worker, wait."""
     from tqdm.auto import tqdm
 
     from catalog import builtin
-    from jobs.broker import resolve_redis_url
-    from jobs.enqueue import enqueue, job_statuses, retry
+    from jobs.enqueue import celery_sender, enqueue, job_statuses, retry
     from schema.engine import migrate
-    from schema.settings import Settings, resolve_database_url, with_driver
 
-    db = os.environ.get("DATABASE_URL")
-    url = migrate(with_driver(db) if db else resolve_database_url())
-    os.environ["DATABASE_URL"] = url
-    os.environ["REDIS_URL"] = resolve_redis_url()
-    os.environ.setdefault("NCAT_QUEUE", "ncat-demo")
+    s = demo_settings(settings)
+    url = migrate(s.database_url)
+    send = celery_sender(s)
     if model in ("builtin", builtin.BUILTIN_NAME):
-        builtin.train(builtin.TrainConfig(), progress=progress)
-    jobs = enqueue(url, model, "all", config)
+        builtin.train(builtin.TrainConfig(), root=s.builtin_root, progress=progress)
+    jobs = enqueue(url, model, "all", config, send=send)
     ids = [j.job_id for j in jobs]
-    for s in job_statuses(url, ids):
-        if s.status in ("failed", "cancelled"):
-            retry(url, s.job_id)
+    for st in job_statuses(url, ids):
+        if st.status in ("failed", "cancelled"):
+            retry(url, st.job_id, send=send)
     status = job_statuses(url, ids)
-    total = sum(s.layers_total for s in status)
+    total = sum(st.layers_total for st in status)
     worker = None
-    if any(s.status != "done" for s in status):
-        home = Settings().ncat_home
-        home.mkdir(parents=True, exist_ok=True)
-        worker = _start_worker(home / "demo-worker.log")
+    log_path = s.ncat_home / "demo-worker.log"
+    if any(st.status != "done" for st in status):
+        s.ncat_home.mkdir(parents=True, exist_ok=True)
+        worker = _start_worker(log_path, s)
     try:
         with tqdm(total=total, desc="cataloging checkpoints", unit="layer",
                   disable=not progress) as bar:
             while True:
                 status = job_statuses(url, ids)
-                done = sum(s.layers_done for s in status)
+                done = sum(st.layers_done for st in status)
                 bar.update(done - bar.n)
-                if all(s.status in ("done", "failed") for s in status):
+                if all(st.status in ("done", "failed") for st in status):
                     break
                 if worker is not None and worker.poll() is not None:
-                    raise RuntimeError("the demo worker stopped; see "
-                                       f"{Settings().ncat_home / 'demo-worker.log'}")
+                    raise RuntimeError(f"the demo worker stopped; see {log_path}")
                 time.sleep(0.5)
     finally:
         if worker is not None and worker.poll() is None:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
-    failed = [s for s in status if s.status == "failed"]
+    failed = [st for st in status if st.status == "failed"]
     return {"database_url": url, "jobs": len(status), "layers": total,
-            "failed": [(s.job_id, s.step, s.error) for s in failed]}
+            "failed": [(st.job_id, st.step, st.error) for st in failed]}

@@ -15,8 +15,10 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from catalog.config import CATALOG_VERSION, MeasureConfig
+from catalog.config import CATALOG_VERSION, ScienceConfig
+from schema import jobs as jobdb
 from schema import store
+from schema.jobs import Status
 
 
 class EnqueueError(ValueError):
@@ -65,7 +67,7 @@ def parse_checkpoints(model: str, spec: str | list | None) -> list[int | None]:
     return out
 
 
-def plan(model: str, checkpoints, config: MeasureConfig, layers: list[int] | None) -> list[Planned]:
+def plan(model: str, checkpoints, config: ScienceConfig, layers: list[int] | None) -> list[Planned]:
     """Validate a request completely; raises EnqueueError naming what is wrong."""
     # imported here: loading transformer_lens takes seconds, and status, cancel and retry
     # (which share this module) need none of it
@@ -97,7 +99,7 @@ def plan(model: str, checkpoints, config: MeasureConfig, layers: list[int] | Non
         raise EnqueueError(str(exc)) from None
 
 
-def job_key(model: str, step: int | None, config: MeasureConfig, layers: list[int]) -> str:
+def job_key(model: str, step: int | None, config: ScienceConfig, layers: list[int]) -> str:
     blob = json.dumps({"model": model, "step": step, "config": config.config_hash(),
                        "layers": sorted(layers)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -113,14 +115,14 @@ class Enqueued:
     stored: bool = False  # True: new, but the catalog held all of it, so nothing was queued
 
 
-def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None = None,
+def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None = None,
             layers: list[int] | None = None, device: str = "cpu", force: bool = False,
             send=None) -> list[Enqueued]:
     """Create (or find) one job per checkpoint and queue its layers.
 
     ``send(job_id, layer)`` queues one task; by default through Celery.
     """
-    config = config or MeasureConfig()
+    config = config or ScienceConfig()
     planned = plan(model, checkpoints, config, layers)
     send = send or _celery_send
     results, to_send = [], []
@@ -133,27 +135,18 @@ def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None
             have = None if force else store.find_stored(
                 conn, model_name=p.model, step=p.step, config_hash=config.config_hash())
             done = have is not None and have.covers(p.layers)
-            status = "done" if done else "queued"
-            row = conn.execute(
-                "INSERT INTO job (job_key, model_name, step, config_id, layers, device, force, "
-                "status, checkpoint_id, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
-                "%s, CASE WHEN %s THEN now() END) ON CONFLICT (job_key) DO NOTHING RETURNING id",
-                (key, p.model, p.step, config_id, p.layers, device, force,
-                 status, have.checkpoint_id if have else None,
-                 done)).fetchone()
-            if row:
-                job_id = row[0]
-                for layer in p.layers:
-                    conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts, "
-                                 "finished_at) VALUES (%s, %s, %s, 0, CASE WHEN %s THEN now() "
-                                 "END)", (job_id, layer, status, done))
+            job_id = jobdb.insert_job(conn, key=key, model=p.model, step=p.step,
+                                      config_id=config_id, layers=p.layers, device=device,
+                                      force=force, done=done,
+                                      checkpoint_id=have.checkpoint_id if have else None)
+            if job_id is not None:
                 if not done:
                     to_send += [(job_id, layer) for layer in p.layers]
                 results.append(Enqueued(job_id, p.model, p.step, p.layers, True, stored=done))
                 continue
-            job_id = conn.execute("SELECT id FROM job WHERE job_key = %s", (key,)).fetchone()[0]
+            job_id = jobdb.job_id_by_key(conn, key)
             if force:
-                _requeue(conn, job_id, only_unfinished=False, force=True)
+                jobdb.requeue(conn, job_id, only_unfinished=False, force=True)
                 to_send += [(job_id, layer) for layer in p.layers]
             results.append(Enqueued(job_id, p.model, p.step, p.layers, False))
     for job_id, layer in to_send:  # after commit: a worker must find the rows
@@ -161,21 +154,22 @@ def enqueue(url: str, model: str, checkpoints=None, config: MeasureConfig | None
     return results
 
 
-def _requeue(conn, job_id: int, only_unfinished: bool, force: bool) -> list[int]:
-    cond = "AND status <> 'done'" if only_unfinished else ""
-    layers = [r[0] for r in conn.execute(
-        f"UPDATE job_layer SET status = 'queued', error = NULL WHERE job_id = %s {cond} "
-        "RETURNING layer", (job_id,)).fetchall()]
-    conn.execute("UPDATE job SET status = 'queued', error = NULL, failed_layer = NULL, "
-                 "force = %s, finished_at = NULL, updated_at = now() WHERE id = %s",
-                 (force, job_id))
-    return sorted(layers)
-
-
 def _celery_send(job_id: int, layer: int) -> None:
     from jobs.celery_app import queue_name
 
     _app().send_task("ncat.run_layer", args=[job_id, layer], queue=queue_name())
+
+
+def celery_sender(settings):
+    """A ``send(job_id, layer)`` through the broker and queue of ``settings``."""
+    from jobs.celery_app import make_app
+
+    app = make_app(settings)
+
+    def send(job_id: int, layer: int) -> None:
+        app.send_task("ncat.run_layer", args=[job_id, layer], queue=settings.ncat_queue)
+
+    return send
 
 
 _APP = None
@@ -193,17 +187,12 @@ def _app():
 def cancel(url: str, job_id: int) -> str:
     """Stop a job: queued layers are skipped; layers already stored stay."""
     with store.connect(url) as conn, conn.transaction():
-        row = conn.execute("UPDATE job SET status = 'cancelled', updated_at = now(), "
-                           "finished_at = now() WHERE id = %s AND status IN "
-                           "('queued', 'running') RETURNING id", (job_id,)).fetchone()
-        if row:
-            conn.execute("UPDATE job_layer SET status = 'cancelled' WHERE job_id = %s AND "
-                         "status = 'queued'", (job_id,))
-            return "cancelled"
-        status = conn.execute("SELECT status FROM job WHERE id = %s", (job_id,)).fetchone()
+        status = jobdb.cancel(conn, job_id)
     if status is None:
+        return "cancelled"
+    if status == "missing":
         raise EnqueueError(f"there is no job {job_id}")
-    raise EnqueueError(f"job {job_id} is {status[0]}; only queued or running jobs can be "
+    raise EnqueueError(f"job {job_id} is {status}; only queued or running jobs can be "
                        "cancelled")
 
 
@@ -211,39 +200,22 @@ def retry(url: str, job_id: int, send=None) -> list[int]:
     """Queue again the unfinished layers of a failed or cancelled job; returns them."""
     send = send or _celery_send
     with store.connect(url) as conn, conn.transaction():
-        status = conn.execute("SELECT status FROM job WHERE id = %s", (job_id,)).fetchone()
+        status = jobdb.job_status(conn, job_id)
         if status is None:
             raise EnqueueError(f"there is no job {job_id}")
-        if status[0] not in ("failed", "cancelled"):
-            raise EnqueueError(f"job {job_id} is {status[0]}; only failed or cancelled jobs "
+        if status not in (Status.FAILED, Status.CANCELLED):
+            raise EnqueueError(f"job {job_id} is {status}; only failed or cancelled jobs "
                                "can be retried")
-        layers = _requeue(conn, job_id, only_unfinished=True, force=False)
+        layers = jobdb.requeue(conn, job_id, only_unfinished=True, force=False)
     for layer in layers:
         send(job_id, layer)
     return layers
 
 
-@dataclass
-class JobStatus:
-    job_id: int
-    model: str
-    step: int | None
-    status: str
-    layers_total: int
-    layers_done: int
-    error: str | None
-    failed_layer: int | None
-    workers: list[str]
+JobStatus = jobdb.JobProgress
 
 
 def job_statuses(url: str, job_ids: list[int] | None = None) -> list[JobStatus]:
     """Progress of jobs (all, or the given ones), newest last."""
     with store.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT j.id, j.model_name, j.step, j.status, count(l.layer), "
-            "count(l.layer) FILTER (WHERE l.status = 'done'), j.error, j.failed_layer, "
-            "array_remove(array_agg(DISTINCT l.worker), NULL) "
-            "FROM job j LEFT JOIN job_layer l ON l.job_id = j.id "
-            "WHERE %s::int[] IS NULL OR j.id = ANY(%s::int[]) "
-            "GROUP BY j.id ORDER BY j.id", (job_ids, job_ids)).fetchall()
-    return [JobStatus(*r) for r in rows]
+        return jobdb.progress(conn, job_ids)

@@ -1,8 +1,10 @@
-"""Join the science and the store: measure a checkpoint and write it, layer by layer.
+"""Join the science and the store: register a run, convert its results, write them.
 
-``catalog`` knows nothing of the database and ``schema`` nothing of catalog's types;
-this module converts between them and runs the whole pipeline for one checkpoint
-without a queue. The Celery tasks call the same functions.
+``catalog`` knows nothing of the database and ``schema`` nothing of catalog's internals;
+this module converts between them (a ``LayerResult`` into the writer's ``LayerRows``,
+a ``Summary`` into the summary row) and runs one checkpoint without a queue
+(``catalog_checkpoint``, used by ``ncat catalog``). The Celery worker (``jobs.runner``)
+uses the same functions.
 """
 
 from __future__ import annotations
@@ -10,21 +12,14 @@ from __future__ import annotations
 import math
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import psycopg
 
-from catalog.config import CATALOG_VERSION, MeasureConfig
-from catalog.measurement import (
-    LayerResult,
-    Matches,
-    Prepared,
-    Summary,
-    measure_layer,
-    prepare,
-    summarize,
-)
+from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
+from catalog.run import CheckpointRun, LayerResult, Summary
 from catalog.sources import LoadedModel
 from schema import store
 
@@ -36,7 +31,7 @@ class CatalogIds:
     config_id: int
 
 
-def register(conn: psycopg.Connection, lm: LoadedModel, config: MeasureConfig) -> CatalogIds:
+def register(conn: psycopg.Connection, lm: LoadedModel, config: ScienceConfig) -> CatalogIds:
     """Upsert the model, checkpoint and config rows; returns their ids."""
     info = lm.info.as_dict()
     with conn.transaction():
@@ -50,43 +45,32 @@ def register(conn: psycopg.Connection, lm: LoadedModel, config: MeasureConfig) -
     return CatalogIds(model_id, checkpoint_id, config_id)
 
 
-def write_layouts(conn: psycopg.Connection, prep: Prepared, ids: CatalogIds) -> None:
-    """Store each operator's valid-cell mask (how grids map back to a, b)."""
-    table = prep.table
+def write_layouts(conn: psycopg.Connection, run: CheckpointRun, ids: CatalogIds) -> None:
+    """Store each operator's valid-cell mask and answer positions (how grids map to a, b)."""
     with conn.transaction():
-        for op in prep.config.operators:
-            idx = table.op_index(op)
-            valid = np.zeros(table.side * table.side, dtype=bool)
-            valid[table.cell_index(idx)] = True
+        for g in run.grid_layouts():
             store.upsert_grid_layout(conn, config_id=ids.config_id,
-                                     number_limit=prep.numbers.limit, op=op, lo=table.lo,
-                                     side=table.side, valid=valid,
-                                     answer_index=answer_positions(prep, idx))
+                                     number_limit=run.numbers.limit, op=g.op, lo=g.lo,
+                                     side=g.side, valid=g.valid, answer_index=g.answer_index)
 
 
-def answer_positions(prep: Prepared, idx: np.ndarray) -> np.ndarray:
-    """Position of each prompt's answer token on the lens's number axis (number_ids)."""
-    where = {int(t): i for i, t in enumerate(prep.number_ids)}
-    return np.array([where[int(t)] for t in prep.table.answer[idx]], dtype=np.int32)
-
-
-def layer_rows(result: LayerResult, prep: Prepared, tokenizer) -> store.LayerRows:
+def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.LayerRows:
     """Convert one catalog LayerResult into the store's plain arrays."""
-    table, ops = prep.table, list(prep.config.operators)
+    table, ops = run.table, list(run.config.operators)
     nan = np.full_like(result.max_act, np.nan)
+
+    def measured(x):
+        return x if x is not None else nan
+
     stats = {
         "max_act": result.max_act, "mean_act": result.mean_act, "density": result.density,
-        "effect_exact": result.effect_exact if result.effect_exact is not None else nan,
-        "effect_exact_std": result.effect_exact_std if result.effect_exact_std is not None
-        else nan,
-        "effect_attr": result.effect_attr if result.effect_attr is not None else nan,
-        "effect_attr_std": result.effect_attr_std if result.effect_attr_std is not None else nan,
+        "effect_exact": measured(result.effect_exact),
+        "effect_exact_std": measured(result.effect_exact_std),
+        "effect_attr": measured(result.effect_attr),
+        "effect_attr_std": measured(result.effect_attr_std),
         "rank": result.rank,
     }
     accuracy = np.array([table.correct[table.op_index(op)].mean() for op in ops])
-    m = result.matches
-    heuristics = {h.key: store.HeuristicRow(h.key, h.family, h.target, list(h.params), h.label)
-                  for h in m.heuristic}
 
     def tokens(ids):
         return [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
@@ -98,8 +82,7 @@ def layer_rows(result: LayerResult, prep: Prepared, tokenizer) -> store.LayerRow
         lens_top_tokens=tokens(result.lens.top_ids), lens_top_values=result.lens.top_values,
         lens_bottom_tokens=tokens(result.lens.bottom_ids),
         lens_bottom_values=result.lens.bottom_values,
-        score_neuron=m.neuron, score_op=m.op, score_heuristic=[h.key for h in m.heuristic],
-        score=m.score, score_bottom=m.bottom, heuristics=heuristics)
+        matches=result.matches)
 
 
 def _clean(x):
@@ -115,51 +98,52 @@ def _clean(x):
     return x
 
 
-def summary_dict(summary: Summary, matches: dict[int, Matches], config: MeasureConfig) -> dict:
-    """The checkpoint_summary row: summary plus heuristic-neuron counts per operator."""
-    counts = {}
-    for o, op in enumerate(config.operators):
-        n = 0
-        for m in matches.values():
-            sel = (m.op == o) & (m.score >= config.match_threshold)
-            n += len(np.unique(m.neuron[sel]))
-        counts[op] = n
+def summary_dict(summary: Summary) -> dict:
+    """The checkpoint_summary row of a Summary."""
     return _clean({
         "accuracy": summary.accuracy,
         "faithfulness": {op: [[k, f] for k, f in curve]
                          for op, curve in summary.faithfulness.items()},
         "heuristic_knockouts": summary.heuristic_knockouts,
         "prompt_knockouts": summary.prompt_knockouts,
-        "n_heuristic_neurons": counts,
+        "n_heuristic_neurons": summary.n_heuristic_neurons,
     })
 
 
+def store_layer(conn: psycopg.Connection, run: CheckpointRun, ids: CatalogIds, layer: int,
+                tokenizer, worker: str) -> LayerResult:
+    """Measure one layer and write it in one transaction; returns the result."""
+    t0 = time.perf_counter()
+    result = run.run_layer(layer)
+    store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                      config_id=ids.config_id, rows=layer_rows(result, run, tokenizer),
+                      worker=worker, seconds=time.perf_counter() - t0)
+    return result
+
+
 def catalog_checkpoint(
-    url: str, lm: LoadedModel, config: MeasureConfig, layers: list[int] | None = None,
-    progress: bool = False,
+    url: str, lm: LoadedModel, config: ScienceConfig, layers: list[int] | None = None,
+    progress: bool = False, execution: ExecutionConfig | None = None,
+    on_layer: Callable[[int], None] | None = None,
 ) -> CatalogIds:
     """Measure ``lm`` and write every layer, then the summary, then refresh the views."""
+    run = CheckpointRun(lm.model, lm.tokenizer, config, execution or ExecutionConfig(), layers)
     with store.connect(url) as conn:
         ids = register(conn, lm, config)
-        prep = prepare(lm.model, lm.tokenizer, config, layers, progress=progress)
-        write_layouts(conn, prep, ids)
+        run.prepare(progress=progress)
+        write_layouts(conn, run, ids)
         results = {}
-        todo = layers if layers is not None else list(range(lm.model.cfg.n_layers))
-        for layer in todo:
-            t0 = time.perf_counter()
-            results[layer] = measure_layer(lm.model, prep, layer)
-            store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
-                              config_id=ids.config_id,
-                              rows=layer_rows(results[layer], prep, lm.tokenizer),
-                              worker=socket.gethostname(), seconds=time.perf_counter() - t0)
+        for layer in run.layers:
+            results[layer] = store_layer(conn, run, ids, layer, lm.tokenizer,
+                                         socket.gethostname())
+            run.release(layer)
+            if on_layer:
+                on_layer(layer)
         if len(results) == lm.model.cfg.n_layers:
-            summ = summarize(lm.model, prep, {k: v.effect for k, v in results.items()},
-                             {k: v.matches for k, v in results.items()})
+            summ = run.summarize({k: v.effect for k, v in results.items()},
+                                 {k: v.matches for k, v in results.items()})
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
-                                    config_id=ids.config_id,
-                                    summary=summary_dict(
-                                        summ, {k: v.matches for k, v in results.items()},
-                                        config))
+                                    config_id=ids.config_id, summary=summary_dict(summ))
                 store.refresh_views(conn)
     return ids

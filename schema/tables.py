@@ -124,7 +124,7 @@ class GridLayout(SQLModel, table=True):
     answer_index: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
 
 
-class Heuristic(SQLModel, table=True):
+class HeuristicRow(SQLModel, table=True):
     __tablename__ = "heuristic"
     id: int | None = Field(default=None, primary_key=True)
     key: str = Field(sa_column=Column(Text, nullable=False, unique=True))

@@ -4,6 +4,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 . .venv/bin/activate
+# lint and types first: they take seconds and name the line that is wrong
+ruff check . || exit 1
+mypy || exit 1
 python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

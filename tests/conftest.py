@@ -17,7 +17,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from catalog import builtin  # noqa: E402
-from catalog.offline import PYTHIA_REPO, write_pythia_cache  # noqa: E402
+
+from offline_models import PYTHIA_REPO, write_pythia_cache  # noqa: E402
 
 PYTHIA_STEPS = [1000, 2000]
 

@@ -18,4 +18,6 @@ pages = [
     st.Page(sql_console.render, title="SQL console", url_path="sql"),
     st.Page(jobs_page.render, title="Jobs", url_path="jobs"),
 ]
+st.sidebar.caption("What every number means: docs/method.md in the repository "
+                   "(activation grids, logit lens, patching effects, heuristic scores).")
 st.navigation(pages).run()

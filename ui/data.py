@@ -7,7 +7,6 @@ is paged or bounded: no page loads a whole table.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -17,6 +16,8 @@ import psycopg
 import streamlit as st
 from sqlalchemy import create_engine, text
 
+from catalog.settings import get_settings
+from schema import jobs as jobdb
 from schema import store
 from schema.export import as_reader
 from schema.settings import resolve_database_url, with_driver
@@ -28,7 +29,7 @@ SQL_TIMEOUT_MS = 5000
 
 @st.cache_resource
 def database_url() -> str:
-    url = os.environ.get("DATABASE_URL")
+    url = get_settings().database_url
     return with_driver(url) if url else resolve_database_url()
 
 
@@ -77,12 +78,14 @@ def configs(model_id: int) -> pd.DataFrame:
 
 @st.cache_data(ttl=2)
 def jobs(limit: int = 50) -> pd.DataFrame:
-    return query(
-        "SELECT j.id, j.model_name AS model, j.step, j.status, "
-        "count(l.layer) AS layers, count(l.layer) FILTER (WHERE l.status = 'done') AS done, "
-        "j.error, j.failed_layer, j.updated_at FROM job j "
-        "LEFT JOIN job_layer l ON l.job_id = j.id GROUP BY j.id ORDER BY j.id DESC "
-        "LIMIT :n", n=limit)
+    """The newest jobs with their progress (schema.jobs.progress, the one such query)."""
+    with store.connect(database_url()) as conn:
+        rows = jobdb.progress(conn, newest_first=True, limit=limit)
+    return pd.DataFrame(
+        [(r.job_id, r.model, r.step, r.status, r.layers_total, r.layers_done, r.error,
+          r.failed_layer, r.updated_at) for r in rows],
+        columns=["id", "model", "step", "status", "layers", "done", "error", "failed_layer",
+                 "updated_at"])
 
 
 @st.cache_data(ttl=TTL)

@@ -108,6 +108,14 @@ def queue(db, redis_url, tiny_builtin, monkeypatch):
         def queued_messages(self) -> int:
             return redis.Redis.from_url(redis_url).llen(env["NCAT_QUEUE"])
 
+        def unacked_messages(self) -> int:
+            """Messages of this queue delivered to a worker and not yet acknowledged (the
+            broker's 'unacked' hash holds [message, exchange, routing key] per delivery)."""
+            import json
+
+            held = redis.Redis.from_url(redis_url).hvals("unacked")
+            return sum(json.loads(v)[2] == env["NCAT_QUEUE"] for v in held)
+
     yield Queue()
     for proc in workers:
         if proc.poll() is None:

@@ -67,7 +67,17 @@ def test_search_filters_and_pages_server_side(catalog_env):
         total = conn.execute("SELECT count(*) FROM neuron_op n JOIN checkpoint c ON "
                              "c.id = n.checkpoint_id WHERE c.step = 300").fetchone()[0]
     assert f"**{total}** neuron-operator rows match" in text_of(at)
-    assert first.effect_exact.is_monotonic_decreasing or first.effect_exact.isna().any()
+    eff = first.effect_exact
+    known = eff.dropna()
+    assert len(known) > 0 and known.is_monotonic_decreasing
+    assert eff.isna().to_numpy()[len(known):].all()  # NULLS LAST: no value after a NaN
+    with store.connect(catalog_env) as conn:
+        top = [r[0] for r in conn.execute(
+            "SELECT n.effect_exact FROM neuron_op n JOIN checkpoint c ON c.id = n.checkpoint_id "
+            "WHERE c.step = 300 ORDER BY n.effect_exact DESC NULLS LAST LIMIT 50").fetchall()]
+    np.testing.assert_allclose(eff.to_numpy(dtype=float),
+                               np.array([np.nan if v is None else v for v in top], dtype=float),
+                               rtol=1e-6)
     assert first.open.str.startswith("/neuron?model_id=").all()
     # filter: operator +, heuristic label, min score
     at.selectbox(key="s-op").select("+").run()

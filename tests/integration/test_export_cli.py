@@ -52,3 +52,18 @@ def test_catalog_command_stores_checkpoints(db, tiny_builtin, capsys, monkeypatc
     assert count(db, "SELECT count(DISTINCT step) FROM neuron_evolution") == 2
     assert main(["catalog", "builtin", "--checkpoints", "1:0:0", "--database-url", db]) == 2
     assert "start:stop:step" in capsys.readouterr().err
+
+
+def test_commands_that_write_ask_for_a_migration_instead_of_migrating(empty_db, capsys):
+    """Only `ncat migrate` (and the demo) change the schema; catalog and enqueue say what
+    to run, with exit code 2, and write nothing."""
+    for argv in (["catalog", "builtin", "--hi", "12"], ["enqueue", "builtin", "--hi", "12"]):
+        assert main(argv + ["--database-url", empty_db]) == 2
+        err = capsys.readouterr().err
+        assert "is not migrated" in err and "run `ncat migrate`" in err, err
+    assert count(empty_db, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == 0
+    assert main(["migrate", "--database-url", empty_db]) == 0
+    with store.connect(empty_db, autocommit=True) as conn:  # an older schema
+        conn.execute("UPDATE alembic_version SET version_num = '0001'")
+    assert main(["catalog", "builtin", "--hi", "12", "--database-url", empty_db]) == 2
+    assert "is at revision 0001" in capsys.readouterr().err

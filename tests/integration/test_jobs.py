@@ -3,7 +3,6 @@
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +53,9 @@ def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
                     "SELECT s.neuron, s.op, h.key, s.score FROM neuron_score s JOIN heuristic h "
                     "ON h.id = s.heuristic_id WHERE s.checkpoint_id = %s AND s.layer = %s",
                     (ck, layer)).fetchall()
-                want = {(int(n), CONFIG.operators[o], h.key, float(s)) for n, o, h, s in zip(
-                    lr.matches.neuron, lr.matches.op, lr.matches.heuristic, lr.matches.score,
-                    strict=True)}
+                m = lr.matches
+                want = {(int(n), CONFIG.operators[o], m.heuristics[h].key, float(s))
+                        for n, o, h, s in zip(m.neuron, m.op, m.heuristic, m.score, strict=True)}
                 assert {(n, op, k, np.float32(s)) for n, op, k, s in scores} == {
                     (n, op, k, np.float32(s)) for n, op, k, s in want}
                 ids = conn.execute("SELECT model_id, config_id FROM neuron_op "
@@ -163,26 +162,23 @@ def test_a_worker_over_its_activation_budget_holds_one_layer_grid_at_a_time(queu
     runs on its own and is dropped once the layer is stored; the rows are the same."""
     from jobs import runner
 
-    monkeypatch.setattr(runner, "ACTIVATION_BUDGET_BYTES", 1)
-    for cache in (runner._MODEL, runner._PREP, runner._RESULTS):  # this process's caches
-        cache.clear()
+    monkeypatch.setenv("NCAT_ACTIVATION_BUDGET", "1")
+    monkeypatch.setattr(runner, "_CURRENT", None)  # this process's cached run
     job = enq.enqueue(queue.url, queue.name, "300", CONFIG, send=lambda *a: None)[0]
     for layer in range(TINY.n_layers):
         runner.process_layer(queue.url, job.job_id, layer, "in-process")
-        [(prep, _)] = runner._PREP.values()
-        assert prep.acts == {}, layer
+        assert runner._CURRENT.run.held_layers == [], layer
     assert all_done(queue.url)
     with_budget = dump(queue.url)
     cfg_rows = count(queue.url, "SELECT count(*) FROM neuron_op")
     assert cfg_rows == TINY.n_layers * TINY.d_mlp * 4
 
-    monkeypatch.setattr(runner, "ACTIVATION_BUDGET_BYTES", 2 * 1024**3)
-    runner._PREP.clear()
+    monkeypatch.setenv("NCAT_ACTIVATION_BUDGET", str(2 * 1024**3))
+    monkeypatch.setattr(runner, "_CURRENT", None)
     forced = enq.enqueue(queue.url, queue.name, "300", CONFIG, force=True, send=lambda *a: None)
     for layer in range(TINY.n_layers):
         runner.process_layer(queue.url, forced[0].job_id, layer, "in-process")
-    [(prep, _)] = runner._PREP.values()
-    assert sorted(prep.acts) == list(range(TINY.n_layers))  # under the budget: all kept
+    assert runner._CURRENT.run.held_layers == list(range(TINY.n_layers))  # all kept
     assert dump(queue.url) == with_budget
 
 
@@ -217,8 +213,8 @@ def test_bad_requests_are_refused_with_nothing_queued(queue, request_, message):
 def test_unknown_operator_is_refused_by_the_command_line(queue, capsys):
     from jobs.cli import main
 
-    with pytest.raises(SystemExit, match="unknown operator '%'"):
-        main(["enqueue", queue.name, "--ops", "+%", "--database-url", queue.url])
+    assert main(["enqueue", queue.name, "--ops", "+%", "--database-url", queue.url]) == 2
+    assert "unknown operator(s) '%'" in capsys.readouterr().err
     assert main(["enqueue", "nothing-here", "--database-url", queue.url]) == 2
     assert "unknown model 'nothing-here'" in capsys.readouterr().err
     assert count(queue.url, "SELECT count(*) FROM job") == 0
@@ -230,10 +226,7 @@ def test_broken_checkpoint_fails_its_job_and_the_next_job_completes(queue, tiny_
     home = tmp_path / "home"
     shutil.copytree(root, home / "builtin")
     (home / "builtin" / TINY.key() / "step64.pt").write_bytes(b"truncated")
-    monkeypatch.setenv("NCAT_HOME", str(home))
-    from catalog import builtin as b
-
-    monkeypatch.setattr(b, "default_cache_root", lambda: home / "builtin")
+    monkeypatch.setenv("NCAT_HOME", str(home))  # the enqueuing side and the worker read it
     broken, good = (enq.enqueue(queue.url, queue.name, step, CONFIG)[0] for step in ("64", "128"))
     queue.start_worker()
     wait_until(lambda: statuses(queue.url)[good.job_id].status == "done", what="the good job")
@@ -247,9 +240,13 @@ def test_cancel_and_retry(queue):
     assert enq.cancel(queue.url, job.job_id) == "cancelled"
     with pytest.raises(enq.EnqueueError, match="only queued or running jobs"):
         enq.cancel(queue.url, job.job_id)
+    assert queue.queued_messages() == TINY.n_layers
     queue.start_worker()
-    time.sleep(3)  # the worker consumes the messages and skips the cancelled layers
+    # the worker takes every message, skips the cancelled layers and acknowledges them
+    wait_until(lambda: queue.queued_messages() == 0 and queue.unacked_messages() == 0,
+               what="the worker to consume and acknowledge the cancelled job's messages")
     assert count(queue.url, "SELECT count(*) FROM layer_result") == 0
+    assert statuses(queue.url)[job.job_id].status == "cancelled"
     assert enq.retry(queue.url, job.job_id) == list(range(TINY.n_layers))
     wait_until(lambda: all_done(queue.url), what="the retried job")
     with pytest.raises(enq.EnqueueError, match="there is no job 999"):

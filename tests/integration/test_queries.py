@@ -50,7 +50,7 @@ def held(result, op_index, threshold=THRESHOLD):
     for layer, lr in result.layers.items():
         m = lr.matches
         for i in np.nonzero((m.op == op_index) & (m.score >= threshold))[0]:
-            out[(layer, int(m.neuron[i]), m.heuristic[i].key)] = float(m.score[i])
+            out[(layer, int(m.neuron[i]), m.row_heuristic(i).key)] = float(m.score[i])
     return out
 
 
@@ -73,7 +73,7 @@ def test_neuron_evolution(seeded, direct):
         assert rank == lr.rank[5, 0]
         sel = (lr.matches.neuron == 5) & (lr.matches.op == 0)
         assert best == pytest.approx(float(lr.matches.score[sel].max()), rel=1e-6)
-        labels = {lr.matches.heuristic[i].label for i in np.nonzero(sel)[0]
+        labels = {lr.matches.row_heuristic(i).label for i in np.nonzero(sel)[0]
                   if lr.matches.score[i] == lr.matches.score[sel].max()}
         assert label in labels
 
@@ -94,7 +94,7 @@ def test_heuristic_neurons(seeded, direct):
     for layer, lr in last.layers.items():
         m = lr.matches
         for i in np.nonzero(m.op == 0)[0]:
-            if m.heuristic[i].label == "result in [10, 20)":
+            if m.row_heuristic(i).label == "result in [10, 20)":
                 want.append((-float(m.score[i]), layer, int(m.neuron[i])))
     want = sorted(want)[:10]
     assert want, "the seeded catalog has no neuron for this heuristic"

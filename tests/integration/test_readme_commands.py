@@ -40,10 +40,10 @@ import redis
 from sqlalchemy.engine import make_url
 
 from catalog import builtin
-from catalog.offline import write_pythia_cache
 from schema import store
 
 from helpers import drop_database, new_database_url, reader_url
+from offline_models import write_pythia_cache
 from shell_docs import ROOT, documented_lines
 
 pytestmark = pytest.mark.slow
@@ -320,12 +320,12 @@ RUNNERS = {
     "bash scripts/demo.sh": demo,
     "bash scripts/test.sh": None,  # this suite; .ci/run calls it (tests/unit/test_readme.py)
     "ncat migrate": migrate,
-    "ncat catalog builtin --checkpoints all": catalog_builtin,
+    "ncat catalog builtin --checkpoints all --hi 100": catalog_builtin,
     "ncat catalog EleutherAI/pythia-70m --checkpoints 1000:143000:10000 --hi 300": catalog_pythia,
     "ncat export neuron_evolution --out evolution.parquet": export,
     'psql "postgresql://catalog_reader@localhost:5432/ncat"': psql,
     "ncat worker": worker,
-    "ncat enqueue builtin --checkpoints all": enqueue_builtin,
+    "ncat enqueue builtin --checkpoints all --hi 100": enqueue_builtin,
     "ncat enqueue EleutherAI/pythia-70m --checkpoints 1000:143000:10000 --hi 300 --device cuda":
         enqueue_pythia,
     "ncat status --watch": status,

@@ -4,9 +4,10 @@ splits numbers into digits."""
 
 import pytest
 
-from catalog.offline import write_llama_gguf, write_local_model
 from jobs.cli import main
 from schema import store
+
+from offline_models import write_llama_gguf, write_local_model
 
 
 def rows(url, sql):

@@ -8,7 +8,7 @@ import pytest
 from alembic import command
 
 from catalog.config import MeasureConfig
-from catalog.measurement import measure_layer, prepare
+from catalog.run import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import store
@@ -60,8 +60,8 @@ def layer_data(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
     config = MeasureConfig(operand_hi=20, pairs_per_op=10)
-    prep = prepare(lm.model, lm.tokenizer, config)
-    return lm, config, prep, measure_layer(lm.model, prep, 1)
+    prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
+    return lm, config, prep, prep.run_layer(1)
 
 
 def dump(url):
@@ -122,8 +122,9 @@ def test_failure_mid_layer_leaves_nothing_partial(db, layer_data):
     before = dump(db)
     rows = layer_rows(result, prep, lm.tokenizer)
     rows.stats["max_act"] = rows.stats["max_act"] + 1.0  # would change every neuron_op row
-    rows.score_heuristic = rows.score_heuristic[:-1] + ["no-such-heuristic"]  # fails late
-    with pytest.raises(KeyError, match="no-such-heuristic"):
+    rows.matches.heuristic = rows.matches.heuristic.copy()
+    rows.matches.heuristic[-1] = 10**6  # the last score row names no heuristic: fails late
+    with pytest.raises(IndexError):
         write(db, lm, config, prep, result, rows=rows)
     assert dump(db) == before
 

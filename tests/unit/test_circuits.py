@@ -7,7 +7,7 @@ import torch
 from catalog import circuits
 from catalog.config import MeasureConfig
 from catalog.heuristics import Heuristic
-from catalog.measurement import prepare
+from catalog.run import CheckpointRun
 from catalog.sources import load_model
 
 
@@ -32,7 +32,8 @@ def test_circuit_sizes_and_top_k_mask():
 def trained(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
-    prep = prepare(lm.model, lm.tokenizer, MeasureConfig(operators=("+", "-"), operand_hi=20))
+    prep = CheckpointRun(lm.model, lm.tokenizer,
+                         MeasureConfig(operators=("+", "-"), operand_hi=20)).prepare()
     prep.table.correct[:] = True
     return lm, prep
 

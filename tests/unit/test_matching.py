@@ -16,7 +16,7 @@ from catalog.matching import (
     reference_score,
     score_partitions,
 )
-from catalog.measurement import measure_layer, prepare
+from catalog.run import CheckpointRun
 
 
 def grid_cells(op: str, hi: int, lo: int = 0, limit: int = 999) -> Cells:
@@ -111,8 +111,8 @@ def planted_layer():
     model = planted_model()
     config = MeasureConfig(operators=("+",), operand_hi=SIDE, pairs_per_op=4, score_floor=0.0,
                            patching=("exact",))
-    prep = prepare(model, builtin_tokenizer(), config, layers=[1])
-    return measure_layer(model, prep, 1)
+    prep = CheckpointRun(model, builtin_tokenizer(), config, layers=[1]).prepare()
+    return prep.run_layer(1)
 
 
 @pytest.mark.parametrize("neuron, expected", [
@@ -125,7 +125,7 @@ def test_planted_neuron_is_found(planted_layer, neuron, expected):
     sel = np.nonzero(m.neuron == neuron)[0]
     best = m.score[sel].max()
     assert best >= 0.9
-    winners = [m.heuristic[i] for i in sel if m.score[i] == best]
+    winners = [m.row_heuristic(i) for i in sel if m.score[i] == best]
     assert expected in winners, [h.label for h in winners]
     # Any other winner is the same prompt set under another name: on operands
     # 0..49, "op1 matches .2." is exactly "op1 in [20, 30)".
@@ -133,7 +133,7 @@ def test_planted_neuron_is_found(planted_layer, neuron, expected):
     want = expected.contains(cells.a, cells.b, cells.result)
     for h in winners:
         assert np.array_equal(h.contains(cells.a, cells.b, cells.result), want), h.label
-    runner_up = m.score[sel][[m.heuristic[i] not in winners for i in sel]].max()
+    runner_up = m.score[sel][[m.row_heuristic(i) not in winners for i in sel]].max()
     assert runner_up < 0.8
 
 
@@ -145,7 +145,7 @@ def test_planted_heuristics_are_not_found_in_unrelated_neurons(planted_layer):
     assert max(best) < 0.8, best
     planted_keys = {"range:op1:20:10", "identical:both", "modulo:result:5:3"}
     for i in np.nonzero(m.neuron >= N_PLANTED)[0]:
-        if m.heuristic[i].key in planted_keys:
+        if m.row_heuristic(i).key in planted_keys:
             assert m.score[i] < 0.5
 
 
@@ -255,7 +255,7 @@ def test_multi_result_for_division():
     kv = np.where(np.isin(cells.result, [0, 1]), 1.0, 0.0) + 0.01 * (cells.result == 2)
     found = multi_result_matches(torch.from_numpy(kv[None]), cells.result, top=50)
     assert len(found) == 1
-    neuron, h, share = found[0]
+    neuron, h, share = found.neuron[0], found.row_heuristic(0), found.score[0]
     assert neuron == 0 and h.params == (0, 1) and h.label == "result in {0, 1}" and share == 1.0
 
 

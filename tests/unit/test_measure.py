@@ -7,9 +7,10 @@ import torch
 from catalog.config import MeasureConfig
 from catalog.matching import reference_score
 from catalog.measurement import measure
-from catalog.offline import write_llama_gguf
 from catalog.sources import load_model
 from catalog.tokens import number_token_ids
+
+from offline_models import write_llama_gguf
 
 CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=10, faithfulness_prompts=50)
 
@@ -61,7 +62,7 @@ def test_ranks_and_stored_scores_are_consistent(tiny):
     for i in rng.choice(len(m), 25, replace=False):
         op = CONFIG.operators[m.op[i]]
         idx = table.op_index(op)
-        h = m.heuristic[i]
+        h = m.row_heuristic(i)
         values = layer.kv(idx)[m.neuron[i]] if h.direct else layer.acts[idx, m.neuron[i]]
         member = h.contains(table.a[idx], table.b[idx], table.result[idx])
         if h.family != "multi_result":
@@ -77,7 +78,7 @@ def test_same_inputs_give_the_same_rows(tiny):
     np.testing.assert_array_equal(a.effect_exact, b.effect_exact)
     np.testing.assert_array_equal(a.effect_attr, b.effect_attr)
     np.testing.assert_array_equal(a.matches.score, b.matches.score)
-    assert [h.key for h in a.matches.heuristic] == [h.key for h in b.matches.heuristic]
+    assert [h.key for h in a.matches.heuristics] == [h.key for h in b.matches.heuristics]
     assert res.provenance["config_hash"] == again.provenance["config_hash"]
 
 
@@ -86,29 +87,35 @@ def test_batch_sizes_change_no_number_and_not_the_config_hash(tiny, monkeypatch)
     lower them and still fill the same catalog rows."""
     import dataclasses
 
-    from jobs.runner import worker_batching
+    from pydantic import ValidationError
+
+    from catalog.config import ExecutionConfig
+    from jobs.runner import execution_for
+    from schema.jobs import JobRow
 
     lm, res = tiny
-    small = dataclasses.replace(CONFIG, batch_size=37, patch_chunk=5)
-    assert small.config_hash() == CONFIG.config_hash()
-    again = measure(lm.model, lm.tokenizer, small, layers=[0, 1], progress=False)
+    small = ExecutionConfig(batch_size=37, patch_chunk=5)
+    again = measure(lm.model, lm.tokenizer, CONFIG, layers=[0, 1], progress=False,
+                    execution=small)
     for layer in (0, 1):
         a, b = res.layers[layer], again.layers[layer]
         np.testing.assert_allclose(a.acts, b.acts, atol=1e-5)
         np.testing.assert_allclose(a.effect_exact, b.effect_exact, atol=1e-5)
         np.testing.assert_allclose(a.effect_attr, b.effect_attr, atol=1e-5)
-        assert [h.key for h in a.matches.heuristic] == [h.key for h in b.matches.heuristic]
+        assert [h.key for h in a.matches.heuristics] == [h.key for h in b.matches.heuristics]
+        np.testing.assert_array_equal(a.matches.heuristic, b.matches.heuristic)
         np.testing.assert_allclose(a.matches.score, b.matches.score, atol=1e-6)
     assert dataclasses.replace(CONFIG, pairs_per_op=11).config_hash() != CONFIG.config_hash()
+    assert "batch_size" not in CONFIG.as_dict()  # execution is never part of the hash
 
+    job = JobRow(1, "m", None, 1, [0], "cpu", False, "queued", None)
     monkeypatch.setenv("NCAT_BATCH_SIZE", "256")
     monkeypatch.setenv("NCAT_PATCH_CHUNK", "8")
-    mine = worker_batching(CONFIG)
-    assert (mine.batch_size, mine.patch_chunk) == (256, 8) and mine.config_hash() == \
-        CONFIG.config_hash()
+    mine = execution_for(job)
+    assert (mine.batch_size, mine.patch_chunk, mine.device) == (256, 8, "cpu")
     monkeypatch.setenv("NCAT_PATCH_CHUNK", "0")
-    with pytest.raises(ValueError, match="NCAT_PATCH_CHUNK must be a positive integer, got '0'"):
-        worker_batching(CONFIG)
+    with pytest.raises(ValidationError, match="ncat_patch_chunk"):
+        execution_for(job)
 
 
 def test_summary_numbers(tiny):
@@ -146,5 +153,18 @@ def test_digit_level_model_answers_are_judged_on_the_greedy_continuation(tmp_pat
             ok &= int(nxt) == int(want)
             seq = torch.cat([seq, nxt.view(1, 1)], dim=1)
         assert bool(table.correct[j]) == ok
-    # a gated MLP can go negative: bottom-k was scored
-    assert res.layers[1].effect_exact.shape == (128, 2)
+    # a gated MLP can go negative, so its bottom-k is scored: some kept rows are bottom
+    # scores, each equal to Algorithm 1 on the negated map and above the top-k score
+    from catalog.matching import reference_score
+
+    lr = res.layers[1]
+    m = lr.matches
+    bottom = [i for i in np.nonzero(m.bottom)[0] if m.row_heuristic(i).family != "pattern"]
+    assert bottom, "no bottom-k score was kept for the gated model"
+    for i in bottom[:20]:
+        h, op = m.row_heuristic(i), config.operators[m.op[i]]
+        idx = table.op_index(op)
+        values = (lr.kv(idx) if h.direct else lr.acts[idx].T)[m.neuron[i]].astype(np.float64)
+        member = h.contains(table.a[idx], table.b[idx], table.result[idx])
+        assert reference_score(-values, member) == pytest.approx(m.score[i], abs=1e-5), h.key
+        assert reference_score(values, member) < m.score[i] + 1e-6, h.key

@@ -8,7 +8,6 @@ from transformer_lens import HookedTransformer
 from catalog.builtin import builtin_model_config, builtin_tokenizer
 from catalog.config import MeasureConfig
 from catalog.grids import post_hook_name
-from catalog.measurement import prepare
 from catalog.patching import (
     attribution_patching,
     effect_from_logprobs,
@@ -16,6 +15,7 @@ from catalog.patching import (
     patching_effect,
 )
 from catalog.prompts import sample_pairs
+from catalog.run import CheckpointRun
 from catalog.sources import load_model
 
 from reference import naive_patching
@@ -33,14 +33,14 @@ def test_effect_metric_on_hand_computed_numbers():
 
 def check_exact_equals_naive(model, tokenizer, layers, hi):
     model = model.to(torch.float64)
-    config = MeasureConfig(operand_hi=hi, pairs_per_op=6, patch_chunk=24)
-    prep = prepare(model, tokenizer, config, layers=layers)
+    config = MeasureConfig(operand_hi=hi, pairs_per_op=6)
+    prep = CheckpointRun(model, tokenizer, config, layers=layers).prepare()
     prep.table.correct[:] = True  # random / tiny models answer little; any pairs will do
     for op in ("+", "/"):
         clean, cf = sample_pairs(prep.table, op, 6, seed=1)
         for layer in layers:
             fast = exact_patching(model, prep.table, layer, clean, cf,
-                                  prep.acts[layer][cf].astype(np.float64), chunk=24)
+                                  prep.activations(layer)[cf].astype(np.float64), chunk=24)
             slow = naive_patching(model, prep.table, layer, clean, cf)
             assert np.abs(slow).max() > 1e-3  # the check is not vacuous
             np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-7)
@@ -71,13 +71,14 @@ def test_attribution_is_the_first_order_term_of_exact_patching(tiny_builtin):
     """Exact patching toward the counterfactual by a small step eps gives eps * attribution."""
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root, dtype=torch.float64)
-    prep = prepare(lm.model, lm.tokenizer, MeasureConfig(operand_hi=20, pairs_per_op=20))
+    prep = CheckpointRun(lm.model, lm.tokenizer,
+                         MeasureConfig(operand_hi=20, pairs_per_op=20)).prepare()
     prep.table.correct[:] = True
     clean, cf = sample_pairs(prep.table, "+", 20, seed=0)
     eps = 1e-6
     toks = torch.from_numpy(prep.table.token_matrix(clean))
     for layer in (0, 1):
-        cf_acts = prep.acts[layer][cf].astype(np.float64)
+        cf_acts = prep.activations(layer)[cf].astype(np.float64)
         attr = attribution_patching(lm.model, prep.table, [layer], clean, {layer: cf_acts},
                                     cf)[layer]
         # clean activations from a float64 forward of exactly these prompts, so the tiny

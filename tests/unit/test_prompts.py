@@ -6,9 +6,10 @@ import pytest
 from catalog.arith import apply_op, is_valid
 from catalog.builtin import builtin_tokenizer
 from catalog.config import MeasureConfig
-from catalog.offline import number_tokenizer
 from catalog.prompts import build_prompts, sample_pairs
 from catalog.tokens import detect_number_tokens, encode_number
+
+from offline_models import number_tokenizer
 
 
 def test_validity_rules_match_method():

@@ -46,3 +46,16 @@ def test_readme_python_example_runs():
     result = scope["result"]
     assert set(result.layers) == {0, 1} and result.summary is not None
     assert scope["layer"].effect_exact.shape == (512, 4)
+
+
+def test_readme_configuration_table_lists_every_setting_with_its_default():
+    from catalog.settings import Settings
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Configuration", 1)[1].split("\n### ", 1)[0]
+    rows = dict(re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", section, flags=re.M))
+    assert set(rows) == {name.upper() for name in Settings.model_fields}
+    for name, field in Settings.model_fields.items():
+        if field.default_factory is None:
+            want = "unset" if field.default is None else f"`{field.default}`"
+            assert rows[name.upper()].strip() == want, name

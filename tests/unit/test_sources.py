@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from catalog.offline import write_llama_gguf, write_local_model
 from catalog.sources import ModelSourceError, list_checkpoints, load_model
+
+from offline_models import write_llama_gguf, write_local_model
 
 
 def test_builtin_checkpoints_load_with_distinct_hashes(tiny_builtin):

@@ -1,42 +1,65 @@
-"""Jobs: queue a model and checkpoints (validated by jobs/), and watch progress."""
+"""Jobs: queue a model and checkpoints (validated by jobs/), and watch progress.
+
+The form's measurement fields are generated from the config dataclasses (the fields
+marked ``form``), so their defaults and help texts are the library's and the CLI's.
+"""
 
 from __future__ import annotations
 
 import streamlit as st
 
+from catalog.config import ExecutionConfig, ScienceConfig
+from catalog.config_fields import FieldSpec, specs
 from ui import data
 from ui.views.overview import jobs_panel
+
+LABELS = {"operators": "Operators", "operand_lo": "Operands from", "operand_hi": "to (exclusive)",
+          "pairs_per_op": "Pairs per operator", "seed": "Seed",
+          "heuristic_variant": "Heuristic variant", "device": "Device"}
+
+
+def _input(spec: FieldSpec, column):
+    label = LABELS.get(spec.name, spec.name.replace("_", " ").capitalize())
+    key = f"job-{spec.name}"
+    if spec.kind == "operators":
+        return tuple(column.multiselect(label, ["+", "-", "*", "/"], default=list(spec.default),
+                                        help=spec.help, key=key))
+    if spec.choices:
+        return column.selectbox(label, spec.choices, index=spec.choices.index(spec.default),
+                                help=spec.help, key=key)
+    if spec.kind == "int":
+        return int(column.number_input(label, min_value=0, value=spec.default, help=spec.help,
+                                       key=key))
+    return column.text_input(label, value=spec.show(spec.default), help=spec.help, key=key)
 
 
 def render() -> None:
     st.title("Jobs")
+    science = [s for s in specs(ScienceConfig) if s.form]
+    execution = [s for s in specs(ExecutionConfig) if s.form]
     with st.form("enqueue"):
         model = st.text_input("Model", value="builtin",
                               help="'builtin', a hub name, a local directory or a .gguf file")
         checkpoints = st.text_input("Checkpoints", value="all",
                                     help="'all', a list like 0,512,3000, or start:stop:step")
-        c1, c2, c3 = st.columns(3)
-        lo = c1.number_input("Operands from", 0, 10_000, 0)
-        hi = c2.number_input("to (exclusive)", 1, 10_000, 100)
-        pairs = c3.number_input("Pairs per operator", 1, 10_000, 100)
-        ops = st.multiselect("Operators", ["+", "-", "*", "/"], default=["+", "-", "*", "/"])
+        columns = st.columns(3)
+        values = {s.name: _input(s, columns[i % 3]) for i, s in enumerate(science)}
+        device = {s.name: _input(s, st) for s in execution}["device"]
         force = st.checkbox("Recompute jobs that exist (force)")
         submitted = st.form_submit_button("Queue")
     if submitted:
-        queue(model, checkpoints, int(lo), int(hi), int(pairs), ops, force)
+        queue(model, checkpoints, values, device, force)
     st.subheader("Progress")
     jobs_panel()
 
 
-def queue(model, checkpoints, lo, hi, pairs, ops, force) -> None:
-    from catalog.config import MeasureConfig
+def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) -> None:
     from jobs.enqueue import EnqueueError, enqueue
 
     try:
-        config = MeasureConfig(operators=tuple(ops), operand_lo=lo, operand_hi=hi,
-                               pairs_per_op=pairs)
+        config = ScienceConfig(**values)
         done = enqueue(data.database_url(), model.strip(), checkpoints.strip() or None, config,
-                       force=force)
+                       device=device.strip() or "cpu", force=force)
     except (EnqueueError, ValueError) as exc:
         st.error(str(exc))
         return

@@ -65,6 +65,8 @@ def render() -> None:
                                    "value": lens["bottom_values"]}), hide_index=True)
 
     st.markdown("#### Heuristic matches")
+    st.caption("Score: share of the heuristic's cells among the neuron's top-k cells; "
+               "'bottom' rows scored the most negative cells (docs/method.md section 7).")
     m = data.matches(*p.values())
     if m.empty:
         st.caption("No heuristic scores above the stored floor.")

@@ -21,8 +21,13 @@ def render() -> None:
     family = c3.selectbox("Heuristic family", ["any"] + data.families(), key="s-family")
     label = c4.text_input("Heuristic label contains", placeholder="result in [10", key="s-label")
     c5, c6, c7, c8 = st.columns(4)
-    min_score = c5.number_input("Min score", 0.0, 1.0, 0.0, 0.05, key="s-score")
-    min_effect = c6.number_input("Min effect", value=None, placeholder="any", key="s-effect")
+    min_score = c5.number_input(
+        "Min score", 0.0, 1.0, 0.0, 0.05, key="s-score",
+        help="Algorithm 1 score: share of the heuristic's cells among the neuron's top k "
+             "(docs/method.md section 7). Compare it with the heuristic's base rate.")
+    min_effect = c6.number_input(
+        "Min effect", value=None, placeholder="any", key="s-effect",
+        help="mean patching effect over counterfactual pairs (docs/method.md section 5)")
     max_rank = c7.number_input("Max rank", min_value=0, value=None, placeholder="any",
                                key="s-rank")
     sort = c8.selectbox("Sort by", list(data.SORTS), key="s-sort")

@@ -1,0 +1,359 @@
+"""One object runs one checkpoint's measurement from start to end: ``CheckpointRun``.
+
+Every way of filling the catalog drives it the same way:
+
+    run = CheckpointRun(model, tokenizer, science, execution)
+    run.prepare()                    # prompts, grid pass, counterfactual pairs, heuristics
+    for layer in run.layers:
+        result = run.run_layer(layer)   # grids, lens, patching, heuristic matches
+        ...store or keep result...
+        run.release(layer)           # drop the layer's activations if over the budget
+    summary = run.summarize(effects, matches)   # accuracy, faithfulness, knockouts, counts
+
+``catalog.measure`` keeps every result in memory, ``ncat catalog`` stores each layer as it
+goes, and a Celery worker runs one layer per task (its matches may come back from the
+database through ``Matches.from_records``). Nothing here touches storage.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from transformer_lens import HookedTransformer
+
+from catalog import circuits
+from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
+from catalog.grids import accuracy_by_operator, mlp_width, run_grid
+from catalog.heuristics import Cells, Heuristic, Partition, partitions_for
+from catalog.lens import LensResult, lens_at, logit_lens
+from catalog.maps import kv_map
+from catalog.matching import Matches, multi_result_matches, score_partitions
+from catalog.patching import attribution_patching, exact_patching
+from catalog.prompts import PromptTable, build_prompts, sample_pairs
+from catalog.tokens import NumberTokens, detect_number_tokens, number_token_ids
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LayerResult:
+    """All measurements of one layer. Arrays over operators use config.operators order."""
+
+    layer: int
+    acts: Float[np.ndarray, "prompt d_mlp"]  # K maps, prompts in table order
+    lens: LensResult
+    answer_lens: Float[np.ndarray, "d_mlp prompt"]  # lens value of each prompt's answer token
+    max_act: Float[np.ndarray, "d_mlp op"]
+    mean_act: Float[np.ndarray, "d_mlp op"]
+    density: Float[np.ndarray, "d_mlp op"]  # share of the operator's prompts with act > 0
+    effect_exact: Float[np.ndarray, "d_mlp op"] | None
+    effect_exact_std: Float[np.ndarray, "d_mlp op"] | None
+    effect_attr: Float[np.ndarray, "d_mlp op"] | None
+    effect_attr_std: Float[np.ndarray, "d_mlp op"] | None
+    rank: np.ndarray  # (d_mlp, op) int32, 0 = largest effect in the layer for that operator
+    matches: Matches
+
+    @property
+    def effect(self) -> np.ndarray:
+        """The effect circuits are built from: exact where measured, else attribution."""
+        out = self.effect_exact if self.effect_exact is not None else self.effect_attr
+        assert out is not None  # a config always has at least one patching method
+        return out
+
+    def kv(self, op_prompts: np.ndarray) -> np.ndarray:
+        """KV map values (d_mlp, n) for the given prompts: K times the answer's lens value."""
+        return kv_map(self.acts[op_prompts].T, self.answer_lens[:, op_prompts])
+
+
+@dataclass
+class Summary:
+    """Checkpoint-level results."""
+
+    accuracy: dict[str, float]
+    n_correct: dict[str, int]
+    n_pairs: dict[str, int]
+    circuit_sizes: list[int]
+    faithfulness: dict[str, list[tuple[int, float]]]  # op -> [(k, F)]
+    heuristic_knockouts: list[dict]
+    prompt_knockouts: dict[str, dict]
+    n_heuristic_neurons: dict[str, int]  # op -> neurons with a score >= match_threshold
+
+
+@dataclass
+class GridLayout:
+    """How one operator's grid maps back to operands: its valid cells in a side x side
+    square starting at lo, and each valid cell's answer position on the lens axis."""
+
+    op: str
+    lo: int
+    side: int
+    valid: np.ndarray  # (side * side,) bool
+    answer_index: np.ndarray  # (n_valid,) int32, into number_ids
+
+
+@dataclass
+class CheckpointResult:
+    config: ScienceConfig
+    numbers: NumberTokens
+    table: PromptTable
+    layers: dict[int, LayerResult]
+    summary: Summary | None
+    provenance: dict
+
+
+def check_layers(model: HookedTransformer, layers: list[int] | None) -> list[int]:
+    """All layers when None; otherwise validate and sort."""
+    n = model.cfg.n_layers
+    if layers is None:
+        return list(range(n))
+    layers = sorted(set(int(x) for x in layers))
+    if not layers:
+        raise ValueError("layers is empty; give at least one layer index")
+    bad = [x for x in layers if not 0 <= x < n]
+    if bad:
+        raise ValueError(f"layers {bad} do not exist; this model has layers 0..{n - 1}")
+    return layers
+
+
+def _pair_stats(per_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if per_pair.shape[1] == 0:
+        nan = np.full(per_pair.shape[0], np.nan, dtype=np.float32)
+        return nan, nan
+    return per_pair.mean(1), per_pair.std(1)
+
+
+class CheckpointRun:
+    """The measurement of one (model, checkpoint, science config); see the module docstring.
+
+    ``layers`` (default all) are the layers this run will measure; their activations
+    are captured in the one grid pass when they fit in ``execution.activation_budget``,
+    else each layer's grid is computed when the layer runs. The config is checked
+    against the tokenizer here, before any forward pass.
+    """
+
+    table: PromptTable
+    pairs: dict[str, tuple[np.ndarray, np.ndarray]]  # op -> (clean, counterfactual)
+    cells: dict[str, Cells]
+    partitions: dict[str, list[Partition]]
+    number_ids: np.ndarray
+
+    def __init__(self, model: HookedTransformer, tokenizer, config: ScienceConfig | None = None,
+                 execution: ExecutionConfig | None = None,
+                 layers: list[int] | None = None) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.config = config or ScienceConfig()
+        self.execution = execution or ExecutionConfig()
+        self.d_mlp = mlp_width(model)
+        self.layers: list[int] = check_layers(model, layers)
+        self.numbers = detect_number_tokens(self.tokenizer,
+                                            prepend_bos=self.model.cfg.default_prepend_bos)
+        self.config.check_tokens(self.numbers)
+        self._acts: dict[int, np.ndarray] = {}
+        self._prepared = False
+
+    # ------------------------------------------------------------ preparation
+
+    def prepare(self, progress: bool = False) -> CheckpointRun:
+        """Build prompts, run the grid pass (correctness, and activations of the layers that
+        fit the budget), draw counterfactual pairs, build the heuristics of each operator."""
+        config = self.config
+        self.table = build_prompts(self.tokenizer, self.numbers, config)
+        # over the budget, the first pass only judges correctness; each layer's grid is then
+        # computed when that layer runs and dropped once it is done (release)
+        capture = self.layers if self._all_fit() else []
+        self._acts = run_grid(self.model, self.table, capture,
+                              batch_size=self.execution.batch_size, progress=progress)
+        self.pairs = {op: sample_pairs(self.table, op, config.pairs_per_op, config.seed)
+                      for op in config.operators}
+        self.cells, self.partitions = {}, {}
+        for op in config.operators:
+            idx = self.table.op_index(op)
+            t = self.table
+            self.cells[op] = Cells(op, t.a[idx], t.b[idx], t.result[idx], t.lo, t.hi)
+            self.partitions[op] = partitions_for(self.cells[op], config)
+        self.number_ids = number_token_ids(self.tokenizer, min(self.numbers.limit, 10_000))
+        self._prepared = True
+        return self
+
+    def _all_fit(self) -> bool:
+        n_prompts = len(self.config.operators) * (self.config.operand_hi
+                                                  - self.config.operand_lo) ** 2
+        need = n_prompts * len(self.layers) * self.d_mlp * 4
+        return need <= self.execution.activation_budget
+
+    def _require_prepared(self) -> None:
+        if not self._prepared:
+            raise RuntimeError("call CheckpointRun.prepare() first")
+
+    def grid_layouts(self) -> list[GridLayout]:
+        """Each operator's valid-cell mask and answer positions (how grids map to a, b)."""
+        self._require_prepared()
+        where = {int(t): i for i, t in enumerate(self.number_ids)}
+        out = []
+        for op in self.config.operators:
+            idx = self.table.op_index(op)
+            valid = np.zeros(self.table.side * self.table.side, dtype=bool)
+            valid[self.table.cell_index(idx)] = True
+            answer = np.array([where[int(t)] for t in self.table.answer[idx]], dtype=np.int32)
+            out.append(GridLayout(op, self.table.lo, self.table.side, valid, answer))
+        return out
+
+    def activations(self, layer: int) -> np.ndarray:
+        """(n_prompts, d_mlp) activations of ``layer`` at the last position."""
+        self._require_prepared()
+        if layer not in self._acts:
+            self._acts.update(run_grid(self.model, self.table, [layer],
+                                       batch_size=self.execution.batch_size))
+        return self._acts[layer]
+
+    def release(self, layer: int) -> None:
+        """Forget ``layer``'s activations unless every layer's fit in the budget."""
+        if sum(a.nbytes for a in self._acts.values()) > self.execution.activation_budget:
+            self._acts.pop(layer, None)
+
+    @property
+    def held_layers(self) -> list[int]:
+        """Layers whose activations are in memory now."""
+        return sorted(self._acts)
+
+    # ------------------------------------------------------------ one layer
+
+    def _with_bottom(self) -> bool:
+        if self.config.score_bottom == "always":
+            return True
+        if self.config.score_bottom == "never":
+            return False
+        return bool(self.model.cfg.gated_mlp)
+
+    def run_layer(self, layer: int) -> LayerResult:
+        """Every measurement of one layer."""
+        self._require_prepared()
+        if layer not in self.layers:
+            raise ValueError(f"layer {layer} is not one of this run's layers {self.layers}")
+        config, table, model = self.config, self.table, self.model
+        acts = self.activations(layer)
+        shape = (self.d_mlp, len(config.operators))
+        stats = {name: np.zeros(shape, dtype=np.float32) for name in ("max", "mean", "density")}
+        eff = {name: np.full(shape, np.nan, dtype=np.float32)
+               for name in ("exact", "exact_std", "attr", "attr_std")}
+        lens = logit_lens(model, layer, self.number_ids, k=config.lens_top_k)
+        answer_lens = lens_at(model, layer, table.answer)
+        parts = []
+        for o, op in enumerate(config.operators):
+            idx = table.op_index(op)
+            k_map = acts[idx].T  # (d_mlp, cells)
+            stats["max"][:, o] = k_map.max(1)
+            stats["mean"][:, o] = k_map.mean(1)
+            stats["density"][:, o] = (k_map > 0).mean(1)
+            clean, cf = self.pairs[op]
+            if "exact" in config.patching:
+                per_pair = exact_patching(model, table, layer, clean, cf, acts[cf],
+                                          chunk=self.execution.patch_chunk)
+                eff["exact"][:, o], eff["exact_std"][:, o] = _pair_stats(per_pair)
+            if "attribution" in config.patching and len(clean):
+                per_pair = attribution_patching(model, table, [layer], clean,
+                                                {layer: acts[cf]}, cf)[layer]
+                eff["attr"][:, o], eff["attr_std"][:, o] = _pair_stats(per_pair)
+            parts.extend(self._match(o, op, k_map, kv_map(k_map, answer_lens[:, idx])))
+        effect = eff["exact"] if "exact" in config.patching else eff["attr"]
+        rank = np.argsort(np.argsort(-np.nan_to_num(effect, nan=-np.inf), axis=0, kind="stable"),
+                          axis=0, kind="stable").astype(np.int32)
+        exact, attr = "exact" in config.patching, "attribution" in config.patching
+        return LayerResult(
+            layer=layer, acts=acts, lens=lens, answer_lens=answer_lens,
+            max_act=stats["max"], mean_act=stats["mean"], density=stats["density"],
+            effect_exact=eff["exact"] if exact else None,
+            effect_exact_std=eff["exact_std"] if exact else None,
+            effect_attr=eff["attr"] if attr else None,
+            effect_attr_std=eff["attr_std"] if attr else None,
+            rank=rank, matches=Matches.concat(parts),
+        )
+
+    def _match(self, o: int, op: str, k_map: np.ndarray, kv: np.ndarray) -> list[Matches]:
+        config, dev = self.config, self.model.cfg.device
+        idx = self.table.op_index(op)
+        out = [score_partitions(torch.as_tensor(k_map, device=dev), torch.as_tensor(kv, device=dev),
+                                self.partitions[op], config.score_floor, self._with_bottom(),
+                                config.pattern_top_k, cells=self.cells[op], op=o)]
+        if op == "/":
+            out.append(multi_result_matches(torch.as_tensor(kv), self.table.result[idx],
+                                            top=config.multi_result_top,
+                                            floor=config.score_floor, op=o))
+        return out
+
+    # ------------------------------------------------------------ the checkpoint
+
+    def summarize(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
+                  run_knockouts: bool = True) -> Summary:
+        """Checkpoint summary from every layer's effects (d_mlp, op) and matches (only
+        scores >= the match threshold are looked at).
+
+        Circuits span all layers, so faithfulness and knockouts need every layer.
+        """
+        self._require_prepared()
+        model, config, table = self.model, self.config, self.table
+        n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
+        missing = sorted(set(range(n_layers)) - set(effects))
+        if missing:
+            raise ValueError(f"summarize needs every layer; missing layers {missing}")
+        ks = circuits.circuit_sizes(d_mlp, config.circuit_fractions)
+        means = circuits.position_means(model, table, self.execution.batch_size)
+        rng = np.random.default_rng([config.seed, 7])
+        faith, h_knock, p_knock = {}, [], {}
+        top_k = circuits.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
+        is_correct = table.correct
+        assert is_correct is not None  # the grid pass of prepare() judged every prompt
+        for o, op in enumerate(config.operators):
+            correct = table.op_index(op)[is_correct[table.op_index(op)]]
+            prompts = np.sort(rng.choice(correct, min(len(correct), config.faithfulness_prompts),
+                                         replace=False)) if len(correct) else correct
+            eff = np.stack([np.nan_to_num(effects[layer][:, o], nan=-np.inf)
+                            for layer in range(n_layers)])
+            faith[op] = circuits.faithfulness_curve(model, table, prompts, eff, ks, means)
+            if not run_knockouts or len(prompts) == 0:
+                continue
+            top_set = circuits.top_k_mask(eff, top_k)
+            ranked = self._heuristic_masks(o, matches, top_set)
+            for h, mask in ranked[:20]:
+                row = circuits.heuristic_knockout(model, table, prompts, h, mask & top_set)
+                if row["n_neurons"]:
+                    h_knock.append({"op": op, **row})
+            p_knock[op] = circuits.prompt_knockout(
+                model, table, prompts, [h for h, _ in ranked], [m for _, m in ranked], top_set,
+                config.knockout_neurons, config.seed)
+        return Summary(
+            accuracy=accuracy_by_operator(table),
+            n_correct={op: int(is_correct[table.op_index(op)].sum())
+                       for op in config.operators},
+            n_pairs={op: len(self.pairs[op][0]) for op in config.operators},
+            circuit_sizes=ks, faithfulness=faith, heuristic_knockouts=h_knock,
+            prompt_knockouts=p_knock,
+            n_heuristic_neurons={
+                op: sum(len(m.neurons_matching(o, config.match_threshold))
+                        for m in matches.values())
+                for o, op in enumerate(config.operators)},
+        )
+
+    def _heuristic_masks(self, o: int, matches: dict[int, Matches], top_set: np.ndarray,
+                         ) -> list[tuple[Heuristic, np.ndarray]]:
+        """(heuristic, (n_layers, d_mlp) mask of its neurons) for operator index ``o``,
+        heuristics with more top-set neurons first (then by key)."""
+        n_layers, d_mlp = self.model.cfg.n_layers, self.d_mlp
+        by_h: dict[str, tuple[Heuristic, np.ndarray]] = {}
+        for layer in range(n_layers):
+            m = matches[layer]
+            sel = (m.op == o) & (m.score >= self.config.match_threshold)
+            for n, i in zip(m.neuron[sel], np.nonzero(sel)[0], strict=True):
+                h = m.row_heuristic(int(i))
+                if h.key not in by_h:
+                    by_h[h.key] = (h, np.zeros((n_layers, d_mlp), dtype=bool))
+                by_h[h.key][1][layer, n] = True
+        return sorted(by_h.values(), key=lambda x: (-int((x[1] & top_set).sum()), x[0].key))
+
+    def provenance(self, extra: dict | None = None) -> dict:
+        return {"catalog_version": CATALOG_VERSION, "config_hash": self.config.config_hash(),
+                "numbers": self.numbers.as_dict(), **(extra or {})}

@@ -1,0 +1,32 @@
+"""Command line: ``ncat``. One module per group of commands; each adds its own parsers.
+
+The catalog library never prints; these modules turn its results into text. Only
+light modules are imported at start-up (``ncat worker`` must not import torch in the
+worker's parent process); each command imports the science when it runs. Every
+command exits with 2 for input it refuses, with a one-line message naming what to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from jobs.cli import measuring, queue, serving
+from jobs.cli.measuring import print_result
+
+__all__ = ["build_parser", "main", "print_result"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ncat", description="The arithmetic neuron catalog.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serving.add_commands(sub)
+    measuring.add_commands(sub)
+    queue.add_commands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.fn(args)

@@ -1,0 +1,150 @@
+"""Commands that compute: train the built-in model, list checkpoints, measure, catalog."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from catalog.arith import OPERATORS
+from jobs.cli.common import (
+    database_option,
+    database_url,
+    execution_from,
+    execution_options,
+    fail,
+    parse_layers,
+    science_from,
+    science_options,
+)
+
+MODEL_HELP = "'builtin', a hub name, a local HF directory or a .gguf file"
+
+
+def print_result(res, top: int = 5, out=sys.stdout) -> None:
+    """Readable summary of a CheckpointResult: accuracy, faithfulness, top neurons per layer."""
+    import numpy as np
+
+    ops = res.config.operators
+    if res.summary:
+        s = res.summary
+        print("accuracy:   " + "  ".join(f"{op} {s.accuracy[op]:.3f}" for op in ops), file=out)
+        for op in ops:
+            curve = ", ".join(f"k={k}: {f:.2f}" for k, f in s.faithfulness[op])
+            print(f"faithfulness {op}: {curve}", file=out)
+    for layer, lr in sorted(res.layers.items()):
+        m = lr.matches
+        print(f"\nlayer {layer}: {len(m)} heuristic scores >= {res.config.score_floor}",
+              file=out)
+        for o, op in enumerate(ops):
+            for n in np.argsort(lr.rank[:, o])[:top]:
+                sel = (m.neuron == n) & (m.op == o)
+                best = ""
+                if sel.any():
+                    i = np.nonzero(sel)[0][np.argmax(m.score[sel])]
+                    best = f"{m.row_heuristic(i).label} ({m.score[i]:.2f})"
+                print(f"  {op} neuron {n:5d}  effect {lr.effect[n, o]:9.3f}  {best}", file=out)
+
+
+def cmd_train_builtin(args) -> int:
+    from catalog import builtin
+
+    cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=args.seed)
+    path = builtin.train(cfg)
+    meta = json.loads((path / f"step{cfg.steps}.json").read_text())
+    acc = meta["heldout_accuracy"]
+    print(f"checkpoints in {path}: steps {builtin.available_steps(cfg)}")
+    print("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
+    return 0
+
+
+def cmd_checkpoints(args) -> int:
+    from catalog.sources import ModelSourceError, list_checkpoints
+
+    try:
+        steps = list_checkpoints(args.model)
+    except ModelSourceError as exc:
+        return fail(str(exc))
+    print("no training checkpoints" if steps is None else " ".join(map(str, steps)))
+    return 0
+
+
+def cmd_measure(args) -> int:
+    from catalog.measurement import measure
+    from catalog.sources import ModelSourceError, load_model
+
+    try:
+        config, execution = science_from(args), execution_from(args)
+        layers = parse_layers(args.layers)
+        lm = load_model(args.model, args.checkpoint, device=execution.device)
+        t0 = time.perf_counter()
+        res = measure(lm.model, lm.tokenizer, config, layers=layers, progress=not args.quiet,
+                      provenance=lm.info.as_dict(), execution=execution)
+    except (ModelSourceError, ValueError) as exc:
+        return fail(str(exc))
+    print(f"{lm.info.name} step {lm.info.checkpoint}: measured in "
+          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts)")
+    print_result(res)
+    return 0
+
+
+def cmd_catalog(args) -> int:
+    """Measure checkpoints and write them to the database (no queue)."""
+    from catalog.sources import ModelSourceError, canonical_name, load_model
+    from jobs.enqueue import parse_checkpoints
+    from jobs.store_results import catalog_checkpoint
+    from schema import store
+    from schema.engine import SchemaBehind, require_current
+
+    try:
+        config, execution = science_from(args), execution_from(args)
+        layers = parse_layers(args.layers)
+        name = canonical_name(args.model)
+        steps = parse_checkpoints(args.model, args.checkpoints)
+        url = require_current(database_url(args))
+        for step in steps:
+            if not args.force:
+                with store.connect(url) as conn:
+                    have = store.find_stored(conn, model_name=name, step=step,
+                                             config_hash=config.config_hash())
+                if have and have.covers(layers):
+                    print(f"{name} step {step}: already in the catalog (--force recomputes)")
+                    continue
+            lm = load_model(args.model, step, device=execution.device)
+            t0 = time.perf_counter()
+            ids = catalog_checkpoint(url, lm, config, layers=layers, progress=not args.quiet,
+                                     execution=execution)
+            print(f"{lm.info.name} step {step}: stored in {time.perf_counter() - t0:.1f} s "
+                  f"(checkpoint id {ids.checkpoint_id}, config id {ids.config_id})")
+    except (ModelSourceError, ValueError, SchemaBehind) as exc:
+        return fail(str(exc))
+    return 0
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("train-builtin", help="train the built-in arithmetic model (cached)")
+    s.add_argument("--steps", type=int, default=None, help="training steps (default 3000)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the training run")
+    s.set_defaults(fn=cmd_train_builtin)
+
+    s = sub.add_parser("checkpoints", help="list a model's training checkpoints")
+    s.add_argument("model", help=MODEL_HELP)
+    s.set_defaults(fn=cmd_checkpoints)
+
+    s = sub.add_parser("measure", help="measure every neuron of one checkpoint, no database")
+    s.add_argument("model", help=MODEL_HELP)
+    s.add_argument("--checkpoint", type=int, default=None, help="training step")
+    science_options(s)
+    execution_options(s)
+    s.set_defaults(fn=cmd_measure)
+
+    s = sub.add_parser("catalog", help="measure checkpoints and store them (no queue)")
+    s.add_argument("model", help=MODEL_HELP)
+    s.add_argument("--checkpoints", default=None,
+                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    s.add_argument("--force", action="store_true",
+                   help="recompute checkpoints the catalog holds already")
+    database_option(s)
+    science_options(s)
+    execution_options(s)
+    s.set_defaults(fn=cmd_catalog)

@@ -1,0 +1,127 @@
+"""Commands of the job queue: enqueue, worker, status, cancel, retry."""
+
+from __future__ import annotations
+
+import time
+
+from jobs.cli.common import (
+    database_option,
+    database_url,
+    execution_options,
+    fail,
+    parse_layers,
+    science_from,
+    science_options,
+)
+from jobs.cli.measuring import MODEL_HELP
+
+
+def cmd_enqueue(args) -> int:
+    from jobs.enqueue import EnqueueError, enqueue
+    from schema.engine import SchemaBehind, require_current
+
+    try:
+        config = science_from(args)
+        url = require_current(database_url(args))
+        jobs = enqueue(url, args.model, args.checkpoints, config,
+                       layers=parse_layers(args.layers), device=args.device or "cpu",
+                       force=args.force)
+    except (EnqueueError, ValueError, SchemaBehind) as exc:
+        return fail(str(exc))
+    for j in jobs:
+        if j.stored:
+            what = "already in the catalog, nothing queued (--force recomputes)"
+        elif j.created:
+            what = "queued"
+        else:
+            what = "queued again (--force)" if args.force else "exists already"
+        print(f"job {j.job_id}: {j.model} step {j.step}, {len(j.layers)} layers: {what}")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from jobs.celery_app import app, queue_name
+
+    argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
+            "--queues", queue_name(), "--pool", args.pool]
+    if args.hostname:
+        argv += ["--hostname", args.hostname]
+    app.worker_main(argv)
+    return 0
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total) if total else 0
+    return "[" + "#" * filled + "." * (width - filled) + f"] {done}/{total}"
+
+
+def cmd_status(args) -> int:
+    from jobs.enqueue import job_statuses
+    from schema.jobs import ACTIVE
+
+    url = database_url(args)
+    while True:
+        rows = job_statuses(url, args.jobs or None)
+        lines = [f"job {r.job_id:4d}  {r.model} step {r.step}  "
+                 f"{_bar(r.layers_done, r.layers_total)}  {r.status}"
+                 + (f"  layer {r.failed_layer}: {r.error}" if r.error else "") for r in rows]
+        print("\n".join(lines) if lines else "no jobs")
+        if not args.watch or not any(r.status in ACTIVE for r in rows):
+            return 0
+        time.sleep(args.interval)
+        print()
+
+
+def cmd_cancel(args) -> int:
+    from jobs.enqueue import EnqueueError, cancel
+
+    try:
+        print(f"job {args.job}: {cancel(database_url(args), args.job)}")
+    except EnqueueError as exc:
+        return fail(str(exc))
+    return 0
+
+
+def cmd_retry(args) -> int:
+    from jobs.enqueue import EnqueueError, retry
+
+    try:
+        layers = retry(database_url(args), args.job)
+    except EnqueueError as exc:
+        return fail(str(exc))
+    print(f"job {args.job}: layers {layers} queued again")
+    return 0
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("enqueue", help="queue checkpoints for the workers")
+    s.add_argument("model", help=MODEL_HELP)
+    s.add_argument("--checkpoints", default=None,
+                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    s.add_argument("--force", action="store_true", help="recompute jobs that exist already")
+    database_option(s)
+    science_options(s)
+    execution_options(s, device_only=True)
+    s.set_defaults(fn=cmd_enqueue)
+
+    s = sub.add_parser("worker", help="run a worker (one process; start one per GPU)")
+    s.add_argument("--concurrency", type=int, default=1, help="pool processes (default 1)")
+    s.add_argument("--pool", default="prefork", choices=("prefork", "solo"),
+                   help="Celery pool: prefork (a child process per task) or solo")
+    s.add_argument("--loglevel", default="info", help="Celery log level (default info)")
+    s.add_argument("--hostname", default=None, help="worker name shown in job progress")
+    s.set_defaults(fn=cmd_worker)
+
+    s = sub.add_parser("status", help="progress of jobs")
+    s.add_argument("jobs", nargs="*", type=int, help="job ids (default all)")
+    s.add_argument("--watch", action="store_true", help="refresh until no job is active")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    database_option(s)
+    s.set_defaults(fn=cmd_status)
+
+    for name, fn, text in (("cancel", cmd_cancel, "cancel a queued or running job"),
+                           ("retry", cmd_retry, "queue a failed or cancelled job again")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("job", type=int, help="the job's id (see ncat status)")
+        database_option(s)
+        s.set_defaults(fn=fn)

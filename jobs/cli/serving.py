@@ -1,0 +1,126 @@
+"""Commands around the database and the explorer: migrate, export, explore, demo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobs.cli.common import (
+    database_option,
+    database_url,
+    fail,
+    science_from,
+    science_options,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port(args) -> int:
+    if args.port is not None:
+        return args.port
+    from pydantic import ValidationError
+
+    from catalog.settings import get_settings
+
+    try:
+        return get_settings().ncat_explorer_port
+    except ValidationError as exc:
+        bad = next((e["input"] for e in exc.errors() if "ncat_explorer_port" in e["loc"]), "?")
+        raise SystemExit(f"NCAT_EXPLORER_PORT must be a port number, got {bad!r}") from None
+
+
+def cmd_migrate(args) -> int:
+    from schema.engine import migrate
+
+    url = migrate(database_url(args))
+    print(f"database migrated to head: {url}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from schema.export import export
+
+    try:
+        n = export(database_url(args), args.what, Path(args.out), args.format)
+    except ValueError as exc:
+        return fail(str(exc))
+    except Exception as exc:  # database errors: say what failed
+        return fail(f"export of {args.what!r} failed: {exc}")
+    print(f"{n} rows written to {args.out}")
+    return 0
+
+
+def cmd_explore(args) -> int:
+    """Serve the Streamlit explorer (prints its URL)."""
+    from catalog.settings import child_env, get_settings
+
+    port = _port(args)
+    settings = get_settings()
+    if args.database_url:
+        settings = settings.model_copy(update={"database_url": args.database_url})
+    app = ROOT / "ui" / "app.py"
+    shown = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
+    print(f"explorer: http://{shown}:{port}")
+    return subprocess.call([sys.executable, "-m", "streamlit", "run", str(app),
+                            "--server.port", str(port), "--server.address", args.host,
+                            "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                           env=child_env(settings))
+
+
+def cmd_demo(args) -> int:
+    from jobs.demo import DEMO_CONFIG, catalog_all
+    from jobs.enqueue import EnqueueError
+
+    t0 = time.perf_counter()
+    try:
+        out = catalog_all(args.model, science_from(args, DEMO_CONFIG), progress=not args.quiet)
+    except (EnqueueError, ValueError) as exc:
+        return fail(str(exc))
+    print(f"catalog ready in {time.perf_counter() - t0:.0f} s: {out['jobs']} checkpoints, "
+          f"{out['layers']} layers, in {out['database_url']}")
+    for job_id, step, error in out["failed"]:
+        print(f"job {job_id} (step {step}) failed: {error}", file=sys.stderr)
+    if args.no_serve:
+        return 1 if out["failed"] else 0
+    args.database_url = out["database_url"]
+    return cmd_explore(args)
+
+
+def _serve_options(s) -> None:
+    s.add_argument("--port", type=int, default=None,
+                   help="the explorer's port (default: $NCAT_EXPLORER_PORT or 8501)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address the explorer listens on (default 127.0.0.1, this machine "
+                        "only; 0.0.0.0 for every interface)")
+
+
+def add_commands(sub) -> None:
+    from jobs.demo import DEMO_CONFIG
+
+    s = sub.add_parser("demo", help="catalog every built-in checkpoint through the queue, "
+                                    "then serve the explorer")
+    s.add_argument("--model", default="builtin", help="model to catalog (default builtin)")
+    s.add_argument("--no-serve", action="store_true", help="stop once the catalog is ready")
+    _serve_options(s)
+    science_options(s, DEMO_CONFIG)
+    s.set_defaults(fn=cmd_demo, database_url=None)
+
+    s = sub.add_parser("migrate", help="create or upgrade the catalog's database")
+    database_option(s)
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("explore", help="serve the Streamlit explorer")
+    _serve_options(s)
+    database_option(s)
+    s.set_defaults(fn=cmd_explore)
+
+    s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV")
+    s.add_argument("what", help="a view or table name, or a SELECT query")
+    s.add_argument("--out", required=True, help="output file (.parquet or .csv)")
+    s.add_argument("--format", choices=("parquet", "csv"), default=None,
+                   help="file format (default: from the file name)")
+    database_option(s)
+    s.set_defaults(fn=cmd_export)
