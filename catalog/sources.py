@@ -70,11 +70,24 @@ class ModelSourceError(ValueError):
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """What validation needs to know about a model, without loading its weights."""
+
+    n_layers: int
+    numbers: object  # catalog.tokens.NumberTokens
+
+
+@dataclass(frozen=True)
 class Source:
+    """One origin of models: which names it takes, how it loads, lists checkpoints,
+    inspects a model without its weights (where it can), and names it in the catalog."""
+
     name: str
     accepts: Callable[[str], bool]
     load: Callable[..., LoadedModel]
-    checkpoints: Callable[[str], list[int] | None]
+    checkpoints: Callable[..., list[int] | None]
+    inspect: Callable[..., ModelShape]
+    canonical: Callable[..., str]
 
 
 SOURCES: dict[str, Source] = {}
@@ -239,19 +252,7 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     official = _official_name(name)
-    revision = None
-    if checkpoint is not None:
-        labels = _hub_checkpoints(official)
-        if labels is None:
-            raise ModelSourceError(f"{official} has no training checkpoints; got checkpoint "
-                                   f"{checkpoint}")
-        if checkpoint not in labels:
-            near = sorted(labels, key=lambda s: abs(s - checkpoint))[:5]
-            raise ModelSourceError(
-                f"checkpoint step {checkpoint} does not exist for {official}; nearest "
-                f"published steps: {sorted(near)} ({len(labels)} in all, {labels[0]}.."
-                f"{labels[-1]})")
-        revision = f"step{checkpoint}"
+    revision = _hub_revision(official, checkpoint)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(official, revision=revision, dtype=dtype)
         tok = tokenizer or AutoTokenizer.from_pretrained(official, revision=revision)
@@ -270,10 +271,88 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
     return LoadedModel(model, tok, info)
 
 
-register_source(Source("builtin", _is_builtin, _load_builtin, _builtin_checkpoints))
-register_source(Source("gguf", _is_gguf, _load_gguf, lambda name, **_: None))
-register_source(Source("local", _is_local, _load_local, lambda name, **_: None))
-register_source(Source("hub", lambda name: True, _load_hub, _hub_checkpoints))
+def _inspect_builtin(name, checkpoint, builtin_config=None, cache_root=None, **_) -> ModelShape:
+    cfg = _builtin_config(name, builtin_config, cache_root)
+    steps = builtin.available_steps(cfg, cache_root)
+    if not steps:
+        raise ModelSourceError(f"{name!r} has no checkpoints yet; train it first "
+                               "(ncat train-builtin)")
+    if checkpoint is not None and checkpoint not in steps:
+        raise ModelSourceError(f"built-in checkpoint step {checkpoint} not found; "
+                               f"available steps: {steps}")
+    return ModelShape(cfg.n_layers, detect_number_tokens(builtin.builtin_tokenizer()))
+
+
+def _canonical_builtin(name, builtin_config=None, cache_root=None, **_) -> str:
+    return builtin.model_name(_builtin_config(name, builtin_config, cache_root))
+
+
+def _inspect_gguf(name, checkpoint, **kwargs) -> ModelShape:
+    lm = load_model(name, checkpoint, **kwargs)  # GGUF metadata alone does not give the tokenizer
+    return ModelShape(lm.info.n_layers, detect_number_tokens(
+        lm.tokenizer, prepend_bos=lm.model.cfg.default_prepend_bos))
+
+
+def _canonical_path(name, **_) -> str:
+    return str(Path(name).resolve())
+
+
+def _hub_revision(target: str, checkpoint: int | None) -> str | None:
+    if checkpoint is None:
+        return None
+    labels = _hub_checkpoints(target)
+    if labels is None:
+        raise ModelSourceError(f"{target} has no training checkpoints; got checkpoint "
+                               f"{checkpoint}")
+    if checkpoint not in labels:
+        near = sorted(sorted(labels, key=lambda s: abs(s - checkpoint))[:5])
+        raise ModelSourceError(f"checkpoint step {checkpoint} does not exist for {target}; "
+                               f"nearest published steps: {near} ({len(labels)} in all, "
+                               f"{labels[0]}..{labels[-1]})")
+    return f"step{checkpoint}"
+
+
+def _inspect_hf(target: str, revision: str | None) -> ModelShape:
+    """Layers and number tokens from a Hugging Face config and tokenizer (no weights)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        hf_cfg = AutoConfig.from_pretrained(target, revision=revision)
+        tok = AutoTokenizer.from_pretrained(target, revision=revision)
+    except Exception as exc:
+        where = f" at revision {revision}" if revision else ""
+        raise ModelSourceError(f"cannot read {target}{where}: {type(exc).__name__}: "
+                               f"{exc}") from exc
+    n_layers = getattr(hf_cfg, "num_hidden_layers", None) or hf_cfg.n_layer
+    # TransformerLens prepends BOS for most architectures, not for GPT-NeoX (Pythia)
+    prepend = hf_cfg.model_type != "gpt_neox"
+    return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend))
+
+
+def _inspect_local(name, checkpoint, **_) -> ModelShape:
+    if checkpoint is not None:
+        raise ModelSourceError(f"local model directory {name!r} has no training checkpoints; "
+                               f"got checkpoint {checkpoint}")
+    return _inspect_hf(name, None)
+
+
+def _inspect_hub(name, checkpoint, **_) -> ModelShape:
+    target = _official_name(name)
+    return _inspect_hf(target, _hub_revision(target, checkpoint))
+
+
+def _canonical_hub(name, **_) -> str:
+    return _official_name(name)
+
+
+register_source(Source("builtin", _is_builtin, _load_builtin, _builtin_checkpoints,
+                       _inspect_builtin, _canonical_builtin))
+register_source(Source("gguf", _is_gguf, _load_gguf, lambda name, **_: None, _inspect_gguf,
+                       _canonical_path))
+register_source(Source("local", _is_local, _load_local, lambda name, **_: None, _inspect_local,
+                       _canonical_path))
+register_source(Source("hub", lambda name: True, _load_hub, _hub_checkpoints, _inspect_hub,
+                       _canonical_hub))
 
 
 def find_source(name: str) -> Source:
@@ -313,75 +392,19 @@ def load_model(
                   dtype=dtype, builtin_config=builtin_config, cache_root=cache_root)
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """What validation needs to know about a model, without loading its weights."""
-
-    n_layers: int
-    numbers: object  # catalog.tokens.NumberTokens
-
-
 def inspect_model(name: str, checkpoint: int | None = None, **kwargs) -> ModelShape:
     """Layer count and number tokenization of ``name`` at ``checkpoint``, cheaply.
 
     Checks that the model and checkpoint exist. Built-in models and Hugging Face
     configs are read without weights; GGUF files are loaded.
     """
-    from transformers import AutoConfig, AutoTokenizer
-
-    source = find_source(name)
-    if source.name == "builtin":
-        cfg = _builtin_config(name, kwargs.get("builtin_config"), kwargs.get("cache_root"))
-        steps = builtin.available_steps(cfg, kwargs.get("cache_root"))
-        if not steps:
-            raise ModelSourceError(f"{name!r} has no checkpoints yet; train it first "
-                                   "(ncat train-builtin)")
-        if checkpoint is not None and checkpoint not in steps:
-            raise ModelSourceError(f"built-in checkpoint step {checkpoint} not found; "
-                                   f"available steps: {steps}")
-        return ModelShape(cfg.n_layers, detect_number_tokens(builtin.builtin_tokenizer()))
-    if source.name == "gguf":
-        lm = load_model(name, checkpoint, **kwargs)
-        return ModelShape(lm.info.n_layers, detect_number_tokens(
-            lm.tokenizer, prepend_bos=lm.model.cfg.default_prepend_bos))
-    if source.name == "local" and checkpoint is not None:
-        raise ModelSourceError(f"local model directory {name!r} has no training checkpoints; "
-                               f"got checkpoint {checkpoint}")
-    target = name if source.name == "local" else _official_name(name)
-    revision = None
-    if source.name == "hub" and checkpoint is not None:
-        labels = _hub_checkpoints(target)
-        if labels is None:
-            raise ModelSourceError(f"{target} has no training checkpoints; got checkpoint "
-                                   f"{checkpoint}")
-        if checkpoint not in labels:
-            near = sorted(sorted(labels, key=lambda s: abs(s - checkpoint))[:5])
-            raise ModelSourceError(f"checkpoint step {checkpoint} does not exist for {target}; "
-                                   f"nearest published steps: {near}")
-        revision = f"step{checkpoint}"
-    try:
-        hf_cfg = AutoConfig.from_pretrained(target, revision=revision)
-        tok = AutoTokenizer.from_pretrained(target, revision=revision)
-    except Exception as exc:
-        where = f" at revision {revision}" if revision else ""
-        raise ModelSourceError(f"cannot read {target}{where}: {type(exc).__name__}: "
-                               f"{exc}") from exc
-    n_layers = getattr(hf_cfg, "num_hidden_layers", None) or hf_cfg.n_layer
-    # TransformerLens prepends BOS for most architectures, not for GPT-NeoX (Pythia)
-    prepend = hf_cfg.model_type != "gpt_neox"
-    return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend))
+    return find_source(name).inspect(name, checkpoint, **kwargs)
 
 
 def canonical_name(name: str, **kwargs) -> str:
     """The name a model is catalogued under: ``builtin`` -> ``builtin-arith``, hub aliases ->
     official names, paths -> absolute paths. Raises ModelSourceError for unknown names."""
-    source = find_source(name)
-    if source.name == "builtin":
-        return builtin.model_name(_builtin_config(name, kwargs.get("builtin_config"),
-                                                  kwargs.get("cache_root")))
-    if source.name in ("local", "gguf"):
-        return str(Path(name).resolve())
-    return _official_name(name)
+    return find_source(name).canonical(name, **kwargs)
 
 
 def list_checkpoints(name: str, **kwargs) -> list[int] | None:

@@ -17,6 +17,7 @@ def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     config = spec["config"]
     config["extra_steps"] = tuple(config.get("extra_steps", ()))
+    config["op_weights"] = tuple(config.get("op_weights", (1, 1, 1, 1)))
     train_here(TrainConfig(**config), Path(spec["root"]), bool(spec["progress"]))
     return 0
 
