@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 
 from catalog.heuristics import Cells, Heuristic, Partition
+from catalog.significance import base_rate, p_values
 
 
 @dataclass
@@ -182,9 +183,11 @@ class Matches:
     The one representation of matches from the matcher to the writer and back:
     neuron (int32), op (int8, index into the config's operators), heuristic (int32,
     index into ``heuristics``), score (float32) and bottom (True when the bottom-k
-    score was the larger one and is the one kept). The writer reads the same arrays
-    (``schema.store.LayerRows.matches``), and ``from_records`` rebuilds them from
-    stored rows.
+    score was the larger one and is the one kept); for each score its heuristic's base
+    rate |S_H| / cells and the exact p-value of the score under a random ordering of the
+    map (catalog.significance; NaN where that null does not apply). The writer reads the
+    same arrays (``schema.store.LayerRows.matches``), and ``from_records`` rebuilds
+    them from stored rows.
     """
 
     neuron: np.ndarray
@@ -193,6 +196,15 @@ class Matches:
     score: np.ndarray
     bottom: np.ndarray
     heuristics: list[Heuristic]
+    base_rate: np.ndarray | None = None  # float32, one per row
+    p_value: np.ndarray | None = None  # float64, one per row
+
+    def __post_init__(self) -> None:
+        nan = np.full(len(self.neuron), np.nan)
+        if self.base_rate is None:
+            self.base_rate = nan.astype(np.float32)
+        if self.p_value is None:
+            self.p_value = nan.copy()
 
     def __len__(self) -> int:
         return len(self.neuron)
@@ -233,7 +245,9 @@ class Matches:
                                   ).astype(np.int32),
                    np.concatenate([p.score for p in parts]).astype(np.float32),
                    np.concatenate([p.bottom for p in parts]).astype(bool),
-                   [h for p in parts for h in p.heuristics])
+                   [h for p in parts for h in p.heuristics],
+                   np.concatenate([p.base_rate for p in parts]).astype(np.float32),
+                   np.concatenate([p.p_value for p in parts]).astype(np.float64))
 
     def row_heuristic(self, i: int) -> Heuristic:
         return self.heuristics[int(self.heuristic[i])]
@@ -292,7 +306,7 @@ def score_partitions(
             else:
                 better = sc > prev
                 best[i], is_bottom[i] = torch.where(better, sc, prev), better
-    rows_n, rows_h, rows_s, rows_b = [], [], [], []
+    rows_n, rows_h, rows_s, rows_b, rows_k = [], [], [], [], []
     heuristics: list[Heuristic] = []
     for part, sc_or_none, bot_or_none in zip(partitions, best, is_bottom, strict=True):
         assert sc_or_none is not None and bot_or_none is not None  # every partition scored
@@ -304,19 +318,30 @@ def score_partitions(
         rows_h.append(nz[:, 1] + len(heuristics))
         rows_s.append(sc[nz[:, 0], nz[:, 1]])
         rows_b.append(bot[nz[:, 0], nz[:, 1]])
+        # |S_H| of each row; count-scored rows (another null) get no p-value
+        sizes = torch.as_tensor(part.sizes, device=nz.device)[nz[:, 1]]
+        rows_k.append(sizes if part.scoring == "topk" else -sizes)
         heuristics.extend(part.heuristics)
     if not rows_n:
         out = Matches.empty()
         out.heuristics = heuristics
         return out
     neuron = torch.cat(rows_n).cpu().numpy().astype(np.int32)
+    score = torch.cat(rows_s).cpu().numpy().astype(np.float32)
+    k = torch.cat(rows_k).cpu().numpy()
+    n_cells = k_map.shape[1]
+    p_value = np.full(len(score), np.nan)
+    topk = k > 0
+    p_value[topk] = p_values(score[topk], k[topk], n_cells)
     return Matches(
         neuron=neuron,
         op=np.full(len(neuron), op, dtype=np.int8),
         heuristic=torch.cat(rows_h).cpu().numpy().astype(np.int32),
-        score=torch.cat(rows_s).cpu().numpy().astype(np.float32),
+        score=score,
         bottom=torch.cat(rows_b).cpu().numpy(),
         heuristics=heuristics,
+        base_rate=base_rate(np.abs(k), n_cells).astype(np.float32),
+        p_value=p_value,
     )
 
 

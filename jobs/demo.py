@@ -52,6 +52,7 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
     from catalog import builtin
     from jobs.enqueue import celery_sender, enqueue, job_statuses, retry
     from schema.engine import migrate
+    from schema.jobs import Status
 
     s = demo_settings(settings)
     url = migrate(s.database_url)
@@ -61,13 +62,13 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
     jobs = enqueue(url, model, "all", config, send=send)
     ids = [j.job_id for j in jobs]
     for st in job_statuses(url, ids):
-        if st.status in ("failed", "cancelled"):
+        if st.status in (Status.FAILED, Status.CANCELLED):
             retry(url, st.job_id, send=send)
     status = job_statuses(url, ids)
     total = sum(st.layers_total for st in status)
     worker = None
     log_path = s.ncat_home / "demo-worker.log"
-    if any(st.status != "done" for st in status):
+    if any(st.status != Status.DONE for st in status):
         s.ncat_home.mkdir(parents=True, exist_ok=True)
         worker = _start_worker(log_path, s)
     try:
@@ -77,7 +78,7 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
                 status = job_statuses(url, ids)
                 done = sum(st.layers_done for st in status)
                 bar.update(done - bar.n)
-                if all(st.status in ("done", "failed") for st in status):
+                if all(st.status in (Status.DONE, Status.FAILED) for st in status):
                     break
                 if worker is not None and worker.poll() is not None:
                     raise RuntimeError(f"the demo worker stopped; see {log_path}")
@@ -86,6 +87,6 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
         if worker is not None and worker.poll() is None:
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(30)
-    failed = [st for st in status if st.status == "failed"]
+    failed = [st for st in status if st.status == Status.FAILED]
     return {"database_url": url, "jobs": len(status), "layers": total,
             "failed": [(st.job_id, st.step, st.error) for st in failed]}

@@ -66,6 +66,8 @@ class MatchArrays(Protocol):
     score: np.ndarray
     bottom: np.ndarray
     heuristics: Sequence[HeuristicLike]
+    base_rate: np.ndarray  # |S_H| / cells per row (NaN: not defined)
+    p_value: np.ndarray  # exact p-value per row (NaN: not defined)
 
 
 @dataclass
@@ -218,9 +220,11 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
                rows.lens_top_values[n].tolist(), rows.lens_bottom_tokens[n],
                rows.lens_bottom_values[n].tolist())
         for n in range(d_mlp)))
-    _copy(cur, into["neuron_score"], KEY + ("op", "heuristic_id", "score", "bottom"), (
-        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b))
-        for n, o, h, s, b in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom, strict=True)))
+    _copy(cur, into["neuron_score"],
+          KEY + ("op", "heuristic_id", "score", "bottom", "base_rate", "p_value"), (
+        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b), _f(r), _f(p))
+        for n, o, h, s, b, r, p in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
+                                       m.base_rate, m.p_value, strict=True)))
 
 
 def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,

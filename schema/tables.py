@@ -8,7 +8,8 @@ measurement configs (hashed), heuristics, jobs. Measurements, one row per:
 - ``neuron_grid``: the same key: the activation grid over the operator's valid cells,
   8-bit quantized with a per-grid scale and offset (see schema.quantize).
 - ``neuron_lens``: (checkpoint, config, layer, neuron): the logit lens.
-- ``neuron_score``: (checkpoint, config, layer, neuron, operator, heuristic): raw scores.
+- ``neuron_score``: (checkpoint, config, layer, neuron, operator, heuristic): raw scores,
+  with their base rates and p-values.
 The measurement tables are partitioned by HASH(model_id) into 8 partitions, so every
 query about one model touches one partition and its indexes.
 """
@@ -33,7 +34,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB
 from sqlmodel import Field, SQLModel
 
 N_PARTITIONS = 8
@@ -268,6 +269,10 @@ class NeuronScore(_NeuronOpKey, table=True):
     heuristic_id: int = Field(primary_key=True)
     score: float = Field(sa_column=Column(REAL, nullable=False))
     bottom: bool = False
+    # |S_H| / cells (the score noise gives) and the exact p-value of the score under a
+    # random ordering of the map (docs/method.md section 7); NULL where not defined
+    base_rate: float | None = Field(default=None, sa_column=Column(REAL))
+    p_value: float | None = Field(default=None, sa_column=Column(DOUBLE_PRECISION))
 
 
 class CatalogSetting(SQLModel, table=True):

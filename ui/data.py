@@ -198,7 +198,8 @@ def lens(model_id, checkpoint_id, config_id, layer, neuron) -> dict | None:
 @st.cache_data(ttl=TTL)
 def matches(model_id, checkpoint_id, config_id, layer, neuron, limit: int = 200):
     return query(
-        "SELECT s.op, h.label, h.family, s.score, s.bottom FROM neuron_score s "
+        "SELECT s.op, h.label, h.family, s.score, s.base_rate, s.p_value, s.bottom "
+        "FROM neuron_score s "
         "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.model_id = :m "
         "AND s.checkpoint_id = :c AND s.config_id = :g AND s.layer = :l AND s.neuron = :n "
         "ORDER BY s.score DESC, h.label LIMIT :lim",

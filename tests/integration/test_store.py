@@ -88,6 +88,13 @@ def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
     assert len(first["neuron_op"]) == len(first["neuron_grid"]) == 4 * d_mlp
     assert len(first["neuron_lens"]) == d_mlp
     assert len(first["neuron_score"]) == len(result.matches)
+    m = result.matches
+    with store.connect(db) as conn:
+        stored = conn.execute("SELECT count(base_rate), count(p_value), min(p_value), "
+                              "max(p_value), max(base_rate) FROM neuron_score").fetchone()
+    assert stored[0] == int(np.isfinite(m.base_rate).sum()) > 0
+    assert stored[1] == int(np.isfinite(m.p_value).sum()) > 0
+    assert 0 <= stored[2] <= stored[3] <= 1 and 0 < stored[4] < 1
     write(db, lm, config, prep, result)
     assert dump(db) == first
     table = prep.table

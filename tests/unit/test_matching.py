@@ -208,6 +208,19 @@ def test_grouped_fast_path_equals_reference(op, variant):
                 assert is_bottom == (bottom > top), (h.key, n)
             checked += 1
     assert checked > 3000
+    # every row carries its heuristic's base rate and the exact p-value of its score
+    from catalog.significance import p_values
+
+    n_cells = len(cells.a)
+    for i in range(0, len(rows), 37):
+        h = rows.row_heuristic(i)
+        size = int(h.contains(cells.a, cells.b, cells.result).sum())
+        assert rows.base_rate[i] == pytest.approx(size / n_cells, rel=1e-6), h.key
+        if h.key in count_keys:
+            assert np.isnan(rows.p_value[i]), h.key
+        else:
+            want = p_values(np.array([rows.score[i]]), np.array([size]), n_cells)[0]
+            assert rows.p_value[i] == pytest.approx(want, rel=1e-9), h.key
 
 
 def test_count_variant_equals_reference_with_fixed_k():

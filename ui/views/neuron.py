@@ -65,15 +65,19 @@ def render() -> None:
                                    "value": lens["bottom_values"]}), hide_index=True)
 
     st.markdown("#### Heuristic matches")
-    st.caption("Score: share of the heuristic's cells among the neuron's top-k cells; "
-               "'bottom' rows scored the most negative cells (docs/method.md section 7).")
+    st.caption("Score: share of the heuristic's cells among the neuron's top-k cells; base "
+               "rate: the score a random ordering gives (|S_H| / cells); p-value: the exact "
+               "chance of a score this high on a random ordering; 'bottom' rows scored the most "
+               "negative cells (docs/method.md section 7).")
     m = data.matches(*p.values())
     if m.empty:
         st.caption("No heuristic scores above the stored floor.")
     else:
         st.dataframe(m, hide_index=True, width="stretch",
                      column_config={"score": st.column_config.ProgressColumn(
-                         min_value=0.0, max_value=1.0, format="%.2f")})
+                         min_value=0.0, max_value=1.0, format="%.2f"),
+                         "base_rate": st.column_config.NumberColumn(format="%.2f"),
+                         "p_value": st.column_config.NumberColumn(format="%.1e")})
 
     st.markdown("#### Across training")
     ev = data.evolution(p["model_id"], p["config_id"], p["layer"], p["neuron"])
