@@ -147,15 +147,29 @@ def train(
 
 
 def _train_in_child(cfg: TrainConfig, root: Path, progress: bool) -> None:
-    spec = json.dumps({"config": asdict(cfg), "root": str(root), "progress": progress})
+    spec = json.dumps({"config": asdict(cfg), "root": str(root), "progress": progress,
+                       "parent": os.getpid()})
     # the child imports this package from the same place as we do
     src = str(Path(__file__).resolve().parents[2])
     env = child_env(None, **PINNED_NUMERICS)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    done = subprocess.run([sys.executable, "-m", "catalog.builtin", spec], env=env, check=False)
+    done = subprocess.run([sys.executable, "-m", "catalog.builtin", spec], env=env, check=False,
+                          preexec_fn=_die_with_parent)
     if done.returncode != 0:
         raise RuntimeError(f"training the built-in model {cfg.key()} failed in its child "
                            f"process (exit code {done.returncode}); its messages are above")
+
+
+def _die_with_parent() -> None:
+    """In the child, before it starts: on Linux, ask the kernel to end it when its parent
+    dies (the parent holds the training lock). Elsewhere the child's own watchdog
+    (``catalog.builtin.__main__``) notices once its imports are done."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def train_here(cfg: TrainConfig, root: Path, progress: bool) -> None:

@@ -118,3 +118,33 @@ def test_default_training_reaches_95_percent_on_held_out_addition_and_subtractio
     assert acc["+"] >= 0.95 and acc["-"] >= 0.95, acc
     assert acc["*"] >= 0.9 and acc["/"] >= 0.9, acc
     assert set(acc) == set(OPERATORS)
+
+
+def test_the_trainer_child_stops_when_its_parent_dies(tmp_path):
+    """The parent holds the folder's training lock; an orphaned child would keep writing
+    checkpoints while another trainer takes the lock."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("from pathlib import Path; from catalog import builtin; "
+            f"builtin.train(builtin.TrainConfig(steps=3000), root=Path({str(tmp_path)!r}), "
+            "progress=False)")
+    parent = subprocess.Popen([sys.executable, "-c", code],
+                              cwd=Path(__file__).resolve().parents[2])
+
+    def child_pids() -> list[int]:
+        out = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split() if int(p) != parent.pid]
+
+    deadline = time.monotonic() + 60
+    while not child_pids():
+        assert time.monotonic() < deadline, "the trainer's child process never started"
+        time.sleep(0.2)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while child_pids():
+        assert time.monotonic() < deadline, "the trainer's child outlived its parent"
+        time.sleep(0.2)
