@@ -37,7 +37,6 @@ def main(argv: list[str]) -> int:
 
     config = spec["config"]
     config["extra_steps"] = tuple(config.get("extra_steps", ()))
-    config["op_weights"] = tuple(config.get("op_weights", (1, 1, 1, 1)))
     train_here(TrainConfig(**config), Path(spec["root"]), bool(spec["progress"]))
     return 0
 

@@ -20,7 +20,6 @@ from catalog.settings import get_settings
 from catalog.weights import weights_hash
 
 BUILTIN_NAME = "builtin-arith"
-EQUAL_WEIGHTS = (1, 1, 1, 1)
 
 
 def builtin_model_config(
@@ -68,8 +67,6 @@ class TrainConfig:
     seed: int = 0
     eval_prompts_per_op: int = 2000
     extra_steps: tuple[int, ...] = field(default_factory=tuple)
-    # share of each batch per operator (+ - * /): + and - have the most answers to learn
-    op_weights: tuple[int, ...] = EQUAL_WEIGHTS
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -80,24 +77,12 @@ class TrainConfig:
             raise ValueError(f"holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.batch_size < len(OPERATORS):
             raise ValueError(f"batch_size must be >= {len(OPERATORS)}, got {self.batch_size}")
-        object.__setattr__(self, "op_weights", tuple(int(w) for w in self.op_weights))
-        if len(self.op_weights) != len(OPERATORS) or min(self.op_weights) < 1:
-            raise ValueError(f"op_weights must be {len(OPERATORS)} positive integers (+ - * /), "
-                             f"got {self.op_weights}")
 
-    def per_op_batch(self) -> dict[str, int]:
-        """Prompts of each operator in one batch (batch_size split by op_weights)."""
-        total = sum(self.op_weights)
-        return {op: max(1, self.batch_size * w // total)
-                for op, w in zip(OPERATORS, self.op_weights, strict=True)}
 
     def key(self) -> str:
         """Deterministic short hash naming this configuration's checkpoint folder (and the
         trainer's version, so a changed trainer never reuses an old run)."""
-        fields = asdict(self)
-        if self.op_weights == EQUAL_WEIGHTS:  # configs from before the field keep their key
-            del fields["op_weights"]
-        blob = json.dumps({**fields, "trainer": TRAINER_VERSION}, sort_keys=True).encode()
+        blob = json.dumps({**asdict(self), "trainer": TRAINER_VERSION}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
     def checkpoint_steps(self) -> list[int]:
@@ -135,7 +120,6 @@ def config_from_name(name: str, root: Path | None = None) -> TrainConfig:
                                 f"{root or default_cache_root()}; cached variants: {have}")
     data = json.loads(path.read_text())
     data["extra_steps"] = tuple(data.get("extra_steps", ()))
-    data["op_weights"] = tuple(data.get("op_weights", EQUAL_WEIGHTS))
     return TrainConfig(**data)
 
 

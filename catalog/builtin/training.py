@@ -201,7 +201,7 @@ def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[i
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                             betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    per_op = cfg.per_op_batch()
+    per_op = cfg.batch_size // len(OPERATORS)
     to_save = set(schedule)
 
     bar = tqdm(total=cfg.steps, desc="training built-in model", disable=not progress, unit="step")
@@ -219,7 +219,7 @@ def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[i
             g["lr"] = _lr_at(step, cfg)
         toks, ans = [], []
         for op in OPERATORS:
-            pick = train_idx[op][torch.randint(len(train_idx[op]), (per_op[op],), generator=gen)]
+            pick = train_idx[op][torch.randint(len(train_idx[op]), (per_op,), generator=gen)]
             toks.append(data.tokens[op][pick])
             ans.append(data.answers[op][pick])
         logits = last_position_logits(model, torch.cat(toks))

@@ -110,8 +110,10 @@ def test_schedule_and_config_validation():
 def test_default_training_reaches_95_percent_on_held_out_addition_and_subtraction():
     """Trains the default model (a few minutes on 2 cores) unless it is already cached.
 
-    Seeds 0-3 of the default recipe reached held-out + 0.9995 to 1.0, - 1.0, * 0.98 to
-    0.99, / 0.99 (README), so 0.95 leaves a margin for any run of the recipe."""
+    The default run's weights are the same bits on every x86-64 machine with AVX2 and
+    this torch build (pinned trainer), where it scores + 0.9995, - 1.0, * 0.982, / 0.989
+    held out. Other seeds of the recipe can fall short on + and - (README table), so
+    this checks the default run, not the recipe in general."""
     cfg = builtin.TrainConfig()
     path = builtin.train(cfg, progress=False)
     acc = json.loads((path / f"step{cfg.steps}.json").read_text())["heldout_accuracy"]
