@@ -43,6 +43,17 @@ def start_embedded(data_dir: Path) -> str:
     return uri
 
 
+def stop_embedded() -> bool:
+    """Stop the embedded PostgreSQL this process started, if any (its data stays).
+    Returns whether one was stopped. Tests call it; long-lived commands leave it up."""
+    global _embedded
+    if _embedded is None:
+        return False
+    _embedded.stop()
+    _embedded = None
+    return True
+
+
 def with_driver(url: str) -> str:
     """SQLAlchemy URL using psycopg 3."""
     for prefix in ("postgresql://", "postgres://"):
@@ -61,4 +72,5 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     return with_driver(start_embedded(s.ncat_home / "pgdata"))
 
 
-__all__ = ["Settings", "port_open", "resolve_database_url", "start_embedded", "with_driver"]
+__all__ = ["Settings", "port_open", "resolve_database_url", "start_embedded", "stop_embedded",
+           "with_driver"]

@@ -115,22 +115,19 @@ def upsert_model(conn: psycopg.Connection, *, info: dict) -> int:
 
 def upsert_checkpoint(conn: psycopg.Connection, *, model_id: int, step: int | None,
                       revision: str | None, weights_hash: str) -> int:
-    """Insert or update a checkpoint; flags it when another step has identical weights."""
-    dup = scalar(conn.execute(
-        "SELECT min(step) FROM checkpoint WHERE model_id = %s AND weights_hash = %s "
-        "AND step IS DISTINCT FROM %s", (model_id, weights_hash, step)))
-    existing = conn.execute(
-        "SELECT id FROM checkpoint WHERE model_id = %s AND step IS NOT DISTINCT FROM %s",
-        (model_id, step)).fetchone()
-    if existing:
-        conn.execute("UPDATE checkpoint SET revision = %s, weights_hash = %s, "
-                     "duplicate_of_step = %s WHERE id = %s",
-                     (revision, weights_hash, dup, existing[0]))
-        return existing[0]
-    return scalar(conn.execute(
-        "INSERT INTO checkpoint (model_id, step, revision, weights_hash, duplicate_of_step) "
-        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-        (model_id, step, revision, weights_hash, dup)))
+    """Insert or update a checkpoint (safe when several processes register it at once),
+    then flag every checkpoint of the model whose weights equal an EARLIER step's:
+    ``duplicate_of_step`` is the first step with the same weights hash."""
+    checkpoint_id = scalar(conn.execute(
+        "INSERT INTO checkpoint (model_id, step, revision, weights_hash) "
+        "VALUES (%s, %s, %s, %s) ON CONFLICT ON CONSTRAINT uq_checkpoint_model_step "
+        "DO UPDATE SET revision = EXCLUDED.revision, weights_hash = EXCLUDED.weights_hash "
+        "RETURNING id", (model_id, step, revision, weights_hash)))
+    conn.execute(
+        "UPDATE checkpoint c SET duplicate_of_step = (SELECT min(d.step) FROM checkpoint d "
+        "WHERE d.model_id = c.model_id AND d.weights_hash = c.weights_hash AND d.step < c.step) "
+        "WHERE c.model_id = %s", (model_id,))
+    return checkpoint_id
 
 
 def upsert_config(conn: psycopg.Connection, *, config: dict, config_hash: str,

@@ -75,7 +75,9 @@ class Checkpoint(SQLModel, table=True):
     """One set of weights of a model; step is NULL for models without checkpoints."""
 
     __tablename__ = "checkpoint"
-    __table_args__ = (UniqueConstraint("model_id", "step", name="uq_checkpoint_model_step"),)
+    # NULLS NOT DISTINCT: a model without steps (GGUF, a local directory) has one checkpoint
+    __table_args__ = (UniqueConstraint("model_id", "step", name="uq_checkpoint_model_step",
+                                       postgresql_nulls_not_distinct=True),)
     id: int | None = Field(default=None, primary_key=True)
     model_id: int = _fk("model", index=True)
     step: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))

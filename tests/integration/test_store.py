@@ -153,6 +153,38 @@ def test_checkpoint_with_identical_weights_is_flagged(db):
     assert rows == [(1000, None), (2000, 1000), (3000, None)]
 
 
+def test_checkpoints_registered_at_once_are_one_row_and_duplicates_point_back(db):
+    """20 processes registering the same checkpoints at once (a step, and a model without
+    steps) get one row each and the same id; re-registering an earlier step never makes
+    it a duplicate of a later one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    info = {"name": "m", "source": "hub", "n_layers": 1, "d_model": 4, "d_mlp": 8,
+            "d_vocab": 10, "act_fn": "gelu", "gated_mlp": False, "number_limit": 9,
+            "digit_level": False}
+
+    def register(step):
+        with store.connect(db) as conn, conn.transaction():
+            model_id = store.upsert_model(conn, info=info)
+            return store.upsert_checkpoint(conn, model_id=model_id, step=step,
+                                           revision=None, weights_hash="c" * 64)
+
+    for step in (500, None):
+        with ThreadPoolExecutor(20) as pool:
+            ids = list(pool.map(register, [step] * 20))
+        assert len(set(ids)) == 1, (step, ids)
+    with store.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM checkpoint").fetchone()[0] == 2
+        model_id = store.upsert_model(conn, info=info)
+        store.upsert_checkpoint(conn, model_id=model_id, step=100, revision=None,
+                                weights_hash="c" * 64)
+        store.upsert_checkpoint(conn, model_id=model_id, step=500, revision=None,
+                                weights_hash="c" * 64)  # re-cataloged later
+        rows = conn.execute("SELECT step, duplicate_of_step FROM checkpoint ORDER BY step"
+                            ).fetchall()
+    assert rows == [(100, None), (500, 100), (None, None)]
+
+
 @pytest.mark.parametrize("sql", [
     "INSERT INTO catalog_setting VALUES ('x', 1)",
     "UPDATE catalog_setting SET value = 0",
@@ -181,11 +213,17 @@ def test_embedded_fallback_when_no_server_answers(tmp_path):
     url = resolve_database_url(Settings(database_url=None, ncat_home=tmp_path,
                                         local_pg_port=port))
     assert "host=" in url and str(tmp_path) in url  # a unix socket in our own data dir
-    migrate(url)
-    with store.connect(url) as conn:
-        assert conn.execute("SELECT value FROM catalog_setting WHERE key = 'match_threshold'"
-                            ).fetchone()[0] == pytest.approx(0.6)
+    try:
+        migrate(url)
+        with store.connect(url) as conn:
+            assert conn.execute("SELECT value FROM catalog_setting WHERE key = "
+                                "'match_threshold'").fetchone()[0] == pytest.approx(0.6)
+    finally:  # tests stop what they start: no server outlives the suite
+        from schema.settings import stop_embedded
 
+        assert stop_embedded()
+    with pytest.raises(psycopg.OperationalError):
+        store.connect(url, connect_timeout=3)
 
 def test_database_url_wins(monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgresql://someone@db.example:5433/cat")
