@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     ncat_activation_budget: int = Field(
         2 * 1024**3, ge=0, description="bytes of activations a worker keeps from one grid "
                                        "pass; over it, layers are captured one at a time")
+    ncat_busy_retry_seconds: float = Field(
+        30.0, gt=0, description="seconds before a layer whose lock another session holds is "
+                                "tried again")
     ncat_explorer_port: int = Field(8501, gt=0, lt=65536,
                                     description="port of `ncat explore` and `ncat demo`")
     local_pg_host: str = Field("localhost", description="where to look for a local PostgreSQL")

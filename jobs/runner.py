@@ -41,6 +41,17 @@ class _Loaded:
 
 _CURRENT: _Loaded | None = None
 
+# Advisory lock keys of the project's own: a namespace in the high bits, so a lock some
+# other session takes on a small number (an analyst's (job, layer), say) never collides.
+LOCK_NAMESPACE = 0x6E63  # "nc"
+
+
+def layer_lock_key(job_id: int, layer: int) -> int:
+    """The bigint advisory-lock key of (job, layer): namespace, then job, then layer."""
+    if not 0 <= layer < 4096 or not 0 < job_id < 2**28:
+        raise ValueError(f"no lock key for job {job_id}, layer {layer}")
+    return (LOCK_NAMESPACE << 40) | (job_id << 12) | layer
+
 
 def execution_for(job: JobRow, settings: Settings | None = None):
     """This worker's execution settings: the job's device, and the batch sizes and
@@ -87,12 +98,13 @@ def process_layer(url: str, job_id: int, layer: int, worker: str) -> str:
             return "unknown job"
         if job.status in (Status.CANCELLED, Status.FAILED, Status.DONE):
             return f"skipped ({job.status})"
-        if not conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (job_id, layer)).fetchone()[0]:
-            return "busy"  # a live worker is computing this layer right now
+        key = layer_lock_key(job_id, layer)
+        if not store.scalar(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
+            return "busy"  # another session holds the layer: the task is sent again later
         try:
             return _process_locked(conn, job, layer, worker)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s, %s)", (job_id, layer))
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def _process_locked(conn, job: JobRow, layer: int, worker: str) -> str:

@@ -27,11 +27,18 @@ def _db_url() -> str:
     return resolve_database_url()
 
 
-@app.task(name="ncat.run_layer", bind=True)
+@app.task(name="ncat.run_layer", bind=True, max_retries=None)
 def run_layer(self, job_id: int, layer: int) -> str:
-    """Compute and store one layer of one job (and, if it is the last, the summary)."""
+    """Compute and store one layer of one job (and, if it is the last, the summary).
+
+    A layer whose lock another session holds is sent again after
+    NCAT_BUSY_RETRY_SECONDS, never dropped: if that session dies, the layer still runs.
+    """
+    from catalog.settings import get_settings
     from jobs.runner import process_layer
 
     outcome = process_layer(_db_url(), job_id, layer, worker=self.request.hostname or "worker")
     log.info("job %s layer %s: %s", job_id, layer, outcome)
+    if outcome == "busy":
+        raise self.retry(countdown=get_settings().ncat_busy_retry_seconds)
     return outcome

@@ -105,6 +105,10 @@ def queue(db, redis_url, tiny_builtin, monkeypatch):
             workers.append(proc)
             return proc
 
+        def worker_log(self, label="w") -> str:
+            path = Path(env["NCAT_HOME"]) / f"worker-{env['NCAT_QUEUE']}-{label}.log"
+            return path.read_text() if path.exists() else ""
+
         def queued_messages(self) -> int:
             return redis.Redis.from_url(redis_url).llen(env["NCAT_QUEUE"])
 

@@ -261,3 +261,24 @@ def test_status_command_shows_progress(queue, capsys):
     out = capsys.readouterr().out
     assert f"{queue.name} step 300" in out and "0/2" in out and "queued" in out
 
+
+
+def test_a_layer_locked_by_another_session_is_tried_again_not_dropped(queue, monkeypatch):
+    """A delivery that finds its layer's lock taken used to be acknowledged as 'busy' and
+    dropped, leaving the job queued forever. It is now sent again until the lock frees."""
+    from jobs import runner
+
+    monkeypatch.setenv("NCAT_BUSY_RETRY_SECONDS", "1")
+    (job,) = enq.enqueue(queue.url, queue.name, "300", CONFIG, layers=[0])
+    with store.connect(queue.url, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (runner.layer_lock_key(job.job_id, 0),))
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", (job.job_id, 0))  # an analyst's pair
+        queue.start_worker()
+        wait_until(lambda: queue.worker_log().count("Retry in") >= 2, timeout=180,
+                   what="the worker to meet the lock and send the layer again, twice")
+        st = statuses(queue.url)[job.job_id]
+        assert st.status == "queued" and st.layers_done == 0
+        # the layer's own lock freed; the analyst still holds (job, layer), which is not it
+        holder.execute("SELECT pg_advisory_unlock(%s)", (runner.layer_lock_key(job.job_id, 0),))
+        wait_until(lambda: all_done(queue.url), what="the layer once its lock was released")
+    assert count(queue.url, "SELECT count(*) FROM layer_result") == 1
