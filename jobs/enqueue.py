@@ -197,17 +197,28 @@ def cancel(url: str, job_id: int) -> str:
 
 
 def retry(url: str, job_id: int, send=None) -> list[int]:
-    """Queue again the unfinished layers of a failed or cancelled job; returns them."""
+    """Queue again the unfinished layers of any job that is not done; returns them.
+
+    That covers failed and cancelled jobs, and jobs whose messages were lost or whose
+    worker died (queued, running, or stuck in summarizing). When every layer is stored
+    already, one message goes out for the job's first layer: the worker finds it done
+    and runs the missing final step (summary, view refresh).
+    """
     send = send or _celery_send
     with store.connect(url) as conn, conn.transaction():
         status = jobdb.job_status(conn, job_id)
         if status is None:
             raise EnqueueError(f"there is no job {job_id}")
-        if status not in (Status.FAILED, Status.CANCELLED):
-            raise EnqueueError(f"job {job_id} is {status}; only failed or cancelled jobs "
-                               "can be retried")
+        if status == Status.DONE:
+            raise EnqueueError(f"job {job_id} is done; only failed or cancelled jobs "
+                               "can be retried (and jobs that are stuck); `ncat enqueue "
+                               "--force` recomputes a finished job")
         layers = jobdb.requeue(conn, job_id, only_unfinished=True, force=False)
-    for layer in layers:
+        to_send = layers
+        if not layers:
+            jobdb.resume_summary(conn, job_id)
+            to_send = [jobdb.first_layer(conn, job_id)]
+    for layer in to_send:
         send(job_id, layer)
     return layers
 

@@ -111,6 +111,7 @@ def _process_locked(conn, job: JobRow, layer: int, worker: str) -> str:
     from jobs.store_results import store_layer
 
     if jobdb.layer_status(conn, job.id, layer) == Status.DONE:
+        finalize_if_complete(conn, job.id)  # a retried job whose final step never ran
         return "already done"
     jobdb.start_layer(conn, job.id, layer, worker)
     try:

@@ -139,6 +139,19 @@ def requeue(conn: psycopg.Connection, job_id: int, *, only_unfinished: bool,
     return sorted(layers)
 
 
+def resume_summary(conn: psycopg.Connection, job_id: int) -> None:
+    """A job whose layers are all stored goes back to running, so that the next worker to
+    see one of its layers claims and runs the final step."""
+    conn.execute("UPDATE job SET status = %s, error = NULL, failed_layer = NULL, "
+                 "finished_at = NULL, updated_at = now() WHERE id = %s",
+                 (Status.RUNNING, job_id))
+
+
+def first_layer(conn: psycopg.Connection, job_id: int) -> int:
+    return scalar(conn.execute("SELECT min(layer) FROM job_layer WHERE job_id = %s",
+                               (job_id,)))
+
+
 def cancel(conn: psycopg.Connection, job_id: int) -> str | None:
     """Cancel a queued or running job; returns None if it was, else its status (or
     'missing')."""

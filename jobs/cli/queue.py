@@ -119,8 +119,9 @@ def add_commands(sub) -> None:
     database_option(s)
     s.set_defaults(fn=cmd_status)
 
-    for name, fn, text in (("cancel", cmd_cancel, "cancel a queued or running job"),
-                           ("retry", cmd_retry, "queue a failed or cancelled job again")):
+    for name, fn, text in (
+            ("cancel", cmd_cancel, "cancel a queued or running job"),
+            ("retry", cmd_retry, "queue again what a job that is not done still needs")):
         s = sub.add_parser(name, help=text)
         s.add_argument("job", type=int, help="the job's id (see ncat status)")
         database_option(s)

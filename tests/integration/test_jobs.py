@@ -282,3 +282,23 @@ def test_a_layer_locked_by_another_session_is_tried_again_not_dropped(queue, mon
         holder.execute("SELECT pg_advisory_unlock(%s)", (runner.layer_lock_key(job.job_id, 0),))
         wait_until(lambda: all_done(queue.url), what="the layer once its lock was released")
     assert count(queue.url, "SELECT count(*) FROM layer_result") == 1
+
+
+def test_retry_finishes_jobs_whose_messages_were_lost_or_whose_summary_died(queue):
+    """Jobs the database says are queued but the broker lost, and jobs left in
+    'summarizing' by a worker killed during the final step, used to be refused by retry."""
+    (job,) = enq.enqueue(queue.url, queue.name, "300", CONFIG, send=lambda *a: None)
+    assert queue.queued_messages() == 0  # the broker lost every message
+    assert enq.retry(queue.url, job.job_id) == list(range(TINY.n_layers))
+    queue.start_worker()
+    wait_until(lambda: all_done(queue.url), what="the job whose messages were lost")
+    with store.connect(queue.url, autocommit=True) as conn:  # a worker died in the summary
+        conn.execute("UPDATE job SET status = 'summarizing', finished_at = NULL WHERE id = %s",
+                     (job.job_id,))
+        conn.execute("DELETE FROM checkpoint_summary")
+    assert enq.retry(queue.url, job.job_id) == []  # every layer is stored: only the summary
+    wait_until(lambda: all_done(queue.url)
+               and count(queue.url, "SELECT count(*) FROM checkpoint_summary") == 1,
+               what="the summary of the stuck job")
+    with pytest.raises(enq.EnqueueError, match=f"job {job.job_id} is done"):
+        enq.retry(queue.url, job.job_id)
