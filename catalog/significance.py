@@ -16,6 +16,8 @@ other nulls, and get no p-value (NaN).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 
@@ -25,9 +27,13 @@ def base_rate(k: np.ndarray | int, n_cells: int) -> np.ndarray:
     return np.asarray(k, dtype=np.float64) / n_cells
 
 
+@lru_cache(maxsize=8192)
 def overlap_tail(n_cells: int, k: int) -> np.ndarray:
     """P(X >= x) for x = 0..k, X the overlap of a random k-subset of ``n_cells`` cells
-    with a fixed set of k cells (hypergeometric), computed exactly in log space."""
+    with a fixed set of k cells (hypergeometric), computed exactly in log space.
+
+    Cached: every layer of a checkpoint asks for the same (cells, k) pairs. The array
+    returned is read-only."""
     if not 0 < k <= n_cells:
         raise ValueError(f"k must be in 1..{n_cells}, got {k}")
     i = torch.arange(0, k + 1, dtype=torch.float64)
@@ -42,8 +48,9 @@ def overlap_tail(n_cells: int, k: int) -> np.ndarray:
                           log_comb(kk, i) + log_comb(n - kk, kk - i) - log_comb(n, kk),
                           torch.full_like(i, -float("inf")))
     # upper tail: logcumsumexp from the right
-    tail = torch.logcumsumexp(log_pmf.flip(0), dim=0).flip(0)
-    return tail.exp().clamp(max=1.0).numpy()
+    tail = torch.logcumsumexp(log_pmf.flip(0), dim=0).flip(0).exp().clamp(max=1.0).numpy()
+    tail.flags.writeable = False
+    return tail
 
 
 def p_values(score: np.ndarray, k: np.ndarray, n_cells: int) -> np.ndarray:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,7 +123,6 @@ def store_layer(conn: psycopg.Connection, run: CheckpointRun, ids: CatalogIds, l
 def catalog_checkpoint(
     url: str, lm: LoadedModel, config: ScienceConfig, layers: list[int] | None = None,
     progress: bool = False, execution: ExecutionConfig | None = None,
-    on_layer: Callable[[int], None] | None = None,
 ) -> CatalogIds:
     """Measure ``lm`` and write every layer, then the summary, then refresh the views."""
     run = CheckpointRun(lm.model, lm.tokenizer, config, execution or ExecutionConfig(), layers)
@@ -132,16 +130,15 @@ def catalog_checkpoint(
         ids = register(conn, lm, config)
         run.prepare(progress=progress)
         write_layouts(conn, run, ids)
-        results = {}
+        effects, matches = {}, {}
         for layer in run.layers:
-            results[layer] = store_layer(conn, run, ids, layer, lm.tokenizer,
-                                         socket.gethostname())
+            # keep what the summary needs, not the layer's activations
+            result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
+            effects[layer], matches[layer] = result.effect, result.matches
+            del result
             run.release(layer)
-            if on_layer:
-                on_layer(layer)
-        if len(results) == lm.model.cfg.n_layers:
-            summ = run.summarize({k: v.effect for k, v in results.items()},
-                                 {k: v.matches for k, v in results.items()})
+        if len(effects) == lm.model.cfg.n_layers:
+            summ = run.summarize(effects, matches)
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
                                     config_id=ids.config_id, summary=summary_dict(summ))
