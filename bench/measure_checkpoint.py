@@ -38,7 +38,7 @@ def main(hi: int = 100, model: str = "builtin"):
         layers[layer] = prep.run_layer(layer)
         phases[f"layer {layer}"] = time.perf_counter() - t
     t = time.perf_counter()
-    prep.summarize({k: v.effect for k, v in layers.items()},
+    prep.summarize({k: v.effect(prep.config.rank_sign) for k, v in layers.items()},
                    {k: v.matches for k, v in layers.items()})
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
     total = time.perf_counter() - t0

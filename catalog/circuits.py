@@ -107,8 +107,14 @@ def faithfulness_curve(
     effect: Float[np.ndarray, "n_layers d_mlp"],
     ks: list[int],
     means: dict[int, torch.Tensor],
+    measured: np.ndarray | None = None,
 ) -> list[tuple[int, float]]:
-    """Faithfulness of the top-k-per-layer circuit for each k, on ``prompts``."""
+    """Faithfulness of the top-k-per-layer circuit for each k, on ``prompts``.
+
+    ``measured`` (n_layers,) bool: layers outside it are never ablated (a circuit over a
+    subset of layers); default all."""
+    free = (np.zeros(effect.shape, dtype=bool) if measured is None
+            else np.broadcast_to(~np.asarray(measured)[:, None], effect.shape))
     if len(prompts) == 0:
         return [(k, float("nan")) for k in ks]
     curve: dict[int, list[float]] = {k: [] for k in ks}
@@ -129,11 +135,11 @@ def faithfulness_curve(
             return edit
 
         nl_model_all.append(normalized_logit(model(toks)[:, -1], ans).cpu().numpy())
-        none = np.zeros(effect.shape, dtype=bool)
+        none = free.copy()
         nl_empty_all.append(normalized_logit(
             _run_with_neuron_edit(model, toks, ablate(none)), ans).cpu().numpy())
         for k in ks:
-            keep = top_k_mask(effect, k)
+            keep = top_k_mask(effect, k) | free
             curve[k].append(normalized_logit(
                 _run_with_neuron_edit(model, toks, ablate(keep)), ans).cpu().numpy())
     nl_model, nl_empty = np.concatenate(nl_model_all), np.concatenate(nl_empty_all)

@@ -29,6 +29,18 @@ CATALOG_VERSION = "0.1.0"
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
 PATCHING_METHODS = ("exact", "attribution")
+LABEL_RULES = ("significant", "paper")
+RANK_STATISTICS = ("trimmed", "median", "mean")
+RANK_SIGNS = ("abs", "signed")
+# Named templates: --template NAME stores the text. {op_word} writes the operator as a word.
+TEMPLATES = {
+    "bare": "{a}{op}{b}=",
+    "spaced": "{a} {op} {b} =",
+    "qa": "Q: How much is {a} {op_word} {b}? A:",
+    "question": "What is {a} {op_word} {b}? Answer:",
+}
+OP_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "divided by"}
+HEURISTIC_FAMILIES = ("range", "modulo", "pattern", "identical", "value", "multi_result")
 # keys that configs stored before the split carried; they never changed a number
 LEGACY_EXECUTION_KEYS = ("batch_size", "patch_chunk")
 
@@ -49,14 +61,28 @@ class ScienceConfig:
                            form=True)
     operand_hi: int = _opt(300, "operands range over [lo, hi); the paper used [0, 300), "
                                 "[0, 100) is 9x cheaper", flag="--hi", form=True)
-    template: str = _opt("{a}{op}{b}=", "prompt text with {a}, {op} and {b}")
-    few_shot: str = _opt("", "text put before every prompt (solved examples)")
+    template: str = _opt("{a}{op}{b}=", "prompt text with {a}, {b} and {op} (or {op_word}: "
+                         "plus, minus, times, divided by), or a named template: "
+                         + ", ".join(f"{k} = {v!r}" for k, v in TEMPLATES.items()), form=True)
+    few_shot: str = _opt("", "fixed text put before every prompt (before the solved examples)")
+    shots: int = _opt(0, "solved examples of the same operator put before every prompt "
+                         "(deterministic from the seed; their cells are left out of pairs, "
+                         "faithfulness and knockouts)", form=True)
     pairs_per_op: int = _opt(100, "counterfactual pairs per operator for patching (paper: "
                                   "about 100)", flag="--pairs", form=True)
     seed: int = _opt(0, "seeds pair sampling and every other random choice", form=True)
     patching: tuple[str, ...] = _opt(
-        PATCHING_METHODS, "patching methods, comma-separated: exact, attribution",
-        kind="words")
+        PATCHING_METHODS, "patching methods: exact, attribution or both", kind="methods",
+        form=True)
+    exact: str = _opt("all", "which neurons get exact patching: all, none, or top:N (the N "
+                             "neurons per layer and operator of largest |attribution|; needs "
+                             "attribution)", form=True)
+    rank_statistic: str = _opt(
+        "trimmed", "statistic of the per-pair effects that ranks neurons and builds circuits: "
+        "trimmed (10%-trimmed mean of the log-space effect), median (of the log-space "
+        "effect) or mean (the paper's effect)", flag="--rank-by", choices=RANK_STATISTICS)
+    rank_sign: str = _opt("abs", "rank by |statistic| (abs) or by its signed value (signed, "
+                                 "the paper's order)", choices=RANK_SIGNS)
     heuristic_variant: str = _opt(
         "paper", "'paper' (modulo n in 2..9, 11, 13, 15; Algorithm 1 for patterns) or "
         "'code' (the released code: modulo n in 2..10, patterns counted among the top K)",
@@ -65,6 +91,15 @@ class ScienceConfig:
     match_threshold: float = _opt(
         0.6, "score from which a neuron implements a heuristic (paper: 0.6); knockouts and "
              "summaries use it, analysts may choose another in SQL")
+    label_rule: str = _opt(
+        "significant", "when a neuron implements a heuristic: 'significant' (score >= "
+        "match_threshold AND p-value <= significance_level / heuristics scored) or 'paper' "
+        "(score >= match_threshold alone)", choices=LABEL_RULES, form=True)
+    significance_level: float = _opt(
+        0.05, "family-wise error rate per neuron and operator of the 'significant' rule "
+              "(Bonferroni over the heuristics scored)")
+    families: tuple[str, ...] = _opt(
+        HEURISTIC_FAMILIES, "heuristic families scored, comma-separated", kind="words")
     score_bottom: str = _opt("auto", "also score the bottom-k of each map: auto (gated MLPs "
                                      "only), always or never", choices=BOTTOM_MODES)
     lens_top_k: int = _opt(10, "top and bottom vocabulary tokens kept per neuron's lens")
@@ -83,7 +118,7 @@ class ScienceConfig:
 
     def __post_init__(self) -> None:
         # tuples keep the config hashable and its JSON stable, even if lists were passed
-        for name in ("operators", "patching", "circuit_fractions"):
+        for name in ("operators", "patching", "circuit_fractions", "families"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.operators:
             raise ValueError("operators is empty; choose at least one of + - * /")
@@ -99,15 +134,52 @@ class ScienceConfig:
                 f"operand range [{self.operand_lo}, {self.operand_hi}) is empty or a single "
                 "number; operand_hi must exceed operand_lo + 1"
             )
-        for key in ("{a}", "{op}", "{b}"):
+        if self.template in TEMPLATES:
+            object.__setattr__(self, "template", TEMPLATES[self.template])
+        for key in ("{a}", "{b}"):
             if key not in self.template:
                 raise ValueError(f"template {self.template!r} lacks {key}")
+        if "{op}" not in self.template and "{op_word}" not in self.template:
+            raise ValueError(f"template {self.template!r} lacks {{op}} or {{op_word}}")
+        try:
+            self.template.format(a=1, b=2, op="+", op_word="plus")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"template {self.template!r} has an unknown placeholder or a "
+                             f"stray brace ({exc}); use {{a}}, {{b}}, {{op}}, {{op_word}}, "
+                             "and {{ }} for literal braces") from None
+        if self.shots < 0:
+            raise ValueError(f"shots must be >= 0, got {self.shots}")
         if self.pairs_per_op < 1:
             raise ValueError(f"pairs_per_op must be >= 1, got {self.pairs_per_op}")
         if not self.patching or any(m not in PATCHING_METHODS for m in self.patching):
             raise ValueError(
                 f"patching must be a non-empty subset of {PATCHING_METHODS}, got {self.patching}"
             )
+        if self.exact == "none":  # attribution only
+            if self.patching == ("exact",):
+                raise ValueError("exact is 'none' and patching is 'exact': nothing to measure; "
+                                 "use --patching attribution or both")
+            object.__setattr__(self, "patching", ("attribution",))
+        elif "exact" not in self.patching:
+            object.__setattr__(self, "exact", "none")
+        self.exact_top()  # validates the form
+        if self.exact.startswith("top:") and "attribution" not in self.patching:
+            raise ValueError(f"exact {self.exact!r} picks neurons by |attribution|; use "
+                             "--patching both")
+        if self.rank_statistic not in RANK_STATISTICS:
+            raise ValueError(f"rank_statistic must be one of {RANK_STATISTICS}, "
+                             f"got {self.rank_statistic!r}")
+        if self.rank_sign not in RANK_SIGNS:
+            raise ValueError(f"rank_sign must be one of {RANK_SIGNS}, got {self.rank_sign!r}")
+        if self.label_rule not in LABEL_RULES:
+            raise ValueError(f"label_rule must be one of {LABEL_RULES}, got {self.label_rule!r}")
+        if not 0.0 < self.significance_level < 1.0:
+            raise ValueError(f"significance_level must be in (0, 1), got "
+                             f"{self.significance_level}")
+        bad = [f for f in self.families if f not in HEURISTIC_FAMILIES]
+        if bad or not self.families:
+            raise ValueError(f"families {list(self.families)} must be a non-empty subset of "
+                             f"{HEURISTIC_FAMILIES}")
         if self.heuristic_variant not in HEURISTIC_VARIANTS:
             raise ValueError(
                 f"heuristic_variant must be one of {HEURISTIC_VARIANTS}, "
@@ -128,6 +200,19 @@ class ScienceConfig:
                      "multi_result_top"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def exact_top(self) -> int | None:
+        """N of ``exact = top:N``; None for all or none (ValueError if malformed)."""
+        if self.exact in ("all", "none"):
+            return None
+        head, _, n = self.exact.partition(":")
+        if head != "top" or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"exact must be all, none or top:N with N >= 1, got {self.exact!r}")
+        return int(n)
+
+    def prompt_text(self, a: int, op: str, b: int) -> str:
+        """The template written out for one cell (without prefix)."""
+        return self.template.format(a=a, op=op, b=b, op_word=OP_WORDS[op])
 
     # ------------------------------------------------------------ provenance
 

@@ -24,7 +24,7 @@ class FieldSpec:
     flag: str
     default: Any
     help: str
-    kind: str  # int | float | str | operators | words | floats
+    kind: str  # int | float | str | operators | methods | words | floats
     choices: tuple | None
     form: bool
 
@@ -41,6 +41,12 @@ class FieldSpec:
                 if bad or not ops:
                     raise ValueError(f"unknown operator(s) {''.join(bad)!r}; use some of + - * /")
                 return ops
+            if self.kind == "methods":
+                named = {"both": ("exact", "attribution"), "exact": ("exact",),
+                         "attribution": ("attribution",)}
+                if text.strip() in named:
+                    return named[text.strip()]
+                return tuple(w.strip() for w in text.split(",") if w.strip())
             if self.kind == "words":
                 return tuple(w.strip() for w in text.split(",") if w.strip())
             if self.kind == "floats":
@@ -53,6 +59,8 @@ class FieldSpec:
         """How the value is written on a command line or in a form."""
         if self.kind == "operators":
             return "".join(value)
+        if self.kind == "methods" and len(value) == 2:
+            return "both"
         if isinstance(value, tuple):
             return ",".join(str(v) for v in value)
         return str(value)

@@ -15,6 +15,8 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
+from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
 from catalog.prompts import PromptTable
@@ -42,14 +44,33 @@ def final_logits(
     return model.unembed(ln(resid) if ln is not None else resid)
 
 
-def _groups(table: PromptTable) -> dict[tuple[int, int], np.ndarray]:
-    """(prompt length, result token count) -> prompt indices."""
-    keys = np.array([(len(t), len(r)) for t, r in zip(table.tokens, table.result_tokens,
-                                                       strict=True)])
+def _groups(table: PromptTable) -> dict[tuple[int, int, int], np.ndarray]:
+    """(operator index, prompt length, result token count) -> prompt indices."""
+    keys = np.array([(o, len(t), len(r)) for o, t, r in zip(table.op, table.tokens,
+                                                            table.result_tokens, strict=True)])
     out = {}
     for key in np.unique(keys, axis=0):
-        out[(int(key[0]), int(key[1]))] = np.nonzero((keys == key).all(axis=1))[0]
+        out[(int(key[0]), int(key[1]), int(key[2]))] = np.nonzero((keys == key).all(axis=1))[0]
     return out
+
+
+def prefix_cache(model: HookedTransformer, prefix: np.ndarray) -> TransformerLensKeyValueCache:
+    """Keys and values of a shared prefix (one sequence), computed once."""
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+    tokens = torch.from_numpy(prefix[None]).to(model.cfg.device)
+    model(tokens, past_kv_cache=cache, attention_mask=torch.ones_like(tokens))
+    return cache
+
+
+def expand_cache(cache: TransformerLensKeyValueCache, batch: int) -> TransformerLensKeyValueCache:
+    """The same prefix for ``batch`` sequences, frozen so that forwards do not extend it."""
+    entries = [TransformerLensKeyValueCacheEntry(
+        past_keys=e.past_keys.expand(batch, -1, -1, -1),
+        past_values=e.past_values.expand(batch, -1, -1, -1), frozen=True)
+        for e in cache.entries]
+    return TransformerLensKeyValueCache(
+        entries=entries, previous_attention_mask=cache.previous_attention_mask.expand(batch, -1),
+        frozen=True)
 
 
 @torch.no_grad()
@@ -59,10 +80,15 @@ def run_grid(
     layers: list[int],
     batch_size: int = 4096,
     progress: bool = False,
+    reuse_prefix: bool = True,
 ) -> dict[int, Float[np.ndarray, "prompt d_mlp"]]:
     """Last-position MLP activations of ``layers`` for every prompt; sets ``table.correct``.
 
-    Returns layer -> float32 array (n_prompts, d_mlp) in table order.
+    With ``reuse_prefix`` an operator's shared prefix (few-shot text and solved examples,
+    catalog.prompts) runs once, and every batch attends to its cached keys and values
+    instead of recomputing them; the activations are the same to float rounding
+    (tested, and timed in bench/prefix.py). Returns layer -> float32 array
+    (n_prompts, d_mlp) in table order.
     """
     n = len(table)
     d_mlp = mlp_width(model)
@@ -72,22 +98,32 @@ def run_grid(
     groups = _groups(table)
     total = sum(-(-len(idx) // batch_size) for idx in groups.values())
     bar = tqdm(total=total, desc="activation grids", disable=not progress, unit="batch")
-    for (length, m), idx_all in groups.items():
+    caches: dict[int, TransformerLensKeyValueCache] = {}
+    for (o, length, m), idx_all in groups.items():
+        p = len(table.prefix_tokens[o]) if reuse_prefix else 0
+        if p < 2 or p >= length:  # BOS alone is not worth a cache; nothing after the prefix
+            p = 0
+        if p and o not in caches:
+            caches[o] = prefix_cache(model, table.prefix_tokens[o])
         for start in range(0, len(idx_all), batch_size):
             idx = idx_all[start:start + batch_size]
-            seq = np.stack([np.concatenate([table.tokens[i], table.result_tokens[i][:-1]])
+            seq = np.stack([np.concatenate([table.tokens[i][p:], table.result_tokens[i][:-1]])
                             for i in idx])
             captured: dict[int, torch.Tensor] = {}
+            last = length - 1 - p  # the prompt's last position in seq
 
-            def grab(act, hook, _pos=length - 1, _store=captured):
+            def grab(act, hook, _pos=last, _store=captured):
                 _store[hook.layer()] = act[:, _pos, :].float().cpu()
 
             resid = model.run_with_hooks(
                 torch.from_numpy(seq).to(device),
                 stop_at_layer=model.cfg.n_layers,
                 fwd_hooks=[(post_hook_name(layer), grab) for layer in layers],
+                **(dict(past_kv_cache=expand_cache(caches[o], len(idx)),
+                        attention_mask=torch.ones(seq.shape, dtype=torch.long, device=device))
+                   if p else {}),
             )
-            pred = final_logits(model, resid[:, length - 1:length - 1 + m]).argmax(-1).cpu()
+            pred = final_logits(model, resid[:, last:last + m]).argmax(-1).cpu()
             target = torch.from_numpy(np.stack([table.result_tokens[i] for i in idx]))
             correct[idx] = (pred == target).all(dim=1).numpy()
             for layer in layers:

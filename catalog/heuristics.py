@@ -30,8 +30,8 @@ class Heuristic:
     """One heuristic: family, target, parameters, and a readable label.
 
     ``params`` by family: range (start, width); modulo (modulus, residue);
-    pattern (pattern string of 3 characters, digits or '.'); identical ();
-    multi_result (sorted tuple of results).
+    pattern (pattern string of 3 characters, digits or '.'); value (the number);
+    identical (); multi_result (sorted tuple of results).
     """
 
     family: str
@@ -58,6 +58,8 @@ class Heuristic:
             return f"{who} = {p[1]} (mod {p[0]})"
         if self.family == "pattern":
             return f"{who} matches {p[0]}"
+        if self.family == "value":
+            return f"{who} = {p[0]}"
         if self.family == "identical":
             return "op1 = op2"
         if self.family == "multi_result":
@@ -77,6 +79,9 @@ class Heuristic:
         elif self.family == "modulo":
             def test(x):
                 return x % p[0] == p[1]
+        elif self.family == "value":
+            def test(x):
+                return x == p[0]
         elif self.family == "pattern":
             def test(x):
                 ok = x < 1000
@@ -143,12 +148,14 @@ def register_family(name: str) -> Callable[[FamilyBuilder], FamilyBuilder]:
 
 
 def _partition(
-    cells: Cells, labels: np.ndarray, heuristics: list[Heuristic], scoring: str = "topk"
+    cells: Cells, labels: np.ndarray, heuristics: list[Heuristic], scoring: str = "topk",
+    min_size: int = 1,
 ) -> Partition | None:
-    """Drop empty heuristics and trivial ones (every cell); renumber labels."""
+    """Drop heuristics with fewer than ``min_size`` cells and trivial ones (every cell);
+    renumber labels."""
     n = len(cells.a)
     sizes = np.bincount(labels[labels >= 0], minlength=len(heuristics))
-    keep = (sizes > 0) & (sizes < n)
+    keep = (sizes >= max(min_size, 1)) & (sizes < n)
     if not keep.any():
         return None
     new_id = np.full(len(heuristics), -1, dtype=np.int64)
@@ -269,9 +276,35 @@ def identical_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]
     return [p] if p is not None else []
 
 
-def partitions_for(cells: Cells, config: MeasureConfig) -> list[Partition]:
-    """Every partition of every registered family for one operator's cells."""
+# Values are numbers below 1000 (the pattern family's 3-digit numbers written out in
+# full); a one-cell set can never be significant, so sets need two cells.
+VALUE_LIMIT = 1000
+
+
+@register_family("value")
+def value_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """One number: op1 = v, op2 = v, result = v (v < 1000, at least two cells)."""
     out = []
-    for build in FAMILIES.values():
-        out.extend(build(cells, config))
+    for target in ("op1", "op2", "result"):
+        x = cells.values(target)
+        labels = np.where(x < VALUE_LIMIT, x, -1).astype(np.int64)
+        hs = [Heuristic("value", target, (v,)) for v in range(VALUE_LIMIT)]
+        out.append(_partition(cells, labels, hs, min_size=2))
+    return [p for p in out if p is not None]
+
+
+def partitions_for(cells: Cells, config: MeasureConfig) -> list[Partition]:
+    """Every partition of the config's families (all registered ones the config names)."""
+    out = []
+    for name, build in FAMILIES.items():
+        if name in config.families:
+            out.extend(build(cells, config))
     return out
+
+
+def n_tests(partitions: list[Partition], with_bottom: bool, multi_result: bool) -> int:
+    """How many heuristics one neuron is scored against (the label rule's m): each
+    partition's heuristics, twice when the bottom-k is scored too, plus one for the
+    multi-result family (its own choice is corrected inside its p-value)."""
+    n = sum(len(p.heuristics) for p in partitions)
+    return n * (2 if with_bottom else 1) + int(multi_result)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from catalog import significance
 from catalog.heuristics import Cells, Heuristic, Partition
 from catalog.significance import base_rate, p_values
 
@@ -185,7 +186,8 @@ class Matches:
     index into ``heuristics``), score (float32) and bottom (True when the bottom-k
     score was the larger one and is the one kept); for each score its heuristic's base
     rate |S_H| / cells and the exact p-value of the score under a random ordering of the
-    map (catalog.significance; NaN where that null does not apply). The writer reads the
+    map (catalog.significance; NaN where that null does not apply), and ``implements``,
+    the label rule's verdict (``label``; False until it is applied). The writer reads the
     same arrays (``schema.store.LayerRows.matches``), and ``from_records`` rebuilds
     them from stored rows.
     """
@@ -198,6 +200,7 @@ class Matches:
     heuristics: list[Heuristic]
     base_rate: np.ndarray | None = None  # float32, one per row
     p_value: np.ndarray | None = None  # float64, one per row
+    implements: np.ndarray | None = None  # bool, one per row
 
     def __post_init__(self) -> None:
         nan = np.full(len(self.neuron), np.nan)
@@ -205,6 +208,8 @@ class Matches:
             self.base_rate = nan.astype(np.float32)
         if self.p_value is None:
             self.p_value = nan.copy()
+        if self.implements is None:
+            self.implements = np.zeros(len(self.neuron), dtype=bool)
 
     def __len__(self) -> int:
         return len(self.neuron)
@@ -216,12 +221,20 @@ class Matches:
 
     @classmethod
     def from_records(cls, records) -> Matches:
-        """From (neuron, op index, Heuristic, score, bottom) tuples, in that order."""
+        """From (neuron, op index, Heuristic, score, bottom[, base rate, p-value,
+        implements]) tuples, in that order."""
         records = list(records)
+        extra: dict = {}
+        if records and len(records[0]) > 5:
+            extra = {"base_rate": np.array([r[5] for r in records], dtype=np.float32),
+                     "p_value": np.array([np.nan if r[6] is None else r[6] for r in records],
+                                         dtype=np.float64),
+                     "implements": np.array([bool(r[7]) for r in records], dtype=bool)}
         index: dict[str, int] = {}
         heuristics: list[Heuristic] = []
         hidx = []
-        for _, _, h, _, _ in records:
+        for r in records:
+            h = r[2]
             if h.key not in index:
                 index[h.key] = len(heuristics)
                 heuristics.append(h)
@@ -230,7 +243,7 @@ class Matches:
                    np.array([r[1] for r in records], dtype=np.int8),
                    np.array(hidx, dtype=np.int32),
                    np.array([r[3] for r in records], dtype=np.float32),
-                   np.array([r[4] for r in records], dtype=bool), heuristics)
+                   np.array([r[4] for r in records], dtype=bool), heuristics, **extra)
 
     @classmethod
     def concat(cls, parts: list[Matches]) -> Matches:
@@ -247,15 +260,28 @@ class Matches:
                    np.concatenate([p.bottom for p in parts]).astype(bool),
                    [h for p in parts for h in p.heuristics],
                    np.concatenate([p.base_rate for p in parts]).astype(np.float32),
-                   np.concatenate([p.p_value for p in parts]).astype(np.float64))
+                   np.concatenate([p.p_value for p in parts]).astype(np.float64),
+                   np.concatenate([p.implements for p in parts]).astype(bool))
 
     def row_heuristic(self, i: int) -> Heuristic:
         return self.heuristics[int(self.heuristic[i])]
 
-    def neurons_matching(self, op: int, threshold: float) -> np.ndarray:
-        """Distinct neurons with a score >= ``threshold`` on operator index ``op``."""
-        sel = (self.op == op) & (self.score >= threshold)
-        return np.unique(self.neuron[sel])
+    def neurons_matching(self, op: int) -> np.ndarray:
+        """Distinct neurons labelled with a heuristic (``implements``) on operator ``op``."""
+        return np.unique(self.neuron[(self.op == op) & self.implements])
+
+    def without_neurons(self, drop: np.ndarray) -> Matches:
+        """The rows whose neuron is not in ``drop`` (e.g. constant neurons)."""
+        keep = ~np.isin(self.neuron, drop)
+        return Matches(self.neuron[keep], self.op[keep], self.heuristic[keep], self.score[keep],
+                       self.bottom[keep], self.heuristics, self.base_rate[keep],
+                       self.p_value[keep], self.implements[keep])
+
+    def label(self, threshold: float, rule: str, level: float, n_tests: int) -> Matches:
+        """Set ``implements`` by the label rule (catalog.significance.labels); returns self."""
+        self.implements = significance.labels(self.score, self.p_value, threshold, rule,
+                                              level, n_tests)
+        return self
 
 
 def score_partitions(
@@ -306,7 +332,8 @@ def score_partitions(
             else:
                 better = sc > prev
                 best[i], is_bottom[i] = torch.where(better, sc, prev), better
-    rows_n, rows_h, rows_s, rows_b, rows_k = [], [], [], [], []
+    rows_n, rows_h, rows_s, rows_b, rows_k, rows_d = [], [], [], [], [], []
+    n_cells = k_map.shape[1]
     heuristics: list[Heuristic] = []
     for part, sc_or_none, bot_or_none in zip(partitions, best, is_bottom, strict=True):
         assert sc_or_none is not None and bot_or_none is not None  # every partition scored
@@ -318,9 +345,11 @@ def score_partitions(
         rows_h.append(nz[:, 1] + len(heuristics))
         rows_s.append(sc[nz[:, 0], nz[:, 1]])
         rows_b.append(bot[nz[:, 0], nz[:, 1]])
-        # |S_H| of each row; count-scored rows (another null) get no p-value
+        # |S_H| of each row and the top cells drawn: k itself, or K for pattern counting
         sizes = torch.as_tensor(part.sizes, device=nz.device)[nz[:, 1]]
-        rows_k.append(sizes if part.scoring == "topk" else -sizes)
+        rows_k.append(sizes)
+        rows_d.append(sizes if part.scoring == "topk"
+                      else torch.full_like(sizes, min(pattern_top_k, n_cells)))
         heuristics.extend(part.heuristics)
     if not rows_n:
         out = Matches.empty()
@@ -329,10 +358,8 @@ def score_partitions(
     neuron = torch.cat(rows_n).cpu().numpy().astype(np.int32)
     score = torch.cat(rows_s).cpu().numpy().astype(np.float32)
     k = torch.cat(rows_k).cpu().numpy()
-    n_cells = k_map.shape[1]
-    p_value = np.full(len(score), np.nan)
-    topk = k > 0
-    p_value[topk] = p_values(score[topk], k[topk], n_cells)
+    draws = torch.cat(rows_d).cpu().numpy()
+    p_value = p_values(score, k, n_cells, draws)
     return Matches(
         neuron=neuron,
         op=np.full(len(neuron), op, dtype=np.int8),
@@ -340,7 +367,7 @@ def score_partitions(
         score=score,
         bottom=torch.cat(rows_b).cpu().numpy(),
         heuristics=heuristics,
-        base_rate=base_rate(np.abs(k), n_cells).astype(np.float32),
+        base_rate=base_rate(k, n_cells).astype(np.float32),
         p_value=p_value,
     )
 
@@ -356,7 +383,10 @@ def multi_result_matches(
     """Division neurons whose top cells fall on 2-5 results covering >= ``coverage``.
 
     One row per match: the heuristic "result in {...}" and the covered share as its
-    score (rows below ``floor`` are dropped; ``op`` is the operator's index).
+    score (rows below ``floor`` are dropped; ``op`` is the operator's index). Its base
+    rate is the share of cells with one of those results; its p-value is the
+    hypergeometric tail of the overlap times the number of result sets of that size
+    (the results are chosen after looking at the map).
     """
     n, c = kv_map.shape
     top = min(top, c)
@@ -376,7 +406,16 @@ def multi_result_matches(
                 results = tuple(sorted(int(x) for x in uniq[order[neuron, :r]]))
                 share = float(cum[neuron, r - 1])
                 if share >= floor:
+                    k = int(np.isin(result, results).sum())
+                    x = int(round(share * top))
+                    log_p = (np.log(max(overlap_tail_at(c, k, top, x), 1e-300))
+                             + significance.log_n_choose(len(uniq), r))
                     out.append((neuron, op, Heuristic("multi_result", "result", results),
-                                share, False))
+                                share, False, k / c, float(min(1.0, np.exp(log_p))), False))
                 break
     return Matches.from_records(out)
+
+
+def overlap_tail_at(n_cells: int, k: int, draws: int, x: int) -> float:
+    """P(X >= x) of the hypergeometric overlap (catalog.significance.overlap_tail)."""
+    return float(significance.overlap_tail(n_cells, k, min(draws, n_cells))[min(x, draws)])

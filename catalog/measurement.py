@@ -27,15 +27,15 @@ def measure(
     provenance: dict | None = None,
     execution: ExecutionConfig | None = None,
 ) -> CheckpointResult:
-    """Measure every neuron of ``layers`` (default all) and, if all layers, the summary."""
+    """Measure every neuron of ``layers`` (default all) and the summary over those layers."""
     run = CheckpointRun(model, tokenizer, config or ScienceConfig(),
                         execution or ExecutionConfig(), layers).prepare(progress=progress)
     results = {}
     for layer in tqdm(run.layers, desc="layers", disable=not progress, unit="layer"):
         results[layer] = run.run_layer(layer)
     summ = None
-    if summary and len(run.layers) == model.cfg.n_layers:
-        summ = run.summarize({k: v.effect for k, v in results.items()},
+    if summary:
+        summ = run.summarize({k: v.effect(run.config.rank_sign) for k, v in results.items()},
                              {k: v.matches for k, v in results.items()})
     return CheckpointResult(run.config, run.numbers, run.table, results, summ,
                             run.provenance(provenance))

@@ -50,6 +50,11 @@ def patching_effect(p_r, p_rp, ps_r, ps_rp):
     return 0.5 * ((ps_rp - p_rp) / p_rp + (p_r - ps_r) / ps_r)
 
 
+def log_effect(lp_r, lp_rp, lps_r, lps_rp):
+    """The log-space effect: the same two terms on log-probabilities (catalog.effects)."""
+    return 0.5 * ((lps_rp - lp_rp) + (lp_r - lps_r))
+
+
 def effect_from_logprobs(lp_r, lp_rp, lps_r, lps_rp):
     """Same effect from log-probabilities, stable when probabilities are tiny.
 
@@ -117,16 +122,24 @@ def exact_patching(
     cf: np.ndarray,
     cf_acts: Float[np.ndarray, "pair d_mlp"],
     chunk: int = 64,
-) -> Float[np.ndarray, "d_mlp pair"]:
-    """Exact patching effect of every neuron of ``layer`` on every pair.
+    neurons: np.ndarray | None = None,
+    with_log: bool = False,
+):
+    """Exact patching effect of the neurons of ``layer`` (all, or ``neurons``) on every pair.
 
     ``cf_acts[j]`` is the layer's last-position activation vector on counterfactual
-    prompt ``cf[j]``. Returns a float32 (d_mlp, n_pairs) array.
+    prompt ``cf[j]``. Returns a float32 (n_neurons, n_pairs) array of the paper's
+    effect, and with ``with_log`` also the log-space effect of the same shape.
     """
-    n_layers, d_mlp = model.cfg.n_layers, mlp_width(model)
+    n_layers = model.cfg.n_layers
     device = model.cfg.device
-    out = np.empty((d_mlp, len(clean)), dtype=np.float32)
-    w_out = model.W_out[layer]  # (d_mlp, d_model)
+    sel_all = (np.arange(mlp_width(model)) if neurons is None
+               else np.asarray(neurons, dtype=np.int64))
+    d_sel = len(sel_all)
+    sel_t = torch.as_tensor(sel_all, device=device)
+    out = np.empty((d_sel, len(clean)), dtype=np.float32)
+    out_log = np.empty((d_sel, len(clean)), dtype=np.float32)
+    w_out = model.W_out[layer][sel_t]  # (n_neurons, d_model)
     later = list(range(layer + 1, n_layers))
     names = {get_act_name("resid_post", layer), post_hook_name(layer)}
     for lay in later:
@@ -138,14 +151,14 @@ def exact_patching(
         rows = torch.arange(len(pb.answer), device=device)
         lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
         resid = cache[get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
-        act_clean = cache[post_hook_name(layer)][:, -1]  # (P, d_mlp)
-        delta_all = torch.as_tensor(cf_acts[pb.positions], device=device,
+        act_clean = cache[post_hook_name(layer)][:, -1][:, sel_t]  # (P, n_neurons)
+        delta_all = torch.as_tensor(cf_acts[pb.positions][:, sel_all], device=device,
                                     dtype=act_clean.dtype) - act_clean
         past = [(cache[get_act_name("k", lay)][:, :-1],
                  cache[get_act_name("v", lay)][:, :-1]) for lay in later]
         n_pairs = len(pb.answer)
-        for start in range(0, d_mlp, chunk):
-            sl = slice(start, min(start + chunk, d_mlp))
+        for start in range(0, d_sel, chunk):
+            sl = slice(start, min(start + chunk, d_sel))
             c = sl.stop - sl.start
             delta = delta_all[:, sl]  # (P, c)
             x = resid[:, None, :] + delta[..., None] * w_out[sl][None]  # (P, c, d_model)
@@ -159,7 +172,10 @@ def exact_patching(
             lps_rp = lps.gather(-1, pb.cf_answer[:, None, None].expand(n_pairs, c, 1))[..., 0]
             eff = effect_from_logprobs(lp_r[:, None], lp_rp[:, None], lps_r, lps_rp)  # (P, c)
             out[sl][:, pb.positions] = eff.T.float().cpu().numpy()
-    return out
+            if with_log:
+                le = log_effect(lp_r[:, None], lp_rp[:, None], lps_r, lps_rp)
+                out_log[sl][:, pb.positions] = le.T.float().cpu().numpy()
+    return (out, out_log) if with_log else out
 
 
 def attribution_patching(

@@ -6,6 +6,15 @@ operators live in one flat table (operator-major, then a, then b), which is the
 row order of every activation array in the catalog. Prompts of equal token
 length form buckets, so forward passes never need padding: with single-token
 numbers there is one length, with digit-level tokenizers a few.
+
+Every prompt of an operator starts with the same prefix: BOS where the model uses one,
+the config's fixed ``few_shot`` text, then ``shots`` solved examples of that operator
+(``{template}{result}`` and a newline each, drawn from the grid's own valid cells with
+the seed). The prefix and the prompt are tokenized separately and concatenated, so
+the prefix's tokens are the same in every prompt and its keys and values can be
+computed once (``catalog.grids.run_grid``). A cell that is one of the examples is still
+measured, but it is left out of counterfactual pairs, faithfulness and knockouts: its
+answer is in the context.
 """
 
 from __future__ import annotations
@@ -43,11 +52,30 @@ class PromptTable:
     answer: np.ndarray
     tokens: list[np.ndarray]
     result_tokens: list[np.ndarray]
+    prefix_tokens: list[np.ndarray] = field(default_factory=list)  # per operator, BOS included
+    is_shot: np.ndarray | None = None  # (n,) bool: the cell is a solved example of the prefix
     correct: np.ndarray | None = None  # set by catalog.grids.run_grid
     _buckets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.is_shot is None:
+            self.is_shot = np.zeros(len(self.a), dtype=bool)
+        if not self.prefix_tokens:
+            self.prefix_tokens = [np.zeros(0, dtype=np.int64) for _ in self.operators]
+
     def __len__(self) -> int:
         return len(self.a)
+
+    def prefix_len(self, i: int) -> int:
+        """Tokens of prompt ``i`` that are its operator's shared prefix."""
+        return len(self.prefix_tokens[int(self.op[i])])
+
+    def usable(self) -> np.ndarray:
+        """(n,) bool: correct prompts that are not solved examples of the prefix."""
+        if self.correct is None:
+            raise ValueError("prompt correctness is unknown; run catalog.grids.run_grid first")
+        assert self.is_shot is not None
+        return self.correct & ~self.is_shot
 
     @property
     def side(self) -> int:
@@ -111,13 +139,25 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
         m = op_arr == i
         result[m] = apply_op(op, a[m], b[m])
 
-    texts = [
-        config.few_shot + config.template.format(a=int(x), op=config.operators[o], b=int(y))
-        for o, x, y in zip(op_arr, a, b, strict=True)
-    ]
+    is_shot = np.zeros(len(a), dtype=bool)
+    prefix_tokens = []
+    bos = [numbers.bos_id] if numbers.bos_id is not None else []
+    for i, op in enumerate(config.operators):
+        rows = np.nonzero(op_arr == i)[0]
+        text = config.few_shot
+        if config.shots:
+            rng = np.random.default_rng([config.seed, 11, i])
+            chosen = rng.choice(rows, size=min(config.shots, len(rows)), replace=False)
+            is_shot[chosen] = True
+            text += "".join(config.prompt_text(int(a[j]), op, int(b[j])) + f"{int(result[j])}\n"
+                            for j in chosen)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        prefix_tokens.append(np.array(bos + list(ids), dtype=np.int64))
+    texts = [config.prompt_text(int(x), config.operators[o], int(y))
+             for o, x, y in zip(op_arr, a, b, strict=True)]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    prefix = [numbers.bos_id] if numbers.bos_id is not None else []
-    tokens = [np.array(prefix + list(t), dtype=np.int64) for t in ids]
+    tokens = [np.concatenate([prefix_tokens[o], np.array(t, dtype=np.int64)])
+              for o, t in zip(op_arr, ids, strict=True)]
 
     uniq = np.unique(result)
     res_tok = {int(r): np.array(encode_number(tokenizer, int(r)), dtype=np.int64) for r in uniq}
@@ -135,6 +175,8 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
         answer=answer,
         tokens=tokens,
         result_tokens=result_tokens,
+        prefix_tokens=prefix_tokens,
+        is_shot=is_shot,
     )
 
 
@@ -145,14 +187,13 @@ def sample_pairs(
 
     Clean prompts are drawn without replacement from the correct prompts of ``op``;
     each counterfactual is drawn from the correct prompts of ALL operators of the
-    table whose answer token differs (docs/method.md section 5). Seeded and
-    deterministic. Returns fewer pairs when fewer correct prompts exist.
+    table whose answer token differs (docs/method.md section 5). Solved examples of the
+    prefix are left out. Seeded and deterministic. Returns fewer pairs when fewer
+    correct prompts exist.
     """
-    if table.correct is None:
-        raise ValueError("prompt correctness is unknown; run catalog.grids.run_grid first")
     op_i = table.operators.index(op)
     rng = np.random.default_rng([seed, op_i])
-    pool = np.nonzero(table.correct)[0]
+    pool = np.nonzero(table.usable())[0]
     clean_pool = pool[table.op[pool] == op_i]
     if len(clean_pool) == 0 or len(pool) < 2:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)

@@ -25,10 +25,10 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
-from catalog import circuits
+from catalog import circuits, effects
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import accuracy_by_operator, mlp_width, run_grid
-from catalog.heuristics import Cells, Heuristic, Partition, partitions_for
+from catalog.heuristics import Cells, Heuristic, Partition, n_tests, partitions_for
 from catalog.lens import LensResult, lens_at, logit_lens
 from catalog.maps import kv_map
 from catalog.matching import Matches, multi_result_matches, score_partitions
@@ -50,19 +50,26 @@ class LayerResult:
     max_act: Float[np.ndarray, "d_mlp op"]
     mean_act: Float[np.ndarray, "d_mlp op"]
     density: Float[np.ndarray, "d_mlp op"]  # share of the operator's prompts with act > 0
-    effect_exact: Float[np.ndarray, "d_mlp op"] | None
+    effect_exact: Float[np.ndarray, "d_mlp op"] | None  # the paper's mean; NaN if not exact
     effect_exact_std: Float[np.ndarray, "d_mlp op"] | None
     effect_attr: Float[np.ndarray, "d_mlp op"] | None
     effect_attr_std: Float[np.ndarray, "d_mlp op"] | None
-    rank: np.ndarray  # (d_mlp, op) int32, 0 = largest effect in the layer for that operator
+    # robust statistics of the log-space effect (catalog.effects), exact where measured
+    effect_log: Float[np.ndarray, "d_mlp op"]
+    effect_median: Float[np.ndarray, "d_mlp op"]
+    effect_trimmed: Float[np.ndarray, "d_mlp op"]
+    moved_share: Float[np.ndarray, "d_mlp op"]
+    is_exact: np.ndarray  # (d_mlp, op) bool: the statistics come from exact patching
+    rank_value: Float[np.ndarray, "d_mlp op"]  # the config's ranking statistic, signed
+    constant: np.ndarray  # (d_mlp, op) bool: no variance over the operator's valid cells
+    rank: np.ndarray  # (d_mlp, op) int32, 0 = first by the config's rank rule
     matches: Matches
+    # op -> {"n_exact": neurons with exact effects, "spearman": attribution vs exact on them}
+    patching: dict[str, dict]
 
-    @property
-    def effect(self) -> np.ndarray:
-        """The effect circuits are built from: exact where measured, else attribution."""
-        out = self.effect_exact if self.effect_exact is not None else self.effect_attr
-        assert out is not None  # a config always has at least one patching method
-        return out
+    def effect(self, sign: str) -> np.ndarray:
+        """What circuits order neurons by, largest first (catalog.effects.rank_key)."""
+        return effects.rank_key(self.rank_value, sign)
 
     def kv(self, op_prompts: np.ndarray) -> np.ndarray:
         """KV map values (d_mlp, n) for the given prompts: K times the answer's lens value."""
@@ -80,7 +87,9 @@ class Summary:
     faithfulness: dict[str, list[tuple[int, float]]]  # op -> [(k, F)]
     heuristic_knockouts: list[dict]
     prompt_knockouts: dict[str, dict]
-    n_heuristic_neurons: dict[str, int]  # op -> neurons with a score >= match_threshold
+    n_heuristic_neurons: dict[str, int]  # op -> neurons labelled with a heuristic
+    layers: list[int]  # the layers the summary covers (circuits span these only)
+    n_excluded: dict[str, int]  # op -> correct prompts left out because a shot solves them
 
 
 @dataclass
@@ -119,11 +128,14 @@ def check_layers(model: HookedTransformer, layers: list[int] | None) -> list[int
     return layers
 
 
-def _pair_stats(per_pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if per_pair.shape[1] == 0:
-        nan = np.full(per_pair.shape[0], np.nan, dtype=np.float32)
-        return nan, nan
-    return per_pair.mean(1), per_pair.std(1)
+CONSTANT_RTOL = 1e-6  # a map whose range is below this share of its size is constant
+
+
+def constant_maps(k_map: np.ndarray) -> np.ndarray:
+    """(neurons,) bool: maps with no variance over the cells (dead or constant neurons)."""
+    hi, lo = k_map.max(1), k_map.min(1)
+    size = np.maximum(np.abs(hi), np.abs(lo))
+    return (hi - lo) <= CONSTANT_RTOL * size
 
 
 class CheckpointRun:
@@ -169,12 +181,14 @@ class CheckpointRun:
                               batch_size=self.execution.batch_size, progress=progress)
         self.pairs = {op: sample_pairs(self.table, op, config.pairs_per_op, config.seed)
                       for op in config.operators}
-        self.cells, self.partitions = {}, {}
+        self.cells, self.partitions, self.n_tests = {}, {}, {}
         for op in config.operators:
             idx = self.table.op_index(op)
             t = self.table
             self.cells[op] = Cells(op, t.a[idx], t.b[idx], t.result[idx], t.lo, t.hi)
             self.partitions[op] = partitions_for(self.cells[op], config)
+            self.n_tests[op] = n_tests(self.partitions[op], self._with_bottom(),
+                                       self._multi_result(op))
         self.number_ids = number_token_ids(self.tokenizer, min(self.numbers.limit, 10_000))
         self._prepared = True
         return self
@@ -237,41 +251,91 @@ class CheckpointRun:
         config, table, model = self.config, self.table, self.model
         acts = self.activations(layer)
         shape = (self.d_mlp, len(config.operators))
-        stats = {name: np.zeros(shape, dtype=np.float32) for name in ("max", "mean", "density")}
-        eff = {name: np.full(shape, np.nan, dtype=np.float32)
-               for name in ("exact", "exact_std", "attr", "attr_std")}
+        out = {name: np.full(shape, np.nan, dtype=np.float32)
+               for name in ("max", "mean", "density", "exact", "exact_std", "attr", "attr_std",
+                            "log", "median", "trimmed", "moved", "rank_value")}
+        is_exact = np.zeros(shape, dtype=bool)
+        constant = np.zeros(shape, dtype=bool)
         lens = logit_lens(model, layer, self.number_ids, k=config.lens_top_k)
         answer_lens = lens_at(model, layer, table.answer)
-        parts = []
+        parts, patching = [], {}
         for o, op in enumerate(config.operators):
             idx = table.op_index(op)
             k_map = acts[idx].T  # (d_mlp, cells)
-            stats["max"][:, o] = k_map.max(1)
-            stats["mean"][:, o] = k_map.mean(1)
-            stats["density"][:, o] = (k_map > 0).mean(1)
-            clean, cf = self.pairs[op]
-            if "exact" in config.patching:
-                per_pair = exact_patching(model, table, layer, clean, cf, acts[cf],
-                                          chunk=self.execution.patch_chunk)
-                eff["exact"][:, o], eff["exact_std"][:, o] = _pair_stats(per_pair)
-            if "attribution" in config.patching and len(clean):
-                per_pair = attribution_patching(model, table, [layer], clean,
-                                                {layer: acts[cf]}, cf)[layer]
-                eff["attr"][:, o], eff["attr_std"][:, o] = _pair_stats(per_pair)
-            parts.extend(self._match(o, op, k_map, kv_map(k_map, answer_lens[:, idx])))
-        effect = eff["exact"] if "exact" in config.patching else eff["attr"]
-        rank = np.argsort(np.argsort(-np.nan_to_num(effect, nan=-np.inf), axis=0, kind="stable"),
-                          axis=0, kind="stable").astype(np.int32)
+            out["max"][:, o] = k_map.max(1)
+            out["mean"][:, o] = k_map.mean(1)
+            out["density"][:, o] = (k_map > 0).mean(1)
+            constant[:, o] = constant_maps(k_map)
+            patching[op] = self._patch_op(layer, op, o, acts, out, is_exact)
+            m = Matches.concat(self._match(o, op, k_map, kv_map(k_map, answer_lens[:, idx])))
+            m = m.without_neurons(np.nonzero(constant[:, o])[0])  # never labelled
+            parts.append(m.label(config.match_threshold, config.label_rule,
+                                 config.significance_level, self.n_tests[op]))
+        rank = effects.ranks(effects.rank_key(out["rank_value"], config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching
         return LayerResult(
             layer=layer, acts=acts, lens=lens, answer_lens=answer_lens,
-            max_act=stats["max"], mean_act=stats["mean"], density=stats["density"],
-            effect_exact=eff["exact"] if exact else None,
-            effect_exact_std=eff["exact_std"] if exact else None,
-            effect_attr=eff["attr"] if attr else None,
-            effect_attr_std=eff["attr_std"] if attr else None,
-            rank=rank, matches=Matches.concat(parts),
+            max_act=out["max"], mean_act=out["mean"], density=out["density"],
+            effect_exact=out["exact"] if exact else None,
+            effect_exact_std=out["exact_std"] if exact else None,
+            effect_attr=out["attr"] if attr else None,
+            effect_attr_std=out["attr_std"] if attr else None,
+            effect_log=out["log"], effect_median=out["median"], effect_trimmed=out["trimmed"],
+            moved_share=out["moved"], is_exact=is_exact, rank_value=out["rank_value"],
+            constant=constant, rank=rank, matches=Matches.concat(parts), patching=patching,
         )
+
+    def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: dict,
+                  is_exact: np.ndarray) -> dict:
+        """Patching of one operator (docs/method.md section 5): attribution for every
+        neuron, exact for all, none or the top N by |attribution| (``config.exact``). Fills
+        column ``o`` of ``out``; returns the operator's patching facts."""
+        config, model, table = self.config, self.model, self.table
+        clean, cf = self.pairs[op]
+        stat = config.rank_statistic
+        facts: dict = {"n_pairs": int(len(clean)), "n_exact": 0, "spearman": None}
+        if not len(clean):
+            return facts
+        attr_stats = None
+        if "attribution" in config.patching:
+            per_pair = attribution_patching(model, table, [layer], clean, {layer: acts[cf]},
+                                            cf)[layer]
+            attr_stats = effects.PairStats.of(per_pair)
+            out["attr"][:, o], out["attr_std"][:, o] = attr_stats.mean, attr_stats.std
+            for name, v in (("log", attr_stats.log_mean), ("median", attr_stats.median),
+                            ("trimmed", attr_stats.trimmed), ("moved", attr_stats.moved),
+                            ("rank_value", attr_stats.log_mean if stat == "mean"
+                             else attr_stats.statistic(stat))):
+                out[name][:, o] = v
+        if "exact" not in config.patching:
+            return facts
+        top = config.exact_top()
+        if top is None:
+            neurons = np.arange(self.d_mlp)
+        else:
+            assert attr_stats is not None  # the config asks for attribution with top:N
+            key = effects.rank_key(attr_stats.log_mean if stat == "mean"
+                                   else attr_stats.statistic(stat), "abs")
+            neurons = np.sort(np.argsort(-key, kind="stable")[:min(top, self.d_mlp)])
+        paper, log = exact_patching(model, table, layer, clean, cf, acts[cf],
+                                    chunk=self.execution.patch_chunk, neurons=neurons,
+                                    with_log=True)
+        ex = effects.PairStats.of(log, paper)
+        out["exact"][neurons, o], out["exact_std"][neurons, o] = ex.mean, ex.std
+        for name, v in (("log", ex.log_mean), ("median", ex.median), ("trimmed", ex.trimmed),
+                        ("moved", ex.moved), ("rank_value", ex.statistic(stat))):
+            out[name][neurons, o] = v
+        is_exact[neurons, o] = True
+        facts["n_exact"] = int(len(neurons))
+        if attr_stats is not None:
+            a = attr_stats.log_mean if stat == "mean" else attr_stats.statistic(stat)
+            rho = effects.spearman(a[neurons], ex.log_mean if stat == "mean"
+                                   else ex.statistic(stat))
+            facts["spearman"] = None if np.isnan(rho) else rho
+        return facts
+
+    def _multi_result(self, op: str) -> bool:
+        return op == "/" and "multi_result" in self.config.families
 
     def _match(self, o: int, op: str, k_map: np.ndarray, kv: np.ndarray) -> list[Matches]:
         config, dev = self.config, self.model.cfg.device
@@ -279,7 +343,7 @@ class CheckpointRun:
         out = [score_partitions(torch.as_tensor(k_map, device=dev), torch.as_tensor(kv, device=dev),
                                 self.partitions[op], config.score_floor, self._with_bottom(),
                                 config.pattern_top_k, cells=self.cells[op], op=o)]
-        if op == "/":
+        if self._multi_result(op):
             out.append(multi_result_matches(torch.as_tensor(kv), self.table.result[idx],
                                             top=config.multi_result_top,
                                             floor=config.score_floor, op=o))
@@ -289,34 +353,38 @@ class CheckpointRun:
 
     def summarize(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
                   run_knockouts: bool = True) -> Summary:
-        """Checkpoint summary from every layer's effects (d_mlp, op) and matches (only
-        scores >= the match threshold are looked at).
+        """Checkpoint summary from the measured layers' rank keys (d_mlp, op; largest
+        first, ``LayerResult.effect``) and labelled matches.
 
-        Circuits span all layers, so faithfulness and knockouts need every layer.
+        Circuits span the layers given: the others are never ablated (docs/method.md
+        section 6), and the summary records which layers it covers.
         """
         self._require_prepared()
         model, config, table = self.model, self.config, self.table
         n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
-        missing = sorted(set(range(n_layers)) - set(effects))
-        if missing:
-            raise ValueError(f"summarize needs every layer; missing layers {missing}")
+        layers = sorted(effects)
+        if not layers:
+            raise ValueError("summarize needs at least one measured layer")
+        measured = np.zeros(n_layers, dtype=bool)
+        measured[layers] = True
         ks = circuits.circuit_sizes(d_mlp, config.circuit_fractions)
         means = circuits.position_means(model, table, self.execution.batch_size)
         rng = np.random.default_rng([config.seed, 7])
         faith, h_knock, p_knock = {}, [], {}
         top_k = circuits.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
-        is_correct = table.correct
-        assert is_correct is not None  # the grid pass of prepare() judged every prompt
+        usable = table.usable()
         for o, op in enumerate(config.operators):
-            correct = table.op_index(op)[is_correct[table.op_index(op)]]
+            correct = table.op_index(op)[usable[table.op_index(op)]]
             prompts = np.sort(rng.choice(correct, min(len(correct), config.faithfulness_prompts),
                                          replace=False)) if len(correct) else correct
-            eff = np.stack([np.nan_to_num(effects[layer][:, o], nan=-np.inf)
-                            for layer in range(n_layers)])
-            faith[op] = circuits.faithfulness_curve(model, table, prompts, eff, ks, means)
+            eff = np.full((n_layers, d_mlp), -np.inf)
+            for layer in layers:
+                eff[layer] = np.nan_to_num(effects[layer][:, o], nan=-np.inf)
+            faith[op] = circuits.faithfulness_curve(model, table, prompts, eff, ks, means,
+                                                    measured=measured)
             if not run_knockouts or len(prompts) == 0:
                 continue
-            top_set = circuits.top_k_mask(eff, top_k)
+            top_set = circuits.top_k_mask(eff, top_k) & measured[:, None]
             ranked = self._heuristic_masks(o, matches, top_set)
             for h, mask in ranked[:20]:
                 row = circuits.heuristic_knockout(model, table, prompts, h, mask & top_set)
@@ -325,17 +393,21 @@ class CheckpointRun:
             p_knock[op] = circuits.prompt_knockout(
                 model, table, prompts, [h for h, _ in ranked], [m for _, m in ranked], top_set,
                 config.knockout_neurons, config.seed)
+        correct_all = table.correct
+        assert correct_all is not None and table.is_shot is not None
         return Summary(
             accuracy=accuracy_by_operator(table),
-            n_correct={op: int(is_correct[table.op_index(op)].sum())
+            n_correct={op: int(correct_all[table.op_index(op)].sum())
                        for op in config.operators},
             n_pairs={op: len(self.pairs[op][0]) for op in config.operators},
             circuit_sizes=ks, faithfulness=faith, heuristic_knockouts=h_knock,
             prompt_knockouts=p_knock,
             n_heuristic_neurons={
-                op: sum(len(m.neurons_matching(o, config.match_threshold))
-                        for m in matches.values())
+                op: sum(len(m.neurons_matching(o)) for m in matches.values())
                 for o, op in enumerate(config.operators)},
+            layers=layers,
+            n_excluded={op: int((correct_all & table.is_shot)[table.op_index(op)].sum())
+                        for op in config.operators},
         )
 
     def _heuristic_masks(self, o: int, matches: dict[int, Matches], top_set: np.ndarray,
@@ -344,9 +416,8 @@ class CheckpointRun:
         heuristics with more top-set neurons first (then by key)."""
         n_layers, d_mlp = self.model.cfg.n_layers, self.d_mlp
         by_h: dict[str, tuple[Heuristic, np.ndarray]] = {}
-        for layer in range(n_layers):
-            m = matches[layer]
-            sel = (m.op == o) & (m.score >= self.config.match_threshold)
+        for layer, m in matches.items():
+            sel = (m.op == o) & m.implements
             for n, i in zip(m.neuron[sel], np.nonzero(sel)[0], strict=True):
                 h = m.row_heuristic(int(i))
                 if h.key not in by_h:

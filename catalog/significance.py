@@ -10,8 +10,16 @@ tail P(X >= x) of that distribution at the observed overlap x.
 
 Tied cells are shared fairly by the scorer (a fractional count); the p-value uses the
 whole cells of the count, rounded down, which can only make it larger (conservative).
-Scores of the released code's pattern counting and of the multi-result family follow
-other nulls, and get no p-value (NaN).
+The released code's pattern counting (``count`` cells of S_H among a fixed top K) is
+the same distribution with K draws. A multi-result row picks its 2-5 results after
+looking at the map, so its p-value is multiplied by the number of result sets of that
+size it could have picked (Bonferroni over the choice).
+
+**The label rule.** A neuron implements H on an operator when its score clears
+``match_threshold`` AND its p-value is at most ``significance_level / m``, m the number
+of heuristics scored for that operator (both ends of the map count when bottom-k is
+scored). By Bonferroni the chance that a map with no structure gets any label is at
+most ``significance_level``, whatever the grid size, the operator or the families.
 """
 
 from __future__ import annotations
@@ -27,25 +35,38 @@ def base_rate(k: np.ndarray | int, n_cells: int) -> np.ndarray:
     return np.asarray(k, dtype=np.float64) / n_cells
 
 
+def _log_comb(n, r):
+    return torch.lgamma(n + 1) - torch.lgamma(r + 1) - torch.lgamma(n - r + 1)
+
+
+def log_n_choose(n: int, r: int) -> float:
+    """log C(n, r)."""
+    return float(_log_comb(torch.tensor(float(n), dtype=torch.float64),
+                           torch.tensor(float(r), dtype=torch.float64)))
+
+
 @lru_cache(maxsize=8192)
-def overlap_tail(n_cells: int, k: int) -> np.ndarray:
-    """P(X >= x) for x = 0..k, X the overlap of a random k-subset of ``n_cells`` cells
-    with a fixed set of k cells (hypergeometric), computed exactly in log space.
+def overlap_tail(n_cells: int, k: int, draws: int | None = None) -> np.ndarray:
+    """P(X >= x) for x = 0..draws, X the overlap of a random ``draws``-subset of
+    ``n_cells`` cells with a fixed set of k cells (hypergeometric; draws defaults to k),
+    computed exactly in log space.
 
     Cached: every layer of a checkpoint asks for the same (cells, k) pairs. The array
     returned is read-only."""
+    draws = k if draws is None else draws
     if not 0 < k <= n_cells:
         raise ValueError(f"k must be in 1..{n_cells}, got {k}")
-    i = torch.arange(0, k + 1, dtype=torch.float64)
-
-    def log_comb(n, r):
-        return torch.lgamma(n + 1) - torch.lgamma(r + 1) - torch.lgamma(n - r + 1)
-
-    n, kk = torch.tensor(float(n_cells), dtype=torch.float64), torch.tensor(float(k),
-                                                                          dtype=torch.float64)
-    possible = (k - i) <= (n_cells - k)  # at least 2k - N of the k draws must land in S_H
+    if not 0 < draws <= n_cells:
+        raise ValueError(f"draws must be in 1..{n_cells}, got {draws}")
+    i = torch.arange(0, draws + 1, dtype=torch.float64)
+    n = torch.tensor(float(n_cells), dtype=torch.float64)
+    kk = torch.tensor(float(k), dtype=torch.float64)
+    d = torch.tensor(float(draws), dtype=torch.float64)
+    # i successes need i <= k and draws - i <= n - k
+    possible = (i <= k) & ((draws - i) <= (n_cells - k))
     log_pmf = torch.where(possible,
-                          log_comb(kk, i) + log_comb(n - kk, kk - i) - log_comb(n, kk),
+                          _log_comb(kk, i.clamp(max=k)) + _log_comb(n - kk, (d - i).clamp(min=0))
+                          - _log_comb(n, d),
                           torch.full_like(i, -float("inf")))
     # upper tail: logcumsumexp from the right
     tail = torch.logcumsumexp(log_pmf.flip(0), dim=0).flip(0).exp().clamp(max=1.0).numpy()
@@ -53,12 +74,28 @@ def overlap_tail(n_cells: int, k: int) -> np.ndarray:
     return tail
 
 
-def p_values(score: np.ndarray, k: np.ndarray, n_cells: int) -> np.ndarray:
-    """Exact p-value of each Algorithm 1 score (one row per score, its heuristic's k)."""
+def p_values(score: np.ndarray, k: np.ndarray, n_cells: int,
+             draws: np.ndarray | int | None = None) -> np.ndarray:
+    """Exact p-value of each score (one row per score: its heuristic's k = |S_H| and the
+    number of top cells drawn, k itself for Algorithm 1, K for pattern counting)."""
     score, k = np.asarray(score, dtype=np.float64), np.asarray(k, dtype=np.int64)
+    d = k.copy() if draws is None else np.broadcast_to(np.asarray(draws, dtype=np.int64),
+                                                       k.shape)
     out = np.empty(len(score), dtype=np.float64)
-    x = np.floor(score * k + 1e-6).astype(np.int64)  # whole cells of the overlap
-    for kk in np.unique(k):
-        sel = k == kk
-        out[sel] = overlap_tail(n_cells, int(kk))[np.clip(x[sel], 0, kk)]
+    x = np.floor(score * d + 1e-6).astype(np.int64)  # whole cells of the overlap
+    for kk, dd in set(zip(k.tolist(), d.tolist(), strict=True)):
+        sel = (k == kk) & (d == dd)
+        out[sel] = overlap_tail(n_cells, int(kk), int(dd))[np.clip(x[sel], 0, dd)]
     return out
+
+
+def labels(score: np.ndarray, p_value: np.ndarray, threshold: float, rule: str,
+           level: float, n_tests: int) -> np.ndarray:
+    """Which rows mean "the neuron implements the heuristic" (see the module docstring):
+    rule 'paper' is score >= threshold; 'significant' also needs p <= level / n_tests
+    (rows without a p-value are never labelled under it)."""
+    ok = np.asarray(score) >= threshold
+    if rule == "paper":
+        return ok
+    p = np.asarray(p_value, dtype=np.float64)
+    return ok & (np.nan_to_num(p, nan=2.0) <= level / max(n_tests, 1))

@@ -122,7 +122,7 @@ def _process_locked(conn, job: JobRow, layer: int, worker: str) -> str:
         if job.force or layer not in stored:
             result = store_layer(conn, here.run, here.ids, layer, here.lm.tokenizer, worker)
             here.run.release(layer)
-            here.results[layer] = (result.effect, result.matches)
+            here.results[layer] = (result.effect(here.run.config.rank_sign), result.matches)
             outcome = "computed"
         else:
             outcome = "already stored"
@@ -158,36 +158,38 @@ def _summarize(conn, job: JobRow) -> None:
     from jobs.store_results import summary_dict
 
     here = _loaded(conn, job)
-    n_layers = here.lm.model.cfg.n_layers
-    if sorted(job.layers) == list(range(n_layers)):
-        if sorted(here.results) == list(range(n_layers)):
-            effects = {layer: r[0] for layer, r in here.results.items()}
-            matches = {layer: r[1] for layer, r in here.results.items()}
-        else:
-            effects, matches = stored_effects_and_matches(conn, here.ids, here.run.config,
-                                                          n_layers, here.lm.model.cfg.d_mlp)
-        summary = here.run.summarize(effects, matches)
-        with conn.transaction():
-            store.write_summary(conn, checkpoint_id=here.ids.checkpoint_id,
-                                config_id=here.ids.config_id, summary=summary_dict(summary))
+    layers = sorted(job.layers)
+    if set(layers) <= set(here.results):
+        effects = {layer: here.results[layer][0] for layer in layers}
+        matches = {layer: here.results[layer][1] for layer in layers}
+    else:
+        effects, matches = stored_effects_and_matches(conn, here.ids, here.run.config, layers,
+                                                      here.lm.model.cfg.d_mlp)
+    summary = here.run.summarize(effects, matches)
+    with conn.transaction():
+        store.write_summary(conn, checkpoint_id=here.ids.checkpoint_id,
+                            config_id=here.ids.config_id, summary=summary_dict(summary))
     store.refresh_views(conn)
 
 
-def stored_effects_and_matches(conn, ids, config, n_layers: int, d_mlp: int):
-    """Effects (d_mlp, n_ops) and the Matches the summary uses (score >= the config's
-    match threshold; the summary looks at no other), read back from the store."""
+def stored_effects_and_matches(conn, ids, config, layers: list[int], d_mlp: int):
+    """Rank keys (d_mlp, n_ops; largest first) and the labels (Matches) of ``layers``, the
+    two things the summary uses, read back from the store."""
+    from catalog.effects import rank_key
     from catalog.heuristics import Heuristic
     from catalog.matching import Matches
 
     ops = list(config.operators)
-    column = "effect_exact" if "exact" in config.patching else "effect_attr"
-    effects = {layer: np.full((d_mlp, len(ops)), np.nan, dtype=np.float32)
-               for layer in range(n_layers)}
-    for layer, neuron, op, value in store.layer_effects(conn, ids=ids, column=column):
-        effects[layer][neuron, ops.index(op)] = np.nan if value is None else value
-    records: dict[int, list] = {layer: [] for layer in range(n_layers)}
-    for layer, neuron, op, score, bottom, family, target, params in store.stored_matches(
-            conn, ids=ids, min_score=float(np.float32(config.match_threshold))):
-        records[layer].append((neuron, ops.index(op), Heuristic(family, target, tuple(params)),
-                               score, bottom))
-    return effects, {layer: Matches.from_records(rs) for layer, rs in records.items()}
+    values = {layer: np.full((d_mlp, len(ops)), np.nan, dtype=np.float32) for layer in layers}
+    for layer, neuron, op, value in store.layer_effects(conn, ids=ids, column="rank_value"):
+        if layer in values:
+            values[layer][neuron, ops.index(op)] = np.nan if value is None else value
+    records: dict[int, list] = {layer: [] for layer in layers}
+    for (layer, neuron, op, score, bottom, family, target, params, base,
+         p) in store.stored_labels(conn, ids=ids):
+        if layer in records:
+            records[layer].append((neuron, ops.index(op), Heuristic(family, target,
+                                                                   tuple(params)),
+                                   score, bottom, base, p, True))
+    return ({layer: rank_key(v, config.rank_sign) for layer, v in values.items()},
+            {layer: Matches.from_records(rs) for layer, rs in records.items()})

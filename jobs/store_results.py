@@ -68,6 +68,10 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.Laye
         "effect_attr": measured(result.effect_attr),
         "effect_attr_std": measured(result.effect_attr_std),
         "rank": result.rank,
+        "effect_log": result.effect_log, "effect_median": result.effect_median,
+        "effect_trimmed": result.effect_trimmed, "moved_share": result.moved_share,
+        "rank_value": result.rank_value, "is_exact": result.is_exact,
+        "constant": result.constant,
     }
     accuracy = np.array([table.correct[table.op_index(op)].mean() for op in ops])
 
@@ -81,7 +85,7 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.Laye
         lens_top_tokens=tokens(result.lens.top_ids), lens_top_values=result.lens.top_values,
         lens_bottom_tokens=tokens(result.lens.bottom_ids),
         lens_bottom_values=result.lens.bottom_values,
-        matches=result.matches)
+        matches=result.matches, patching=_clean(result.patching))
 
 
 def _clean(x):
@@ -106,6 +110,8 @@ def summary_dict(summary: Summary) -> dict:
         "heuristic_knockouts": summary.heuristic_knockouts,
         "prompt_knockouts": summary.prompt_knockouts,
         "n_heuristic_neurons": summary.n_heuristic_neurons,
+        "layers": summary.layers, "n_correct": summary.n_correct, "n_pairs": summary.n_pairs,
+        "n_excluded": summary.n_excluded,
     })
 
 
@@ -134,10 +140,11 @@ def catalog_checkpoint(
         for layer in run.layers:
             # keep what the summary needs, not the layer's activations
             result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
-            effects[layer], matches[layer] = result.effect, result.matches
+            effects[layer] = result.effect(config.rank_sign)
+            matches[layer] = result.matches
             del result
             run.release(layer)
-        if len(effects) == lm.model.cfg.n_layers:
+        if effects:
             summ = run.summarize(effects, matches)
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,

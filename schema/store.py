@@ -23,7 +23,8 @@ from catalog.maps import kv_map
 from schema.quantize import dequantize, quantize_rows
 
 NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
-                  "effect_attr", "effect_attr_std", "rank")
+                  "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
+                  "effect_trimmed", "moved_share", "rank_value", "is_exact", "constant")
 KEY = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
 
 
@@ -68,6 +69,7 @@ class MatchArrays(Protocol):
     heuristics: Sequence[HeuristicLike]
     base_rate: np.ndarray  # |S_H| / cells per row (NaN: not defined)
     p_value: np.ndarray  # exact p-value per row (NaN: not defined)
+    implements: np.ndarray  # the label rule's verdict per row
 
 
 @dataclass
@@ -94,6 +96,7 @@ class LayerRows:
     lens_bottom_tokens: list[list[str]]
     lens_bottom_values: np.ndarray
     matches: MatchArrays
+    patching: dict | None = None  # op -> pairs used, neurons patched exactly, Spearman
 
     @property
     def d_mlp(self) -> int:
@@ -197,13 +200,23 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
     m = rows.matches
     ids = upsert_heuristics(conn, rows=list({h.key: h for h in m.heuristics}.values()))
     keys = [h.key for h in m.heuristics]
-    best_id, best_score = _best_per_neuron_op(rows, ids)
-    op_cols = KEY + ("op",) + NEURON_OP_COLS + ("op_accuracy", "best_heuristic_id", "best_score")
+    best = _best_per_neuron_op(rows, ids)
+    op_cols = KEY + ("op",) + NEURON_OP_COLS + ("op_accuracy", "best_heuristic_id", "best_score",
+                                                "best_bottom", "labelled")
     stats = rows.stats
+
+    def value(c, n, o):
+        v = stats[c][n, o]
+        if c == "rank":
+            return int(v)
+        if v.dtype == bool:
+            return bool(v)
+        return _f(v)
+
+    none = (None, None, None, None)
     _copy(cur, into["neuron_op"], op_cols, (
-        key + (n, op) + tuple(int(stats[c][n, o]) if c == "rank" else _f(stats[c][n, o])
-                              for c in NEURON_OP_COLS)
-        + (float(rows.op_accuracy[o]), best_id.get((n, o)), best_score.get((n, o)))
+        key + (n, op) + tuple(value(c, n, o) for c in NEURON_OP_COLS)
+        + (float(rows.op_accuracy[o]),) + best.get((n, o), none)
         for o, op in enumerate(ops) for n in range(d_mlp)))
     grid_rows: list[tuple] = []
     for o, op in enumerate(ops):
@@ -218,10 +231,10 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
                rows.lens_bottom_values[n].tolist())
         for n in range(d_mlp)))
     _copy(cur, into["neuron_score"],
-          KEY + ("op", "heuristic_id", "score", "bottom", "base_rate", "p_value"), (
-        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b), _f(r), _f(p))
-        for n, o, h, s, b, r, p in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
-                                       m.base_rate, m.p_value, strict=True)))
+          KEY + ("op", "heuristic_id", "score", "bottom", "base_rate", "p_value", "implements"), (
+        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b), _f(r), _f(p), bool(i))
+        for n, o, h, s, b, r, p, i in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
+                                          m.base_rate, m.p_value, m.implements, strict=True)))
 
 
 def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
@@ -250,38 +263,44 @@ def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, 
         cur.execute("INSERT INTO neuron_score SELECT * FROM s_score")
         cur.execute(
             "INSERT INTO layer_result (checkpoint_id, config_id, layer, n_neurons, n_scores, "
-            "worker, seconds) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+            "worker, seconds, patching) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (checkpoint_id, config_id, layer) DO UPDATE SET "
             "n_neurons = EXCLUDED.n_neurons, n_scores = EXCLUDED.n_scores, "
-            "worker = EXCLUDED.worker, seconds = EXCLUDED.seconds, written_at = now()",
-            (checkpoint_id, config_id, layer, d_mlp, len(rows.matches.score), worker, seconds))
+            "worker = EXCLUDED.worker, seconds = EXCLUDED.seconds, "
+            "patching = EXCLUDED.patching, written_at = now()",
+            (checkpoint_id, config_id, layer, d_mlp, len(rows.matches.score), worker, seconds,
+             None if rows.patching is None else json.dumps(rows.patching)))
     return {"neuron_op": d_mlp * len(rows.ops), "neuron_grid": d_mlp * len(rows.ops),
             "neuron_lens": d_mlp, "neuron_score": len(rows.matches.score)}
 
 
 def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
-    """(neuron, op index) -> id and score of its highest-scoring heuristic."""
-    best_id: dict[tuple[int, int], int] = {}
-    best_score: dict[tuple[int, int], float] = {}
+    """(neuron, op index) -> (heuristic id, score, bottom, labelled) of its best heuristic:
+    the highest-scoring label if it has one, else its highest score."""
+    best: dict[tuple[int, int], tuple] = {}
     m = rows.matches
-    for n, o, h, s in zip(m.neuron, m.op, m.heuristic, m.score, strict=True):
+    for n, o, h, s, b, i in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.implements,
+                                strict=True):
         k = (int(n), int(o))
-        if s > best_score.get(k, -1.0):
-            best_score[k], best_id[k] = float(s), ids[m.heuristics[h].key]
-    return best_id, best_score
+        cand = (ids[m.heuristics[h].key], float(s), bool(b), bool(i))
+        prev = best.get(k)
+        if prev is None or (cand[3], cand[1]) > (prev[3], prev[1]):
+            best[k] = cand
+    return best
 
 
 def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
                   summary: dict) -> None:
     """Upsert a checkpoint summary (accuracy, faithfulness, knockouts, heuristic counts)."""
     cols = ("accuracy", "faithfulness", "heuristic_knockouts", "prompt_knockouts",
-            "n_heuristic_neurons")
+            "n_heuristic_neurons", "n_correct", "n_pairs", "n_excluded")
     conn.execute(
-        f"INSERT INTO checkpoint_summary (checkpoint_id, config_id, {', '.join(cols)}) "
-        f"VALUES (%s, %s, {', '.join(['%s'] * len(cols))}) "
-        f"ON CONFLICT (checkpoint_id, config_id) DO UPDATE SET "
+        f"INSERT INTO checkpoint_summary (checkpoint_id, config_id, layers, {', '.join(cols)}) "
+        f"VALUES (%s, %s, %s, {', '.join(['%s'] * len(cols))}) "
+        f"ON CONFLICT (checkpoint_id, config_id) DO UPDATE SET layers = EXCLUDED.layers, "
         f"{', '.join(f'{c} = EXCLUDED.{c}' for c in cols)}, written_at = now()",
-        [checkpoint_id, config_id] + [json.dumps(summary[c]) for c in cols])
+        [checkpoint_id, config_id, summary.get("layers")]
+        + [json.dumps(summary.get(c)) for c in cols])
 
 
 def refresh_views(conn: psycopg.Connection) -> None:
@@ -376,20 +395,21 @@ def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, con
 
 def layer_effects(conn: psycopg.Connection, *, ids, column: str) -> list[tuple]:
     """(layer, neuron, op, value) of one effect column for a checkpoint under a config."""
-    if column not in ("effect_exact", "effect_attr"):
-        raise ValueError(f"column must be effect_exact or effect_attr, got {column!r}")
+    if column not in ("effect_exact", "effect_attr", "rank_value"):
+        raise ValueError(f"column must be effect_exact, effect_attr or rank_value, "
+                         f"got {column!r}")
     return conn.execute(
         f"SELECT layer, neuron, op, {column} FROM neuron_op WHERE model_id = %s "
         "AND checkpoint_id = %s AND config_id = %s",
         (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall()
 
 
-def stored_matches(conn: psycopg.Connection, *, ids, min_score: float) -> list[tuple]:
-    """(layer, neuron, op, score, bottom, family, target, params) of every stored score
-    >= ``min_score`` of a checkpoint under a config, in a stable order."""
+def stored_labels(conn: psycopg.Connection, *, ids) -> list[tuple]:
+    """(layer, neuron, op, score, bottom, family, target, params, base_rate, p_value) of
+    every label (``implements``) of a checkpoint under a config, in a stable order."""
     return conn.execute(
-        "SELECT s.layer, s.neuron, s.op, s.score, s.bottom, h.family, h.target, h.params "
-        "FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
+        "SELECT s.layer, s.neuron, s.op, s.score, s.bottom, h.family, h.target, h.params, "
+        "s.base_rate, s.p_value FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
         "WHERE s.model_id = %s AND s.checkpoint_id = %s AND s.config_id = %s "
-        "AND s.score >= %s ORDER BY s.layer, s.neuron, s.op, h.key",
-        (ids.model_id, ids.checkpoint_id, ids.config_id, min_score)).fetchall()
+        "AND s.implements ORDER BY s.layer, s.neuron, s.op, h.key",
+        (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall()

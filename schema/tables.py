@@ -9,7 +9,7 @@ measurement configs (hashed), heuristics, jobs. Measurements, one row per:
   8-bit quantized with a per-grid scale and offset (see schema.quantize).
 - ``neuron_lens``: (checkpoint, config, layer, neuron): the logit lens.
 - ``neuron_score``: (checkpoint, config, layer, neuron, operator, heuristic): raw scores,
-  with their base rates and p-values.
+  with their base rates, p-values and the label rule's verdict (``implements``).
 The measurement tables are partitioned by HASH(model_id) into 8 partitions, so every
 query about one model touches one partition and its indexes.
 """
@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     REAL,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -192,6 +193,9 @@ class LayerResult(SQLModel, table=True):
     n_scores: int
     worker: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     seconds: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
+    # op -> {"n_pairs", "n_exact", "spearman"}: pairs used, neurons patched exactly, and the
+    # rank agreement of attribution with exact patching on those neurons
+    patching: dict | None = Field(default=None, sa_column=Column(JSONB))
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
 
@@ -204,6 +208,12 @@ class CheckpointSummary(SQLModel, table=True):
     heuristic_knockouts: list = Field(sa_column=Column(JSONB, nullable=False))
     prompt_knockouts: dict = Field(sa_column=Column(JSONB, nullable=False))
     n_heuristic_neurons: dict = Field(sa_column=Column(JSONB, nullable=False))
+    # the layers the summary's circuits span; per operator the correct prompts, the
+    # counterfactual pairs used and the correct prompts left out as solved examples
+    layers: list[int] | None = Field(default=None, sa_column=Column(ARRAY(Integer)))
+    n_correct: dict | None = Field(default=None, sa_column=Column(JSONB))
+    n_pairs: dict | None = Field(default=None, sa_column=Column(JSONB))
+    n_excluded: dict | None = Field(default=None, sa_column=Column(JSONB))
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
 
@@ -242,6 +252,16 @@ class NeuronOp(_NeuronOpKey, table=True):
     op_accuracy: float = Field(sa_column=Column(REAL, nullable=False))
     best_heuristic_id: int | None = Field(default=None, sa_column=Column(Integer))
     best_score: float | None = Field(default=None, sa_column=Column(REAL))
+    # robust statistics of the log-space effect (docs/method.md section 5)
+    effect_log: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_median: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_trimmed: float | None = Field(default=None, sa_column=Column(REAL))
+    moved_share: float | None = Field(default=None, sa_column=Column(REAL))
+    rank_value: float | None = Field(default=None, sa_column=Column(REAL))  # what rank orders
+    is_exact: bool | None = Field(default=None, sa_column=Column(Boolean))
+    constant: bool | None = Field(default=None, sa_column=Column(Boolean))  # no variance
+    best_bottom: bool | None = Field(default=None, sa_column=Column(Boolean))
+    labelled: bool | None = Field(default=None, sa_column=Column(Boolean))  # best is a label
 
 
 class NeuronGrid(_NeuronOpKey, table=True):
@@ -275,6 +295,8 @@ class NeuronScore(_NeuronOpKey, table=True):
     # random ordering of the map (docs/method.md section 7); NULL where not defined
     base_rate: float | None = Field(default=None, sa_column=Column(REAL))
     p_value: float | None = Field(default=None, sa_column=Column(DOUBLE_PRECISION))
+    # the config's label rule: the neuron implements this heuristic on this operator
+    implements: bool | None = Field(default=None, sa_column=Column(Boolean))
 
 
 class CatalogSetting(SQLModel, table=True):

@@ -28,22 +28,35 @@ def print_result(res, top: int = 5, out=sys.stdout) -> None:
     ops = res.config.operators
     if res.summary:
         s = res.summary
-        print("accuracy:   " + "  ".join(f"{op} {s.accuracy[op]:.3f}" for op in ops), file=out)
+        print(f"summary over layers {s.layers}", file=out)
+        print("accuracy:   " + "  ".join(f"{op} {s.accuracy[op]:.3f} ({s.n_correct[op]} correct)"
+                                         for op in ops), file=out)
+        print("pairs used: " + "  ".join(f"{op} {s.n_pairs[op]}" for op in ops)
+              + "  (correct prompts only; solved examples left out: "
+              + ", ".join(f"{op} {s.n_excluded[op]}" for op in ops) + ")", file=out)
         for op in ops:
             curve = ", ".join(f"k={k}: {f:.2f}" for k, f in s.faithfulness[op])
             print(f"faithfulness {op}: {curve}", file=out)
     for layer, lr in sorted(res.layers.items()):
         m = lr.matches
-        print(f"\nlayer {layer}: {len(m)} heuristic scores >= {res.config.score_floor}",
-              file=out)
+        print(f"\nlayer {layer}: {len(m)} heuristic scores >= {res.config.score_floor}, "
+              f"{int(m.implements.sum())} labels ({res.config.label_rule} rule)", file=out)
         for o, op in enumerate(ops):
+            facts = lr.patching[op]
+            if facts.get("spearman") is not None:
+                print(f"  {op}: exact on {facts['n_exact']} neurons, Spearman with "
+                      f"attribution {facts['spearman']:.2f}", file=out)
             for n in np.argsort(lr.rank[:, o])[:top]:
-                sel = (m.neuron == n) & (m.op == o)
-                best = ""
+                sel = (m.neuron == n) & (m.op == o) & m.implements
+                best = "(no label)" if not lr.constant[n, o] else "(constant: never labelled)"
                 if sel.any():
                     i = np.nonzero(sel)[0][np.argmax(m.score[sel])]
-                    best = f"{m.row_heuristic(i).label} ({m.score[i]:.2f})"
-                print(f"  {op} neuron {n:5d}  effect {lr.effect[n, o]:9.3f}  {best}", file=out)
+                    side = "bottom-k " if m.bottom[i] else ""
+                    best = (f"{side}{m.row_heuristic(i).label} ({m.score[i]:.2f}, base rate "
+                            f"{m.base_rate[i]:.2f}, p={m.p_value[i]:.1e})")
+                kind = "exact" if lr.is_exact[n, o] else "attr"
+                print(f"  {op} neuron {n:5d}  {res.config.rank_statistic} effect "
+                      f"{lr.rank_value[n, o]:9.4f} ({kind})  {best}", file=out)
 
 
 def cmd_train_builtin(args) -> int:

@@ -1,5 +1,7 @@
 """Heuristic matching: planted neurons are found; vectorised scores equal Algorithm 1."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -118,7 +120,6 @@ def planted_layer():
 @pytest.mark.parametrize("neuron, expected", [
     (0, Heuristic("range", "op1", (20, 10))),
     (1, Heuristic("identical", "both", ())),
-    (2, Heuristic("modulo", "result", (5, 3))),
 ])
 def test_planted_neuron_is_found(planted_layer, neuron, expected):
     m = planted_layer.matches
@@ -127,6 +128,8 @@ def test_planted_neuron_is_found(planted_layer, neuron, expected):
     assert best >= 0.9
     winners = [m.row_heuristic(i) for i in sel if m.score[i] == best]
     assert expected in winners, [h.label for h in winners]
+    # the label rule (significant, the default) labels it
+    assert any(m.implements[i] and m.row_heuristic(i) == expected for i in sel)
     # Any other winner is the same prompt set under another name: on operands
     # 0..49, "op1 matches .2." is exactly "op1 in [20, 30)".
     cells = grid_cells("+", SIDE)
@@ -135,6 +138,15 @@ def test_planted_neuron_is_found(planted_layer, neuron, expected):
         assert np.array_equal(h.contains(cells.a, cells.b, cells.result), want), h.label
     runner_up = m.score[sel][[m.row_heuristic(i) not in winners for i in sel]].max()
     assert runner_up < 0.8
+
+
+def test_a_constant_neuron_is_flagged_and_never_labelled(planted_layer):
+    """Neuron 2 is on for every prompt with the same activation; its value vector pushes
+    results = 3 (mod 5), so its KV map scores that heuristic 1.0. But nothing about the
+    prompt moves it: it is flagged constant and gets no heuristic row at all."""
+    assert planted_layer.constant[2, 0]
+    assert not planted_layer.constant[[0, 1], 0].any()
+    assert not (planted_layer.matches.neuron == 2).any()
 
 
 def test_planted_heuristics_are_not_found_in_unrelated_neurons(planted_layer):
@@ -217,7 +229,13 @@ def test_grouped_fast_path_equals_reference(op, variant):
         size = int(h.contains(cells.a, cells.b, cells.result).sum())
         assert rows.base_rate[i] == pytest.approx(size / n_cells, rel=1e-6), h.key
         if h.key in count_keys:
-            assert np.isnan(rows.p_value[i]), h.key
+            # K top cells drawn, ``size`` of them in S_H: the hypergeometric tail, counted
+            # exactly with integers
+            big_k = min(40, n_cells)  # pattern_top_k above
+            x = int(np.floor(rows.score[i] * big_k + 1e-6))
+            want = sum(math.comb(size, j) * math.comb(n_cells - size, big_k - j)
+                       for j in range(x, min(size, big_k) + 1)) / math.comb(n_cells, big_k)
+            assert rows.p_value[i] == pytest.approx(want, rel=1e-6), h.key
         else:
             want = p_values(np.array([rows.score[i]]), np.array([size]), n_cells)[0]
             assert rows.p_value[i] == pytest.approx(want, rel=1e-9), h.key

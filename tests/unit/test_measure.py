@@ -55,7 +55,12 @@ def test_ranks_and_stored_scores_are_consistent(tiny):
     for o in range(4):
         best = np.argmin(layer.rank[:, o])
         assert layer.rank[best, o] == 0
-        assert layer.effect_exact[best, o] == np.nanmax(layer.effect_exact[:, o])
+        # default rule: by |10%-trimmed mean of the log-space effect|, exact everywhere here
+        assert layer.is_exact[:, o].all()
+        np.testing.assert_array_equal(layer.rank_value[:, o], layer.effect_trimmed[:, o])
+        assert abs(layer.rank_value[best, o]) == np.nanmax(np.abs(layer.rank_value[:, o]))
+        order = np.argsort(layer.rank[:, o])
+        assert (np.diff(np.abs(layer.rank_value[order, o])) <= 0).all()
     m = layer.matches
     assert len(m) > 0 and (m.score >= CONFIG.score_floor).all()
     rng = np.random.default_rng(0)
@@ -73,7 +78,12 @@ def test_same_inputs_give_the_same_rows(tiny):
     lm, res = tiny
     again = measure(lm.model, lm.tokenizer, CONFIG, layers=[1], progress=False)
     a, b = res.layers[1], again.layers[1]
-    assert again.summary is None  # a summary needs every layer
+    # a summary over the measured layer only, saying so
+    assert again.summary is not None and again.summary.layers == [1]
+    usable = again.table.usable()
+    assert again.summary.n_pairs == {
+        op: min(CONFIG.pairs_per_op, int(usable[again.table.op_index(op)].sum()))
+        for op in CONFIG.operators}
     np.testing.assert_array_equal(a.acts, b.acts)
     np.testing.assert_array_equal(a.effect_exact, b.effect_exact)
     np.testing.assert_array_equal(a.effect_attr, b.effect_attr)
