@@ -3,7 +3,7 @@
 ``tests/data/golden`` holds one fixed checkpoint of the tiny built-in model (step 300)
 and ``rows.json.gz``: every measurement row that ``ncat catalog`` of commit 6a8a4f8
 (before the run object, the settings object and the split configs) wrote for it with
-``CONFIG`` below. Both ways of filling a catalog (``ncat catalog``, and a job through
+``CONFIG`` below (the paper's rules, which later became options). Both ways of filling a catalog (``ncat catalog``, and a job through
 Redis and a real Celery worker) must reproduce those rows. Measured numbers are
 compared at float32 precision with a small tolerance (another CPU may round a
 reduction differently); grids byte for byte up to one quantisation step; heuristic
@@ -28,7 +28,13 @@ from helpers import all_done, wait_until
 from tiny_model import TINY
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
-CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8)  # what `--hi 12 --pairs 8` asks for
+# The paper's rules, which were the only ones at 6a8a4f8: rank by the signed mean effect,
+# label by score alone, no value family. What the flags below ask for.
+PAPER = dict(rank_statistic="mean", rank_sign="signed", label_rule="paper",
+             families=("range", "modulo", "pattern", "identical", "multi_result"))
+FLAGS = ["--hi", "12", "--pairs", "8", "--rank-by", "mean", "--rank-sign", "signed",
+         "--label-rule", "paper", "--families", "range,modulo,pattern,identical,multi_result"]
+CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, **PAPER)
 STEP = 300
 
 
@@ -60,20 +66,46 @@ def _grid_close(got: list, want: list) -> bool:
     return len(a) == len(b) and all(abs(x - y) <= 1 for x, y in zip(a, b, strict=True))
 
 
+# Another CPU vendor computes activations that differ in their last bits (the golden file
+# was written on an Intel Xeon; an AMD EPYC differs), and two near-tied cells can then
+# swap order in a map. That moves an Algorithm 1 score by one cell's share, which can
+# carry a score just above the 0.3 floor below it. Such score rows may differ: at most
+# this share of them, and only rows within one cell's share of the floor may be on one
+# side only. Everything else must be equal.
+SCORE_SLACK_ROWS = 0.001
+FLOOR, CELL_SHARE = 0.3, 0.05
+
+
+def _assert_scores(got: list, want: list) -> None:
+    g = {tuple(r[:5]): r for r in got}
+    w = {tuple(r[:5]): r for r in want}
+    one_side = [r for k, r in g.items() if k not in w] + [r for k, r in w.items() if k not in g]
+    moved = [(g[k], w[k]) for k in g.keys() & w.keys() if not _close(g[k], w[k])]
+    assert all(r[5] < FLOOR + CELL_SHARE for r in one_side), one_side[:3]
+    assert all(abs(a[5] - b[5]) <= CELL_SHARE and a[6] == b[6] for a, b in moved), moved[:3]
+    assert len(one_side) + len(moved) <= SCORE_SLACK_ROWS * len(want), (one_side, moved[:5])
+
+
 def assert_golden(url: str) -> None:
     want = json.loads(gzip.decompress((GOLDEN / "rows.json.gz").read_bytes()))
     got = json.loads(json.dumps(dump_rows(url)))  # the same JSON types as the golden file
     for table, rows in want.items():
+        if table == "neuron_score":
+            _assert_scores(got[table], rows)
+            continue
         assert len(got[table]) == len(rows), (table, len(got[table]), len(rows))
-        close = _grid_close if table == "neuron_grid" else _close
+        # faithfulness is a ratio of differences of logits: it amplifies the last-bit
+        # differences of another CPU (1e-4 relative measured between Intel and AMD)
+        close = {"neuron_grid": _grid_close,
+                 "checkpoint_summary": lambda a, b: _close(a, b, rel=1e-3)}.get(table, _close)
         bad = [(g, w) for g, w in zip(got[table], rows, strict=True) if not close(g, w)]
         assert not bad, (table, len(bad), bad[:2])
 
 
 def test_ncat_catalog_writes_the_golden_rows(db, golden_home, monkeypatch):
     monkeypatch.setenv("NCAT_HOME", str(golden_home))
-    assert main(["catalog", builtin.model_name(TINY), "--checkpoints", str(STEP), "--hi", "12",
-                 "--pairs", "8", "--quiet", "--database-url", db]) == 0
+    assert main(["catalog", builtin.model_name(TINY), "--checkpoints", str(STEP), *FLAGS,
+                 "--quiet", "--database-url", db]) == 0
     assert_golden(db)
 
 
