@@ -117,15 +117,20 @@ def value_group_scores(
 
     Walking down each neuron's sorted cells, a histogram of x grows; when it reaches a
     heuristic's k it holds, for every value v, how many of the top k cells have x = v,
-    and the heuristic's count is a sum over its values (a small matrix product). This
-    is exact where no value ties the k-th one; neurons with such ties are scored by
-    ``partition_scores``. Returns one float64 (N, H) tensor per partition.
+    and the heuristic's count is a sum over its values: one gather and one scatter-add
+    over the (heuristic, value) memberships of that k, so the cost grows with the
+    number of values, not values x heuristics (`*` on [0, 300) has 89,401 result values
+    and thousands of result windows). This is exact where no value ties the k-th one;
+    neurons with such ties are scored by ``partition_scores``. Returns one float64
+    (N, H) tensor per partition.
     """
     n, c = sm.values.shape
     dev = sm.values.device
     x_t = torch.as_tensor(x, device=dev, dtype=torch.long)
     n_vals = int(x_t.max()) + 1
-    ks, member_cols = [], []
+    ks = []
+    ent_h, ent_v = [], []  # (heuristic, value) of every membership: one value, one heuristic
+    offset = 0
     tie_rows = torch.zeros(n, dtype=torch.bool, device=dev)
     for part, top_k in zip(parts, top_ks, strict=True):
         k = _k_of(part, top_k, c, dev)
@@ -134,12 +139,16 @@ def value_group_scores(
         value_label = torch.full((n_vals,), -1, dtype=torch.long, device=dev)
         lab = torch.as_tensor(part.labels, device=dev)
         value_label[x_t[lab >= 0]] = lab[lab >= 0]
-        cols = torch.zeros(n_vals, len(part.sizes), device=dev)
-        has = value_label >= 0
-        cols[torch.nonzero(has)[:, 0], value_label[has]] = 1.0
-        member_cols.append(cols)
-    members = torch.cat(member_cols, dim=1)  # (values, all heuristics)
+        has = torch.nonzero(value_label >= 0)[:, 0]
+        ent_h.append(value_label[has] + offset)
+        ent_v.append(has)
+        offset += len(part.sizes)
     k_all = torch.cat(ks)
+    h_of, v_of = torch.cat(ent_h), torch.cat(ent_v)
+    # memberships grouped by their heuristic's k, so that each k reads one slice
+    order = torch.argsort(k_all[h_of], stable=True)
+    h_of, v_of = h_of[order], v_of[order]
+    k_of_entry = k_all[h_of]
     counts = torch.zeros(n, len(k_all), dtype=torch.float64, device=dev)
     fast = torch.nonzero(~tie_rows)[:, 0]
     if len(fast):
@@ -153,8 +162,12 @@ def value_group_scores(
             hist.index_add_(0, seg, torch.ones(len(seg), device=dev))
             prev = kv
             sel = torch.nonzero(k_all == kv)[:, 0]
-            counts[fast[:, None], sel[None, :]] = (hist.view(len(fast), n_vals)
-                                                   @ members[:, sel]).double()
+            lo_e = int(torch.searchsorted(k_of_entry, kv, right=False))
+            hi_e = int(torch.searchsorted(k_of_entry, kv, right=True))
+            col = torch.searchsorted(sel, h_of[lo_e:hi_e])  # position of each entry in sel
+            part_counts = torch.zeros(len(fast), len(sel), device=dev)
+            part_counts.index_add_(1, col, hist.view(len(fast), n_vals)[:, v_of[lo_e:hi_e]])
+            counts[fast[:, None], sel[None, :]] = part_counts.double()
     out, start = [], 0
     slow = torch.nonzero(tie_rows)[:, 0]
     for part, top_k, k in zip(parts, top_ks, ks, strict=True):

@@ -3,8 +3,9 @@
 ``tests/data/golden`` holds one fixed checkpoint of the tiny built-in model (step 300)
 and ``rows.json.gz``: every measurement row that ``ncat catalog`` of commit 6a8a4f8
 (before the run object, the settings object and the split configs) wrote for it with
-``CONFIG`` below (the paper's rules, which later became options). Both ways of filling a catalog (``ncat catalog``, and a job through
-Redis and a real Celery worker) must reproduce those rows. Measured numbers are
+``CONFIG`` below (the paper's rules, which later became options). Both ways of filling
+a catalog (``ncat catalog``, and a job through Redis and a real Celery worker) must
+reproduce those rows. Measured numbers are
 compared at float32 precision with a small tolerance (another CPU may round a
 reduction differently); grids byte for byte up to one quantisation step; heuristic
 keys, ranks and counts exactly.

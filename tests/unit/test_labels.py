@@ -1,0 +1,108 @@
+"""The label rule: noise is labelled at most at the configured rate, whatever the grid size
+and operator; dead and constant neurons never are; planted heuristics still are."""
+
+import numpy as np
+import pytest
+import torch
+
+from catalog.arith import OPERATORS, apply_op, is_valid
+from catalog.config import ScienceConfig
+from catalog.heuristics import Cells, Heuristic, n_tests, partitions_for
+from catalog.matching import Matches, multi_result_matches, score_partitions
+from catalog.prompts import UNLIMITED
+from catalog.run import constant_maps
+
+N_NOISE = 1000
+LEVEL = 0.05
+
+
+def cells_of(op: str, hi: int) -> Cells:
+    a, b = np.meshgrid(np.arange(hi), np.arange(hi), indexing="ij")
+    a, b = a.ravel(), b.ravel()
+    ok = is_valid(op, a, b, UNLIMITED)  # a digit tokenizer: every cell of the grid
+    return Cells(op, a[ok], b[ok], apply_op(op, a[ok], b[ok]), 0, hi)
+
+
+def labelled_neurons(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
+                     config: ScienceConfig, with_bottom: bool = True) -> tuple[set, Matches]:
+    """Score maps the way CheckpointRun does and apply the config's label rule."""
+    parts = partitions_for(cells, config)
+    multi = op == "/" and "multi_result" in config.families
+    k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
+    found = [score_partitions(k_t, kv_t, parts, config.score_floor, with_bottom,
+                              config.pattern_top_k, cells=cells)]
+    if multi:
+        found.append(multi_result_matches(kv_t, cells.result, top=config.multi_result_top,
+                                          floor=config.score_floor))
+    m = Matches.concat(found)
+    constant = np.nonzero(constant_maps(k_map))[0]
+    m = m.without_neurons(constant).label(config.match_threshold, config.label_rule,
+                                          config.significance_level,
+                                          n_tests(parts, with_bottom, multi))
+    return set(m.neuron[m.implements].tolist()), m
+
+
+@pytest.mark.parametrize("hi", [10, 30, 100, 300])
+@pytest.mark.parametrize("op", OPERATORS)
+def test_noise_maps_are_labelled_at_most_at_the_configured_rate(op, hi):
+    cells = cells_of(op, hi)
+    config = ScienceConfig(operand_hi=hi, significance_level=LEVEL)
+    rng = np.random.default_rng([hi, OPERATORS.index(op)])
+    n = N_NOISE if hi < 300 else N_NOISE // 4  # 90,000 cells: a quarter keeps the test short
+    k_map = rng.standard_normal((n, len(cells.a))).astype(np.float32)
+    kv = rng.standard_normal((n, len(cells.a))).astype(np.float32)
+    labelled, m = labelled_neurons(op, cells, k_map, kv, config)
+    assert len(labelled) <= LEVEL * n, (len(labelled), n)
+    # the paper's raw rule on the same maps, for contrast: on small grids big sets clear 0.6
+    raw = set(m.neuron[m.score >= config.match_threshold].tolist())
+    if hi == 10:
+        assert len(raw) > 0.5 * n, len(raw)
+
+
+@pytest.mark.parametrize("op", OPERATORS)
+def test_dead_and_constant_neurons_match_nothing(op):
+    cells = cells_of(op, 30)
+    config = ScienceConfig(operand_hi=30)
+    rng = np.random.default_rng(3)
+    c = len(cells.a)
+    k_map = np.stack([np.zeros(c), np.full(c, 0.37), np.full(c, -1e-3)]).astype(np.float32)
+    # their KV maps vary (a constant activation times each answer's lens value)
+    kv = (k_map * rng.standard_normal(c)).astype(np.float32)
+    labelled, m = labelled_neurons(op, cells, k_map, kv, config)
+    assert constant_maps(k_map).all()
+    assert not labelled and len(m) == 0
+
+
+PLANTED = [Heuristic("range", "op1", (20, 10)), Heuristic("modulo", "op2", (3, 1)),
+           Heuristic("identical", "both", ()), Heuristic("pattern", "op1", ("..7",)),
+           Heuristic("value", "op2", (13,))]
+
+
+@pytest.mark.parametrize("hi", [30, 100])
+@pytest.mark.parametrize("op", OPERATORS)
+def test_planted_neurons_are_still_labelled(op, hi):
+    """Maps that are a heuristic's indicator plus noise of equal size are labelled with it;
+    the result heuristics through the KV map."""
+    cells = cells_of(op, hi)
+    config = ScienceConfig(operand_hi=hi)
+    rng = np.random.default_rng(5)
+    result_h = (Heuristic("modulo", "result", (5, 2)) if op != "/"
+                else Heuristic("range", "result", (0, 2)))
+    hs = PLANTED + [result_h]
+    c = len(cells.a)
+    k_map = rng.standard_normal((len(hs), c)).astype(np.float32) * 0.5
+    kv = rng.standard_normal((len(hs), c)).astype(np.float32) * 0.5
+    for i, h in enumerate(hs):
+        member = h.contains(cells.a, cells.b, cells.result).astype(np.float32)
+        assert 2 <= member.sum() < c, h.label
+        (kv if h.direct else k_map)[i] += 2.0 * member
+        if h.direct:
+            k_map[i] += 1.0  # the neuron is on; its push follows the answers
+    labelled, m = labelled_neurons(op, cells, k_map, kv, config)
+    for i, h in enumerate(hs):
+        sel = (m.neuron == i) & m.implements
+        keys = {m.row_heuristic(j).key for j in np.nonzero(sel)[0]}
+        same = {m.row_heuristic(j).key for j in np.nonzero(sel)[0]
+                if np.array_equal(m.row_heuristic(j).contains(cells.a, cells.b, cells.result),
+                                  h.contains(cells.a, cells.b, cells.result))}
+        assert h.key in keys or same, (h.label, sorted(keys)[:5])
