@@ -68,6 +68,7 @@ class ScienceConfig:
     shots: int = _opt(0, "solved examples of the same operator put before every prompt "
                          "(deterministic from the seed; their cells are left out of pairs, "
                          "faithfulness and knockouts)", form=True)
+    shot_separator: str = _opt("\n", "text after each solved example")
     pairs_per_op: int = _opt(100, "counterfactual pairs per operator for patching (paper: "
                                   "about 100)", flag="--pairs", form=True)
     seed: int = _opt(0, "seeds pair sampling and every other random choice", form=True)

@@ -9,10 +9,10 @@ numbers there is one length, with digit-level tokenizers a few.
 
 Every prompt of an operator starts with the same prefix: BOS where the model uses one,
 the config's fixed ``few_shot`` text, then ``shots`` solved examples of that operator
-(``{template}{result}`` and a newline each, drawn from the grid's own valid cells with
-the seed). The prefix and the prompt are tokenized separately and concatenated, so
-the prefix's tokens are the same in every prompt and its keys and values can be
-computed once (``catalog.grids.run_grid``). A cell that is one of the examples is still
+(``{template}{result}`` and ``shot_separator`` each, drawn from the grid's own valid
+cells with the seed). The prefix and the prompt are tokenized separately and
+concatenated, so the prefix's tokens are the same in every prompt and its keys and
+values can be computed once (``catalog.grids.run_grid``). A cell that is one of the examples is still
 measured, but it is left out of counterfactual pairs, faithfulness and knockouts: its
 answer is in the context.
 """
@@ -149,8 +149,8 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
             rng = np.random.default_rng([config.seed, 11, i])
             chosen = rng.choice(rows, size=min(config.shots, len(rows)), replace=False)
             is_shot[chosen] = True
-            text += "".join(config.prompt_text(int(a[j]), op, int(b[j])) + f"{int(result[j])}\n"
-                            for j in chosen)
+            text += "".join(config.prompt_text(int(a[j]), op, int(b[j])) + str(int(result[j]))
+                            + config.shot_separator for j in chosen)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
         prefix_tokens.append(np.array(bos + list(ids), dtype=np.int64))
     texts = [config.prompt_text(int(x), config.operators[o], int(y))

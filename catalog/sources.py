@@ -6,6 +6,7 @@ weights hash, shape, tokenizer facts), for:
 
 - the built-in arithmetic model (``builtin``), at any cached checkpoint step;
 - a GGUF file (a path ending in ``.gguf``; transformers dequantizes it);
+- a known model fetched with ``ncat fetch NAME`` (catalog.registry), by that name;
 - a local Hugging Face model directory (a path holding ``config.json``);
 - a TransformerLens / Hugging Face hub name (``EleutherAI/pythia-14m``), with a
   training checkpoint given as a step (Pythia revisions ``step{N}``). With
@@ -22,7 +23,7 @@ import io
 import logging
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ class ModelInfo:
     """What the catalog records about a loaded model checkpoint."""
 
     name: str
-    source: str  # builtin | gguf | local | hub
+    source: str  # builtin | known | gguf | local | hub
     checkpoint: int | None  # training step, None for a model without checkpoints
     revision: str | None  # e.g. "step1000" for hub checkpoints
     weights_hash: str
@@ -205,6 +206,56 @@ def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.fl
     return LoadedModel(model, tok, info)
 
 
+def _inspect_gguf_file(path: Path) -> ModelShape:
+    """Layers and number tokens from a GGUF file's metadata and tokenizer (no weights)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:
+        raise ModelSourceError(f"GGUF file {str(path)!r} cannot be read: {exc}") from exc
+    # TransformerLens prepends BOS where the tokenizer has one (not for GPT-NeoX)
+    prepend = cfg.model_type != "gpt_neox" and tok.bos_token_id is not None
+    return ModelShape(int(cfg.num_hidden_layers), detect_number_tokens(tok, prepend_bos=prepend))
+
+
+# ------------------------------------------------------- fetched known models
+
+
+def _is_known(name: str) -> bool:
+    from catalog import registry
+
+    return name in registry.KNOWN
+
+
+def _known_path(name: str) -> Path:
+    from catalog import registry
+    from catalog.settings import get_settings
+
+    path = registry.fetched_path(name, get_settings().ncat_home)
+    if path is None:
+        raise ModelSourceError(f"{name} is a known model that is not fetched yet; run "
+                               f"`ncat fetch {name}` first ({registry.KNOWN[name].about})")
+    return path
+
+
+def _load_known(name, checkpoint, **kwargs) -> LoadedModel:
+    if checkpoint is not None:
+        raise ModelSourceError(f"{name} has no training checkpoints; got checkpoint "
+                               f"{checkpoint}")
+    lm = _load_gguf(str(_known_path(name)), None, **kwargs)
+    lm.info = replace(lm.info, name=name, source="known")
+    return lm
+
+
+def _inspect_known(name, checkpoint, **_) -> ModelShape:
+    if checkpoint is not None:
+        raise ModelSourceError(f"{name} has no training checkpoints; got checkpoint "
+                               f"{checkpoint}")
+    return _inspect_gguf_file(_known_path(name))
+
+
 def _is_local(name: str) -> bool:
     return (Path(name) / "config.json").is_file()
 
@@ -287,10 +338,14 @@ def _canonical_builtin(name, builtin_config=None, cache_root=None, **_) -> str:
     return builtin.model_name(_builtin_config(name, builtin_config, cache_root))
 
 
-def _inspect_gguf(name, checkpoint, **kwargs) -> ModelShape:
-    lm = load_model(name, checkpoint, **kwargs)  # GGUF metadata alone does not give the tokenizer
-    return ModelShape(lm.info.n_layers, detect_number_tokens(
-        lm.tokenizer, prepend_bos=lm.model.cfg.default_prepend_bos))
+def _inspect_gguf(name, checkpoint, **_) -> ModelShape:
+    path = Path(name)
+    if not path.is_file():
+        raise ModelSourceError(f"GGUF file {name!r} does not exist")
+    if checkpoint is not None:
+        raise ModelSourceError(f"a GGUF file has no training checkpoints; got checkpoint "
+                               f"{checkpoint} for {name!r}")
+    return _inspect_gguf_file(path)
 
 
 def _canonical_path(name, **_) -> str:
@@ -347,6 +402,8 @@ def _canonical_hub(name, **_) -> str:
 
 register_source(Source("builtin", _is_builtin, _load_builtin, _builtin_checkpoints,
                        _inspect_builtin, _canonical_builtin))
+register_source(Source("known", _is_known, _load_known, lambda name, **_: None, _inspect_known,
+                       lambda name, **_: name))
 register_source(Source("gguf", _is_gguf, _load_gguf, lambda name, **_: None, _inspect_gguf,
                        _canonical_path))
 register_source(Source("local", _is_local, _load_local, lambda name, **_: None, _inspect_local,
@@ -396,7 +453,7 @@ def inspect_model(name: str, checkpoint: int | None = None, **kwargs) -> ModelSh
     """Layer count and number tokenization of ``name`` at ``checkpoint``, cheaply.
 
     Checks that the model and checkpoint exist. Built-in models and Hugging Face
-    configs are read without weights; GGUF files are loaded.
+    configs and GGUF metadata are read without weights.
     """
     return find_source(name).inspect(name, checkpoint, **kwargs)
 

@@ -18,7 +18,8 @@ from jobs.cli.common import (
     science_options,
 )
 
-MODEL_HELP = "'builtin', a hub name, a local HF directory or a .gguf file"
+MODEL_HELP = ("'builtin', a known model fetched with `ncat fetch` (e.g. qwen2.5-coder-0.5b), a "
+              "hub name, a local HF directory or a .gguf file")
 
 
 def print_result(res, top: int = 5, out=sys.stdout) -> None:
@@ -68,6 +69,25 @@ def cmd_train_builtin(args) -> int:
     acc = meta["heldout_accuracy"]
     print(f"checkpoints in {path}: steps {builtin.available_steps(cfg)}")
     print("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from catalog import registry
+    from catalog.settings import get_settings
+
+    if args.list or not args.name:
+        for m in registry.KNOWN.values():
+            have = registry.fetched_path(m.name, get_settings().ncat_home)
+            where = f"fetched: {have}" if have else "not fetched"
+            print(f"{m.name}  ({m.size:,} bytes; {where})\n    {m.about}")
+        return 0
+    try:
+        path = registry.fetch(args.name, get_settings().ncat_home, progress=not args.quiet)
+    except registry.FetchError as exc:
+        return fail(str(exc))
+    print(f"{args.name}: {path} (size and SHA-256 verified); measure it as "
+          f"`ncat measure {args.name} ...`")
     return 0
 
 
@@ -139,6 +159,13 @@ def add_commands(sub) -> None:
     s.add_argument("--steps", type=int, default=None, help="training steps (default 3000)")
     s.add_argument("--seed", type=int, default=0, help="seed of the training run")
     s.set_defaults(fn=cmd_train_builtin)
+
+    s = sub.add_parser("fetch", help="download, verify and cache a known model that no hub is "
+                                     "needed for (ncat fetch --list shows them)")
+    s.add_argument("name", nargs="?", help="a known model, e.g. qwen2.5-coder-0.5b")
+    s.add_argument("--list", action="store_true", help="list the known models")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_fetch)
 
     s = sub.add_parser("checkpoints", help="list a model's training checkpoints")
     s.add_argument("model", help=MODEL_HELP)

@@ -90,3 +90,40 @@ def test_attribution_is_the_first_order_term_of_exact_patching(tiny_builtin):
         exact = exact_patching(lm.model, prep.table, layer, clean, cf, step) / eps
         assert np.abs(attr).max() > 1e-2
         np.testing.assert_allclose(exact, attr, rtol=1e-3, atol=1e-4 * np.abs(attr).max())
+
+
+def test_tiered_patching_equals_exact_on_the_exact_set(tiny_builtin):
+    """--exact top:N patches exactly the N neurons of largest |attribution| per layer and
+    operator (by the ranking statistic, a 10%-trimmed mean over pairs), with the same
+    numbers as patching every neuron; the others keep their attribution estimate."""
+    import dataclasses
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", builtin_config=cfg, cache_root=root)
+    full_cfg = MeasureConfig(operand_hi=20, pairs_per_op=16)
+    tier_cfg = dataclasses.replace(full_cfg, exact="top:7")
+    full = CheckpointRun(lm.model, lm.tokenizer, full_cfg, layers=[0, 1]).prepare()
+    tier = CheckpointRun(lm.model, lm.tokenizer, tier_cfg, layers=[0, 1]).prepare()
+    for layer in (0, 1):
+        a, b = full.run_layer(layer), tier.run_layer(layer)
+        for o, op in enumerate(full_cfg.operators):
+            clean, cf = tier.pairs[op]
+            per_pair = attribution_patching(lm.model, tier.table, [layer], clean,
+                                            {layer: tier.activations(layer)[cf]}, cf)[layer]
+            cut = int(0.1 * per_pair.shape[1])
+            trimmed = np.sort(per_pair, axis=1)[:, cut:per_pair.shape[1] - cut].mean(1)
+            want = set(np.argsort(-np.abs(trimmed), kind="stable")[:7].tolist())
+            exact = np.nonzero(b.is_exact[:, o])[0]
+            assert set(exact.tolist()) == want and a.is_exact[:, o].all()
+            np.testing.assert_allclose(b.effect_exact[exact, o], a.effect_exact[exact, o],
+                                       rtol=1e-5, atol=1e-7)
+            np.testing.assert_allclose(b.effect_trimmed[exact, o], a.effect_trimmed[exact, o],
+                                       rtol=1e-5, atol=1e-7)
+            rest = ~b.is_exact[:, o]
+            assert np.isnan(b.effect_exact[rest, o]).all()
+            np.testing.assert_allclose(b.effect_trimmed[rest, o], trimmed[rest], rtol=1e-5,
+                                       atol=1e-8)
+            np.testing.assert_array_equal(b.effect_attr[:, o], a.effect_attr[:, o])
+            facts = b.patching[op]
+            assert facts["n_exact"] == 7 and -1 <= facts["spearman"] <= 1
+            assert a.patching[op]["n_exact"] == full.d_mlp

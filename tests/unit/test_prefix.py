@@ -1,0 +1,74 @@
+"""Few-shot prompts: deterministic solved examples, left out of pairs, and a shared prefix
+whose keys and values computed once give the same activations as the full forward."""
+
+import numpy as np
+import pytest
+
+from catalog.config import ScienceConfig
+from catalog.grids import run_grid
+from catalog.prompts import build_prompts, sample_pairs
+from catalog.sources import load_model
+from catalog.tokens import detect_number_tokens
+
+CONFIG = ScienceConfig(operators=("+", "-"), operand_hi=12, few_shot="Solve. ", shots=3,
+                       shot_separator="; ", pairs_per_op=30)
+
+
+@pytest.fixture(scope="module")
+def pythia(pythia_hub):
+    return load_model(pythia_hub, checkpoint=1000)
+
+
+def test_shots_are_deterministic_solved_examples_of_the_same_operator(pythia):
+    numbers = detect_number_tokens(pythia.tokenizer, prepend_bos=False)
+    t1 = build_prompts(pythia.tokenizer, numbers, CONFIG)
+    t2 = build_prompts(pythia.tokenizer, numbers, CONFIG)
+    for o, op in enumerate(CONFIG.operators):
+        np.testing.assert_array_equal(t1.prefix_tokens[o], t2.prefix_tokens[o])
+        shots = np.nonzero(t1.is_shot & (t1.op == o))[0]
+        assert len(shots) == 3
+        text = pythia.tokenizer.decode(t1.prefix_tokens[o])
+        assert text.startswith("Solve. ")
+        for i in shots:  # each example is written out with its answer
+            assert f"{t1.a[i]}{op}{t1.b[i]}={t1.result[i]}; " in text
+        # every prompt of the operator starts with the same prefix
+        for i in np.nonzero(t1.op == o)[0][:20]:
+            np.testing.assert_array_equal(t1.tokens[i][:len(t1.prefix_tokens[o])],
+                                          t1.prefix_tokens[o])
+    other = build_prompts(pythia.tokenizer, numbers,
+                          ScienceConfig(**{**CONFIG.as_dict(), "seed": 1}))
+    assert not np.array_equal(other.is_shot, t1.is_shot)  # the seed picks the examples
+
+
+def test_prefix_reuse_equals_the_full_forward_and_shots_are_not_pairs(pythia):
+    numbers = detect_number_tokens(pythia.tokenizer, prepend_bos=False)
+    table = build_prompts(pythia.tokenizer, numbers, CONFIG)
+    layers = list(range(pythia.model.cfg.n_layers))
+    reused = run_grid(pythia.model, table, layers, batch_size=64, reuse_prefix=True)
+    correct_reused = table.correct.copy()
+    full = run_grid(pythia.model, table, layers, batch_size=64, reuse_prefix=False)
+    assert len(table.prefix_tokens[0]) > 5
+    for layer in layers:
+        assert np.abs(full[layer]).max() > 1e-2
+        np.testing.assert_allclose(reused[layer], full[layer], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(correct_reused, table.correct)
+    table.correct[:] = True  # a random model answers little; any pairs will do
+    for op in CONFIG.operators:
+        clean, cf = sample_pairs(table, op, 30, seed=0)
+        assert len(clean) == 30
+        assert not table.is_shot[clean].any() and not table.is_shot[cf].any()
+
+
+def test_named_and_natural_language_templates():
+    qa = ScienceConfig(template="qa")
+    assert qa.template == "Q: How much is {a} {op_word} {b}? A:"
+    assert qa.prompt_text(3, "*", 4) == "Q: How much is 3 times 4? A:"
+    assert ScienceConfig(template="{a} {op_word} {b} =").prompt_text(8, "/", 2) == \
+        "8 divided by 2 ="
+    with pytest.raises(ValueError, match="lacks"):
+        ScienceConfig(template="{a} and {b}")
+    with pytest.raises(ValueError, match="placeholder"):
+        ScienceConfig(template="{a}{op}{b}={c}")
+    with pytest.raises(ValueError, match="shots"):
+        ScienceConfig(shots=-1)
+    assert ScienceConfig(shots=3).config_hash() != ScienceConfig().config_hash()
