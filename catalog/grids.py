@@ -119,9 +119,9 @@ def run_grid(
                 torch.from_numpy(seq).to(device),
                 stop_at_layer=model.cfg.n_layers,
                 fwd_hooks=[(post_hook_name(layer), grab) for layer in layers],
-                **(dict(past_kv_cache=expand_cache(caches[o], len(idx)),
-                        attention_mask=torch.ones(seq.shape, dtype=torch.long, device=device))
-                   if p else {}),
+                past_kv_cache=expand_cache(caches[o], len(idx)) if p else None,
+                attention_mask=(torch.ones(seq.shape, dtype=torch.long, device=device)
+                                if p else None),
             )
             pred = final_logits(model, resid[:, last:last + m]).argmax(-1).cpu()
             target = torch.from_numpy(np.stack([table.result_tokens[i] for i in idx]))

@@ -190,6 +190,9 @@ def reference_score(values: np.ndarray, member: np.ndarray, k: int | None = None
     return float(((greater & member).sum() + (tied & member).sum() * share) / k)
 
 
+_UNSET = np.empty(0)  # "not given" for the optional arrays of Matches
+
+
 @dataclass
 class Matches:
     """Heuristic scores of one layer: one row per (neuron, operator, heuristic) >= the floor.
@@ -211,17 +214,17 @@ class Matches:
     score: np.ndarray
     bottom: np.ndarray
     heuristics: list[Heuristic]
-    base_rate: np.ndarray | None = None  # float32, one per row
-    p_value: np.ndarray | None = None  # float64, one per row
-    implements: np.ndarray | None = None  # bool, one per row
+    base_rate: np.ndarray = _UNSET  # float32, one per row (NaN when not given)
+    p_value: np.ndarray = _UNSET  # float64, one per row (NaN when not given)
+    implements: np.ndarray = _UNSET  # bool, one per row (False until labelled)
 
     def __post_init__(self) -> None:
         nan = np.full(len(self.neuron), np.nan)
-        if self.base_rate is None:
+        if self.base_rate is _UNSET:
             self.base_rate = nan.astype(np.float32)
-        if self.p_value is None:
+        if self.p_value is _UNSET:
             self.p_value = nan.copy()
-        if self.implements is None:
+        if self.implements is _UNSET:
             self.implements = np.zeros(len(self.neuron), dtype=bool)
 
     def __len__(self) -> int:

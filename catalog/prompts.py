@@ -12,9 +12,9 @@ the config's fixed ``few_shot`` text, then ``shots`` solved examples of that ope
 (``{template}{result}`` and ``shot_separator`` each, drawn from the grid's own valid
 cells with the seed). The prefix and the prompt are tokenized separately and
 concatenated, so the prefix's tokens are the same in every prompt and its keys and
-values can be computed once (``catalog.grids.run_grid``). A cell that is one of the examples is still
-measured, but it is left out of counterfactual pairs, faithfulness and knockouts: its
-answer is in the context.
+values can be computed once (``catalog.grids.run_grid``). A cell that is one of the
+examples is still measured, but it is left out of counterfactual pairs, faithfulness and
+knockouts: its answer is in the context.
 """
 
 from __future__ import annotations
