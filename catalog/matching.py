@@ -16,7 +16,7 @@ per partition is neurons x max(k) instead of neurons x cells x heuristics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -214,9 +214,10 @@ class Matches:
     score: np.ndarray
     bottom: np.ndarray
     heuristics: list[Heuristic]
-    base_rate: np.ndarray = _UNSET  # float32, one per row (NaN when not given)
-    p_value: np.ndarray = _UNSET  # float64, one per row (NaN when not given)
-    implements: np.ndarray = _UNSET  # bool, one per row (False until labelled)
+    # one per row; not given: NaN (float32), NaN (float64), False until labelled
+    base_rate: np.ndarray = field(default_factory=lambda: _UNSET)
+    p_value: np.ndarray = field(default_factory=lambda: _UNSET)
+    implements: np.ndarray = field(default_factory=lambda: _UNSET)
 
     def __post_init__(self) -> None:
         nan = np.full(len(self.neuron), np.nan)
