@@ -53,6 +53,20 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from jobs.report import ReportError, report
+    from schema.engine import SchemaBehind, require_current
+
+    try:
+        url = require_current(database_url(args))
+        html_path, md_path = report(url, args.model, args.checkpoint, Path(args.out),
+                                    top_n=args.top)
+    except (ReportError, SchemaBehind, ValueError) as exc:
+        return fail(str(exc))
+    print(f"report: {html_path} (self-contained HTML) and {md_path}")
+    return 0
+
+
 def cmd_explore(args) -> int:
     """Serve the Streamlit explorer (prints its URL)."""
     from catalog.settings import child_env, get_settings
@@ -116,6 +130,17 @@ def add_commands(sub) -> None:
     _serve_options(s)
     database_option(s)
     s.set_defaults(fn=cmd_explore)
+
+    s = sub.add_parser("report", help="an HTML page and a Markdown summary of one checkpoint "
+                                      "of a model, beside the heuristics paper's claims")
+    s.add_argument("model", help="the model's name in the catalog (e.g. builtin-arith)")
+    s.add_argument("--checkpoint", type=int, default=None,
+                   help="training step (default: the last one measured)")
+    s.add_argument("--out", default="report", help="output folder (default ./report)")
+    s.add_argument("--top", type=int, default=20,
+                   help="top neurons per layer and operator, by rank (default 20)")
+    database_option(s)
+    s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV")
     s.add_argument("what", help="a view or table name, or a SELECT query")

@@ -1,0 +1,70 @@
+"""ncat report renders from a seeded catalog, and its numbers equal SQL over the same rows."""
+
+import json
+import math
+import re
+
+import numpy as np
+
+from catalog.builtin import model_name
+from jobs.cli import main
+from jobs.report import gather, markdown
+from schema import store
+
+from helpers import SEED_STEPS
+from tiny_model import TINY
+
+
+def test_report_numbers_equal_sql(seeded):
+    name = model_name(TINY)
+    d = gather(seeded, name, None, top_n=5)
+    assert d.step == SEED_STEPS[-1]
+    with store.connect(seeded) as conn:
+        ids = conn.execute("SELECT c.id, c.model_id FROM checkpoint c JOIN model m ON "
+                           "m.id = c.model_id WHERE m.name = %s AND c.step = %s",
+                           (name, d.step)).fetchone()
+        acc = store.scalar(conn.execute("SELECT accuracy FROM checkpoint_summary WHERE "
+                                        "checkpoint_id = %s", (ids[0],)))
+        assert d.accuracy == acc
+        for op in d.config["operators"]:
+            rows = conn.execute("SELECT layer, rank_value FROM neuron_op WHERE checkpoint_id "
+                                "= %s AND op = %s", (ids[0], op)).fetchall()
+            total = sum(abs(v) for _, v in rows)
+            for layer in d.layers:
+                want = sum(abs(v) for la, v in rows if la == layer) / total
+                assert math.isclose(d.layer_share[op][layer], want, rel_tol=1e-6)
+            top = conn.execute("SELECT layer, neuron FROM neuron_op WHERE checkpoint_id = %s "
+                               "AND op = %s AND rank < 5", (ids[0], op)).fetchall()
+            labelled = {(r[0], r[1]) for r in conn.execute(
+                "SELECT DISTINCT layer, neuron FROM neuron_score WHERE checkpoint_id = %s AND "
+                "op = %s AND implements", (ids[0], op))}
+            assert d.top_labelled[op] == (sum((t in labelled) for t in top), len(top))
+            n_all = conn.execute("SELECT count(*) FROM neuron_op WHERE checkpoint_id = %s AND "
+                                 "op = %s", (ids[0], op)).fetchone()[0]
+            assert d.all_labelled[op] == (len(labelled), n_all)
+        best = conn.execute("SELECT op, layer, neuron FROM neuron_op WHERE checkpoint_id = %s "
+                            "ORDER BY abs(rank_value) DESC LIMIT 1", (ids[0],)).fetchone()
+        assert tuple(d.top_neurons[0][:3]) == tuple(best)
+    assert len(d.grids) == len(d.top_neurons) == 6
+    assert all(g.shape == (20, 20) and np.isfinite(g).any() for g in d.grids)
+    md = markdown(d)
+    for op, (k, n) in d.top_labelled.items():
+        assert f"| {op} | {k}/{n} |" in md
+
+
+def test_ncat_report_writes_html_and_markdown(seeded, tmp_path, capsys):
+    name = model_name(TINY)
+    assert main(["report", name, "--checkpoint", str(SEED_STEPS[0]), "--out", str(tmp_path),
+                 "--database-url", seeded]) == 0
+    page = (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    # self-contained: plotly.js inline (megabytes), no script loaded from elsewhere
+    assert len(page) > 1_000_000 and not re.search(r"<script[^>]+src=", page)
+    assert page.count("Plotly.newPlot") == 2 + 6  # two charts and six K maps
+    data = json.loads(re.search(r"id='report-data'>(.*?)</script>", page, re.S).group(1)
+                      .replace("&quot;", '"').replace("&#x27;", "'"))
+    assert data["step"] == SEED_STEPS[0] and data["model"] == name
+    assert f"step {SEED_STEPS[0]}" in md and "91%" in md
+    assert main(["report", "no-such-model", "--out", str(tmp_path),
+                 "--database-url", seeded]) == 2
+    assert "not in the catalog" in capsys.readouterr().err
