@@ -108,7 +108,7 @@ class Filters:
     sort: str = "effect"
 
 
-SORTS = {"effect": "n.effect_exact DESC NULLS LAST", "rank": "n.rank ASC",
+SORTS = {"effect": "abs(n.rank_value) DESC NULLS LAST", "rank": "n.rank ASC",
          "score": "n.best_score DESC NULLS LAST", "neuron": "n.layer, n.neuron"}
 
 
@@ -124,7 +124,7 @@ def _where(f: Filters) -> tuple[str, dict]:
         cond.append("n.op = :op")
         params["op"] = f.op
     if f.min_effect is not None:
-        cond.append("n.effect_exact >= :min_effect")
+        cond.append("abs(n.rank_value) >= :min_effect")
         params["min_effect"] = f.min_effect
     if f.max_rank is not None:
         cond.append("n.rank <= :max_rank")
@@ -153,8 +153,9 @@ def search(f: Filters, page: int, page_size: int = 50) -> tuple[pd.DataFrame, in
     where, params = _where(f)
     total = int(query(f"SELECT count(*) AS n FROM neuron_op n WHERE {where}", **params).n[0])
     rows = query(
-        "SELECT n.layer, n.neuron, n.op, n.effect_exact, n.effect_attr, n.rank, "
-        "h.label AS best_heuristic, n.best_score, n.max_act "
+        "SELECT n.layer, n.neuron, n.op, n.rank_value AS effect, n.is_exact, n.effect_exact, "
+        "n.effect_attr, n.rank, h.label AS best_heuristic, n.best_score, n.best_bottom, "
+        "n.labelled, n.max_act "
         f"FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE {where} "
         f"ORDER BY {SORTS[f.sort]}, n.layer, n.neuron, n.op LIMIT :lim OFFSET :off",
         **params, lim=page_size, off=page * page_size)
@@ -179,8 +180,10 @@ def layout(config_id: int) -> pd.DataFrame:
 @st.cache_data(ttl=TTL)
 def neuron_ops(model_id, checkpoint_id, config_id, layer, neuron) -> pd.DataFrame:
     return query(
-        "SELECT n.op, n.effect_exact, n.effect_attr, n.rank, n.max_act, n.mean_act, n.density, "
-        "h.label AS best_heuristic, n.best_score FROM neuron_op n "
+        "SELECT n.op, n.rank_value AS effect, n.is_exact, n.effect_trimmed, n.effect_median, "
+        "n.effect_log, n.moved_share, n.effect_exact, n.effect_attr, n.rank, n.max_act, "
+        "n.mean_act, n.density, n.constant, h.label AS best_heuristic, n.best_score, "
+        "n.best_bottom, n.labelled FROM neuron_op n "
         "LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE n.model_id = :m "
         "AND n.checkpoint_id = :c AND n.config_id = :g AND n.layer = :l AND n.neuron = :n "
         "ORDER BY n.op", m=model_id, c=checkpoint_id, g=config_id, l=layer, n=neuron)
@@ -198,18 +201,19 @@ def lens(model_id, checkpoint_id, config_id, layer, neuron) -> dict | None:
 @st.cache_data(ttl=TTL)
 def matches(model_id, checkpoint_id, config_id, layer, neuron, limit: int = 200):
     return query(
-        "SELECT s.op, h.label, h.family, s.score, s.base_rate, s.p_value, s.bottom "
-        "FROM neuron_score s "
+        "SELECT s.op, h.label, h.family, s.implements AS label_rule, s.score, s.base_rate, "
+        "s.p_value, s.bottom FROM neuron_score s "
         "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.model_id = :m "
         "AND s.checkpoint_id = :c AND s.config_id = :g AND s.layer = :l AND s.neuron = :n "
-        "ORDER BY s.score DESC, h.label LIMIT :lim",
+        "ORDER BY s.implements DESC NULLS LAST, s.score DESC, h.label LIMIT :lim",
         m=model_id, c=checkpoint_id, g=config_id, l=layer, n=neuron, lim=limit)
 
 
 @st.cache_data(ttl=TTL)
 def evolution(model_id, config_id, layer, neuron) -> pd.DataFrame:
     return query(
-        "SELECT step, checkpoint_id, op, effect_exact, rank, best_heuristic, best_score "
+        "SELECT step, checkpoint_id, op, rank_value AS effect, effect_exact, rank, "
+        "best_heuristic, best_score "
         "FROM neuron_evolution WHERE model_id = :m AND config_id = :g AND layer = :l "
         "AND neuron = :n ORDER BY step, op", m=model_id, g=config_id, l=layer, n=neuron)
 

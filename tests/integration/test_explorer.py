@@ -67,14 +67,15 @@ def test_search_filters_and_pages_server_side(catalog_env):
         total = conn.execute("SELECT count(*) FROM neuron_op n JOIN checkpoint c ON "
                              "c.id = n.checkpoint_id WHERE c.step = 300").fetchone()[0]
     assert f"**{total}** neuron-operator rows match" in text_of(at)
-    eff = first.effect_exact
+    eff = first.effect  # the config's ranking statistic, sorted by size
     known = eff.dropna()
-    assert len(known) > 0 and known.is_monotonic_decreasing
+    assert len(known) > 0 and known.abs().is_monotonic_decreasing
     assert eff.isna().to_numpy()[len(known):].all()  # NULLS LAST: no value after a NaN
     with store.connect(catalog_env) as conn:
         top = [r[0] for r in conn.execute(
-            "SELECT n.effect_exact FROM neuron_op n JOIN checkpoint c ON c.id = n.checkpoint_id "
-            "WHERE c.step = 300 ORDER BY n.effect_exact DESC NULLS LAST LIMIT 50").fetchall()]
+            "SELECT n.rank_value FROM neuron_op n JOIN checkpoint c ON c.id = n.checkpoint_id "
+            "WHERE c.step = 300 ORDER BY abs(n.rank_value) DESC NULLS LAST, n.layer, n.neuron, "
+            "n.op LIMIT 50").fetchall()]
     np.testing.assert_allclose(eff.to_numpy(dtype=float),
                                np.array([np.nan if v is None else v for v in top], dtype=float),
                                rtol=1e-6)
@@ -121,7 +122,8 @@ def test_neuron_page_shows_grids_lens_matches_and_evolution(catalog_env):
                          "layer = 1 AND neuron = 5", (ck,)).fetchone()[0]
         best = conn.execute("SELECT h.label FROM neuron_score s JOIN heuristic h ON "
                             "h.id = s.heuristic_id WHERE checkpoint_id = %s AND layer = 1 AND "
-                            "neuron = 5 ORDER BY score DESC, h.label LIMIT 1", (ck,)).fetchone()
+                            "neuron = 5 ORDER BY implements DESC, score DESC, h.label "
+                            "LIMIT 1", (ck,)).fetchone()
     tables = [d.value for d in at.dataframe]
     match_table = next(t for t in tables if "label" in t.columns)
     assert len(match_table) == min(n, 200) and match_table.label.iloc[0] == best[0]

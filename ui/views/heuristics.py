@@ -16,15 +16,21 @@ def render() -> None:
     model, _, config_id = pick_model_checkpoint_config("heuristics")
     census = data.census(int(model.id), config_id)
     if census.empty:
-        st.info("No circuit neuron implements a heuristic yet (score >= the threshold in "
-                "catalog_setting).")
+        st.info("No circuit neuron implements a heuristic yet (the config's label rule: by "
+                "default a score >= match_threshold with a p-value below the corrected "
+                "level; docs/method.md section 7).")
     else:
         st.plotly_chart(plots.census_bars(census), key="census")
     em = data.emergence(int(model.id), config_id)
     if not em.empty:
-        fig = px.bar(em, x="emergence_step", y="pairs", color="family",
+        em = em.assign(step=em["emergence_step"].map(
+            lambda s: "no steps" if s is None or s != s else str(int(s))))
+        order = [str(int(s)) for s in sorted(em["emergence_step"].dropna().unique())]
+        fig = px.bar(em, x="step", y="pairs", color="family",
                      title="When the final (neuron, heuristic) pairs emerged")
-        fig.update_xaxes(type="category")
+        # steps are categories in numeric order (0, 1, 2, 4, ..., not as text)
+        fig.update_xaxes(type="category", categoryorder="array",
+                         categoryarray=order + ["no steps"], title="emergence step")
         st.plotly_chart(fig, key="emergence")
     ov = data.overlap(int(model.id), config_id)
     if not ov.empty:

@@ -15,7 +15,10 @@ from ui.views.overview import jobs_panel
 
 LABELS = {"operators": "Operators", "operand_lo": "Operands from", "operand_hi": "to (exclusive)",
           "pairs_per_op": "Pairs per operator", "seed": "Seed",
-          "heuristic_variant": "Heuristic variant", "device": "Device"}
+          "heuristic_variant": "Heuristic variant", "device": "Device",
+          "template": "Template", "shots": "Solved examples (shots)",
+          "patching": "Patching (exact, attribution or both)",
+          "exact": "Exact patching of (all, none, top:N)", "label_rule": "Label rule"}
 
 
 def _input(spec: FieldSpec, column):
@@ -30,7 +33,20 @@ def _input(spec: FieldSpec, column):
     if spec.kind == "int":
         return int(column.number_input(label, min_value=0, value=spec.default, help=spec.help,
                                        key=key))
-    return column.text_input(label, value=spec.show(spec.default), help=spec.help, key=key)
+    text = column.text_input(label, value=spec.show(spec.default), help=spec.help, key=key)
+    # typed fields (methods, lists) are parsed as the command line parses them; a bad
+    # value is shown as the form's error when it is submitted
+    return text if spec.kind == "str" else _Typed(spec, text)
+
+
+class _Typed:
+    """A form value that still has to be parsed (its error is reported on submit)."""
+
+    def __init__(self, spec: FieldSpec, text: str) -> None:
+        self.spec, self.text = spec, text
+
+    def value(self):
+        return self.spec.parse(self.text)
 
 
 def render() -> None:
@@ -39,7 +55,9 @@ def render() -> None:
     execution = [s for s in specs(ExecutionConfig) if s.form]
     with st.form("enqueue"):
         model = st.text_input("Model", value="builtin",
-                              help="'builtin', a hub name, a local directory or a .gguf file")
+                              help="'builtin', a known model fetched with `ncat fetch` (e.g. "
+                                   "qwen2.5-coder-0.5b), a hub name, a local directory or a "
+                                   ".gguf file")
         checkpoints = st.text_input("Checkpoints", value="all",
                                     help="'all', a list like 0,512,3000, or start:stop:step")
         columns = st.columns(3)
@@ -57,7 +75,8 @@ def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) 
     from jobs.enqueue import EnqueueError, enqueue
 
     try:
-        config = ScienceConfig(**values)
+        config = ScienceConfig(**{k: v.value() if isinstance(v, _Typed) else v
+                                  for k, v in values.items()})
         done = enqueue(data.database_url(), model.strip(), checkpoints.strip() or None, config,
                        device=device.strip() or "cpu", force=force)
     except (EnqueueError, ValueError) as exc:

@@ -68,7 +68,9 @@ def render() -> None:
     st.caption("Score: share of the heuristic's cells among the neuron's top-k cells; base "
                "rate: the score a random ordering gives (|S_H| / cells); p-value: the exact "
                "chance of a score this high on a random ordering; 'bottom' rows scored the most "
-               "negative cells (docs/method.md section 7).")
+               "negative cells; label_rule: the neuron implements the heuristic under the "
+               "config's rule (by default score >= threshold and p-value <= level / heuristics "
+               "scored). Constant neurons get no rows (docs/method.md section 7).")
     m = data.matches(*p.values())
     if m.empty:
         st.caption("No heuristic scores above the stored floor.")
@@ -84,7 +86,8 @@ def render() -> None:
     if ev.empty:
         return
     c1, c2 = st.columns(2)
-    c1.plotly_chart(plots.evolution_lines(ev, "effect_exact", "Patching effect"), key="ev-e")
+    c1.plotly_chart(plots.evolution_lines(ev, "effect", "Patching effect (ranking statistic)"),
+                    key="ev-e")
     c2.plotly_chart(plots.evolution_lines(ev, "best_score", "Best heuristic score"), key="ev-s")
     steps = sorted(ev.step.unique().tolist())
     chosen = st.multiselect("Grids at steps", steps, default=steps[-3:], key="ev-steps")

@@ -31,6 +31,7 @@ def render() -> None:
                     row[f"faithfulness + (k={k})"] = f
             rows.append(row)
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        report_button(model.name, cks)
     st.subheader("Jobs")
     jobs_panel()
 
@@ -47,3 +48,33 @@ def jobs_panel() -> None:
         if job.error:
             text += f", layer {job.failed_layer}: {job.error}"
         st.progress(frac, text=text)
+
+
+def report_button(model: str, cks: pd.DataFrame) -> None:
+    """The `ncat report` page of a checkpoint, built on demand and offered for download."""
+    steps = [s for s in cks["step"].tolist()] if not cks.empty else []
+    if not steps:
+        return
+    c1, c2 = st.columns([1, 3])
+    step = c1.selectbox("report of step", steps, index=len(steps) - 1, key=f"rep-{model}",
+                        format_func=lambda s: "the only checkpoint" if s is None or s != s
+                        else str(int(s)))
+    if c2.button("Build report (HTML, beside the paper's claims)", key=f"repb-{model}"):
+        import tempfile
+        from pathlib import Path
+
+        from jobs.report import ReportError, report
+
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                html_path, md_path = report(
+                    data.database_url(), model,
+                    None if step is None or step != step else int(step), Path(tmp))
+                page, md = html_path.read_text(), md_path.read_text()
+        except ReportError as exc:
+            st.warning(str(exc))
+            return
+        st.download_button("Download report.html", page, file_name="report.html",
+                           mime="text/html", key=f"repd-{model}")
+        with st.expander("Summary (Markdown)"):
+            st.markdown(md)

@@ -27,7 +27,8 @@ def render() -> None:
              "(docs/method.md section 7). Compare it with the heuristic's base rate.")
     min_effect = c6.number_input(
         "Min effect", value=None, placeholder="any", key="s-effect",
-        help="mean patching effect over counterfactual pairs (docs/method.md section 5)")
+        help="minimum |effect| by the config's ranking statistic (default: the 10%-trimmed "
+             "mean over pairs of the log-space patching effect; docs/method.md section 5)")
     max_rank = c7.number_input("Max rank", min_value=0, value=None, placeholder="any",
                                key="s-rank")
     sort = c8.selectbox("Sort by", list(data.SORTS), key="s-sort")
