@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Bool, Float
 from transformer_lens import HookedTransformer
 
-from catalog.grids import mlp_width, post_hook_name
+from catalog.grids import PrefixRunner, mlp_width, post_hook_name
 from catalog.heuristics import Heuristic
 from catalog.prompts import PromptTable
 
@@ -51,13 +51,20 @@ def faithfulness(nl_circuit, nl_empty, nl_model) -> float:
 
 @torch.no_grad()
 def position_means(
-    model: HookedTransformer, table: PromptTable, batch_size: int = 4096
+    model: HookedTransformer, table: PromptTable, batch_size: int = 4096,
+    runner: PrefixRunner | None = None,
 ) -> dict[int, Float[torch.Tensor, "n_layers pos d_mlp"]]:
-    """Mean MLP activation per layer, position and neuron over all prompts, per prompt length."""
+    """Mean MLP activation per layer, position and neuron over all prompts, per length of
+    the part of the prompt that is run (the whole prompt, or what follows a shared prefix)."""
+    runner = runner or PrefixRunner(model, table)
     n_layers = model.cfg.n_layers
-    out = {}
-    for length, idx in table.buckets().items():
-        total = torch.zeros(n_layers, length, mlp_width(model), dtype=torch.float64)
+    totals: dict[int, torch.Tensor] = {}
+    counts: dict[int, int] = {}
+    for skip, idx in runner.groups():
+        length = len(table.tokens[idx[0]]) - skip
+        total = totals.setdefault(length, torch.zeros(n_layers, length, mlp_width(model),
+                                                      dtype=torch.float64))
+        counts[length] = counts.get(length, 0) + len(idx)
         for start in range(0, len(idx), batch_size):
             chunk = idx[start:start + batch_size]
             sums: dict[int, torch.Tensor] = {}
@@ -65,29 +72,28 @@ def position_means(
             def add(act, hook, _sums=sums):
                 _sums[hook.layer()] = act.double().sum(0).cpu()
 
-            model.run_with_hooks(
-                torch.from_numpy(table.token_matrix(chunk)).to(model.cfg.device),
-                stop_at_layer=n_layers,
-                fwd_hooks=[(post_hook_name(layer), add) for layer in range(n_layers)],
-            )
+            runner.run(chunk, skip, stop_at_layer=n_layers,
+                       fwd_hooks=[(post_hook_name(layer), add) for layer in range(n_layers)])
             for layer in range(n_layers):
                 total[layer] += sums[layer]
-        out[length] = (total / len(idx)).to(model.cfg.dtype).to(model.cfg.device)
-    return out
+    return {length: (totals[length] / counts[length]).to(model.cfg.dtype).to(model.cfg.device)
+            for length in totals}
 
 
 def _run_with_neuron_edit(
-    model: HookedTransformer,
-    tokens: torch.Tensor,
+    runner: PrefixRunner,
+    idx: np.ndarray,
+    skip: int,
     edit: Callable[[int, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """Last-position logits with every layer's hook_post replaced by ``edit(layer, act)``."""
+    """Last-position logits of prompts ``idx`` (one group of ``runner``) with every layer's
+    hook_post replaced by ``edit(layer, act)``."""
     def hook(act, hook):
         return edit(hook.layer(), act)
 
-    logits = model.run_with_hooks(
-        tokens, fwd_hooks=[(post_hook_name(layer), hook) for layer in range(model.cfg.n_layers)]
-    )
+    n_layers = runner.model.cfg.n_layers
+    logits = runner.run(idx, skip, fwd_hooks=[(post_hook_name(layer), hook)
+                                              for layer in range(n_layers)])
     return logits[:, -1]
 
 
@@ -108,6 +114,7 @@ def faithfulness_curve(
     ks: list[int],
     means: dict[int, torch.Tensor],
     measured: np.ndarray | None = None,
+    runner: PrefixRunner | None = None,
 ) -> list[tuple[int, float]]:
     """Faithfulness of the top-k-per-layer circuit for each k, on ``prompts``.
 
@@ -119,13 +126,10 @@ def faithfulness_curve(
         return [(k, float("nan")) for k in ks]
     curve: dict[int, list[float]] = {k: [] for k in ks}
     nl_model_all, nl_empty_all = [], []
-    for length, idx in table.buckets().items():
-        sel = prompts[np.isin(prompts, idx)]
-        if len(sel) == 0:
-            continue
-        toks = torch.from_numpy(table.token_matrix(sel)).to(model.cfg.device)
+    runner = runner or PrefixRunner(model, table)
+    for skip, sel in runner.groups(prompts):
         ans = torch.from_numpy(table.answer[sel]).to(model.cfg.device)
-        mean = means[length]
+        mean = means[len(table.tokens[sel[0]]) - skip]
 
         def ablate(keep, _mean=mean):
             keep_t = torch.as_tensor(keep, device=model.cfg.device)
@@ -134,14 +138,14 @@ def faithfulness_curve(
                 return torch.where(keep_t[layer], act, _mean[layer])
             return edit
 
-        nl_model_all.append(normalized_logit(model(toks)[:, -1], ans).cpu().numpy())
+        nl_model_all.append(normalized_logit(runner.run(sel, skip)[:, -1], ans).cpu().numpy())
         none = free.copy()
         nl_empty_all.append(normalized_logit(
-            _run_with_neuron_edit(model, toks, ablate(none)), ans).cpu().numpy())
+            _run_with_neuron_edit(runner, sel, skip, ablate(none)), ans).cpu().numpy())
         for k in ks:
             keep = top_k_mask(effect, k) | free
             curve[k].append(normalized_logit(
-                _run_with_neuron_edit(model, toks, ablate(keep)), ans).cpu().numpy())
+                _run_with_neuron_edit(runner, sel, skip, ablate(keep)), ans).cpu().numpy())
     nl_model, nl_empty = np.concatenate(nl_model_all), np.concatenate(nl_empty_all)
     return [(k, faithfulness(np.concatenate(curve[k]), nl_empty, nl_model)) for k in ks]
 
@@ -164,11 +168,10 @@ def accuracy_with_zeroed(
     """
     out = np.zeros(len(prompts), dtype=bool)
     per_prompt = zero.ndim == 3
-    for idx in table.buckets().values():
-        pos = np.nonzero(np.isin(prompts, idx))[0]
-        if len(pos) == 0:
-            continue
-        toks = torch.from_numpy(table.token_matrix(prompts[pos])).to(model.cfg.device)
+    runner = PrefixRunner(model, table)
+    order = {int(p): i for i, p in enumerate(prompts)}
+    for skip, sel in runner.groups(prompts):
+        pos = np.array([order[int(p)] for p in sel])
         z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
 
         def edit(layer, act, _z=z):
@@ -176,8 +179,8 @@ def accuracy_with_zeroed(
             act[:, -1] = act[:, -1].masked_fill(_z[:, layer], 0.0)
             return act
 
-        pred = _run_with_neuron_edit(model, toks, edit).argmax(-1).cpu().numpy()
-        out[pos] = pred == table.answer[prompts[pos]]
+        pred = _run_with_neuron_edit(runner, sel, skip, edit).argmax(-1).cpu().numpy()
+        out[pos] = pred == table.answer[sel]
     return out
 
 

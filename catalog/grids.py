@@ -73,6 +73,51 @@ def expand_cache(cache: TransformerLensKeyValueCache, batch: int) -> Transformer
         frozen=True)
 
 
+class PrefixRunner:
+    """Forward passes over groups of prompts that share their operator's prefix.
+
+    ``groups()`` yields (skip, prompt indices) with every prompt of a group of one
+    operator and one length; ``skip`` is how many leading tokens the shared prefix covers
+    (0 when there is no prefix worth caching). ``run`` feeds only the tokens after it,
+    attending to the prefix's keys and values computed once per operator. Hooks then see
+    the prompt's own positions only: with a shared prefix, ablations and knockouts edit
+    the prompt and leave the context (few-shot text and solved examples) as it is.
+    """
+
+    def __init__(self, model: HookedTransformer, table: PromptTable,
+                 reuse_prefix: bool = True) -> None:
+        self.model, self.table, self.reuse = model, table, reuse_prefix
+        self._caches: dict[int, TransformerLensKeyValueCache] = {}
+
+    def skip(self, op: int, length: int) -> int:
+        p = len(self.table.prefix_tokens[op]) if self.reuse else 0
+        return p if 2 <= p < length else 0
+
+    def groups(self, prompts: np.ndarray | None = None):
+        """(skip, indices) per (operator, length) group, restricted to ``prompts``."""
+        t = self.table
+        idx_all = np.arange(len(t)) if prompts is None else np.asarray(prompts)
+        lengths = np.array([len(t.tokens[i]) for i in idx_all], dtype=np.int64)
+        keys = np.stack([t.op[idx_all].astype(np.int64), lengths], axis=1) if len(idx_all) \
+            else np.zeros((0, 2), dtype=np.int64)
+        for key in np.unique(keys, axis=0):
+            sel = idx_all[(keys == key).all(axis=1)]
+            yield self.skip(int(key[0]), int(key[1])), sel
+
+    def run(self, idx: np.ndarray, skip: int, **kwargs):
+        """``model.run_with_hooks`` on the prompts ``idx`` (one group) after ``skip`` tokens."""
+        device = self.model.cfg.device
+        toks = torch.from_numpy(self.table.token_matrix(idx)[:, skip:]).to(device)
+        if not skip:
+            return self.model.run_with_hooks(toks, **kwargs)
+        op = int(self.table.op[idx[0]])
+        if op not in self._caches:
+            self._caches[op] = prefix_cache(self.model, self.table.prefix_tokens[op])
+        return self.model.run_with_hooks(
+            toks, past_kv_cache=expand_cache(self._caches[op], len(idx)),
+            attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
+
+
 @torch.no_grad()
 def run_grid(
     model: HookedTransformer,
