@@ -72,3 +72,57 @@ def test_named_and_natural_language_templates():
     with pytest.raises(ValueError, match="shots"):
         ScienceConfig(shots=-1)
     assert ScienceConfig(shots=3).config_hash() != ScienceConfig().config_hash()
+
+
+def test_knockouts_and_ablations_with_prefix_reuse_equal_full_forwards(pythia):
+    """Zeroing neurons at the last position gives the same predictions with the cached
+    prefix as with full forwards; mean-ablating with the cached prefix equals a full forward
+    that ablates only the prompt's own positions (the documented meaning)."""
+    import torch
+
+    from catalog import circuits
+    from catalog.grids import PrefixRunner, post_hook_name
+
+    model, tok = pythia.model, pythia.tokenizer
+    numbers = detect_number_tokens(tok, prepend_bos=False)
+    table = build_prompts(tok, numbers, CONFIG)
+    run_grid(model, table, [], batch_size=64)
+    prompts = np.arange(0, len(table), 3)
+    n_layers, d_mlp = model.cfg.n_layers, model.cfg.d_mlp
+    zero = np.random.default_rng(0).random((len(prompts), n_layers, d_mlp)) < 0.3
+    got = circuits.accuracy_with_zeroed(model, table, prompts, zero)
+    # the reference: full forwards, one prompt at a time, zeroing at the last position
+    want = []
+    for j, p in enumerate(prompts):
+        def edit(act, hook, _z=torch.as_tensor(zero[j])):
+            act = act.clone()
+            act[:, -1] = act[:, -1].masked_fill(_z[hook.layer()], 0.0)
+            return act
+        logits = model.run_with_hooks(torch.from_numpy(table.tokens[p][None]), fwd_hooks=[
+            (post_hook_name(layer), edit) for layer in range(n_layers)])
+        want.append(int(logits[0, -1].argmax()) == table.answer[p])
+    np.testing.assert_array_equal(got, np.array(want))
+
+    runner = PrefixRunner(model, table)
+    means = circuits.position_means(model, table, runner=runner)
+    op, skip_p = 0, len(table.prefix_tokens[0])
+    sel = np.nonzero(table.op == op)[0][:8]
+    skip, = {runner.skip(op, len(table.tokens[i])) for i in sel}
+    assert skip == skip_p
+    keep = np.random.default_rng(1).random((n_layers, d_mlp)) < 0.5
+    mean = means[len(table.tokens[sel[0]]) - skip]
+
+    def ablate(layer, act):
+        return torch.where(torch.as_tensor(keep[layer]), act, mean[layer])
+
+    fast = circuits._run_with_neuron_edit(runner, sel, skip, ablate)
+
+    def full_edit(act, hook):
+        act = act.clone()
+        act[:, skip:] = torch.where(torch.as_tensor(keep[hook.layer()]), act[:, skip:],
+                                    mean[hook.layer()])
+        return act
+
+    slow = model.run_with_hooks(torch.from_numpy(table.token_matrix(sel)), fwd_hooks=[
+        (post_hook_name(layer), full_edit) for layer in range(n_layers)])[:, -1]
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
