@@ -37,7 +37,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
-from catalog.grids import final_logits, mlp_width, post_hook_name
+from catalog.grids import PrefixRunner, final_logits, mlp_width, post_hook_name
 from catalog.prompts import PromptTable
 
 
@@ -185,6 +185,7 @@ def attribution_patching(
     clean: np.ndarray,
     cf_acts: dict[int, Float[np.ndarray, "pair d_mlp"]],
     cf: np.ndarray,
+    reuse_prefix: bool = True,
 ) -> dict[int, Float[np.ndarray, "d_mlp pair"]]:
     """First-order estimate of the patching effect for all neurons of ``layers``.
 
@@ -194,8 +195,18 @@ def attribution_patching(
     device = model.cfg.device
     d_mlp = mlp_width(model)
     out = {layer: np.empty((d_mlp, len(clean)), dtype=np.float32) for layer in layers}
+    runner = PrefixRunner(model, table, reuse_prefix)
     for pb in pair_batches(table, clean, cf, device):
         saved: dict[int, torch.Tensor] = {}
+        # the clean prompts of one batch share an operator and a length, so a shared
+        # prefix's keys and values are computed once (no gradient flows into them: the
+        # derivative is taken at the last position, which they do not depend on)
+        group = clean[pb.positions]
+        skip = runner.skip(int(table.op[group[0]]), pb.tokens.shape[1]) \
+            if len(set(table.op[group].tolist())) == 1 else 0
+        if skip:
+            with torch.no_grad():
+                runner.run(group[:1], skip)  # builds the operator's prefix cache once
 
         def keep(act, hook, _saved=saved):
             act.retain_grad()
@@ -204,9 +215,8 @@ def attribution_patching(
 
         with torch.enable_grad():
             model.zero_grad(set_to_none=True)
-            logits = model.run_with_hooks(
-                pb.tokens, fwd_hooks=[(post_hook_name(layer), keep) for layer in layers]
-            )
+            logits = runner.run(group, skip, fwd_hooks=[(post_hook_name(layer), keep)
+                                                        for layer in layers])
             lp = logits[:, -1].log_softmax(-1)
             rows = torch.arange(len(pb.answer), device=device)
             metric = 0.5 * (lp[rows, pb.cf_answer] - lp[rows, pb.answer]).sum()

@@ -126,3 +126,20 @@ def test_knockouts_and_ablations_with_prefix_reuse_equal_full_forwards(pythia):
     slow = model.run_with_hooks(torch.from_numpy(table.token_matrix(sel)), fwd_hooks=[
         (post_hook_name(layer), full_edit) for layer in range(n_layers)])[:, -1]
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
+
+
+def test_attribution_with_prefix_reuse_equals_full_forwards(pythia):
+    from catalog.patching import attribution_patching
+
+    model, tok = pythia.model, pythia.tokenizer
+    table = build_prompts(tok, detect_number_tokens(tok, prepend_bos=False), CONFIG)
+    acts = run_grid(model, table, [2, 4], batch_size=64)
+    table.correct[:] = True
+    clean, cf = sample_pairs(table, "-", 12, seed=3)
+    cf_acts = {layer: acts[layer][cf] for layer in (2, 4)}
+    fast = attribution_patching(model, table, [2, 4], clean, cf_acts, cf)
+    slow = attribution_patching(model, table, [2, 4], clean, cf_acts, cf, reuse_prefix=False)
+    for layer in (2, 4):
+        assert np.abs(slow[layer]).max() > 1e-4
+        np.testing.assert_allclose(fast[layer], slow[layer], rtol=1e-3,
+                                   atol=1e-4 * np.abs(slow[layer]).max())
