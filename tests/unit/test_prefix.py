@@ -94,7 +94,9 @@ def test_knockouts_and_ablations_with_prefix_reuse_equal_full_forwards(pythia):
     # the reference: full forwards, one prompt at a time, zeroing at the last position
     want = []
     for j, p in enumerate(prompts):
-        def edit(act, hook, _z=torch.as_tensor(zero[j])):
+        z = torch.as_tensor(zero[j])
+
+        def edit(act, hook, _z=z):
             act = act.clone()
             act[:, -1] = act[:, -1].masked_fill(_z[hook.layer()], 0.0)
             return act

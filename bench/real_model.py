@@ -1,0 +1,122 @@
+"""The whole of a real pretrained model through the catalog, timed per phase.
+
+Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, dequantized to float32): all 24 layers,
+116,736 neurons; '+' on operands [0, 30) (900 prompts), 3 solved examples before each
+prompt, 50 counterfactual pairs, attribution patching for every neuron and exact patching
+for the top 50 per layer (``--exact top:50``). It writes the rows into a catalog database,
+then renders ``ncat report`` (into bench/results/real_model_report/), whose figures the
+README sets beside the heuristics paper's. Target on 2 CPU cores: under 30 minutes.
+
+Run: .venv/bin/python bench/real_model.py [--device cuda] [--exact all] [--ops +-*/]
+     [--hi 30] [--database-url URL]
+(fetches the model once with `ncat fetch qwen2.5-coder-0.5b`; without --database-url it
+uses the catalog's database: DATABASE_URL, a local PostgreSQL, or an embedded one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import time
+from pathlib import Path
+
+from _common import RESULTS, save
+
+MODEL = "qwen2.5-coder-0.5b"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--exact", default="top:50")
+    parser.add_argument("--ops", default="+")
+    parser.add_argument("--hi", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=50)
+    parser.add_argument("--shots", type=int, default=3)
+    parser.add_argument("--database-url", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from catalog import registry
+    from catalog.config import ExecutionConfig, ScienceConfig
+    from catalog.run import CheckpointRun
+    from catalog.settings import get_settings
+    from catalog.sources import load_model
+    from jobs.report import report
+    from jobs.store_results import register, store_layer, summary_dict, write_layouts
+    from schema import store
+    from schema.engine import migrate
+    from schema.settings import resolve_database_url
+
+    phases: dict[str, float] = {}
+    t = time.perf_counter()
+    registry.fetch(MODEL, get_settings().ncat_home, progress=True)
+    phases["fetch (cached after the first run)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    lm = load_model(MODEL, device=args.device)
+    phases["load (dequantize, convert, process weights)"] = time.perf_counter() - t
+    config = ScienceConfig(operators=tuple(args.ops), operand_hi=args.hi, shots=args.shots,
+                           pairs_per_op=args.pairs, exact=args.exact)
+    execution = ExecutionConfig(device=args.device, batch_size=256)
+    url = args.database_url or resolve_database_url()
+    migrate(url)
+    run = CheckpointRun(lm.model, lm.tokenizer, config, execution)
+    t = time.perf_counter()
+    run.prepare(progress=True)
+    phases["prepare (prompts, grid pass with prefix reuse, pairs, heuristics)"] = \
+        time.perf_counter() - t
+    layer_s = []
+    effects, matches = {}, {}
+    with store.connect(url) as conn:
+        ids = register(conn, lm, config)
+        write_layouts(conn, run, ids)
+        for layer in run.layers:
+            t = time.perf_counter()
+            result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
+            effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
+            del result
+            run.release(layer)
+            layer_s.append(time.perf_counter() - t)
+            print(f"layer {layer}: {layer_s[-1]:.1f} s", flush=True)
+        phases["layers (lens, patching, matching, write), all"] = sum(layer_s)
+        t = time.perf_counter()
+        summ = run.summarize(effects, matches)
+        with conn.transaction():
+            store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
+                                summary=summary_dict(summ))
+        store.refresh_views(conn)
+        phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = RESULTS / "real_model_report"
+    report(url, MODEL, None, out, top_n=50)
+    phases["report"] = time.perf_counter() - t
+    total = sum(v for k, v in phases.items() if not k.startswith("fetch"))
+    numbers = json.loads((out / "report.html").read_text().split("id='report-data'>")[1]
+                         .split("</script>")[0].replace("&quot;", '"').replace("&#x27;", "'"))
+    save("real_model" + ("" if args.device == "cpu" else f"_{args.device.split(':')[0]}"), {
+        "model": MODEL, "device": args.device,
+        "machine": f"{platform.processor() or platform.machine()}, "
+                   f"{torch.get_num_threads()} threads",
+        "config": {"ops": args.ops, "hi": args.hi, "shots": args.shots, "pairs": args.pairs,
+                   "exact": args.exact},
+        "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
+        "seconds_per_phase": {k: round(v, 1) for k, v in phases.items()},
+        "seconds_per_layer": {"min": round(min(layer_s), 1), "median":
+                              round(sorted(layer_s)[len(layer_s) // 2], 1),
+                              "max": round(max(layer_s), 1)},
+        "total_minutes_without_fetch": round(total / 60, 1),
+        "accuracy": summ.accuracy, "n_pairs": summ.n_pairs,
+        "faithfulness": {op: [[k, round(f, 3)] for k, f in c]
+                         for op, c in summ.faithfulness.items()},
+        "n_heuristic_neurons": summ.n_heuristic_neurons,
+        "report": {k: numbers[k] for k in ("top_labelled", "all_labelled", "layer_share",
+                                           "top_by_family")},
+        "report_path": str(Path(out) / "report.html"),
+    })
+
+
+if __name__ == "__main__":
+    main()
