@@ -29,6 +29,9 @@ def print_result(res, top: int = 5, out=sys.stdout) -> None:
     ops = res.config.operators
     if res.summary:
         s = res.summary
+        if res.numbers.digit_level:
+            print("digit-level tokenizer: result heuristics are about the full result, KV maps "
+                  "and patching about its first digit (the answer token)", file=out)
         print(f"summary over layers {s.layers}", file=out)
         print("accuracy:   " + "  ".join(f"{op} {s.accuracy[op]:.3f} ({s.n_correct[op]} correct)"
                                          for op in ops), file=out)

@@ -87,3 +87,30 @@ def test_directory_without_config_and_checkpoint_on_local(tmp_path):
     path = write_local_model(tmp_path / "m")
     with pytest.raises(ModelSourceError, match="has no training checkpoints"):
         load_model(str(path), checkpoint=10)
+
+
+def test_gguf_and_known_models_are_inspected_without_loading_weights(tmp_path, monkeypatch):
+    """Validation (ncat enqueue) reads a GGUF file's metadata and tokenizer only."""
+    import catalog.sources as sources
+    from catalog import registry
+    from catalog.sources import ModelSourceError, inspect_model
+
+    path = write_llama_gguf(tmp_path / "tiny.gguf")
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("inspect loaded the weights")
+
+    monkeypatch.setattr(sources, "_load_gguf", no_load)
+    shape = inspect_model(str(path))
+    assert shape.n_layers == 2 and shape.numbers.digit_level
+    # a known model: not fetched yet is a clear error naming the fetch command
+    monkeypatch.setenv("NCAT_HOME", str(tmp_path / "home"))
+    with pytest.raises(ModelSourceError, match="ncat fetch qwen2.5-coder-0.5b"):
+        inspect_model("qwen2.5-coder-0.5b")
+    # once its file is in place it is inspected from that file, by name
+    known = registry.KNOWN["qwen2.5-coder-0.5b"].path(tmp_path / "home")
+    known.parent.mkdir(parents=True)
+    known.symlink_to(path)
+    assert inspect_model("qwen2.5-coder-0.5b").n_layers == 2
+    with pytest.raises(ModelSourceError, match="no training checkpoints"):
+        inspect_model("qwen2.5-coder-0.5b", 1000)

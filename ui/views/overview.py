@@ -16,8 +16,11 @@ def render() -> None:
         st.info(EMPTY)
     for model in models.itertuples():
         st.subheader(f"{model.name}")
+        numbers = (f"single-token numbers up to {model.number_limit}" if not model.digit_level
+                   else "digit-level tokenizer: result heuristics are about the full result, "
+                        "KV maps and patching about its first digit (the answer token)")
         st.caption(f"{model.source} model, {model.n_layers} layers x {model.d_mlp} neurons, "
-                   f"single-token numbers up to {model.number_limit}")
+                   f"{numbers}")
         cks = data.checkpoints(int(model.id))
         rows = []
         for ck in cks.itertuples():
