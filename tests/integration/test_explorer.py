@@ -57,6 +57,12 @@ def test_overview_lists_models_checkpoints_and_accuracy(catalog_env):
                            "ON c.id = s.checkpoint_id WHERE c.step = 300").fetchone()[0]
     assert table["acc +"].iloc[-1] == pytest.approx(float(acc))
     assert "No jobs yet" in text_of(at)
+    # the report of the chosen checkpoint, built on demand (ncat report's numbers)
+    at.button(key=next(b.key for b in at.button if b.key.startswith("repb-"))).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    summary = next(e for e in at.expander if e.label == "Summary (Markdown)")
+    md = "\n".join(m.value for m in summary.markdown)
+    assert "step 300" in md and "91%" in md and f"| + | {float(acc):.3f} |" in md
 
 
 def test_search_filters_and_pages_server_side(catalog_env):

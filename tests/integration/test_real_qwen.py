@@ -15,6 +15,14 @@ from schema import store
 
 pytestmark = pytest.mark.real_model
 MODEL = "qwen2.5-coder-0.5b"
+# The README's "Real models" commands, run here as written (with this test's database and
+# output folder); tests/unit/test_readme.py keeps the two lists equal.
+COMMANDS = [
+    "ncat fetch qwen2.5-coder-0.5b",
+    "ncat catalog qwen2.5-coder-0.5b --ops + --hi 10 --shots 3 --layers 22,23 --exact top:8 "
+    "--pairs 20",
+    "ncat report qwen2.5-coder-0.5b --out report",
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +50,11 @@ def test_qwen_through_transformer_lens_equals_transformers(qwen_path):
 
 
 def test_catalog_a_small_configuration_of_qwen(qwen_path, db, tmp_path):
-    assert main(["catalog", MODEL, "--ops", "+", "--hi", "10", "--shots", "3", "--layers",
-                 "22,23", "--exact", "top:8", "--pairs", "20", "--quiet",
-                 "--database-url", db]) == 0
+    import shlex
+
+    fetch, catalog, report = (shlex.split(c)[1:] for c in COMMANDS)
+    assert main(fetch + ["--quiet"]) == 0
+    assert main(catalog + ["--quiet", "--database-url", db]) == 0
     with store.connect(db) as conn:
         acc, layers, pairs = conn.execute(
             "SELECT s.accuracy, s.layers, s.n_pairs FROM checkpoint_summary s JOIN checkpoint "
@@ -55,7 +65,7 @@ def test_catalog_a_small_configuration_of_qwen(qwen_path, db, tmp_path):
     assert acc["+"] >= 0.9, acc
     assert layers == [22, 23] and pairs["+"] == 20
     assert exact == [(22, 8), (23, 8)]
-    assert main(["report", MODEL, "--out", str(tmp_path), "--database-url", db]) == 0
+    assert main(report[:-1] + [str(tmp_path), "--database-url", db]) == 0
     md = (tmp_path / "report.md").read_text()
     assert "qwen2.5-coder-0.5b" in md and "| + |" in md
     assert (tmp_path / "report.html").stat().st_size > 1_000_000

@@ -59,3 +59,19 @@ def test_readme_configuration_table_lists_every_setting_with_its_default():
         if field.default_factory is None:
             want = "unset" if field.default is None else f"`{field.default}`"
             assert rows[name.upper()].strip() == want, name
+
+
+def test_readme_real_model_commands_are_the_real_model_tests():
+    """The README's real-model commands (a console block: they fetch 491 MB and take
+    minutes) are run as written by the opt-in tests/integration/test_real_qwen.py."""
+    import re
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    from test_real_qwen import COMMANDS
+
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```console\n(.*?)```", text, flags=re.S)
+    shown = [line[2:].strip() for b in blocks for line in b.splitlines()
+             if line.startswith("$ ncat ")]
+    assert shown == COMMANDS
