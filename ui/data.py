@@ -71,7 +71,8 @@ def checkpoints(model_id: int) -> pd.DataFrame:
 def configs(model_id: int) -> pd.DataFrame:
     return query(
         "SELECT DISTINCT mc.id, mc.operators, mc.operand_lo, mc.operand_hi, mc.pairs_per_op, "
-        "mc.heuristic_variant FROM measure_config mc JOIN layer_result lr "
+        "mc.heuristic_variant, mc.template, mc.config ->> 'shots' AS shots, "
+        "mc.config ->> 'label_rule' AS label_rule FROM measure_config mc JOIN layer_result lr "
         "ON lr.config_id = mc.id JOIN checkpoint c ON c.id = lr.checkpoint_id "
         "WHERE c.model_id = :m ORDER BY mc.id", m=model_id)
 

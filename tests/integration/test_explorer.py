@@ -228,3 +228,31 @@ def test_engine_is_cached_and_job_progress_is_fresh(catalog_env):
     with store.connect(catalog_env) as conn:
         conn.execute("DELETE FROM job")
         conn.commit()
+
+
+def test_pages_work_for_a_model_without_steps(db, tiny_builtin, monkeypatch):
+    """A GGUF file or a local directory has one checkpoint with step NULL."""
+    import dataclasses
+
+    from catalog.sources import load_model
+    from jobs.store_results import catalog_checkpoint
+    from ui import data
+
+    from helpers import SEED_CONFIG
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", 300, builtin_config=cfg, cache_root=root)
+    lm.info = dataclasses.replace(lm.info, name="/models/no-steps", source="local",
+                                  checkpoint=None, revision=None)
+    catalog_checkpoint(db, lm, SEED_CONFIG)
+    monkeypatch.setenv("DATABASE_URL", db)
+    data.database_url.clear()
+    data.engine.clear()
+    for fn in (data.has_catalog, data.models, data.search, data.checkpoints, data.configs):
+        fn.clear()
+    at = run_page("search")
+    assert len(at.dataframe[0].value) == 50
+    at = run_page("heuristics")
+    assert "(no steps)" in [o for sb in at.sidebar.selectbox for o in sb.options]
+    overview = run_page("overview")
+    assert overview.dataframe[0].value.step.isna().all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from ui import data
@@ -27,10 +28,13 @@ def pick_model_checkpoint_config(key: str):
     cks = cks[cks.config_id.notna()] if cks.config_id.notna().any() else cks
     steps = cks.step.tolist()
     step = st.sidebar.selectbox("Checkpoint step", steps, index=len(steps) - 1,
-                                key=f"{key}-step")
-    ck = cks[cks.step == step].iloc[0]
+                                key=f"{key}-step",
+                                format_func=lambda s: "(no steps)" if pd.isna(s) else str(int(s)))
+    # a model without training steps (a GGUF file, a local directory) has step NULL
+    ck = cks[cks.step.isna()].iloc[0] if pd.isna(step) else cks[cks.step == step].iloc[0]
     cfgs = data.configs(int(model.id))
-    labels = [f"#{r.id}: ops {r.operators}, operands [{r.operand_lo}, {r.operand_hi})"
+    labels = [f"#{r.id}: ops {r.operators}, operands [{r.operand_lo}, {r.operand_hi}), "
+              f"template {r.template!r}, {r.shots or 0} shots, labels: {r.label_rule or 'paper'}"
               for r in cfgs.itertuples()]
     choice = st.sidebar.selectbox("Measurement config", labels, key=f"{key}-config")
     config_id = int(cfgs.id.iloc[labels.index(choice)])
