@@ -69,6 +69,7 @@ def main() -> None:
     phases["prepare (prompts, grid pass with prefix reuse, pairs, heuristics)"] = \
         time.perf_counter() - t
     layer_s = []
+    per_phase: dict[str, float] = {}
     effects, matches = {}, {}
     with store.connect(url) as conn:
         ids = register(conn, lm, config)
@@ -77,9 +78,13 @@ def main() -> None:
             t = time.perf_counter()
             result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
             effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
+            layer_s.append(time.perf_counter() - t)
+            for k, v in result.seconds.items():
+                per_phase[k] = per_phase.get(k, 0.0) + v
+            per_phase["write"] = per_phase.get("write", 0.0) + layer_s[-1] - sum(
+                result.seconds.values())
             del result
             run.release(layer)
-            layer_s.append(time.perf_counter() - t)
             print(f"layer {layer}: {layer_s[-1]:.1f} s", flush=True)
         phases["layers (lens, patching, matching, write), all"] = sum(layer_s)
         t = time.perf_counter()
@@ -104,6 +109,7 @@ def main() -> None:
                    "exact": args.exact},
         "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
         "seconds_per_phase": {k: round(v, 1) for k, v in phases.items()},
+        "layer_seconds_by_phase": {k: round(v, 1) for k, v in per_phase.items()},
         "seconds_per_layer": {"min": round(min(layer_s), 1), "median":
                               round(sorted(layer_s)[len(layer_s) // 2], 1),
                               "max": round(max(layer_s), 1)},

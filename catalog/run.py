@@ -18,7 +18,8 @@ database through ``Matches.from_records``). Nothing here touches storage.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -66,6 +67,7 @@ class LayerResult:
     matches: Matches
     # op -> {"n_exact": neurons with exact effects, "spearman": attribution vs exact on them}
     patching: dict[str, dict]
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
 
     def effect(self, sign: str) -> np.ndarray:
         """What circuits order neurons by, largest first (catalog.effects.rank_key)."""
@@ -126,6 +128,20 @@ def check_layers(model: HookedTransformer, layers: list[int] | None) -> list[int
     if bad:
         raise ValueError(f"layers {bad} do not exist; this model has layers 0..{n - 1}")
     return layers
+
+
+class _Clock:
+    """Wall time per phase of one layer (``LayerResult.seconds``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def time(self, phase: str, fn, *args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t
 
 
 CONSTANT_RTOL = 1e-6  # a map whose range is below this share of its size is constant
@@ -249,15 +265,17 @@ class CheckpointRun:
         if layer not in self.layers:
             raise ValueError(f"layer {layer} is not one of this run's layers {self.layers}")
         config, table, model = self.config, self.table, self.model
-        acts = self.activations(layer)
         shape = (self.d_mlp, len(config.operators))
         out = {name: np.full(shape, np.nan, dtype=np.float32)
                for name in ("max", "mean", "density", "exact", "exact_std", "attr", "attr_std",
                             "log", "median", "trimmed", "moved", "rank_value")}
         is_exact = np.zeros(shape, dtype=bool)
         constant = np.zeros(shape, dtype=bool)
-        lens = logit_lens(model, layer, self.number_ids, k=config.lens_top_k)
-        answer_lens = lens_at(model, layer, table.answer)
+        clock = _Clock()
+        acts = clock.time("activations", self.activations, layer)
+        lens = clock.time("lens", logit_lens, model, layer, self.number_ids,
+                          k=config.lens_top_k)
+        answer_lens = clock.time("lens", lens_at, model, layer, table.answer)
         parts, patching = [], {}
         for o, op in enumerate(config.operators):
             idx = table.op_index(op)
@@ -266,8 +284,9 @@ class CheckpointRun:
             out["mean"][:, o] = k_map.mean(1)
             out["density"][:, o] = (k_map > 0).mean(1)
             constant[:, o] = constant_maps(k_map)
-            patching[op] = self._patch_op(layer, op, o, acts, out, is_exact)
-            m = Matches.concat(self._match(o, op, k_map, kv_map(k_map, answer_lens[:, idx])))
+            patching[op] = self._patch_op(layer, op, o, acts, out, is_exact, clock)
+            m = Matches.concat(clock.time("matching", self._match, o, op, k_map,
+                                          kv_map(k_map, answer_lens[:, idx])))
             m = m.without_neurons(np.nonzero(constant[:, o])[0])  # never labelled
             parts.append(m.label(config.match_threshold, config.label_rule,
                                  config.significance_level, self.n_tests[op]))
@@ -283,10 +302,11 @@ class CheckpointRun:
             effect_log=out["log"], effect_median=out["median"], effect_trimmed=out["trimmed"],
             moved_share=out["moved"], is_exact=is_exact, rank_value=out["rank_value"],
             constant=constant, rank=rank, matches=Matches.concat(parts), patching=patching,
+            seconds=clock.seconds,
         )
 
     def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: dict,
-                  is_exact: np.ndarray) -> dict:
+                  is_exact: np.ndarray, clock: _Clock) -> dict:
         """Patching of one operator (docs/method.md section 5): attribution for every
         neuron, exact for all, none or the top N by |attribution| (``config.exact``). Fills
         column ``o`` of ``out``; returns the operator's patching facts."""
@@ -298,8 +318,8 @@ class CheckpointRun:
             return facts
         attr_stats = None
         if "attribution" in config.patching:
-            per_pair = attribution_patching(model, table, [layer], clean, {layer: acts[cf]},
-                                            cf)[layer]
+            per_pair = clock.time("attribution", attribution_patching, model, table, [layer],
+                                  clean, {layer: acts[cf]}, cf)[layer]
             attr_stats = effects.PairStats.of(per_pair)
             out["attr"][:, o], out["attr_std"][:, o] = attr_stats.mean, attr_stats.std
             for name, v in (("log", attr_stats.log_mean), ("median", attr_stats.median),
@@ -317,9 +337,9 @@ class CheckpointRun:
             key = effects.rank_key(attr_stats.log_mean if stat == "mean"
                                    else attr_stats.statistic(stat), "abs")
             neurons = np.sort(np.argsort(-key, kind="stable")[:min(top, self.d_mlp)])
-        paper, log = exact_patching(model, table, layer, clean, cf, acts[cf],
-                                    chunk=self.execution.patch_chunk, neurons=neurons,
-                                    with_log=True)
+        paper, log = clock.time("exact", exact_patching, model, table, layer, clean, cf,
+                                acts[cf], chunk=self.execution.patch_chunk, neurons=neurons,
+                                with_log=True)
         ex = effects.PairStats.of(log, paper)
         out["exact"][neurons, o], out["exact_std"][neurons, o] = ex.mean, ex.std
         for name, v in (("log", ex.log_mean), ("median", ex.median), ("trimmed", ex.trimmed),
