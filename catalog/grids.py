@@ -104,6 +104,13 @@ class PrefixRunner:
             sel = idx_all[(keys == key).all(axis=1)]
             yield self.skip(int(key[0]), int(key[1])), sel
 
+    def prefix_kv(self, op: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (1, prefix, heads, d_head) of ``op``'s prefix at ``layer``."""
+        if op not in self._caches:
+            self._caches[op] = prefix_cache(self.model, self.table.prefix_tokens[op])
+        entry = self._caches[op].entries[layer]
+        return entry.past_keys, entry.past_values
+
     def run(self, idx: np.ndarray, skip: int, **kwargs):
         """``model.run_with_hooks`` on the prompts ``idx`` (one group) after ``skip`` tokens."""
         device = self.model.cfg.device

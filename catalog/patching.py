@@ -124,12 +124,15 @@ def exact_patching(
     chunk: int = 64,
     neurons: np.ndarray | None = None,
     with_log: bool = False,
+    reuse_prefix: bool = True,
 ):
     """Exact patching effect of the neurons of ``layer`` (all, or ``neurons``) on every pair.
 
     ``cf_acts[j]`` is the layer's last-position activation vector on counterfactual
     prompt ``cf[j]``. Returns a float32 (n_neurons, n_pairs) array of the paper's
-    effect, and with ``with_log`` also the log-space effect of the same shape.
+    effect, and with ``with_log`` also the log-space effect of the same shape. With
+    ``reuse_prefix`` the clean run starts after the operator's shared prefix, whose keys
+    and values come from its cache (catalog.grids.PrefixRunner).
     """
     n_layers = model.cfg.n_layers
     device = model.cfg.device
@@ -144,9 +147,18 @@ def exact_patching(
     names = {get_act_name("resid_post", layer), post_hook_name(layer)}
     for lay in later:
         names |= {get_act_name("k", lay), get_act_name("v", lay)}
+    runner = PrefixRunner(model, table, reuse_prefix)
     for pb in pair_batches(table, clean, cf, device):
-        logits, cache = model.run_with_cache(pb.tokens, names_filter=lambda n: n in names)
-        assert isinstance(logits, torch.Tensor)  # run_with_cache returns logits by default
+        group = clean[pb.positions]
+        op = int(table.op[group[0]])
+        skip = runner.skip(op, pb.tokens.shape[1]) \
+            if len(set(table.op[group].tolist())) == 1 else 0
+        cache: dict[str, torch.Tensor] = {}
+
+        def grab(act, hook, _cache=cache):
+            _cache[hook.name] = act
+
+        logits = runner.run(group, skip, fwd_hooks=[(n, grab) for n in names])
         lp = logits[:, -1].log_softmax(-1)
         rows = torch.arange(len(pb.answer), device=device)
         lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
@@ -156,6 +168,12 @@ def exact_patching(
                                     dtype=act_clean.dtype) - act_clean
         past = [(cache[get_act_name("k", lay)][:, :-1],
                  cache[get_act_name("v", lay)][:, :-1]) for lay in later]
+        if skip:  # the prefix's keys and values, then the prompt's own
+            n_g = len(group)
+            past = [(torch.cat([pk.expand(n_g, -1, -1, -1), k], dim=1),
+                     torch.cat([pv.expand(n_g, -1, -1, -1), v], dim=1))
+                    for (k, v), (pk, pv) in zip(past, (runner.prefix_kv(op, lay)
+                                                       for lay in later), strict=True)]
         n_pairs = len(pb.answer)
         for start in range(0, d_sel, chunk):
             sl = slice(start, min(start + chunk, d_sel))

@@ -145,3 +145,19 @@ def test_attribution_with_prefix_reuse_equals_full_forwards(pythia):
         assert np.abs(slow[layer]).max() > 1e-4
         np.testing.assert_allclose(fast[layer], slow[layer], rtol=1e-3,
                                    atol=1e-4 * np.abs(slow[layer]).max())
+
+
+def test_exact_patching_with_prefix_reuse_equals_full_forwards(pythia):
+    from catalog.patching import exact_patching
+
+    model, tok = pythia.model, pythia.tokenizer
+    table = build_prompts(tok, detect_number_tokens(tok, prepend_bos=False), CONFIG)
+    acts = run_grid(model, table, [1, 4], batch_size=64)
+    table.correct[:] = True
+    clean, cf = sample_pairs(table, "+", 8, seed=2)
+    for layer in (1, 4):
+        fast = exact_patching(model, table, layer, clean, cf, acts[layer][cf], chunk=50)
+        slow = exact_patching(model, table, layer, clean, cf, acts[layer][cf], chunk=50,
+                              reuse_prefix=False)
+        assert np.abs(slow).max() > 1e-4
+        np.testing.assert_allclose(fast, slow, rtol=1e-3, atol=1e-5 * np.abs(slow).max())
