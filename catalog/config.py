@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass, field, fields
 from catalog.arith import OPERATORS
 from catalog.tokens import NumberTokens
 
-CATALOG_VERSION = "0.1.0"
+# 0.2.0: labels with the significance rule, constant neurons without rows, robust ranking,
+# the value family, prompts tokenized as prefix + prompt (docs/method.md)
+CATALOG_VERSION = "0.2.0"
 
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
@@ -43,6 +45,10 @@ OP_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "divided by"}
 HEURISTIC_FAMILIES = ("range", "modulo", "pattern", "identical", "value", "multi_result")
 # keys that configs stored before the split carried; they never changed a number
 LEGACY_EXECUTION_KEYS = ("batch_size", "patch_chunk")
+# What configs stored before these fields existed meant: the paper's rules, no shots.
+LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_statistic": "mean",
+                  "rank_sign": "signed", "label_rule": "paper", "significance_level": 0.05,
+                  "families": ["range", "modulo", "pattern", "identical", "multi_result"]}
 
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -226,9 +232,12 @@ class ScienceConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> ScienceConfig:
-        """The config stored as JSON (keys of configs stored before the execution split,
-        which never changed a number, are ignored)."""
+        """The config stored as JSON. Keys of configs stored before the execution split,
+        which never changed a number, are ignored; fields a stored config predates take
+        the value that config meant (``LEGACY_SCIENCE``: the paper's rules), not today's
+        default."""
         d = {k: v for k, v in d.items() if k not in LEGACY_EXECUTION_KEYS}
+        d = {**{k: v for k, v in LEGACY_SCIENCE.items() if k not in d}, **d}
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:

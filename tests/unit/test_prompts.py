@@ -93,3 +93,20 @@ def test_config_validation_names_the_field():
     a, b = MeasureConfig(operators=["+", "-"]), MeasureConfig(operators=("+", "-"))
     assert a.config_hash() == b.config_hash() != MeasureConfig().config_hash()
     assert MeasureConfig.from_dict(a.as_dict()) == a
+
+
+def test_a_stored_config_keeps_the_rules_it_was_measured_with():
+    """A config stored before labels, robust ranking, shots and the value family existed
+    meant the paper's rules; reading it back must not switch it to today's defaults."""
+    old = {k: v for k, v in MeasureConfig().as_dict().items()
+           if k not in ("shots", "shot_separator", "exact", "rank_statistic", "rank_sign",
+                        "label_rule", "significance_level", "families")}
+    old["batch_size"] = 4096  # configs before the execution split carried it
+    cfg = MeasureConfig.from_dict(old)
+    assert (cfg.label_rule, cfg.rank_statistic, cfg.rank_sign, cfg.exact, cfg.shots) == (
+        "paper", "mean", "signed", "all", 0)
+    assert "value" not in cfg.families
+    new = MeasureConfig()
+    assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("significant", "trimmed",
+                                                                   "abs")
+    assert "value" in new.families
