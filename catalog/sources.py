@@ -180,16 +180,22 @@ def _is_gguf(name: str) -> bool:
     return name.lower().endswith(".gguf")
 
 
-def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
-               **_) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _gguf_path(name: str, checkpoint: int | None) -> Path:
+    """The GGUF file ``name``; a missing file or a checkpoint is refused."""
     path = Path(name)
     if not path.is_file():
         raise ModelSourceError(f"GGUF file {name!r} does not exist")
     if checkpoint is not None:
         raise ModelSourceError(f"a GGUF file has no training checkpoints; got checkpoint "
                                f"{checkpoint} for {name!r}")
+    return path
+
+
+def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
+               **_) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = _gguf_path(name, checkpoint)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=dtype)
@@ -339,12 +345,7 @@ def _canonical_builtin(name, builtin_config=None, cache_root=None, **_) -> str:
 
 
 def _inspect_gguf(name, checkpoint, **_) -> ModelShape:
-    path = Path(name)
-    if not path.is_file():
-        raise ModelSourceError(f"GGUF file {name!r} does not exist")
-    if checkpoint is not None:
-        raise ModelSourceError(f"a GGUF file has no training checkpoints; got checkpoint "
-                               f"{checkpoint} for {name!r}")
+    path = _gguf_path(name, checkpoint)
     return _inspect_gguf_file(path)
 
 
