@@ -92,9 +92,8 @@ def _run_with_neuron_edit(
         return edit(hook.layer(), act)
 
     n_layers = runner.model.cfg.n_layers
-    logits = runner.run(idx, skip, fwd_hooks=[(post_hook_name(layer), hook)
-                                              for layer in range(n_layers)])
-    return logits[:, -1]
+    return runner.last_logits(idx, skip, fwd_hooks=[(post_hook_name(layer), hook)
+                                                    for layer in range(n_layers)])
 
 
 def top_k_mask(effect: Float[np.ndarray, "n_layers d_mlp"], k: int) -> np.ndarray:
@@ -138,7 +137,7 @@ def faithfulness_curve(
                 return torch.where(keep_t[layer], act, _mean[layer])
             return edit
 
-        nl_model_all.append(normalized_logit(runner.run(sel, skip)[:, -1], ans).cpu().numpy())
+        nl_model_all.append(normalized_logit(runner.last_logits(sel, skip), ans).cpu().numpy())
         none = free.copy()
         nl_empty_all.append(normalized_logit(
             _run_with_neuron_edit(runner, sel, skip, ablate(none)), ans).cpu().numpy())
@@ -161,25 +160,29 @@ def accuracy_with_zeroed(
     table: PromptTable,
     prompts: np.ndarray,
     zero: Bool[np.ndarray, "prompt n_layers d_mlp"] | Bool[np.ndarray, "n_layers d_mlp"],
+    runner: PrefixRunner | None = None,
 ) -> np.ndarray:
     """Per-prompt correctness (answer's first token), given neurons zeroed at the last position.
 
-    ``zero`` is one mask for all prompts or one per prompt.
+    ``zero`` is one mask for all prompts or one per prompt. Zeroing at the last position
+    leaves every earlier position as in the clean run, so only that position is run,
+    against the clean keys and values the runner keeps per prompt group (computed by the
+    first knockout on those prompts, reused by the others).
     """
     out = np.zeros(len(prompts), dtype=bool)
     per_prompt = zero.ndim == 3
-    runner = PrefixRunner(model, table)
+    runner = runner or PrefixRunner(model, table)
+    n_layers = model.cfg.n_layers
     order = {int(p): i for i, p in enumerate(prompts)}
     for skip, sel in runner.groups(prompts):
         pos = np.array([order[int(p)] for p in sel])
         z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
 
-        def edit(layer, act, _z=z):
-            act = act.clone()
-            act[:, -1] = act[:, -1].masked_fill(_z[:, layer], 0.0)
-            return act
+        def edit(act, hook, _z=z):
+            return act.masked_fill(_z[:, hook.layer()][:, None, :], 0.0)
 
-        pred = _run_with_neuron_edit(runner, sel, skip, edit).argmax(-1).cpu().numpy()
+        pred = runner.last_position_logits(sel, skip, fwd_hooks=[
+            (post_hook_name(layer), edit) for layer in range(n_layers)]).argmax(-1).cpu().numpy()
         out[pos] = pred == table.answer[sel]
     return out
 
@@ -190,13 +193,14 @@ def heuristic_knockout(
     prompts: np.ndarray,
     heuristic: Heuristic,
     neurons: Bool[np.ndarray, "n_layers d_mlp"],
+    runner: PrefixRunner | None = None,
 ) -> dict:
     """Zero every neuron matched to ``heuristic``; accuracy on its prompts vs the others.
 
     ``prompts`` are correct prompts of one operator (accuracy 1 before the knockout).
     """
     member = heuristic.contains(table.a[prompts], table.b[prompts], table.result[prompts])
-    ok = accuracy_with_zeroed(model, table, prompts, neurons)
+    ok = accuracy_with_zeroed(model, table, prompts, neurons, runner)
     return {
         "heuristic": heuristic.key,
         "label": heuristic.label,
@@ -216,6 +220,7 @@ def prompt_knockout(
     top_set: Bool[np.ndarray, "n_layers d_mlp"],
     n_per_layer: int,
     seed: int,
+    runner: PrefixRunner | None = None,
 ) -> dict:
     """Zero up to N heuristic neurons per layer per prompt, against N random top neurons.
 
@@ -245,8 +250,8 @@ def prompt_knockout(
     return {
         "n_prompts": len(prompts),
         "mean_neurons_zeroed": float(heur.sum(axis=(1, 2)).mean()) if len(prompts) else 0.0,
-        "acc_heuristic_knockout": float(accuracy_with_zeroed(model, table, prompts, heur).mean())
+        "acc_heuristic_knockout": float(accuracy_with_zeroed(model, table, prompts, heur, runner).mean())
         if len(prompts) else float("nan"),
-        "acc_random_knockout": float(accuracy_with_zeroed(model, table, prompts, rand).mean())
+        "acc_random_knockout": float(accuracy_with_zeroed(model, table, prompts, rand, runner).mean())
         if len(prompts) else float("nan"),
     }

@@ -88,6 +88,7 @@ class PrefixRunner:
                  reuse_prefix: bool = True) -> None:
         self.model, self.table, self.reuse = model, table, reuse_prefix
         self._caches: dict[int, TransformerLensKeyValueCache] = {}
+        self._contexts: dict[tuple[int, bytes], TransformerLensKeyValueCache] = {}
 
     def skip(self, op: int, length: int) -> int:
         p = len(self.table.prefix_tokens[op]) if self.reuse else 0
@@ -106,10 +107,59 @@ class PrefixRunner:
 
     def prefix_kv(self, op: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (1, prefix, heads, d_head) of ``op``'s prefix at ``layer``."""
+        entry = self._prefix(op).entries[layer]
+        return entry.past_keys, entry.past_values
+
+    def last_logits(self, idx: np.ndarray, skip: int, **kwargs) -> torch.Tensor:
+        """Logits at the prompts' last position only, (len(idx), d_vocab): ``run`` up to
+        the final residual stream, then the unembedding of that one position (with a large
+        vocabulary, unembedding every position costs a fifth of a forward pass)."""
+        resid = self.run(idx, skip, stop_at_layer=self.model.cfg.n_layers, **kwargs)
+        return final_logits(self.model, resid[:, -1:])[:, 0]
+
+    def context(self, idx: np.ndarray, skip: int) -> TransformerLensKeyValueCache:
+        """Keys and values of every position of the prompts ``idx`` (one group) but the
+        last, frozen: the shared prefix's from the operator's cache, the rest from one clean
+        forward. Kept for the runner's lifetime, so that edits at the last position
+        (``last_position_logits``) cost one position's forward each."""
+        key = (skip, np.asarray(idx, dtype=np.int64).tobytes())
+        if key in self._contexts:
+            return self._contexts[key]
+        model, n = self.model, len(idx)
+        device = model.cfg.device
+        if skip:
+            base = expand_cache(self._prefix(int(self.table.op[idx[0]])), n)
+            cache = TransformerLensKeyValueCache(
+                entries=[TransformerLensKeyValueCacheEntry(
+                    past_keys=e.past_keys, past_values=e.past_values, frozen=False)
+                    for e in base.entries],
+                previous_attention_mask=base.previous_attention_mask, frozen=False)
+        else:
+            cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, n)
+        toks = torch.from_numpy(self.table.token_matrix(idx)[:, skip:-1]).to(device)
+        if toks.shape[1]:
+            model(toks, past_kv_cache=cache, stop_at_layer=model.cfg.n_layers,
+                  attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device))
+        cache.freeze()
+        self._contexts[key] = cache
+        return cache
+
+    def last_position_logits(self, idx: np.ndarray, skip: int, **kwargs) -> torch.Tensor:
+        """Logits (len(idx), d_vocab) of the prompts' last position, run alone against
+        ``context(idx, skip)``: hooks see that one position, so an edit made there gives
+        the same logits as a full forward with the same edit at the last position."""
+        model = self.model
+        device = model.cfg.device
+        toks = torch.from_numpy(self.table.token_matrix(idx)[:, -1:]).to(device)
+        resid = model.run_with_hooks(
+            toks, past_kv_cache=self.context(idx, skip), stop_at_layer=model.cfg.n_layers,
+            attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
+        return final_logits(model, resid)[:, 0]
+
+    def _prefix(self, op: int) -> TransformerLensKeyValueCache:
         if op not in self._caches:
             self._caches[op] = prefix_cache(self.model, self.table.prefix_tokens[op])
-        entry = self._caches[op].entries[layer]
-        return entry.past_keys, entry.past_values
+        return self._caches[op]
 
     def run(self, idx: np.ndarray, skip: int, **kwargs):
         """``model.run_with_hooks`` on the prompts ``idx`` (one group) after ``skip`` tokens."""
@@ -117,11 +167,9 @@ class PrefixRunner:
         toks = torch.from_numpy(self.table.token_matrix(idx)[:, skip:]).to(device)
         if not skip:
             return self.model.run_with_hooks(toks, **kwargs)
-        op = int(self.table.op[idx[0]])
-        if op not in self._caches:
-            self._caches[op] = prefix_cache(self.model, self.table.prefix_tokens[op])
+        cache = expand_cache(self._prefix(int(self.table.op[idx[0]])), len(idx))
         return self.model.run_with_hooks(
-            toks, past_kv_cache=expand_cache(self._caches[op], len(idx)),
+            toks, past_kv_cache=cache,
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
 
 
@@ -184,6 +232,31 @@ def run_grid(
     bar.close()
     table.correct = correct
     return acts
+
+
+@torch.no_grad()
+def last_activations(
+    runner: PrefixRunner, prompts: np.ndarray, layers: list[int],
+) -> dict[int, Float[np.ndarray, "prompt d_mlp"]]:
+    """Last-position MLP activations of ``layers`` for ``prompts`` (repeats allowed), in
+    the order given: the few prompts of a patching run, without a grid pass."""
+    model = runner.model
+    uniq, inverse = np.unique(np.asarray(prompts, dtype=np.int64), return_inverse=True)
+    got = {layer: np.empty((len(uniq), mlp_width(model)), dtype=np.float32) for layer in layers}
+    if not len(uniq) or not layers:
+        return {layer: got[layer][inverse] for layer in layers}
+    for skip, sel in runner.groups(uniq):
+        captured: dict[int, torch.Tensor] = {}
+
+        def grab(act, hook, _store=captured):
+            _store[hook.layer()] = act[:, -1].float().cpu()
+
+        runner.run(sel, skip, stop_at_layer=max(layers) + 1,
+                   fwd_hooks=[(post_hook_name(layer), grab) for layer in layers])
+        rows = np.searchsorted(uniq, sel)
+        for layer in layers:
+            got[layer][rows] = captured[layer].numpy()
+    return {layer: got[layer][inverse] for layer in layers}
 
 
 def accuracy_by_operator(table: PromptTable) -> dict[str, float]:

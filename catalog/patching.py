@@ -37,7 +37,13 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
-from catalog.grids import PrefixRunner, final_logits, mlp_width, post_hook_name
+from catalog.grids import (
+    PrefixRunner,
+    final_logits,
+    last_activations,
+    mlp_width,
+    post_hook_name,
+)
 from catalog.prompts import PromptTable
 
 
@@ -158,8 +164,7 @@ def exact_patching(
         def grab(act, hook, _cache=cache):
             _cache[hook.name] = act
 
-        logits = runner.run(group, skip, fwd_hooks=[(n, grab) for n in names])
-        lp = logits[:, -1].log_softmax(-1)
+        lp = runner.last_logits(group, skip, fwd_hooks=[(n, grab) for n in names]).log_softmax(-1)
         rows = torch.arange(len(pb.answer), device=device)
         lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
         resid = cache[get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
@@ -201,19 +206,24 @@ def attribution_patching(
     table: PromptTable,
     layers: list[int],
     clean: np.ndarray,
-    cf_acts: dict[int, Float[np.ndarray, "pair d_mlp"]],
+    cf_acts: dict[int, Float[np.ndarray, "pair d_mlp"]] | None,
     cf: np.ndarray,
     reuse_prefix: bool = True,
 ) -> dict[int, Float[np.ndarray, "d_mlp pair"]]:
     """First-order estimate of the patching effect for all neurons of ``layers``.
 
-    One forward and one backward pass per prompt-length group. Returns layer ->
+    One forward and one backward pass per prompt-length group, for all ``layers`` at
+    once (a layer's gradient does not depend on which other layers are read, so asking
+    for every layer costs what one costs). ``cf_acts`` (layer -> the counterfactual
+    prompts' last-position activations) is computed here when None. Returns layer ->
     float32 (d_mlp, n_pairs).
     """
     device = model.cfg.device
     d_mlp = mlp_width(model)
     out = {layer: np.empty((d_mlp, len(clean)), dtype=np.float32) for layer in layers}
     runner = PrefixRunner(model, table, reuse_prefix)
+    if cf_acts is None:
+        cf_acts = last_activations(runner, cf, layers)
     for pb in pair_batches(table, clean, cf, device):
         saved: dict[int, torch.Tensor] = {}
         # the clean prompts of one batch share an operator and a length, so a shared
@@ -233,9 +243,8 @@ def attribution_patching(
 
         with torch.enable_grad():
             model.zero_grad(set_to_none=True)
-            logits = runner.run(group, skip, fwd_hooks=[(post_hook_name(layer), keep)
-                                                        for layer in layers])
-            lp = logits[:, -1].log_softmax(-1)
+            lp = runner.last_logits(group, skip, fwd_hooks=[(post_hook_name(layer), keep)
+                                                           for layer in layers]).log_softmax(-1)
             rows = torch.arange(len(pb.answer), device=device)
             metric = 0.5 * (lp[rows, pb.cf_answer] - lp[rows, pb.answer]).sum()
             metric.backward()

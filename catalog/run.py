@@ -28,7 +28,7 @@ from transformer_lens import HookedTransformer
 
 from catalog import circuits, effects
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
-from catalog.grids import accuracy_by_operator, mlp_width, run_grid
+from catalog.grids import PrefixRunner, accuracy_by_operator, mlp_width, run_grid
 from catalog.heuristics import Cells, Heuristic, Partition, n_tests, partitions_for
 from catalog.lens import LensResult, lens_at, logit_lens
 from catalog.maps import kv_map
@@ -181,6 +181,8 @@ class CheckpointRun:
                                             prepend_bos=self.model.cfg.default_prepend_bos)
         self.config.check_tokens(self.numbers)
         self._acts: dict[int, np.ndarray] = {}
+        # op -> layer -> (d_mlp, pairs) attribution of every run layer, from one backward pass
+        self._attribution: dict[str, dict[int, np.ndarray]] = {}
         self._prepared = False
 
     # ------------------------------------------------------------ preparation
@@ -190,6 +192,7 @@ class CheckpointRun:
         fit the budget), draw counterfactual pairs, build the heuristics of each operator."""
         config = self.config
         self.table = build_prompts(self.tokenizer, self.numbers, config)
+        self._attribution = {}
         # over the budget, the first pass only judges correctness; each layer's grid is then
         # computed when that layer runs and dropped once it is done (release)
         capture = self.layers if self._all_fit() else []
@@ -318,8 +321,11 @@ class CheckpointRun:
             return facts
         attr_stats = None
         if "attribution" in config.patching:
-            per_pair = clock.time("attribution", attribution_patching, model, table, [layer],
-                                  clean, {layer: acts[cf]}, cf)[layer]
+            if op not in self._attribution:  # every layer of the run in one backward pass
+                self._attribution[op] = clock.time(
+                    "attribution", attribution_patching, model, table, self.layers, clean,
+                    None, cf)
+            per_pair = self._attribution[op][layer]
             attr_stats = effects.PairStats.of(per_pair)
             out["attr"][:, o], out["attr_std"][:, o] = attr_stats.mean, attr_stats.std
             for name, v in (("log", attr_stats.log_mean), ("median", attr_stats.median),
@@ -388,7 +394,8 @@ class CheckpointRun:
         measured = np.zeros(n_layers, dtype=bool)
         measured[layers] = True
         ks = circuits.circuit_sizes(d_mlp, config.circuit_fractions)
-        means = circuits.position_means(model, table, self.execution.batch_size)
+        runner = PrefixRunner(model, table)  # one prefix and context cache for the summary
+        means = circuits.position_means(model, table, self.execution.batch_size, runner)
         rng = np.random.default_rng([config.seed, 7])
         faith, h_knock, p_knock = {}, [], {}
         top_k = circuits.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
@@ -401,18 +408,19 @@ class CheckpointRun:
             for layer in layers:
                 eff[layer] = np.nan_to_num(effects[layer][:, o], nan=-np.inf)
             faith[op] = circuits.faithfulness_curve(model, table, prompts, eff, ks, means,
-                                                    measured=measured)
+                                                    measured=measured, runner=runner)
             if not run_knockouts or len(prompts) == 0:
                 continue
             top_set = circuits.top_k_mask(eff, top_k) & measured[:, None]
             ranked = self._heuristic_masks(o, matches, top_set)
             for h, mask in ranked[:20]:
-                row = circuits.heuristic_knockout(model, table, prompts, h, mask & top_set)
+                row = circuits.heuristic_knockout(model, table, prompts, h, mask & top_set,
+                                                  runner)
                 if row["n_neurons"]:
                     h_knock.append({"op": op, **row})
             p_knock[op] = circuits.prompt_knockout(
                 model, table, prompts, [h for h, _ in ranked], [m for _, m in ranked], top_set,
-                config.knockout_neurons, config.seed)
+                config.knockout_neurons, config.seed, runner)
         correct_all = table.correct
         assert correct_all is not None and table.is_shot is not None
         return Summary(

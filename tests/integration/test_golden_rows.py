@@ -49,11 +49,22 @@ def golden_home(tmp_path):
     return tmp_path
 
 
-def _close(a, b, rel=1e-4, abs_=1e-6) -> bool:
+# Knockout accuracies count prompts whose greedy answer survives. The golden step has a
+# prompt whose answer logit ties another token's EXACTLY in float32 (margin 0.0, measured)
+# under some knockouts; running only the last position against the kept context (since
+# 0.2.0, catalog.grids.PrefixRunner.context) rounds differently and argmax picks the other
+# token. So an accuracy may move by one prompt of the 59-123 a knockout row counts.
+KNOCKOUT_SLACK = 0.02
+
+
+def _close(a, b, rel=1e-4, abs_=1e-6, key: str = "") -> bool:
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y, rel, abs_) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_close(x, y, rel, abs_, key)
+                                        for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k], rel, abs_) for k in a)
+        return a.keys() == b.keys() and all(_close(a[k], b[k], rel, abs_, k) for k in a)
+    if key.startswith("acc_") and isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or abs(a - b) <= KNOCKOUT_SLACK
     if isinstance(a, float) and isinstance(b, float):
         return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
     return a == b

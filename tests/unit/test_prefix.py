@@ -161,3 +161,66 @@ def test_exact_patching_with_prefix_reuse_equals_full_forwards(pythia):
                               reuse_prefix=False)
         assert np.abs(slow).max() > 1e-4
         np.testing.assert_allclose(fast, slow, rtol=1e-3, atol=1e-5 * np.abs(slow).max())
+
+
+@pytest.mark.parametrize("shots", [0, 3])
+def test_last_position_edits_against_kept_context_equal_full_forwards(pythia, shots):
+    """Knockouts run only the last position against the clean keys and values of the
+    others (with or without a shared prefix): the logits equal a full forward with the same
+    edit, and the edit changes them (so the comparison is not between two clean runs)."""
+    import torch
+
+    from catalog.grids import PrefixRunner, post_hook_name
+
+    model, tok = pythia.model, pythia.tokenizer
+    config = ScienceConfig(**{**CONFIG.as_dict(), "shots": shots,
+                              "few_shot": "Solve. " if shots else ""})
+    table = build_prompts(tok, detect_number_tokens(tok, prepend_bos=False), config)
+    n_layers, d_mlp = model.cfg.n_layers, model.cfg.d_mlp
+    zero = torch.as_tensor(np.random.default_rng(2).random((n_layers, d_mlp)) < 0.4)
+
+    def edit(act, hook):
+        return act.masked_fill(zero[hook.layer()], 0.0)
+
+    def edit_last(act, hook):
+        act = act.clone()
+        act[:, -1] = act[:, -1].masked_fill(zero[hook.layer()], 0.0)
+        return act
+
+    runner = PrefixRunner(model, table)
+    hooks = [(post_hook_name(layer), edit) for layer in range(n_layers)]
+    checked = 0
+    for skip, sel in runner.groups():
+        sel = sel[:6]
+        assert (skip > 0) == bool(shots)
+        fast = runner.last_position_logits(sel, skip, fwd_hooks=hooks)
+        again = runner.last_position_logits(sel, skip, fwd_hooks=hooks)  # the kept context
+        toks = torch.from_numpy(table.token_matrix(sel))
+        slow = model.run_with_hooks(toks, fwd_hooks=[
+            (post_hook_name(layer), edit_last) for layer in range(n_layers)])[:, -1]
+        clean = model(toks)[:, -1]
+        torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(again, fast)
+        torch.testing.assert_close(runner.last_logits(sel, skip), clean, rtol=1e-4, atol=1e-4)
+        assert (slow - clean).abs().max() > 1e-2
+        checked += 1
+    assert checked >= 2
+
+
+def test_attribution_of_all_layers_at_once_equals_one_layer_at_a_time(pythia):
+    """One backward pass serves every layer; counterfactual activations computed inside
+    equal the grid's."""
+    from catalog.patching import attribution_patching
+
+    model, tok = pythia.model, pythia.tokenizer
+    table = build_prompts(tok, detect_number_tokens(tok, prepend_bos=False), CONFIG)
+    layers = list(range(model.cfg.n_layers))
+    acts = run_grid(model, table, layers, batch_size=64)
+    table.correct[:] = True
+    clean, cf = sample_pairs(table, "+", 10, seed=4)
+    together = attribution_patching(model, table, layers, clean, None, cf)
+    for layer in (1, 3, layers[-1]):  # (Pythia's layer-0 MLP sees only the "=" token)
+        alone = attribution_patching(model, table, [layer], clean, {layer: acts[layer][cf]}, cf)
+        assert np.abs(alone[layer]).max() > 1e-5
+        np.testing.assert_allclose(together[layer], alone[layer], rtol=1e-3,
+                                   atol=1e-4 * np.abs(alone[layer]).max())
