@@ -247,11 +247,14 @@ def prompt_knockout(
                 heur[i, layer, rng.choice(pool, take, replace=False)] = True
                 top_pool = np.nonzero(top_set[layer])[0]
                 rand[i, layer, rng.choice(top_pool, take, replace=False)] = True
+    def acc(zero: np.ndarray) -> float:
+        if not len(prompts):
+            return float("nan")
+        return float(accuracy_with_zeroed(model, table, prompts, zero, runner).mean())
+
     return {
         "n_prompts": len(prompts),
         "mean_neurons_zeroed": float(heur.sum(axis=(1, 2)).mean()) if len(prompts) else 0.0,
-        "acc_heuristic_knockout": float(accuracy_with_zeroed(model, table, prompts, heur, runner).mean())
-        if len(prompts) else float("nan"),
-        "acc_random_knockout": float(accuracy_with_zeroed(model, table, prompts, rand, runner).mean())
-        if len(prompts) else float("nan"),
+        "acc_heuristic_knockout": acc(heur),
+        "acc_random_knockout": acc(rand),
     }
