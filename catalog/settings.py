@@ -54,6 +54,21 @@ class Settings(BaseSettings):
     ncat_busy_retry_seconds: float = Field(
         30.0, gt=0, description="seconds before a layer whose lock another session holds is "
                                 "tried again")
+    ncat_heartbeat_seconds: float = Field(
+        30.0, gt=0, description="how often a working worker writes its layer's heartbeat")
+    ncat_stale_seconds: float = Field(
+        300.0, gt=0, description="a queued or running layer with no lock holder, no message "
+                                 "waiting in the broker and no heartbeat for this long is "
+                                 "sent again by the reconciler")
+    ncat_reconcile_seconds: float = Field(
+        60.0, gt=0, description="how often each worker's reconciler looks for stale layers "
+                                "and unfinished summaries")
+    ncat_max_attempts: int = Field(
+        5, ge=1, description="a layer lost or failed by a dropped connection this many "
+                             "times fails its job")
+    ncat_child_startup_seconds: float = Field(
+        120.0, gt=0, description="how long a worker's new pool process may take to start "
+                                 "(imports torch) before Celery gives up on it")
     ncat_explorer_port: int = Field(8501, gt=0, lt=65536,
                                     description="port of `ncat explore` and `ncat demo`")
     local_pg_host: str = Field("localhost", description="where to look for a local PostgreSQL")

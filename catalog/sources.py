@@ -295,13 +295,52 @@ def _official_name(name: str) -> str:
             "(e.g. 'EleutherAI/pythia-14m', 'gpt2')") from None
 
 
-def _hub_checkpoints(name: str, **_) -> list[int] | None:
-    official = _official_name(name)
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def cached_revisions(official: str) -> list[str]:
+    """Revisions of ``official`` in the local Hugging Face cache (its refs)."""
+    from huggingface_hub import constants
+
+    refs = Path(constants.HF_HUB_CACHE) / f"models--{official.replace('/', '--')}" / "refs"
+    return sorted(p.name for p in refs.iterdir() if p.is_file()) if refs.is_dir() else []
+
+
+def _cached_snapshot(official: str, revision: str | None) -> str | None:
+    """The local folder of ``official`` at ``revision`` (default main) in the Hugging Face
+    cache, or None when it is not cached."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(official, revision=revision or "main", local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached (or an unusable cache entry): use the hub
+        return None
+
+
+def _cached_steps(official: str) -> list[int]:
+    return sorted(int(r[4:]) for r in cached_revisions(official)
+                  if r.startswith("step") and r[4:].isdigit())
+
+
+def _published_steps(official: str) -> list[int] | None:
     try:
         labels, label_type = tl_loading.get_checkpoint_labels(official)
     except ValueError:
         return None
     return list(labels) if label_type == "step" else None
+
+
+def _hub_checkpoints(name: str, **_) -> list[int] | None:
+    """The published training steps; offline (HF_HUB_OFFLINE), those the cache holds."""
+    official = _official_name(name)
+    published = _published_steps(official)
+    if published is None or not _hub_offline():
+        return published
+    cached = set(_cached_steps(official))
+    return [s for s in published if s in cached]
 
 
 def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
@@ -310,9 +349,15 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
 
     official = _official_name(name)
     revision = _hub_revision(official, checkpoint)
+    # From the cached snapshot's folder when there is one: TransformerLens reloads the
+    # tokenizer by its name_or_path without a revision, which fails for a cache that holds
+    # only refs/stepN (no refs/main) while offline.
+    source = _cached_snapshot(official, revision) or official
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(official, revision=revision, dtype=dtype)
-        tok = tokenizer or AutoTokenizer.from_pretrained(official, revision=revision)
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, **({} if source != official else {"revision": revision}))
+        tok = tokenizer or AutoTokenizer.from_pretrained(
+            source, **({} if source != official else {"revision": revision}))
     except Exception as exc:
         where = f" at revision {revision}" if revision else ""
         raise ModelSourceError(
@@ -320,9 +365,16 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
     whash = weights_hash(hf_model.state_dict())
     # The checkpoint's own HF model is passed in, so TransformerLens converts exactly
     # these weights (its config is the same at every revision).
-    model = HookedTransformer.from_pretrained(
-        official, hf_model=hf_model, tokenizer=tok, device=device, dtype=dtype,
-        fold_ln=True, center_writing_weights=True, center_unembed=True)
+    try:
+        model = HookedTransformer.from_pretrained(
+            official, hf_model=hf_model, tokenizer=tok, device=device, dtype=dtype,
+            fold_ln=True, center_writing_weights=True, center_unembed=True,
+            **({"revision": revision} if revision else {}))  # its config at this revision
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(
+            f"cannot convert {official} at {revision or 'main'}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''} (cached revisions: "
+            f"{cached_revisions(official)})") from exc
     model.eval()
     info = _info(official, "hub", checkpoint, revision, whash, model, tok)
     return LoadedModel(model, tok, info)
@@ -356,10 +408,16 @@ def _canonical_path(name, **_) -> str:
 def _hub_revision(target: str, checkpoint: int | None) -> str | None:
     if checkpoint is None:
         return None
-    labels = _hub_checkpoints(target)
+    labels = _published_steps(target)
     if labels is None:
         raise ModelSourceError(f"{target} has no training checkpoints; got checkpoint "
                                f"{checkpoint}")
+    if checkpoint in labels and _hub_offline() and checkpoint not in _cached_steps(target):
+        cached = _cached_steps(target)
+        raise ModelSourceError(
+            f"checkpoint step {checkpoint} of {target} is not in the offline Hugging Face "
+            f"cache (HF_HUB_OFFLINE is set); cached steps: "
+            f"{cached if cached else 'none'} (revisions {cached_revisions(target)})")
     if checkpoint not in labels:
         near = sorted(sorted(labels, key=lambda s: abs(s - checkpoint))[:5])
         raise ModelSourceError(f"checkpoint step {checkpoint} does not exist for {target}; "
@@ -385,10 +443,46 @@ def _inspect_hf(target: str, revision: str | None) -> ModelShape:
     return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend))
 
 
+def check_weight_files(folder: Path) -> None:
+    """Raise ModelSourceError unless every safetensors file of ``folder`` (and every shard
+    its index names) is whole: the header parses and the file is exactly as long as the
+    header says. Reads headers only."""
+    import json
+    import struct
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError) as exc:
+            raise ModelSourceError(f"{index} is not a safetensors index: {exc}") from None
+        missing = sorted(x for x in shards if not (folder / x).exists())
+        if missing:
+            raise ModelSourceError(f"{folder}: the index names weight files that are missing: "
+                                   f"{', '.join(missing)}")
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    raise ValueError(f"a header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+            end = max((int(t["data_offsets"][1]) for k, t in header.items()
+                       if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, struct.error) as exc:
+            raise ModelSourceError(f"weight file {path} is not valid safetensors ({exc}); "
+                                   "is it truncated?") from None
+        if size != 8 + n + end:
+            raise ModelSourceError(f"weight file {path} holds {size:,} bytes but its header "
+                                   f"describes {8 + n + end:,}: it is truncated or damaged")
+
+
 def _inspect_local(name, checkpoint, **_) -> ModelShape:
     if checkpoint is not None:
         raise ModelSourceError(f"local model directory {name!r} has no training checkpoints; "
                                f"got checkpoint {checkpoint}")
+    check_weight_files(Path(name))
     return _inspect_hf(name, None)
 
 

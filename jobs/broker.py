@@ -1,11 +1,13 @@
 """Where the Redis broker is: ``REDIS_URL``, else localhost:6379, else an embedded server.
 
 The embedded fallback starts the ``redis-server`` binary (Debian's package) on a free
-local port with its files in ``$NCAT_HOME/redis``, so the demo runs on a bare machine.
+local port with its files in ``$NCAT_HOME/redis``, so the demo runs on a bare machine. It
+keeps an append-only file there, so queued messages survive its restart.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import subprocess
@@ -14,6 +16,8 @@ from pathlib import Path
 
 from catalog.settings import Settings, get_settings
 from schema.settings import port_open
+
+log = logging.getLogger(__name__)
 
 
 def _free_port() -> int:
@@ -37,7 +41,8 @@ def start_embedded_redis(home: Path) -> str:
                            "the redis-server package (scripts/setup.sh does on Debian)")
     port = _free_port()
     subprocess.run([binary, "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "yes",
-                    "--dir", str(folder), "--save", "", "--appendonly", "no",
+                    "--dir", str(folder), "--save", "", "--appendonly", "yes",
+                    "--appendfsync", "everysec",
                     "--logfile", str(folder / "redis.log")], check=True)
     deadline = time.monotonic() + 10
     while not port_open("127.0.0.1", port):
@@ -45,7 +50,27 @@ def start_embedded_redis(home: Path) -> str:
             raise RuntimeError(f"embedded redis-server did not start; see {folder / 'redis.log'}")
         time.sleep(0.1)
     port_file.write_text(str(port))
+    log.warning("started an embedded redis-server on 127.0.0.1:%d (files in %s); it keeps "
+                "running for later commands; `ncat stop` stops it", port, folder)
     return f"redis://127.0.0.1:{port}/0"
+
+
+def stop_embedded_redis(home: Path) -> bool:
+    """Shut down the embedded redis-server of ``home`` (its append-only file stays);
+    returns whether one was running."""
+    import redis
+
+    port_file = home / "redis" / "port"
+    if not port_file.exists():
+        return False
+    port = int(port_file.read_text())
+    if not port_open("127.0.0.1", port):
+        return False
+    try:
+        redis.Redis(host="127.0.0.1", port=port, socket_timeout=10).shutdown()
+    except redis.ConnectionError:
+        pass  # the server closes the connection as it goes
+    return True
 
 
 def resolve_redis_url(settings: Settings | None = None) -> str:

@@ -6,7 +6,9 @@
 - a Redis visibility timeout longer than the longest task (``NCAT_VISIBILITY_TIMEOUT``,
   default 6 hours), after which an unacknowledged task is delivered again;
 - one process per GPU (concurrency 1); results are not stored in Redis: progress is
-  durable in PostgreSQL.
+  durable in PostgreSQL;
+- a pool process may take NCAT_CHILD_STARTUP_SECONDS to start (it imports torch), so a
+  replacement for a killed child is not itself killed for being slow.
 This module imports neither torch nor the catalog, so the worker's parent process never
 initialises CUDA; the tasks import them inside the child.
 """
@@ -40,6 +42,10 @@ def make_app(settings: Settings | None = None) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         worker_hijack_root_logger=False,
+        # a new pool process imports torch and the catalog before it reports ready, which
+        # takes 7-17 s on a loaded machine; Celery's default allowance (4 s) killed every
+        # replacement child in a loop, so the task it held never ran
+        worker_proc_alive_timeout=settings.ncat_child_startup_seconds,
     )
     return app
 

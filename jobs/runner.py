@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 
 import numpy as np
+import psycopg
 
 from catalog.settings import Settings, get_settings
+from jobs.locks import layer_lock_key, summary_lock_key
 from schema import jobs as jobdb
 from schema import store
 from schema.jobs import JobRow, Status
@@ -40,18 +43,6 @@ class _Loaded:
 
 
 _CURRENT: _Loaded | None = None
-
-# Advisory lock keys of the project's own: a namespace in the high bits, so a lock some
-# other session takes on a small number (an analyst's (job, layer), say) never collides.
-LOCK_NAMESPACE = 0x6E63  # "nc"
-
-
-def layer_lock_key(job_id: int, layer: int) -> int:
-    """The bigint advisory-lock key of (job, layer): namespace, then job, then layer."""
-    if not 0 <= layer < 4096 or not 0 < job_id < 2**28:
-        raise ValueError(f"no lock key for job {job_id}, layer {layer}")
-    return (LOCK_NAMESPACE << 40) | (job_id << 12) | layer
-
 
 def execution_for(job: JobRow, settings: Settings | None = None):
     """This worker's execution settings: the job's device, and the batch sizes and
@@ -90,8 +81,63 @@ def _loaded(conn, job: JobRow) -> _Loaded:
     return _CURRENT
 
 
+class Transient(Exception):
+    """The layer hit a dropped database connection; it is queued again (``retry_in``)."""
+
+    def __init__(self, message: str, retry_in: float) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
+
+
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
+
+
+class Heartbeat(threading.Thread):
+    """Writes ``job_layer.heartbeat_at`` every NCAT_HEARTBEAT_SECONDS from a connection of
+    its own while a layer (or a job's final step, layer None) is being worked on."""
+
+    def __init__(self, url: str, job_id: int, layer: int | None, every: float) -> None:
+        super().__init__(name=f"ncat-heartbeat-{job_id}-{layer}", daemon=True)
+        self.url, self.job_id, self.layer, self.every = url, job_id, layer, every
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                with store.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                    if self.layer is None:
+                        conn.execute("UPDATE job SET updated_at = now() WHERE id = %s",
+                                     (self.job_id,))
+                    else:
+                        conn.execute("UPDATE job_layer SET heartbeat_at = now() "
+                                     "WHERE job_id = %s AND layer = %s", (self.job_id, self.layer))
+            except psycopg.Error as exc:  # the next beat tries again
+                log.warning("heartbeat of job %s layer %s: %s", self.job_id, self.layer, exc)
+
+    def __enter__(self) -> Heartbeat:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+
+
 def process_layer(url: str, job_id: int, layer: int, worker: str) -> str:
-    """Compute and store one layer of a job; returns what happened (for logs and tests)."""
+    """Compute and store one layer of a job; returns what happened (for logs and tests).
+
+    Raises Transient when the database connection dropped: the layer was put back in the
+    queue through a fresh connection (or will be by the reconciler if the database is
+    still away), and the task should be sent again after ``retry_in`` seconds.
+    """
+    try:
+        return _process(url, job_id, layer, worker)
+    except TRANSIENT as exc:
+        message = f"{type(exc).__name__}: {exc}".strip()
+        log.warning("job %s layer %s: database connection lost (%s)", job_id, layer, message)
+        return _after_lost_connection(url, job_id, layer, message)
+
+
+def _process(url: str, job_id: int, layer: int, worker: str) -> str:
     with store.connect(url, autocommit=True) as conn:
         job = jobdb.load_job(conn, job_id)
         if job is None:
@@ -102,16 +148,44 @@ def process_layer(url: str, job_id: int, layer: int, worker: str) -> str:
         if not store.scalar(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
             return "busy"  # another session holds the layer: the task is sent again later
         try:
-            return _process_locked(conn, job, layer, worker)
+            with Heartbeat(url, job_id, layer, get_settings().ncat_heartbeat_seconds):
+                return _process_locked(conn, url, job, layer, worker)
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            if not conn.closed and not conn.broken:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
-def _process_locked(conn, job: JobRow, layer: int, worker: str) -> str:
+def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> str:
+    """Through a fresh connection: the layer back to queued, or its job failed once the
+    layer has used up its attempts. Raises Transient to have the task sent again."""
+    s = get_settings()
+    try:
+        with store.connect(url, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute("SELECT status, attempts FROM job_layer WHERE job_id = %s "
+                               "AND layer = %s", (job_id, layer)).fetchone()
+            status, attempts = row if row else (None, 0)
+            if status != Status.RUNNING:  # stored already (the final step lost it): again
+                raise Transient(message, retry_in=5.0)
+            if attempts >= s.ncat_max_attempts:
+                error = f"{message} (attempt {attempts} of {s.ncat_max_attempts})"
+                jobdb.finish_layer(conn, job_id, layer, Status.FAILED, error=error)
+                jobdb.fail_job(conn, job_id, error, layer)
+                return "failed"
+            conn.execute("UPDATE job_layer SET status = %s, error = %s, sent_at = now() "
+                         "WHERE job_id = %s AND layer = %s AND status = %s",
+                         (Status.QUEUED, message[:4000], job_id, layer, Status.RUNNING))
+    except psycopg.Error as exc:
+        log.warning("job %s layer %s: database still unreachable (%s); the reconciler will "
+                    "send the layer again", job_id, layer, exc)
+        attempts = 1
+    raise Transient(message, retry_in=min(5.0 * 2 ** max(attempts - 1, 0), 300.0))
+
+
+def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str:
     from jobs.store_results import store_layer
 
     if jobdb.layer_status(conn, job.id, layer) == Status.DONE:
-        finalize_if_complete(conn, job.id)  # a retried job whose final step never ran
+        finalize_if_complete(conn, url, job.id)  # a retried job whose final step never ran
         return "already done"
     jobdb.start_layer(conn, job.id, layer, worker)
     try:
@@ -126,31 +200,47 @@ def _process_locked(conn, job: JobRow, layer: int, worker: str) -> str:
             outcome = "computed"
         else:
             outcome = "already stored"
+    except TRANSIENT:
+        raise
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         log.exception("job %s layer %s failed", job.id, layer)
-        jobdb.finish_layer(conn, job.id, layer, Status.FAILED, error=message)
-        jobdb.fail_job(conn, job.id, message, layer)
+        with store.connect(url, autocommit=True) as fresh:  # conn may be what failed
+            jobdb.finish_layer(fresh, job.id, layer, Status.FAILED, error=message)
+            jobdb.fail_job(fresh, job.id, message, layer)
         return "failed"
     jobdb.finish_layer(conn, job.id, layer, Status.DONE)
-    finalize_if_complete(conn, job.id)
+    finalize_if_complete(conn, url, job.id)
     return outcome
 
 
-def finalize_if_complete(conn, job_id: int) -> bool:
-    """If every layer of the job is stored, claim and run its final step once."""
-    if not jobdb.claim_summary(conn, job_id):
-        return False
-    job = jobdb.load_job(conn, job_id)
-    assert job is not None
+def finalize_if_complete(conn, url: str, job_id: int) -> bool:
+    """If every layer of the job is stored, claim and run its final step once. The
+    claimer holds the job's summary lock while it works: the reconciler resumes a job
+    left in 'summarizing' only when no one holds it."""
+    key = summary_lock_key(job_id)
+    if not store.scalar(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
+        return False  # someone is at the final step
     try:
-        _summarize(conn, job)
-    except Exception as exc:
-        log.exception("job %s summary failed", job_id)
-        jobdb.fail_job(conn, job_id, f"summary: {type(exc).__name__}: {exc}", None)
-        return False
-    jobdb.mark_done(conn, job_id)
-    return True
+        if not jobdb.claim_summary(conn, job_id):
+            return False
+        job = jobdb.load_job(conn, job_id)
+        assert job is not None
+        try:
+            with Heartbeat(url, job_id, None, get_settings().ncat_heartbeat_seconds):
+                _summarize(conn, job)
+        except TRANSIENT:
+            raise
+        except Exception as exc:
+            log.exception("job %s summary failed", job_id)
+            with store.connect(url, autocommit=True) as fresh:
+                jobdb.fail_job(fresh, job_id, f"summary: {type(exc).__name__}: {exc}", None)
+            return False
+        jobdb.mark_done(conn, job_id)
+        return True
+    finally:
+        if not conn.closed and not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
 def _summarize(conn, job: JobRow) -> None:

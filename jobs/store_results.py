@@ -129,15 +129,31 @@ def store_layer(conn: psycopg.Connection, run: CheckpointRun, ids: CatalogIds, l
 def catalog_checkpoint(
     url: str, lm: LoadedModel, config: ScienceConfig, layers: list[int] | None = None,
     progress: bool = False, execution: ExecutionConfig | None = None,
+    resume: bool = False, on_resume=None,
 ) -> CatalogIds:
-    """Measure ``lm`` and write every layer, then the summary, then refresh the views."""
+    """Measure ``lm`` and write every layer, then the summary, then refresh the views.
+
+    With ``resume``, layers already stored for this checkpoint and config (an earlier
+    run that was interrupted) are not computed again: the summary reads what it needs of
+    them back from the store. ``on_resume(layers)`` is told which were skipped.
+    """
     run = CheckpointRun(lm.model, lm.tokenizer, config, execution or ExecutionConfig(), layers)
     with store.connect(url) as conn:
         ids = register(conn, lm, config)
         run.prepare(progress=progress)
         write_layouts(conn, run, ids)
         effects, matches = {}, {}
-        for layer in run.layers:
+        done = sorted(set(store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
+                                              config_id=ids.config_id)) & set(run.layers)) \
+            if resume else []
+        if done:
+            from jobs.runner import stored_effects_and_matches
+
+            effects, matches = stored_effects_and_matches(conn, ids, config, done,
+                                                          lm.model.cfg.d_mlp)
+            if on_resume is not None:
+                on_resume(done)
+        for layer in (x for x in run.layers if x not in done):
             # keep what the summary needs, not the layer's activations
             result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
             effects[layer] = result.effect(config.rank_sign)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from jobs.celery_app import app
 
@@ -21,6 +21,31 @@ def _import_the_science(**_) -> None:
     import jobs.runner  # noqa: F401
 
 
+@worker_ready.connect
+def _start_reconciler(sender=None, **_) -> None:
+    """Every worker's parent process runs the reconciler (jobs.reconcile) in a thread: it
+    needs the database and the broker only, never torch."""
+    from catalog.settings import get_settings
+    from jobs.broker import resolve_redis_url
+    from jobs.celery_app import queue_name
+    from jobs.reconcile import Reconciler
+
+    settings = get_settings()
+
+    def send(job_id: int, layer: int) -> None:
+        app.send_task("ncat.run_layer", args=[job_id, layer], queue=queue_name())
+
+    global _RECONCILER
+    _RECONCILER = Reconciler(_db_url(), send, resolve_redis_url(settings), queue_name(),
+                             settings)
+    _RECONCILER.start()
+    log.info("reconciler started: every %.0f s, stale after %.0f s",
+             settings.ncat_reconcile_seconds, settings.ncat_stale_seconds)
+
+
+_RECONCILER = None
+
+
 def _db_url() -> str:
     from schema.settings import resolve_database_url
 
@@ -35,9 +60,13 @@ def run_layer(self, job_id: int, layer: int) -> str:
     NCAT_BUSY_RETRY_SECONDS, never dropped: if that session dies, the layer still runs.
     """
     from catalog.settings import get_settings
-    from jobs.runner import process_layer
+    from jobs.runner import Transient, process_layer
 
-    outcome = process_layer(_db_url(), job_id, layer, worker=self.request.hostname or "worker")
+    try:
+        outcome = process_layer(_db_url(), job_id, layer,
+                                worker=self.request.hostname or "worker")
+    except Transient as exc:  # the database connection dropped: the layer is queued again
+        raise self.retry(countdown=exc.retry_in) from None
     log.info("job %s layer %s: %s", job_id, layer, outcome)
     if outcome == "busy":
         raise self.retry(countdown=get_settings().ncat_busy_retry_seconds)

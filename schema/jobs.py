@@ -65,7 +65,8 @@ def start_layer(conn: psycopg.Connection, job_id: int, layer: int, worker: str) 
     conn.execute("UPDATE job SET status = %s, updated_at = now() WHERE id = %s AND status = %s",
                  (Status.RUNNING, job_id, Status.QUEUED))
     conn.execute("UPDATE job_layer SET status = %s, worker = %s, started_at = now(), "
-                 "attempts = attempts + 1, error = NULL WHERE job_id = %s AND layer = %s",
+                 "heartbeat_at = now(), attempts = attempts + 1, error = NULL "
+                 "WHERE job_id = %s AND layer = %s",
                  (Status.RUNNING, worker, job_id, layer))
 
 
@@ -88,13 +89,14 @@ def fail_job(conn: psycopg.Connection, job_id: int, error: str, layer: int | Non
 
 
 def claim_summary(conn: psycopg.Connection, job_id: int) -> bool:
-    """Atomically move a running job whose layers are all done to summarizing; True if
-    this caller won (exactly one worker runs a job's final step)."""
+    """Atomically move a job whose layers are all done to summarizing; True if this
+    caller won. The caller holds the job's summary lock (jobs.locks), so a job already
+    'summarizing' was left so by a worker that died: it is claimed again."""
     return conn.execute(
-        "UPDATE job SET status = %s, updated_at = now() WHERE id = %s AND status = %s "
+        "UPDATE job SET status = %s, updated_at = now() WHERE id = %s AND status IN (%s, %s) "
         "AND NOT EXISTS (SELECT 1 FROM job_layer WHERE job_id = %s AND status <> %s) "
-        "RETURNING id", (Status.SUMMARIZING, job_id, Status.RUNNING, job_id, Status.DONE)
-    ).fetchone() is not None
+        "RETURNING id", (Status.SUMMARIZING, job_id, Status.RUNNING, Status.SUMMARIZING,
+                         job_id, Status.DONE)).fetchone() is not None
 
 
 def mark_done(conn: psycopg.Connection, job_id: int) -> None:
@@ -116,8 +118,8 @@ def insert_job(conn: psycopg.Connection, *, key: str, model: str, step: int | No
     if row is None:
         return None
     for layer in layers:
-        conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts, finished_at) "
-                     "VALUES (%s, %s, %s, 0, CASE WHEN %s THEN now() END)",
+        conn.execute("INSERT INTO job_layer (job_id, layer, status, attempts, finished_at, "
+                     "sent_at) VALUES (%s, %s, %s, 0, CASE WHEN %s THEN now() END, now())",
                      (row[0], layer, status, done))
     return row[0]
 
@@ -131,7 +133,8 @@ def requeue(conn: psycopg.Connection, job_id: int, *, only_unfinished: bool,
     """Queue a job's layers again (all, or those not done); returns them."""
     cond = "AND status <> 'done'" if only_unfinished else ""
     layers = [r[0] for r in conn.execute(
-        f"UPDATE job_layer SET status = %s, error = NULL WHERE job_id = %s {cond} "
+        f"UPDATE job_layer SET status = %s, error = NULL, sent_at = now(), attempts = 0 "
+        f"WHERE job_id = %s {cond} "
         "RETURNING layer", (Status.QUEUED, job_id)).fetchall()]
     conn.execute("UPDATE job SET status = %s, error = NULL, failed_layer = NULL, "
                  "force = %s, finished_at = NULL, updated_at = now() WHERE id = %s",

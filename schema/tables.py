@@ -180,6 +180,28 @@ class JobLayer(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
                                                                         nullable=True))
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # a working worker's last sign of life; when a message for the layer last went out;
+    # how often the reconciler sent one again (migration 0007)
+    heartbeat_at: datetime | None = Field(default=None, sa_column=Column(
+        DateTime(timezone=True), nullable=True))
+    sent_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
+                                                                    nullable=True))
+    resends: int = Field(default=0, sa_column=Column(Integer, nullable=False,
+                                                     server_default="0"))
+
+
+class ReconcileEvent(SQLModel, table=True):
+    """What the reconciler did to a job: re-sent a layer, resumed its summary, failed it."""
+
+    __tablename__ = "reconcile_event"
+    __table_args__ = (Index("ix_reconcile_event_job", "job_id", "at"),)
+    id: int | None = Field(default=None, sa_column=Column(BigInteger, primary_key=True))
+    at: datetime = Field(default_factory=_now, sa_column=_ts())
+    job_id: int = Field(sa_column=Column(Integer, ForeignKey("job.id", ondelete="CASCADE"),
+                                         nullable=False))
+    layer: int | None = Field(default=None, sa_column=Column(SmallInteger, nullable=True))
+    action: str = Field(sa_column=Column(String(32), nullable=False))
+    detail: dict | None = Field(default=None, sa_column=Column(JSONB))
 
 
 class LayerResult(SQLModel, table=True):

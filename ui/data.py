@@ -7,24 +7,23 @@ is paged or bounded: no page loads a whole table.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import psycopg
 import streamlit as st
 from sqlalchemy import create_engine, text
 
 from catalog.settings import get_settings
+from schema import console, store
 from schema import jobs as jobdb
-from schema import store
-from schema.export import as_reader
 from schema.settings import resolve_database_url, with_driver
 
 TTL = 5  # seconds a query result is reused
 SQL_ROW_CAP = 1000
 SQL_TIMEOUT_MS = 5000
+SQL_MAX_ROW_BYTES = 1 << 20  # a larger row is shown as NULLs
+SQL_MAX_BYTES = 64 << 20  # fetching stops past this many bytes of rows
 
 
 @st.cache_resource
@@ -241,40 +240,12 @@ def overlap(model_id: int, config_id: int) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ the SQL console
 
-READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values|table|show)\b", re.I)
+ConsoleError = console.ConsoleError
 
 
-class ConsoleError(ValueError):
-    """A console statement that was refused or failed, with a message for the user."""
-
-
-def run_console(sql: str, row_cap: int | None = None) -> tuple[pd.DataFrame, bool]:
-    """Run one read-only statement as the analysts' role; returns rows and whether capped.
-
-    Refused before it reaches the server: anything but SELECT / WITH / EXPLAIN / VALUES /
-    TABLE / SHOW, and more than one statement. The role itself is read-only and has a
-    statement timeout, so a write hidden in a WITH clause fails there too.
-    """
-    row_cap = row_cap or SQL_ROW_CAP
-    body = sql.strip().rstrip(";").strip()
-    if not body:
-        raise ConsoleError("Enter a SELECT query.")
-    if ";" in body:
-        raise ConsoleError("One statement at a time: the console refuses ';' inside a query.")
-    if not READ_ONLY_START.match(body):
-        raise ConsoleError("The SQL console is read-only: only SELECT, WITH, EXPLAIN, VALUES, "
-                           "TABLE and SHOW are allowed (no INSERT, UPDATE, DELETE or DDL).")
-    try:
-        with store.connect(as_reader(database_url())) as conn:
-            conn.execute(f"SET statement_timeout = {SQL_TIMEOUT_MS}")
-            cur = conn.execute(body)
-            cols = [d.name for d in cur.description] if cur.description else []
-            rows = cur.fetchmany(row_cap + 1)
-    except psycopg.errors.ReadOnlySqlTransaction:
-        raise ConsoleError("The SQL console is read-only: writes are refused.") from None
-    except psycopg.errors.QueryCanceled:
-        raise ConsoleError(f"The query ran longer than {SQL_TIMEOUT_MS // 1000} s and was "
-                           "stopped.") from None
-    except psycopg.Error as exc:
-        raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
-    return pd.DataFrame(rows[:row_cap], columns=cols), len(rows) > row_cap
+def run_console(sql: str, row_cap: int | None = None) -> console.ConsoleResult:
+    """One read-only statement as the analysts' role (schema.console: one statement,
+    read-only transaction rolled back, rows, bytes and time bounded)."""
+    return console.run(database_url(), sql, row_cap=row_cap or SQL_ROW_CAP,
+                       timeout_ms=SQL_TIMEOUT_MS, max_row_bytes=SQL_MAX_ROW_BYTES,
+                       max_bytes=SQL_MAX_BYTES)

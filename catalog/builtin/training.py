@@ -204,11 +204,14 @@ def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[i
     per_op = cfg.batch_size // len(OPERATORS)
     to_save = set(schedule)
 
-    bar = tqdm(total=cfg.steps, desc="training built-in model", disable=not progress, unit="step")
-    loss_val = float("nan")
-    for step in range(cfg.steps + 1):
-        if step in to_save:
+    state_path = out / STATE_FILE
+    start, loss_val = _resume(state_path, cfg, root, model, opt, gen)
+    bar = tqdm(total=cfg.steps, initial=start, desc="training built-in model",
+               disable=not progress, unit="step")
+    for step in range(start, cfg.steps + 1):
+        if step in to_save and not (step == start and start > 0):
             _save_checkpoint(model, data, cfg, step, checkpoint_path(cfg, step, root))
+            _save_state(state_path, cfg, step, model, opt, gen, loss_val)
             acc = json.loads(checkpoint_path(cfg, step, root).with_suffix(".json").read_text())
             bar.set_postfix(loss=f"{loss_val:.3f}", **{
                 f"acc{op}": f"{acc['heldout_accuracy'][op]:.2f}" for op in OPERATORS
@@ -232,6 +235,45 @@ def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[i
         if step % 50 == 0:
             bar.set_postfix_str(f"loss={loss_val:.3f}", refresh=False)
     bar.close()
+    state_path.unlink(missing_ok=True)  # every checkpoint is saved: nothing to resume
+
+
+# What a run killed part-way resumes from: the model, the optimizer and the batch
+# generator as they were when the latest checkpoint was saved (before that step's update).
+# Continuing from them gives the same bits as a run that was never interrupted.
+STATE_FILE = "training_state.pt"
+
+
+def _save_state(path: Path, cfg: TrainConfig, step: int, model, opt, gen, loss: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"config": asdict(cfg), "step": step, "model": model.state_dict(),
+                "opt": opt.state_dict(), "gen": gen.get_state(), "loss": loss}, tmp)
+    os.replace(tmp, path)  # a kill while writing leaves the previous state whole
+
+
+def _resume(path: Path, cfg: TrainConfig, root: Path | None, model, opt, gen
+            ) -> tuple[int, float]:
+    """(first step to run, last loss): 0 for a fresh run, else the step of the saved state,
+    whose checkpoints (and all earlier ones) are on disk."""
+    if not path.exists():
+        return 0, float("nan")
+    try:
+        st = torch.load(path, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - an unreadable state means a fresh start
+        log.warning("cannot read the training state %s (%s); training from step 0", path, exc)
+        return 0, float("nan")
+    step = int(st.get("step", 0))
+    saved = all(checkpoint_path(cfg, s, root).exists() for s in cfg.checkpoint_steps()
+                if s <= step)
+    if st.get("config") != asdict(cfg) or not saved:
+        log.warning("training state %s does not match this run; training from step 0", path)
+        return 0, float("nan")
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    gen.set_state(st["gen"])
+    log.warning("resuming the built-in model's training at step %d of %d (checkpoints up to "
+                "it are on disk)", step, cfg.steps)
+    return step, float(st["loss"])
 
 
 def _save_checkpoint(

@@ -126,8 +126,8 @@ def cmd_measure(args) -> int:
 
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
-    from catalog.sources import ModelSourceError, canonical_name, load_model
-    from jobs.enqueue import parse_checkpoints
+    from catalog.sources import ModelSourceError, load_model
+    from jobs.enqueue import plan
     from jobs.store_results import catalog_checkpoint
     from schema import store
     from schema.engine import SchemaBehind, require_current
@@ -135,10 +135,12 @@ def cmd_catalog(args) -> int:
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
-        name = canonical_name(args.model)
-        steps = parse_checkpoints(args.model, args.checkpoints)
+        # every checkpoint, layer and the operand range checked (metadata and tokenizer,
+        # weights' files readable) before anything is written
+        planned = plan(args.model, args.checkpoints, config, layers)
         url = require_current(database_url(args))
-        for step in steps:
+        for p in planned:
+            name, step = p.model, p.step
             if not args.force:
                 with store.connect(url) as conn:
                     have = store.find_stored(conn, model_name=name, step=step,
@@ -148,8 +150,14 @@ def cmd_catalog(args) -> int:
                     continue
             lm = load_model(args.model, step, device=execution.device)
             t0 = time.perf_counter()
+
+            def resumed(done: list[int], _step=step, _name=name) -> None:
+                print(f"{_name} step {_step}: layers {done} are stored already (an earlier "
+                      "run); computing the rest")
+
             ids = catalog_checkpoint(url, lm, config, layers=layers, progress=not args.quiet,
-                                     execution=execution)
+                                     execution=execution, resume=not args.force,
+                                     on_resume=resumed)
             print(f"{lm.info.name} step {step}: stored in {time.perf_counter() - t0:.1f} s "
                   f"(checkpoint id {ids.checkpoint_id}, config id {ids.config_id})")
     except (ModelSourceError, ValueError, SchemaBehind) as exc:

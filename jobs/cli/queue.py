@@ -66,10 +66,35 @@ def cmd_status(args) -> int:
                  f"{_bar(r.layers_done, r.layers_total)}  {r.status}"
                  + (f"  layer {r.failed_layer}: {r.error}" if r.error else "") for r in rows]
         print("\n".join(lines) if lines else "no jobs")
+        _print_reconciler(url, args.jobs or None)
         if not args.watch or not any(r.status in ACTIVE for r in rows):
             return 0
         time.sleep(args.interval)
         print()
+
+
+def _print_reconciler(url: str, job_ids: list[int] | None) -> None:
+    """Stale layers (no live worker, quiet past NCAT_STALE_SECONDS: the reconciler will
+    send them again) and the reconciler's latest actions."""
+    from jobs.reconcile import recent_events, stale_layers
+    from schema import store
+
+    with store.connect(url) as conn:
+        stale = [r for r in stale_layers(conn) if job_ids is None or r[0] in job_ids]
+        events = recent_events(conn, job_ids, limit=5)
+    if stale:
+        print("stale (no live worker; the reconciler sends these again):")
+        for job, layer, status, worker, quiet in stale:
+            since = "never seen" if quiet is None else f"quiet {quiet:.0f} s"
+            print(f"  job {job} layer {layer}: {status}, {since}"
+                  + (f", last worker {worker}" if worker else ""))
+    if events:
+        print("reconciler, latest:")
+        for at, job, layer, action, detail in events:
+            where = f"job {job}" + ("" if layer is None else f" layer {layer}")
+            extra = ", ".join(f"{k} {v}" for k, v in (detail or {}).items() if v is not None)
+            print(f"  {at:%Y-%m-%d %H:%M:%S}  {where}: {action.replace('_', ' ')}"
+                  + (f" ({extra})" if extra else ""))
 
 
 def cmd_cancel(args) -> int:

@@ -103,6 +103,21 @@ def cmd_demo(args) -> int:
     return cmd_explore(args)
 
 
+def cmd_stop(args) -> int:
+    """Stop the embedded servers of NCAT_HOME (started when no DATABASE_URL / REDIS_URL was
+    set and nothing answered on the local ports)."""
+    from catalog.settings import get_settings
+    from jobs.broker import stop_embedded_redis
+    from schema.settings import stop_embedded_in
+
+    home = get_settings().ncat_home
+    pg = stop_embedded_in(home / "pgdata")
+    rd = stop_embedded_redis(home)
+    print(f"embedded PostgreSQL in {home / 'pgdata'}: " + ("stopped" if pg else "not running"))
+    print(f"embedded Redis in {home / 'redis'}: " + ("stopped" if rd else "not running"))
+    return 0
+
+
 def _serve_options(s) -> None:
     s.add_argument("--port", type=int, default=None,
                    help="the explorer's port (default: $NCAT_EXPLORER_PORT or 8501)")
@@ -121,6 +136,10 @@ def add_commands(sub) -> None:
     _serve_options(s)
     science_options(s, DEMO_CONFIG)
     s.set_defaults(fn=cmd_demo, database_url=None)
+
+    s = sub.add_parser("stop", help="stop the embedded PostgreSQL and Redis that commands "
+                                    "started in NCAT_HOME (their data stays)")
+    s.set_defaults(fn=cmd_stop)
 
     s = sub.add_parser("migrate", help="create or upgrade the catalog's database")
     database_option(s)

@@ -208,7 +208,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_embedded_fallback_when_no_server_answers(tmp_path):
+def test_embedded_fallback_when_no_server_answers(tmp_path, monkeypatch, capsys):
+    from jobs.cli import main
+    from schema.settings import embedded_running
+
+    monkeypatch.setenv("NCAT_HOME", str(tmp_path))
     port = free_port()  # nothing listens here
     url = resolve_database_url(Settings(database_url=None, ncat_home=tmp_path,
                                         local_pg_port=port))
@@ -218,10 +222,15 @@ def test_embedded_fallback_when_no_server_answers(tmp_path):
         with store.connect(url) as conn:
             assert conn.execute("SELECT value FROM catalog_setting WHERE key = "
                                 "'match_threshold'").fetchone()[0] == pytest.approx(0.6)
+        assert embedded_running(tmp_path / "pgdata")
+        assert main(["stop"]) == 0  # what a user runs: stops it whichever process started it
+        assert "embedded PostgreSQL in" in capsys.readouterr().out
+        assert embedded_running(tmp_path / "pgdata") is None
     finally:  # tests stop what they start: no server outlives the suite
         from schema.settings import stop_embedded
 
-        assert stop_embedded()
+        stop_embedded()
+    assert embedded_running(tmp_path / "pgdata") is None
     with pytest.raises(psycopg.OperationalError):
         store.connect(url, connect_timeout=3)
 
@@ -236,3 +245,98 @@ def test_database_url_wins(monkeypatch):
         url = resolve_database_url(Settings(database_url=None, local_pg_host="127.0.0.1",
                                             local_pg_port=port))
     assert url == f"postgresql+psycopg://postgres@127.0.0.1:{port}/ncat"
+
+
+def test_ncat_catalog_validates_every_checkpoint_before_writing(db, tiny_builtin, monkeypatch,
+                                                                 capsys):
+    """A bad second checkpoint, a bad layer or operand range used to be found after the
+    first checkpoint's rows were written."""
+    from catalog.builtin import model_name
+    from jobs.cli import main
+
+    from tiny_model import TINY
+
+    _, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    name = model_name(TINY)
+    for extra, message in (
+            (["--checkpoints", "300,77777"], "77777"),
+            (["--checkpoints", "300", "--layers", "0,9"], "layers [9] do not exist"),
+            (["--checkpoints", "300", "--layers", ""], "--layers is empty"),
+            (["--checkpoints", "300", "--hi", "5000"], "5000")):
+        assert main(["catalog", name, *extra, "--quiet", "--database-url", db]) == 2, extra
+        assert message in capsys.readouterr().err, extra
+    with store.connect(db) as conn:
+        for table in ("checkpoint", "measure_config", "layer_result", "model"):
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] == 0, table
+
+
+def test_ncat_catalog_resumes_an_interrupted_checkpoint_layer_by_layer(db, tiny_builtin,
+                                                                       monkeypatch, capsys):
+    """Layers stored by an interrupted run are not computed again; the summary covers
+    them all, and the rows equal those of a run that was never interrupted."""
+    from catalog.builtin import model_name
+    from jobs import store_results
+    from jobs.cli import main
+
+    from tiny_model import TINY
+
+    _, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    name = model_name(TINY)
+    args = ["catalog", name, "--checkpoints", "300", "--hi", "10", "--pairs", "6", "--quiet",
+            "--database-url", db]
+    real = store_results.store_layer
+    computed: list[int] = []
+
+    def interrupted(conn, run, ids, layer, *a, **kw):
+        if layer == TINY.n_layers - 1:
+            raise KeyboardInterrupt  # the run is stopped before its last layer
+        computed.append(layer)
+        return real(conn, run, ids, layer, *a, **kw)
+
+    monkeypatch.setattr(store_results, "store_layer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    with store.connect(db) as conn:
+        first = conn.execute("SELECT layer, written_at FROM layer_result ORDER BY layer"
+                             ).fetchall()
+    assert [r[0] for r in first] == list(range(TINY.n_layers - 1))
+
+    def counting(conn, run, ids, layer, *a, **kw):
+        computed.append(layer)
+        return real(conn, run, ids, layer, *a, **kw)
+
+    computed.clear()
+    monkeypatch.setattr(store_results, "store_layer", counting)
+    assert main(args) == 0
+    assert computed == [TINY.n_layers - 1]  # only the missing layer
+    assert "are stored already" in capsys.readouterr().out
+    with store.connect(db) as conn:
+        again = conn.execute("SELECT layer, written_at FROM layer_result ORDER BY layer"
+                             ).fetchall()
+        assert again[:-1] == first  # the stored layers were not rewritten
+        assert conn.execute("SELECT layers FROM checkpoint_summary").fetchone()[0] == \
+            list(range(TINY.n_layers))
+        resumed = conn.execute("SELECT md5(string_agg(row(layer, neuron, op, effect_exact, "
+                               "rank, best_score)::text, '|' ORDER BY layer, neuron, op)) "
+                               "FROM neuron_op").fetchone()[0]
+        summary = conn.execute("SELECT faithfulness::text, n_heuristic_neurons::text "
+                               "FROM checkpoint_summary").fetchone()
+    # the same checkpoint computed in one go, into a fresh database
+    from helpers import drop_database, new_database_url
+
+    from schema.engine import migrate
+
+    fresh = new_database_url(db)
+    migrate(fresh)
+    try:
+        assert main([*args[:-1], fresh]) == 0
+        with store.connect(fresh) as conn:
+            assert conn.execute("SELECT md5(string_agg(row(layer, neuron, op, effect_exact, "
+                                "rank, best_score)::text, '|' ORDER BY layer, neuron, op)) "
+                                "FROM neuron_op").fetchone()[0] == resumed
+            assert conn.execute("SELECT faithfulness::text, n_heuristic_neurons::text "
+                                "FROM checkpoint_summary").fetchone() == summary
+    finally:
+        drop_database(fresh)

@@ -163,3 +163,40 @@ def test_the_trainer_child_stops_when_its_parent_dies(tmp_path):
     while child_pids():
         assert time.monotonic() < deadline, "the trainer's child outlived its parent"
         time.sleep(0.2)
+
+
+def test_training_killed_part_way_resumes_from_its_last_checkpoint(tiny_builtin, tmp_path):
+    """A run killed after some checkpoints used to start again from step 0. It now
+    continues from the latest saved state (model, optimizer, batch generator): earlier
+    checkpoint files are left as they were and every checkpoint has the bits of an
+    uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg, root = tiny_builtin
+    folder = tmp_path / cfg.key()
+    code = ("import sys; sys.path.insert(0, 'tests'); from pathlib import Path; "
+            "from catalog import builtin; from tiny_model import TINY; "
+            f"builtin.train(TINY, root=Path({str(tmp_path)!r}), progress=False)")
+    parent = subprocess.Popen([sys.executable, "-c", code],
+                              cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 120
+    while not (folder / "step64.json").exists():
+        assert time.monotonic() < deadline and parent.poll() is None, "no step 64 checkpoint"
+        time.sleep(0.01)
+    os.kill(parent.pid, signal.SIGKILL)  # the trainer child dies with it (pdeathsig)
+    parent.wait()
+    time.sleep(0.5)
+    assert not (folder / f"step{cfg.steps}.json").exists(), "the run finished before the kill"
+    assert (folder / builtin.training.STATE_FILE).exists()
+    early = {p.name: p.stat().st_mtime_ns for p in folder.glob("step*.pt")}
+    builtin.train(cfg, root=tmp_path, progress=False)
+    for step in cfg.checkpoint_steps():
+        a = json.loads((root / cfg.key() / f"step{step}.json").read_text())
+        b = json.loads((folder / f"step{step}.json").read_text())
+        assert a["weights_hash"] == b["weights_hash"], step
+    for name, mtime in early.items():  # not trained again
+        assert (folder / name).stat().st_mtime_ns == mtime, name
+    assert not (folder / builtin.training.STATE_FILE).exists()

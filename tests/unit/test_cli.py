@@ -42,6 +42,26 @@ def test_worker_settings_suit_long_gpu_tasks(monkeypatch):
     assert conf.broker_transport_options["visibility_timeout"] == 7200
 
 
+def test_a_new_pool_process_has_time_to_import_the_science():
+    """Celery's default allowance for a new pool process (4 s) is shorter than the
+    imports it does at start (torch, TransformerLens, the catalog; 7-17 s measured under
+    load), so every replacement for a killed child was killed in turn. The allowance must
+    cover those imports, measured here in a fresh interpreter, several times over."""
+    import subprocess
+    import sys
+    import time
+
+    from jobs.celery_app import make_app
+
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import jobs.tasks as t; t._import_the_science()"],
+                   check=True, env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"})
+    took = time.perf_counter() - t0
+    allowance = make_app().conf.worker_proc_alive_timeout
+    print(f"pool process imports: {took:.1f} s; allowance {allowance:.0f} s")
+    assert allowance >= max(60.0, 5 * took)
+
+
 def test_bad_arguments_exit_with_a_message(capsys):
     # bad input: exit code 2 and a one-line message naming the flag, for every command
     assert main(["measure", "builtin", "--layers", "one"]) == 2
@@ -84,3 +104,15 @@ def test_a_bad_explorer_port_stops_only_the_explorer(monkeypatch):
     assert build_parser().parse_args(["status"]).fn  # other commands are unaffected
     with pytest.raises(SystemExit, match="NCAT_EXPLORER_PORT must be a port number, got 'eighty'"):
         main(["explore"])
+
+
+def test_an_unreachable_database_is_one_line_with_the_url_and_no_password(capsys):
+    from jobs.cli import UNREACHABLE, main
+
+    url = "postgresql://analyst:s3cret@127.0.0.1:1/catalog"
+    for argv in (["status", "--database-url", url], ["migrate", "--database-url", url]):
+        assert main(argv) == UNREACHABLE
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "analyst:***@127.0.0.1:1/catalog" in err and "s3cret" not in err
+        assert "Is PostgreSQL running there?" in err

@@ -33,6 +33,16 @@ def test_services_healthchecks_and_dependencies():
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"] and gpu["driver"] == "nvidia"
     assert services["explorer"]["ports"] == ["${EXPLORER_PORT:-8501}:8501"]
+    # Redis keeps an append-only file on a volume: queued messages survive its restart
+    redis_cmd = services["redis"]["command"]
+    assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
+    assert "redis-data" in compose()["volumes"]
+    # the explorer (SQL console included) listens on all interfaces only inside its
+    # container, and says so explicitly; `ncat explore` alone serves on localhost
+    cmd = services["explorer"]["command"]
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert build_parser().parse_args(["explore"]).host == "127.0.0.1"
 
 
 def test_every_command_exists_in_the_project():

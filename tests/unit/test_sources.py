@@ -1,6 +1,7 @@
 """Model sources: built-in checkpoints, the offline Pythia cache, local HF dirs, GGUF, errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,15 +48,34 @@ def test_pythia_revisions_from_offline_cache(pythia_hub):
     assert a.info.number_limit == 520 and not a.info.digit_level
     again = load_model(pythia_hub, checkpoint=1000)
     assert again.info.weights_hash == a.info.weights_hash
-    steps = list_checkpoints(pythia_hub)
-    assert steps[:4] == [0, 1, 2, 4] and steps[-1] == 143000 and 1000 in steps
+    # offline (the tests set HF_HUB_OFFLINE), the steps are those the cache holds
+    assert list_checkpoints(pythia_hub) == [1000, 2000]
 
 
 def test_pythia_bad_checkpoints_name_what_exists(pythia_hub):
     with pytest.raises(ModelSourceError, match=r"step 1500 does not exist.*\[.*1000, 2000"):
         load_model(pythia_hub, checkpoint=1500)
-    with pytest.raises(ModelSourceError, match="at revision step3000"):
-        load_model(pythia_hub, checkpoint=3000)  # published, but not in the offline cache
+    # published, but not in the offline cache: the message lists what is cached
+    with pytest.raises(ModelSourceError, match=r"step 3000 .* not in the offline .*cached "
+                                               r"steps: \[1000, 2000\]"):
+        load_model(pythia_hub, checkpoint=3000)
+
+
+def test_a_cache_holding_only_step_revisions_loads_offline(pythia_hub):
+    """A cache with refs/stepN and no refs/main used to fail with a bare OSError (the
+    converter read the config and tokenizer at main)."""
+    from huggingface_hub import constants
+
+    main = Path(constants.HF_HUB_CACHE) / f"models--{pythia_hub.replace('/', '--')}" / \
+        "refs" / "main"
+    saved = main.read_text()
+    main.unlink()
+    try:
+        lm = load_model(pythia_hub, checkpoint=1000)
+        assert lm.info.revision == "step1000" and lm.info.n_layers == 6
+        assert list_checkpoints(pythia_hub) == [1000, 2000]
+    finally:
+        main.write_text(saved)
 
 
 def test_local_directory_and_gguf(tmp_path):

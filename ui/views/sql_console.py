@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from ui import data
@@ -11,17 +12,27 @@ EXAMPLE = "SELECT step, op, family, circuit_neurons FROM heuristic_census ORDER 
 
 def render() -> None:
     st.title("SQL console")
-    st.caption(f"Read-only (role catalog_reader), {data.SQL_TIMEOUT_MS // 1000} s timeout, "
-               f"at most {data.SQL_ROW_CAP} rows. See docs/queries.md for the views.")
+    st.caption(f"Read-only (role catalog_reader, a read-only transaction rolled back after "
+               f"each query), {data.SQL_TIMEOUT_MS // 1000} s timeout, at most "
+               f"{data.SQL_ROW_CAP} rows and {data.SQL_MAX_BYTES >> 20} MB. See docs/queries.md "
+               "for the views.")
     sql = st.text_area("Query", value=EXAMPLE, height=140, key="sql")
     if not st.button("Run", key="run-sql"):
         return
     try:
-        df, capped = data.run_console(sql)
+        res = data.run_console(sql)
     except data.ConsoleError as exc:
         st.error(str(exc))
         return
-    if capped:
+    df = pd.DataFrame(res.rows, columns=res.columns)
+    if res.capped:
         st.warning(f"Showing the first {data.SQL_ROW_CAP} rows.")
+    if res.byte_capped:
+        st.warning(f"Showing the first {len(res.rows)} rows: they reached "
+                   f"{data.SQL_MAX_BYTES >> 20} MB, the console's limit.")
+    if res.oversized:
+        st.warning(f"{len(res.oversized)} row(s) larger than {data.SQL_MAX_ROW_BYTES >> 20} MB "
+                   f"are shown empty (rows {', '.join(map(str, res.oversized[:10]))}); select "
+                   "fewer or shorter columns.")
     st.dataframe(df, hide_index=True, width="stretch")
     st.download_button("Download CSV", df.to_csv(index=False), "query.csv", "text/csv")

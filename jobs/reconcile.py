@@ -1,0 +1,203 @@
+"""The reconciler: the database says what work exists; the broker only carries hints.
+
+Every worker runs one in its parent process (a thread started when the worker is ready;
+no torch there), every NCAT_RECONCILE_SECONDS; a transaction-level advisory lock lets one
+pass run at a time across workers. A pass finds, for jobs that are queued or running:
+
+- layers that are queued or running with no live holder: their advisory lock is free
+  (the server frees it when the holder's connection dies), no message for them waits in
+  the broker's queue, and neither a heartbeat nor a send happened within
+  NCAT_STALE_SECONDS (doubled after each resend, up to 8x). Those are sent again; a layer
+  that was *started* NCAT_MAX_ATTEMPTS times without finishing fails its job with the
+  error, so a layer that kills its worker every time does not loop forever;
+- jobs whose layers are all stored but whose final step (summary, view refresh) never
+  ran or died: no one holds the job's summary lock and nothing changed within the stale
+  bound. They go back to running and one message goes out; the worker that takes it finds
+  the layer stored and runs the final step.
+
+What it did is written to ``reconcile_event`` (``ncat status`` shows it). Messages go out
+after the transaction commits, so a worker always finds the rows they point to.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from catalog.settings import Settings, get_settings
+from jobs.locks import LOCK_NAMESPACE, RECONCILE_KEY, SUMMARY_SLOT, layer_lock_key
+from schema import store
+from schema.jobs import Status
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[int, int], None]
+
+
+@dataclass
+class Action:
+    job_id: int
+    layer: int | None
+    action: str  # resent | summary_resumed | failed
+    detail: dict
+
+
+def held_lock_keys(conn) -> set[int]:
+    """Advisory lock keys (bigint form, this project's namespace) held by any session."""
+    rows = conn.execute(
+        "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
+        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted").fetchall()
+    return {r[0] for r in rows if r[0] >> 40 == LOCK_NAMESPACE}
+
+
+def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
+    """(job, layer) of the run_layer messages waiting in ``queue`` (not yet delivered);
+    None when the broker cannot be read (then nothing is judged lost)."""
+    import redis
+
+    try:
+        r = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        raw = []
+        for key in [queue] + [f"{queue}\x06\x16{p}" for p in range(1, 10)]:
+            raw += r.lrange(key, 0, -1)
+    except Exception as exc:  # noqa: BLE001 - any broker trouble means "do not judge"
+        log.warning("reconciler: cannot read the broker's queue %s: %s", queue, exc)
+        return None
+    out = set()
+    for item in raw:
+        try:
+            msg = json.loads(item)
+            body = msg["body"]
+            if msg.get("properties", {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args = json.loads(body)[0]
+            if msg.get("headers", {}).get("task") == "ncat.run_layer" and len(args) == 2:
+                out.add((int(args[0]), int(args[1])))
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    return out
+
+
+def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
+              settings: Settings | None = None) -> list[Action]:
+    """One pass (see the module docstring); returns what it did."""
+    s = settings or get_settings()
+    if pending is None:
+        return []
+    actions: list[Action] = []
+    to_send: list[tuple[int, int]] = []
+    with store.connect(url) as conn, conn.transaction():
+        if not store.scalar(conn.execute("SELECT pg_try_advisory_xact_lock(%s)",
+                                         (RECONCILE_KEY,))):
+            return []  # another worker's reconciler is at it
+        held = held_lock_keys(conn)
+        rows = conn.execute(
+            "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.worker, "
+            "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
+            "FROM job_layer l JOIN job j ON j.id = l.job_id "
+            "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
+            (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
+        failed_jobs: set[int] = set()
+        for job_id, layer, status, attempts, resends, worker, quiet in rows:
+            if job_id in failed_jobs or layer_lock_key(job_id, layer) in held \
+                    or (job_id, layer) in pending:
+                continue
+            bound = s.ncat_stale_seconds * 2 ** min(resends, 3)
+            if quiet is not None and quiet < bound:
+                continue
+            quiet_s = None if quiet is None else round(float(quiet), 1)
+            if status == Status.RUNNING and attempts >= s.ncat_max_attempts:
+                error = (f"layer {layer} was started {attempts} times and never finished "
+                         f"(last on {worker}); the reconciler gave up")
+                conn.execute("UPDATE job_layer SET status = %s, error = %s, finished_at = now() "
+                             "WHERE job_id = %s AND layer = %s",
+                             (Status.FAILED, error, job_id, layer))
+                conn.execute("UPDATE job SET status = %s, error = %s, failed_layer = %s, "
+                             "updated_at = now(), finished_at = now() WHERE id = %s",
+                             (Status.FAILED, error, layer, job_id))
+                failed_jobs.add(job_id)
+                actions.append(Action(job_id, layer, "failed", {"attempts": attempts}))
+                continue
+            conn.execute("UPDATE job_layer SET status = %s, sent_at = now(), "
+                         "resends = resends + 1 WHERE job_id = %s AND layer = %s",
+                         (Status.QUEUED, job_id, layer))
+            to_send.append((job_id, layer))
+            actions.append(Action(job_id, layer, "resent", {
+                "was": status, "quiet_seconds": quiet_s, "worker": worker,
+                "resends": resends + 1}))
+        # jobs whose layers are all done and whose final step is not running
+        finals = conn.execute(
+            "SELECT j.id, j.status, extract(epoch FROM now() - j.updated_at), "
+            "(SELECT min(layer) FROM job_layer WHERE job_id = j.id) FROM job j "
+            "WHERE j.status IN (%s, %s, %s) AND NOT EXISTS (SELECT 1 FROM job_layer l "
+            "WHERE l.job_id = j.id AND l.status <> %s)",
+            (Status.QUEUED, Status.RUNNING, Status.SUMMARIZING, Status.DONE)).fetchall()
+        for job_id, status, quiet, first in finals:
+            if layer_lock_key(job_id, SUMMARY_SLOT) in held or quiet < s.ncat_stale_seconds:
+                continue
+            conn.execute("UPDATE job SET status = %s, updated_at = now() WHERE id = %s",
+                         (Status.RUNNING, job_id))
+            to_send.append((job_id, first))
+            actions.append(Action(job_id, None, "summary_resumed",
+                                  {"was": status, "quiet_seconds": round(float(quiet), 1)}))
+        for a in actions:
+            conn.execute("INSERT INTO reconcile_event (job_id, layer, action, detail) "
+                         "VALUES (%s, %s, %s, %s)",
+                         (a.job_id, a.layer, a.action, json.dumps(a.detail)))
+    for job_id, layer in to_send:
+        send(job_id, layer)
+    for a in actions:
+        log.warning("reconciler: job %s layer %s: %s %s", a.job_id, a.layer, a.action, a.detail)
+    return actions
+
+
+def stale_layers(conn, settings: Settings | None = None) -> list[tuple]:
+    """(job, layer, status, worker, seconds quiet) of active layers that no live worker
+    holds and that have been quiet longer than the stale bound: what the next reconciler
+    pass will send again (``ncat status`` lists them)."""
+    s = settings or get_settings()
+    held = held_lock_keys(conn)
+    rows = conn.execute(
+        "SELECT l.job_id, l.layer, l.status, l.worker, "
+        "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
+        "FROM job_layer l JOIN job j ON j.id = l.job_id "
+        "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
+        (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
+    return [(j, la, st, w, None if q is None else float(q)) for j, la, st, w, q in rows
+            if layer_lock_key(j, la) not in held and (q is None or q >= s.ncat_stale_seconds)]
+
+
+def recent_events(conn, job_ids: list[int] | None = None, limit: int = 10) -> list[tuple]:
+    """The reconciler's latest actions: (at, job, layer, action, detail), newest first."""
+    return conn.execute(
+        "SELECT at, job_id, layer, action, detail FROM reconcile_event "
+        "WHERE %s::int[] IS NULL OR job_id = ANY(%s::int[]) ORDER BY at DESC, id DESC LIMIT %s",
+        (job_ids, job_ids, limit)).fetchall()
+
+
+class Reconciler(threading.Thread):
+    """The periodic pass, in a daemon thread of the worker's parent process."""
+
+    def __init__(self, url: str, send: Send, redis_url: str, queue: str,
+                 settings: Settings | None = None) -> None:
+        super().__init__(name="ncat-reconciler", daemon=True)
+        self.url, self.send, self.redis_url, self.queue = url, send, redis_url, queue
+        self.settings = settings or get_settings()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                reconcile(self.url, self.send, broker_pending(self.redis_url, self.queue),
+                          self.settings)
+            except Exception:  # noqa: BLE001 - a pass that fails is tried again next time
+                log.exception("reconciler pass failed; trying again in %.0f s",
+                              self.settings.ncat_reconcile_seconds)
+            self.stopped.wait(self.settings.ncat_reconcile_seconds)
+
+    def stop(self) -> None:
+        self.stopped.set()

@@ -1,0 +1,203 @@
+"""The analysts' SQL console: one read-only statement, bounded in rows, bytes and time.
+
+Layers, each enough on its own for what it guards:
+
+- a lexer (``statements``) that knows quotes, dollar quotes and comments, so ``select ';'``
+  is one statement and ``select 1; drop table x`` is two (refused); only statements that
+  start with SELECT, WITH, VALUES, TABLE, EXPLAIN or SHOW are sent;
+- the ``catalog_reader`` role (SELECT only; migration 0007 takes large objects, advisory
+  locks and NOTIFY away from it);
+- a fresh connection per statement, in a READ ONLY transaction that has already run a
+  query (after that PostgreSQL refuses to make it read-write), always rolled back and
+  closed: nothing the statement sets, creates or locks outlives it;
+- a statement timeout, and a server-side cursor that fetches at most ``row_cap + 1`` rows;
+  each row's size is measured on the server (``pg_column_size``) and a row above
+  ``max_row_bytes`` comes back as NULLs with a note, and fetching stops once the rows
+  fetched pass ``max_bytes``: a 1 GB string or 100 million rows never reach this process.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql as psql
+
+from schema import store
+from schema.export import as_reader
+
+ALLOWED = ("select", "with", "values", "table", "explain", "show")
+WRAPPABLE = ("select", "with", "values", "table")  # may stand as a subquery in FROM
+SIZE_COLUMN = "__ncat_row_bytes"
+
+
+class ConsoleError(ValueError):
+    """A statement that was refused or failed, with a message for the user."""
+
+
+@dataclass
+class ConsoleResult:
+    columns: list[str]
+    rows: list[tuple]
+    capped: bool = False  # more rows than row_cap
+    byte_capped: bool = False  # fetching stopped at max_bytes
+    oversized: list[int] = field(default_factory=list)  # row numbers shown as NULLs
+
+
+_DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
+def statements(text: str) -> list[str]:
+    """Split SQL at top-level semicolons, skipping quoted text and comments; empty
+    statements (a trailing ';') are dropped."""
+    out, start, i, n = [], 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "-" and text.startswith("--", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif c == "/" and text.startswith("/*", i):  # nested, as PostgreSQL allows
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c in "'\"":
+            i += 1
+            while i < n:
+                if text[i] == c:
+                    if i + 1 < n and text[i + 1] == c:  # a doubled quote inside
+                        i += 2
+                        continue
+                    break
+                if c == "'" and text[i] == "\\" and _escape_string(text, i):
+                    i += 1
+                i += 1
+            i += 1
+        elif c == "$" and (m := _DOLLAR.match(text, i)) and not _in_word(text, i):
+            end = text.find(m.group(0), m.end())
+            i = n if end < 0 else end + len(m.group(0))
+        elif c == ";":
+            out.append(text[start:i])
+            start = i = i + 1
+        else:
+            i += 1
+    out.append(text[start:])
+    return [s.strip() for s in out if s.strip() and not _only_comments(s)]
+
+
+def _escape_string(text: str, backslash: int) -> bool:
+    """Whether the quote before ``backslash`` opened an E'...' string."""
+    q = text.rfind("'", 0, backslash)
+    return q > 0 and text[q - 1] in "eE" and not _in_word(text, q - 1)
+
+
+def _in_word(text: str, i: int) -> bool:
+    return i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_")
+
+
+def _only_comments(s: str) -> bool:
+    s = re.sub(r"--[^\n]*", "", s)
+    s = re.sub(r"/\*.*?\*/", "", s, flags=re.S)
+    return not s.strip()
+
+
+def _first_word(stmt: str) -> str:
+    s = stmt
+    while True:
+        s = s.lstrip()
+        if s.startswith("--"):
+            s = s.split("\n", 1)[1] if "\n" in s else ""
+        elif s.startswith("/*"):
+            s = s.split("*/", 1)[1] if "*/" in s else ""
+        elif s.startswith("("):
+            s = s[1:]
+        else:
+            break
+    m = re.match(r"[A-Za-z]+", s)
+    return m.group(0).lower() if m else ""
+
+
+def check(text: str) -> str:
+    """The one statement to run, or ConsoleError saying why not."""
+    parts = statements(text)
+    if not parts:
+        raise ConsoleError("Enter a SELECT query.")
+    if len(parts) > 1:
+        raise ConsoleError(f"One statement at a time: this text holds {len(parts)} statements "
+                           "separated by ';'.")
+    if _first_word(parts[0]) not in ALLOWED:
+        raise ConsoleError("The SQL console is read-only: only SELECT, WITH, EXPLAIN, VALUES, "
+                           "TABLE and SHOW are allowed (no INSERT, UPDATE, DELETE or DDL).")
+    return parts[0]
+
+
+def run(url: str, text: str, *, row_cap: int = 1000, timeout_ms: int = 5000,
+        max_row_bytes: int = 1 << 20, max_bytes: int = 64 << 20,
+        batch: int = 20) -> ConsoleResult:
+    """Run one read-only statement as ``catalog_reader`` on the database at ``url``."""
+    stmt = check(text)
+    wrap = _first_word(stmt) in WRAPPABLE
+    try:
+        with store.connect(as_reader(url)) as conn:
+            conn.read_only = True  # every transaction of this connection: BEGIN READ ONLY
+            try:
+                return _run(conn, stmt, wrap, row_cap, timeout_ms, max_row_bytes, max_bytes,
+                            batch)
+            finally:
+                conn.rollback()
+    except psycopg.errors.ReadOnlySqlTransaction:
+        raise ConsoleError("The SQL console is read-only: writes are refused.") from None
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConsoleError(f"The SQL console is read-only: {exc.diag.message_primary}.") \
+            from None
+    except psycopg.errors.QueryCanceled:
+        raise ConsoleError(f"The query ran longer than {timeout_ms / 1000:g} s and was "
+                           "stopped.") from None
+    except psycopg.Error as exc:
+        raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
+
+
+def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_ms: int,
+         max_row_bytes: int, max_bytes: int, batch: int) -> ConsoleResult:
+    conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(int(timeout_ms)),))
+    # a query has run in this transaction: it can no longer be made read-write
+    if not wrap:  # EXPLAIN, SHOW: small answers, which cannot stand in a FROM clause
+        cur = conn.execute(stmt)
+        cols = [d.name for d in cur.description] if cur.description else []
+        rows = cur.fetchmany(row_cap + 1)
+        return ConsoleResult(cols, rows[:row_cap], capped=len(rows) > row_cap)
+    query = psql.SQL(
+        "SELECT (CASE WHEN pg_column_size(q.*) <= {lim} THEN q END).*, "
+        "pg_column_size(q.*) AS {size} FROM ({stmt}\n) AS q LIMIT {n}").format(
+        lim=psql.Literal(int(max_row_bytes)), size=psql.Identifier(SIZE_COLUMN),
+        stmt=psql.SQL(stmt), n=psql.Literal(int(row_cap) + 1))
+    out = ConsoleResult([], [])
+    total = 0
+    with conn.cursor(name="ncat_console") as cur:
+        cur.execute(query)
+        assert cur.description is not None
+        out.columns = [d.name for d in cur.description][:-1]
+        while len(out.rows) <= row_cap and not out.byte_capped:
+            got = cur.fetchmany(batch)  # at most batch * max_row_bytes in memory at once
+            if not got:
+                break
+            for row in got:
+                size = row[-1] or 0
+                if size > max_row_bytes:
+                    out.oversized.append(len(out.rows))
+                else:
+                    total += size
+                out.rows.append(tuple(row[:-1]))
+                if total > max_bytes:
+                    out.byte_capped = True
+                    break
+    if len(out.rows) > row_cap:
+        out.capped = True
+        out.rows = out.rows[:row_cap]
+        out.oversized = [i for i in out.oversized if i < row_cap]
+    return out

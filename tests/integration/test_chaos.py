@@ -1,0 +1,310 @@
+"""Jobs heal themselves: two real workers, a private Redis, PostgreSQL, and in turn a pool
+child killed mid-layer, a pool child killed during the summary, a worker's parent
+killed, a worker's database backend terminated and Redis restarted empty. After each,
+with no manual command, every job reaches 'done' within a bound, and in the end the
+stored rows equal a clean run's (checksums per checkpoint and config), with no
+duplicate and no partial layer.
+
+The workers are real ``ncat worker`` processes started through tests/integration/chaos/
+chaos_worker.py, which only adds pauses (and marks who is working) so that each failure
+lands at a known moment. The reconciler's timings are short here (stale after 4 s,
+a pass every second); the broker's visibility timeout is an hour, so no recovery below
+comes from Redis re-delivering on its own.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from catalog.builtin import model_name
+from catalog.config import MeasureConfig
+from catalog.sources import load_model
+from jobs import enqueue as enq
+from jobs.store_results import catalog_checkpoint
+from schema import store
+from schema.engine import migrate
+
+from helpers import drop_database, new_database_url, statuses
+from tiny_model import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAOS = Path(__file__).resolve().parent / "chaos" / "chaos_worker.py"
+RECOVERY_BOUND = 90  # seconds from the failure to every job done
+STALE = 4.0
+
+# one config per failure, so each failure has jobs of its own (and a clean reference)
+CONFIGS = {name: MeasureConfig(operand_hi=12, pairs_per_op=pairs, faithfulness_prompts=30)
+           for name, pairs in (("child mid-layer", 6), ("child in summary", 7),
+                               ("worker parent", 8), ("database backend", 9),
+                               ("redis restarted empty", 10))}
+STEPS = {"redis restarted empty": "64,128,300"}  # more messages than workers: some wait
+
+CHECKSUMS = {
+    "neuron_op": "n.layer, n.neuron, n.op, n.max_act, n.mean_act, n.density, n.effect_exact, "
+                 "n.effect_attr, n.effect_log, n.rank, n.rank_value, n.best_score, "
+                 "n.is_exact, n.constant",
+    "neuron_score": "n.layer, n.neuron, n.op, n.heuristic_id, n.score, n.bottom, n.p_value, "
+                    "n.implements",
+    "neuron_grid": "n.layer, n.neuron, n.op, encode(n.q, 'hex'), n.scale, n.vmin",
+    "neuron_lens": "n.layer, n.neuron, n.numbers, n.top_tokens, n.top_values",
+}
+
+
+def checksums(url: str) -> dict:
+    """(table, step, config hash) -> (rows, md5 of the rows in key order), plus the
+    summaries and layer results."""
+    out = {}
+    with store.connect(url) as conn:
+        for table, cols in CHECKSUMS.items():
+            key = "n.layer, n.neuron" + (", n.op" if "n.op" in cols else "")
+            if table == "neuron_score":
+                cols = cols.replace("n.heuristic_id", "h.key")
+                join, key = "JOIN heuristic h ON h.id = n.heuristic_id", key + ", h.key, n.bottom"
+            else:
+                join = ""
+            for step, config, rows, digest in conn.execute(
+                    f"SELECT c.step, m.config_hash, count(*), "
+                    f"md5(string_agg(row({cols})::text, '|' ORDER BY {key})) FROM {table} n "
+                    f"JOIN checkpoint c ON c.id = n.checkpoint_id "
+                    f"JOIN measure_config m ON m.id = n.config_id {join} GROUP BY 1, 2"):
+                out[(table, step, config)] = (rows, digest)
+        for step, config, rows, digest in conn.execute(
+                "SELECT c.step, m.config_hash, count(*), md5(string_agg(row(s.accuracy, "
+                "s.faithfulness, s.heuristic_knockouts, s.prompt_knockouts, "
+                "s.n_heuristic_neurons)::text, '|')) FROM checkpoint_summary s "
+                "JOIN checkpoint c ON c.id = s.checkpoint_id "
+                "JOIN measure_config m ON m.id = s.config_id GROUP BY 1, 2"):
+            out[("checkpoint_summary", step, config)] = (rows, digest)
+        for step, config, rows, layers in conn.execute(
+                "SELECT c.step, m.config_hash, count(*), array_agg(r.layer ORDER BY r.layer) "
+                "FROM layer_result r JOIN checkpoint c ON c.id = r.checkpoint_id "
+                "JOIN measure_config m ON m.id = r.config_id GROUP BY 1, 2"):
+            out[("layer_result", step, config)] = (rows, layers)
+    return out
+
+
+class Redis:
+    """A private redis-server this test may kill and restart empty on the same port."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        with __import__("socket").socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import redis
+
+        data = self.folder / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(data), "--save", "", "--appendonly", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def restart_empty(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder / "data")  # its append-only file too: everything is lost
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def chaos(db, tiny_builtin, tmp_path, monkeypatch):
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is missing: scripts/setup.sh installs it")
+    _, root = tiny_builtin
+    broker = Redis(tmp_path / "redis")
+    broker.start()
+    marks = tmp_path / "marks"
+    marks.touch()
+    env = {
+        "DATABASE_URL": db, "REDIS_URL": broker.url, "NCAT_QUEUE": f"chaos-{uuid.uuid4().hex[:8]}",
+        "NCAT_HOME": str(root.parent), "NCAT_VISIBILITY_TIMEOUT": "3600",
+        "NCAT_HEARTBEAT_SECONDS": "0.5", "NCAT_STALE_SECONDS": str(STALE),
+        "NCAT_RECONCILE_SECONDS": "1", "NCAT_BUSY_RETRY_SECONDS": "1",
+        "CHAOS_MARKS": str(marks), "CHAOS_LAYER_SLEEP": "3", "CHAOS_SUMMARY_SLEEP": "3",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(enq, "_APP", None)
+    workers: dict[str, subprocess.Popen] = {}
+
+    class Chaos:
+        url = db
+
+        def start_worker(self, label: str) -> subprocess.Popen:
+            log = open(tmp_path / f"worker-{label}.log", "w")
+            proc = subprocess.Popen(
+                [sys.executable, str(CHAOS), "--loglevel", "info",
+                 "--hostname", f"{label}@{env['NCAT_QUEUE']}"],
+                cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+            workers[label] = proc
+            return proc
+
+        def marks(self) -> list[list[str]]:
+            return [line.split() for line in marks.read_text().splitlines()]
+
+        def wait_for_mark(self, kind: str, after: int, timeout: float = 120) -> list[str]:
+            """The first mark of ``kind`` ('layer' or 'summary') after the first ``after``."""
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                found = [m for m in self.marks()[after:] if m[0] == kind]
+                if found:
+                    return found[0]
+                time.sleep(0.05)
+            raise AssertionError(f"no {kind} started within {timeout} s")
+
+        def logs(self) -> str:
+            return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"
+                             for p in tmp_path.glob("worker-*.log"))
+
+        broker_ = broker
+
+    yield Chaos()
+    for proc in workers.values():
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    broker.stop()
+
+
+def _wait_all_done(url: str, t0: float, what: str, logs) -> float:
+    deadline = t0 + RECOVERY_BOUND
+    while time.monotonic() < deadline:
+        st = statuses(url)
+        if st and all(s.status == "done" for s in st.values()):
+            return time.monotonic() - t0
+        bad = [s for s in st.values() if s.status in ("failed", "cancelled")]
+        assert not bad, (what, bad, logs())
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: jobs not done {RECOVERY_BOUND} s after the failure: "
+                         f"{statuses(url)}\n{logs()}")
+
+
+def _backend_holding_a_layer(url: str, job_ids: list[int]) -> int:
+    from jobs.locks import layer_lock_key
+
+    keys = [layer_lock_key(j, layer) for j in job_ids for layer in range(TINY.n_layers)]
+    with store.connect(url) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+            "AND ((classid::bigint << 32) | objid::bigint) = ANY(%s)", (keys,)).fetchone()
+    assert row, "no worker holds a layer lock"
+    return row[0]
+
+
+def test_every_job_finishes_after_each_failure_with_rows_equal_to_a_clean_run(
+        chaos, pg_server, tiny_builtin, capsys):
+    cfg, root = tiny_builtin
+    chaos.start_worker("w1")
+    chaos.start_worker("w2")
+    recovery: dict[str, float] = {}
+    name = model_name(TINY)
+
+    def enqueue(what: str) -> list[int]:
+        return [j.job_id for j in enq.enqueue(chaos.url, name, STEPS.get(what, "300"),
+                                              CONFIGS[what])]
+
+    # 1. a pool child SIGKILLed while it computes a layer
+    seen = len(chaos.marks())
+    enqueue("child mid-layer")
+    mark = chaos.wait_for_mark("layer", seen)
+    os.kill(int(mark[-1]), signal.SIGKILL)
+    t0 = time.monotonic()
+    recovery["child mid-layer"] = _wait_all_done(chaos.url, t0, "child mid-layer", chaos.logs)
+
+    # 2. a pool child SIGKILLed during the job's final step (summary)
+    seen = len(chaos.marks())
+    enqueue("child in summary")
+    mark = chaos.wait_for_mark("summary", seen)
+    os.kill(int(mark[-1]), signal.SIGKILL)
+    t0 = time.monotonic()
+    recovery["child in summary"] = _wait_all_done(chaos.url, t0, "child in summary",
+                                                  chaos.logs)
+
+    # 3. a worker's parent process SIGKILLed while its child computes a layer
+    seen = len(chaos.marks())
+    enqueue("worker parent")
+    mark = chaos.wait_for_mark("layer", seen)
+    parent = psutil.Process(int(mark[-1])).ppid()
+    os.kill(parent, signal.SIGKILL)
+    t0 = time.monotonic()
+    recovery["worker parent"] = _wait_all_done(chaos.url, t0, "worker parent", chaos.logs)
+    chaos.start_worker("w3")  # back to two workers for what follows
+
+    # 4. the database backend of a worker holding a layer terminated
+    seen = len(chaos.marks())
+    jobs = enqueue("database backend")
+    chaos.wait_for_mark("layer", seen)
+    with store.connect(chaos.url, autocommit=True) as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)",
+                            (_backend_holding_a_layer(chaos.url, jobs),)).fetchone()[0]
+    t0 = time.monotonic()
+    recovery["database backend"] = _wait_all_done(chaos.url, t0, "database backend",
+                                                  chaos.logs)
+
+    # 5. Redis restarted empty while messages wait in it
+    seen = len(chaos.marks())
+    enqueue("redis restarted empty")
+    chaos.wait_for_mark("layer", seen)
+    chaos.broker_.restart_empty()
+    t0 = time.monotonic()
+    recovery["redis restarted empty"] = _wait_all_done(chaos.url, t0, "redis restarted empty",
+                                                       chaos.logs)
+
+    with capsys.disabled():
+        print("\nrecovery (failure -> every job done): " + ", ".join(
+            f"{k} {v:.1f} s" for k, v in recovery.items()))
+
+    # what the reconciler did is on record, and ncat status shows it
+    with store.connect(chaos.url) as conn:
+        actions = {r[0] for r in conn.execute("SELECT action FROM reconcile_event")}
+    assert "resent" in actions, actions
+
+    # the rows equal a clean run's: same checkpoints and configs, computed directly
+    clean = new_database_url(pg_server)
+    migrate(clean)
+    try:
+        for what, config in CONFIGS.items():
+            for step in (int(s) for s in STEPS.get(what, "300").split(",")):
+                lm = load_model("builtin", step, builtin_config=cfg, cache_root=root)
+                catalog_checkpoint(clean, lm, config)
+        want, got = checksums(clean), checksums(chaos.url)
+    finally:
+        drop_database(clean)
+    assert want.keys() == got.keys()
+    n_items = sum(len(STEPS.get(w, "300").split(",")) for w in CONFIGS)
+    assert sum(k[0] == "layer_result" for k in want) == n_items
+    for key in want:
+        if key[0] == "layer_result":  # every layer once: no partial, no duplicate layer
+            assert got[key] == (TINY.n_layers, list(range(TINY.n_layers))), key
+        assert got[key] == want[key], key

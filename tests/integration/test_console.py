@@ -1,0 +1,125 @@
+"""The SQL console against a real PostgreSQL, as the catalog_reader role: nothing a
+statement does outlives it, and no answer can exhaust the explorer's memory or time."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from schema import console, store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(url, sql, **kw):
+    return console.run(url, sql, **kw)
+
+
+@pytest.mark.parametrize("sql", [
+    "select ';' as semicolon",
+    "select 'it''s; fine' as a -- a comment; with a semicolon",
+    "select $tag$ ; $tag$ as dollar",
+    'select 1 as "a;b"',
+    "/* a comment; */ select 2 as n;",
+])
+def test_semicolons_inside_literals_comments_and_identifiers_are_one_statement(db, sql):
+    res = run(db, sql)
+    assert len(res.rows) == 1 and not res.capped
+
+
+def test_lexer_splits_only_at_top_level_semicolons():
+    assert console.statements("select 1; drop table x") == ["select 1", "drop table x"]
+    assert console.statements("select ';'; ") == ["select ';'"]
+    assert console.statements("select E'\\';' ; select 2") == ["select E'\\';'", "select 2"]
+    assert console.statements("select $$a;b$$; select $x$;$x$") == ["select $$a;b$$",
+                                                                   "select $x$;$x$"]
+    assert console.statements("select 1 /* x; /* nested; */ y; */") == [
+        "select 1 /* x; /* nested; */ y; */"]
+    with pytest.raises(console.ConsoleError, match="2 statements"):
+        console.check("select 1; select 2")
+    with pytest.raises(console.ConsoleError, match="read-only"):
+        console.check("  -- hi\n delete from job")
+
+
+def _large_objects(url) -> int:
+    with store.connect(url) as conn:
+        return conn.execute("SELECT count(*) FROM pg_largeobject_metadata").fetchone()[0]
+
+
+@pytest.mark.parametrize("sql", [
+    "select lo_from_bytea(0, 'persist me'::bytea)",
+    "select lo_create(0)",
+    "select pg_advisory_lock(1)",
+    "select pg_try_advisory_lock(7, 7)",
+    "select pg_notify('ncat', 'hello')",
+])
+def test_large_objects_advisory_locks_and_notify_are_refused(db, sql):
+    before = _large_objects(db)
+    with pytest.raises(console.ConsoleError, match="read-only|permission denied|refused"):
+        run(db, sql)
+    assert _large_objects(db) == before
+    with store.connect(db) as conn:  # no lock left behind by the console's session
+        assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                            ).fetchone()[0] == 0
+
+
+def test_a_statement_cannot_turn_read_only_off(db):
+    # accepted by PostgreSQL, but only for later transactions of a session that is closed
+    run(db, "select set_config('default_transaction_read_only', 'off', false)")
+    with pytest.raises(console.ConsoleError, match="read-only"):
+        run(db, "select set_config('transaction_read_only', 'off', true)")
+    with pytest.raises(console.ConsoleError, match="read-only"):
+        run(db, "with x as (insert into catalog_setting values ('x', 1) returning key) "
+                "select * from x")
+    with store.connect(db) as conn:
+        assert conn.execute("SELECT count(*) FROM catalog_setting WHERE key = 'x'"
+                            ).fetchone()[0] == 0
+
+
+def test_hundred_million_rows_are_capped_and_fast(db):
+    res = run(db, "select g from generate_series(1, 100000000) g", row_cap=1000)
+    assert res.capped and len(res.rows) == 1000 and res.rows[-1] == (1000,)
+
+
+def test_a_slow_query_is_stopped_at_the_timeout(db):
+    with pytest.raises(console.ConsoleError, match="longer than 1 s"):
+        run(db, "select count(*) from generate_series(1, 1000000000)", timeout_ms=1000)
+
+
+def test_huge_values_never_reach_the_process_and_memory_stays_bounded(db):
+    """A 1 GB string and 8 x 100 MB strings: the rows come back empty with a note, and
+    the peak memory of a process running the console (as the explorer does) grows by far
+    less than 300 MB."""
+    code = textwrap.dedent(f"""
+        import json, resource
+        from schema import console
+        url = {db!r}
+        console.run(url, "select 1")  # imports and the first connection, before measuring
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        one = console.run(url, "select repeat('x', 1000000000) as s")
+        many = console.run(url, "select repeat('x', 100000000) as s "
+                                "from generate_series(1, 8)")
+        small = console.run(url, "select repeat('y', 1000) as s from generate_series(1, 5)")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(json.dumps({{"grew_mb": (peak - base) / 1024,
+                          "one": [one.oversized, one.rows], "many": many.oversized,
+                          "many_rows": many.rows, "small": [len(r[0]) for r in small.rows]}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"console peak memory growth: {got['grew_mb']:.1f} MB")
+    assert got["grew_mb"] < 300
+    assert got["one"] == [[0], [[None]]]
+    assert got["many"] == list(range(8)) and got["many_rows"] == [[None]] * 8
+    assert got["small"] == [1000] * 5  # ordinary rows come back whole
+
+
+def test_total_bytes_are_capped(db):
+    res = run(db, "select repeat('z', 500000) as s from generate_series(1, 100)",
+              max_bytes=2_000_000)
+    assert res.byte_capped and 4 <= len(res.rows) <= 6
