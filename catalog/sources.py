@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformer_lens import HookedTransformer
@@ -309,6 +310,10 @@ def cached_revisions(official: str) -> list[str]:
     return sorted(p.name for p in refs.iterdir() if p.is_file()) if refs.is_dir() else []
 
 
+def _revision_kwargs(revision: str | None) -> dict[str, Any]:
+    return {"revision": revision} if revision else {}
+
+
 def _cached_snapshot(official: str, revision: str | None) -> str | None:
     """The local folder of ``official`` at ``revision`` (default main) in the Hugging Face
     cache, or None when it is not cached."""
@@ -369,7 +374,7 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
         model = HookedTransformer.from_pretrained(
             official, hf_model=hf_model, tokenizer=tok, device=device, dtype=dtype,
             fold_ln=True, center_writing_weights=True, center_unembed=True,
-            **({"revision": revision} if revision else {}))  # its config at this revision
+            **_revision_kwargs(revision))  # its config at this revision
     except (OSError, ValueError) as exc:
         raise ModelSourceError(
             f"cannot convert {official} at {revision or 'main'}: {type(exc).__name__}: "

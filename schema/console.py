@@ -152,6 +152,13 @@ def run(url: str, text: str, *, row_cap: int = 1000, timeout_ms: int = 5000,
                 conn.rollback()
     except psycopg.errors.ReadOnlySqlTransaction:
         raise ConsoleError("The SQL console is read-only: writes are refused.") from None
+    except psycopg.errors.FeatureNotSupported as exc:
+        if "data-modifying" in str(exc):  # WITH ... INSERT/UPDATE/DELETE, inside our wrapper
+            raise ConsoleError("The SQL console is read-only: writes are refused.") from None
+        raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
+    except psycopg.errors.ActiveSqlTransaction:  # set transaction_read_only = off
+        raise ConsoleError("The SQL console is read-only: its transaction cannot be made "
+                           "read-write.") from None
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConsoleError(f"The SQL console is read-only: {exc.diag.message_primary}.") \
             from None
@@ -171,11 +178,25 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
         cols = [d.name for d in cur.description] if cur.description else []
         rows = cur.fetchmany(row_cap + 1)
         return ConsoleResult(cols, rows[:row_cap], capped=len(rows) > row_cap)
+    # the statement's columns (planned, not run), renamed by position so that repeated
+    # names stay apart; each row's size is measured on the server, and a row over the limit
+    # comes back as NULLs
+    probe = conn.execute(psql.SQL("SELECT * FROM ({stmt}\n) AS q LIMIT 0").format(
+        stmt=psql.SQL(stmt)))
+    names = [d.name for d in probe.description or []]
+    if not names:
+        return ConsoleResult([], [])
+    alias = [psql.Identifier(f"c{i}") for i in range(len(names))]
+    lim = psql.Literal(int(max_row_bytes))
     query = psql.SQL(
-        "SELECT (CASE WHEN pg_column_size(q.*) <= {lim} THEN q END).*, "
-        "pg_column_size(q.*) AS {size} FROM ({stmt}\n) AS q LIMIT {n}").format(
-        lim=psql.Literal(int(max_row_bytes)), size=psql.Identifier(SIZE_COLUMN),
-        stmt=psql.SQL(stmt), n=psql.Literal(int(row_cap) + 1))
+        "SELECT {cols}, q.{size} FROM (SELECT q0.*, pg_column_size(q0.*) AS {size} "
+        "FROM ({stmt}\n) AS q0({alias})) AS q LIMIT {n}").format(
+        cols=psql.SQL(", ").join(
+            psql.SQL("CASE WHEN q.{size} <= {lim} THEN q.{a} END AS {name}").format(
+                size=psql.Identifier(SIZE_COLUMN), lim=lim, a=a, name=psql.Identifier(name))
+            for a, name in zip(alias, names, strict=True)),
+        size=psql.Identifier(SIZE_COLUMN), stmt=psql.SQL(stmt),
+        alias=psql.SQL(", ").join(alias), n=psql.Literal(int(row_cap) + 1))
     out = ConsoleResult([], [])
     total = 0
     with conn.cursor(name="ncat_console") as cur:

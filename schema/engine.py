@@ -40,8 +40,14 @@ def wait_for(url: str, timeout: float = 30.0) -> None:
         except Exception as exc:  # server still starting
             last = exc
             time.sleep(0.5)
-    raise ConnectionError(f"PostgreSQL at {make_url(url).render_as_string(hide_password=True)} "
-                          f"did not answer within {timeout:.0f} s: {last}")
+    first = (str(last).strip().splitlines() or [type(last).__name__])[0]
+    raise DatabaseUnreachable(
+        f"PostgreSQL at {make_url(url).render_as_string(hide_password=True)} did not answer "
+        f"within {timeout:.0f} s: {first}")
+
+
+class DatabaseUnreachable(ConnectionError):
+    """The server did not answer; the message names the URL (password hidden)."""
 
 
 def make_engine(url: str | None = None, **kwargs) -> Engine:

@@ -49,8 +49,16 @@ def service_error(exc: BaseException, args=None) -> str | None:
     """One line for a database or broker failure (the URL without its password, a hint);
     None for anything else."""
     import psycopg
+    import sqlalchemy.exc
 
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    from schema.engine import DatabaseUnreachable
+
+    if isinstance(exc, DatabaseUnreachable):
+        return f"{exc}. Is PostgreSQL running there? (--database-url or DATABASE_URL)"
+    if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        exc = exc.orig if isinstance(exc.orig, psycopg.Error) else exc
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError
+                  | sqlalchemy.exc.OperationalError):
         from jobs.cli.common import database_url
 
         try:

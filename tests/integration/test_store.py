@@ -324,9 +324,9 @@ def test_ncat_catalog_resumes_an_interrupted_checkpoint_layer_by_layer(db, tiny_
         summary = conn.execute("SELECT faithfulness::text, n_heuristic_neurons::text "
                                "FROM checkpoint_summary").fetchone()
     # the same checkpoint computed in one go, into a fresh database
-    from helpers import drop_database, new_database_url
-
     from schema.engine import migrate
+
+    from helpers import drop_database, new_database_url
 
     fresh = new_database_url(db)
     migrate(fresh)

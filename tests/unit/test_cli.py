@@ -110,7 +110,7 @@ def test_an_unreachable_database_is_one_line_with_the_url_and_no_password(capsys
     from jobs.cli import UNREACHABLE, main
 
     url = "postgresql://analyst:s3cret@127.0.0.1:1/catalog"
-    for argv in (["status", "--database-url", url], ["migrate", "--database-url", url]):
+    for argv in (["status", "--database-url", url], ["retry", "1", "--database-url", url]):
         assert main(argv) == UNREACHABLE
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Traceback" not in err
