@@ -138,7 +138,9 @@ def catalog_checkpoint(
     them back from the store. ``on_resume(layers)`` is told which were skipped.
     """
     run = CheckpointRun(lm.model, lm.tokenizer, config, execution or ExecutionConfig(), layers)
-    with store.connect(url) as conn:
+    # autocommit: each layer's transaction commits when it is written, so a run stopped
+    # part-way keeps its finished layers (and ``resume`` finds them)
+    with store.connect(url, autocommit=True) as conn:
         ids = register(conn, lm, config)
         run.prepare(progress=progress)
         write_layouts(conn, run, ids)
