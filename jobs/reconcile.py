@@ -8,8 +8,9 @@ pass run at a time across workers. A pass finds, for jobs that are queued or run
   (the server frees it when the holder's connection dies), no message for them waits in
   the broker's queue, and neither a heartbeat nor a send happened within
   NCAT_STALE_SECONDS (doubled after each resend, up to 8x). Those are sent again; a layer
-  that was *started* NCAT_MAX_ATTEMPTS times without finishing fails its job with the
-  error, so a layer that kills its worker every time does not loop forever;
+  lost while running NCAT_MAX_ATTEMPTS times (``resends``, counted since a person last
+  queued it) fails its job with the error, so a layer that kills its worker every time
+  does not loop forever;
 - jobs whose layers are all stored but whose final step (summary, view refresh) never
   ran or died: no one holds the job's summary lock and nothing changed within the stale
   bound. They go back to running and one message goes out; the worker that takes it finds
@@ -110,9 +111,9 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
             if quiet is not None and quiet < bound:
                 continue
             quiet_s = None if quiet is None else round(float(quiet), 1)
-            if status == Status.RUNNING and attempts >= s.ncat_max_attempts:
-                error = (f"layer {layer} was started {attempts} times and never finished "
-                         f"(last on {worker}); the reconciler gave up")
+            if status == Status.RUNNING and resends + 1 >= s.ncat_max_attempts:
+                error = (f"layer {layer} was lost {resends + 1} times while running (last on "
+                         f"{worker}); the reconciler gave up (`ncat retry` tries again)")
                 conn.execute("UPDATE job_layer SET status = %s, error = %s, finished_at = now() "
                              "WHERE job_id = %s AND layer = %s",
                              (Status.FAILED, error, job_id, layer))
@@ -120,7 +121,8 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
                              "updated_at = now(), finished_at = now() WHERE id = %s",
                              (Status.FAILED, error, layer, job_id))
                 failed_jobs.add(job_id)
-                actions.append(Action(job_id, layer, "failed", {"attempts": attempts}))
+                actions.append(Action(job_id, layer, "failed", {"lost": resends + 1,
+                                                                "started": attempts}))
                 continue
             conn.execute("UPDATE job_layer SET status = %s, sent_at = now(), "
                          "resends = resends + 1 WHERE job_id = %s AND layer = %s",

@@ -161,24 +161,25 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> s
     s = get_settings()
     try:
         with store.connect(url, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute("SELECT status, attempts FROM job_layer WHERE job_id = %s "
+            row = conn.execute("SELECT status, resends FROM job_layer WHERE job_id = %s "
                                "AND layer = %s", (job_id, layer)).fetchone()
-            status, attempts = row if row else (None, 0)
+            status, lost = row if row else (None, 0)
+            lost += 1
             if status != Status.RUNNING:  # stored already (the final step lost it): again
                 raise Transient(message, retry_in=5.0)
-            if attempts >= s.ncat_max_attempts:
-                error = f"{message} (attempt {attempts} of {s.ncat_max_attempts})"
+            if lost >= s.ncat_max_attempts:
+                error = f"{message} (lost {lost} times; NCAT_MAX_ATTEMPTS {s.ncat_max_attempts})"
                 jobdb.finish_layer(conn, job_id, layer, Status.FAILED, error=error)
                 jobdb.fail_job(conn, job_id, error, layer)
                 return "failed"
-            conn.execute("UPDATE job_layer SET status = %s, error = %s, sent_at = now() "
-                         "WHERE job_id = %s AND layer = %s AND status = %s",
+            conn.execute("UPDATE job_layer SET status = %s, error = %s, sent_at = now(), "
+                         "resends = resends + 1 WHERE job_id = %s AND layer = %s AND status = %s",
                          (Status.QUEUED, message[:4000], job_id, layer, Status.RUNNING))
     except psycopg.Error as exc:
         log.warning("job %s layer %s: database still unreachable (%s); the reconciler will "
                     "send the layer again", job_id, layer, exc)
-        attempts = 1
-    raise Transient(message, retry_in=min(5.0 * 2 ** max(attempts - 1, 0), 300.0))
+        lost = 1
+    raise Transient(message, retry_in=min(5.0 * 2 ** max(lost - 1, 0), 300.0))
 
 
 def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str:

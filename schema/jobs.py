@@ -133,7 +133,7 @@ def requeue(conn: psycopg.Connection, job_id: int, *, only_unfinished: bool,
     """Queue a job's layers again (all, or those not done); returns them."""
     cond = "AND status <> 'done'" if only_unfinished else ""
     layers = [r[0] for r in conn.execute(
-        f"UPDATE job_layer SET status = %s, error = NULL, sent_at = now(), attempts = 0 "
+        f"UPDATE job_layer SET status = %s, error = NULL, sent_at = now(), resends = 0 "
         f"WHERE job_id = %s {cond} "
         "RETURNING layer", (Status.QUEUED, job_id)).fetchall()]
     conn.execute("UPDATE job SET status = %s, error = NULL, failed_layer = NULL, "

@@ -1,0 +1,107 @@
+"""The reconciler's rules, pass by pass, against a real PostgreSQL (no worker: the test
+plays the lost worker and the broker)."""
+
+import pytest
+
+from catalog.settings import Settings
+from jobs import enqueue as enq
+from jobs.locks import layer_lock_key, summary_lock_key
+from jobs.reconcile import reconcile, stale_layers
+from schema import store
+
+from helpers import SEED_CONFIG
+from tiny_model import TINY
+
+SETTINGS = Settings(ncat_stale_seconds=60, ncat_max_attempts=3)
+
+
+@pytest.fixture(autouse=True)
+def _home(tiny_builtin, monkeypatch):
+    monkeypatch.setenv("NCAT_HOME", str(tiny_builtin[1].parent))
+
+
+def _job(url, queue_name):
+    (job,) = enq.enqueue(url, queue_name, "300", SEED_CONFIG, send=lambda *a: None)
+    return job.job_id
+
+
+def _age(url, job_id, seconds, **cols):
+    """Make the job's layers look quiet for ``seconds`` (and set ``cols``)."""
+    sets = ", ".join([f"{k} = %s" for k in cols] + [
+        f"{c} = now() - make_interval(secs => %s)" for c in ("sent_at", "started_at",
+                                                             "heartbeat_at")])
+    with store.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE job_layer SET {sets} WHERE job_id = %s",
+                     (*cols.values(), seconds, seconds, seconds, job_id))
+        conn.execute("UPDATE job SET status = 'running' WHERE id = %s", (job_id,))
+
+
+def test_quiet_layers_without_holder_or_message_are_sent_again(db, tiny_builtin):
+    from catalog.builtin import model_name
+
+    job = _job(db, model_name(TINY))
+    sent = []
+
+    def send(j, layer):
+        sent.append((j, layer))
+
+    # fresh: nothing to do
+    assert reconcile(db, send, set(), SETTINGS) == [] and sent == []
+    _age(db, job, 120, status="running", worker="w@lost")
+    with store.connect(db) as conn:
+        assert [r[1] for r in stale_layers(conn, SETTINGS)] == list(range(TINY.n_layers))
+    # layer 0's lock is held by a live session, layer 1's message waits in the broker
+    with store.connect(db, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(%s)", (layer_lock_key(job, 0),))
+        acts = reconcile(db, send, {(job, 1)}, SETTINGS)
+    assert [(a.layer, a.action) for a in acts] == [(x, "resent")
+                                                   for x in range(2, TINY.n_layers)]
+    assert sent == [(job, x) for x in range(2, TINY.n_layers)]
+    # the bound doubles after a resend: quiet for 120 s is not enough a second time
+    sent.clear()
+    _age(db, job, 100, status="running")
+    acts = reconcile(db, send, set(), SETTINGS)
+    assert sorted(a.layer for a in acts) == [0, 1]  # resent for the first time
+    _age(db, job, 130, status="running")
+    assert {a.layer for a in reconcile(db, send, set(), SETTINGS)} == {0, 1}  # 130 > 120
+    with store.connect(db) as conn:
+        events = conn.execute("SELECT count(*) FROM reconcile_event WHERE job_id = %s",
+                              (job,)).fetchone()[0]
+    assert events == TINY.n_layers - 2 + 2 + 2
+
+
+def test_a_layer_lost_too_often_fails_its_job_and_retry_starts_over(db, tiny_builtin):
+    from catalog.builtin import model_name
+
+    job = _job(db, model_name(TINY))
+    for _ in range(SETTINGS.ncat_max_attempts - 1):
+        _age(db, job, 10_000, status="running", worker="w@lost")
+        acts = reconcile(db, lambda *a: None, set(), SETTINGS)
+        assert {a.action for a in acts} == {"resent"}
+    _age(db, job, 10_000, status="running", worker="w@lost")
+    acts = reconcile(db, lambda *a: None, set(), SETTINGS)
+    assert [a.action for a in acts] == ["failed"]
+    st = enq.job_statuses(db, [job])[0]
+    assert st.status == "failed" and "lost 3 times" in st.error
+    assert enq.retry(db, job, send=lambda *a: None) == list(range(TINY.n_layers))
+    with store.connect(db) as conn:
+        assert conn.execute("SELECT max(resends) FROM job_layer WHERE job_id = %s",
+                            (job,)).fetchone()[0] == 0
+
+
+def test_a_summary_nobody_holds_is_resumed(db, tiny_builtin):
+    from catalog.builtin import model_name
+
+    job = _job(db, model_name(TINY))
+    with store.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE job_layer SET status = 'done' WHERE job_id = %s", (job,))
+        conn.execute("UPDATE job SET status = 'summarizing', updated_at = now() - "
+                     "interval '10 minutes' WHERE id = %s", (job,))
+    sent = []
+    with store.connect(db, autocommit=True) as holder:  # a live worker is at it
+        holder.execute("SELECT pg_advisory_lock(%s)", (summary_lock_key(job),))
+        assert reconcile(db, lambda *a: sent.append(a), set(), SETTINGS) == []
+    acts = reconcile(db, lambda *a: sent.append(a), set(), SETTINGS)
+    assert [(a.action, a.detail["was"]) for a in acts] == [("summary_resumed", "summarizing")]
+    assert sent == [(job, 0)]
+    assert enq.job_statuses(db, [job])[0].status == "running"
