@@ -134,3 +134,26 @@ def test_gguf_and_known_models_are_inspected_without_loading_weights(tmp_path, m
     assert inspect_model("qwen2.5-coder-0.5b").n_layers == 2
     with pytest.raises(ModelSourceError, match="no training checkpoints"):
         inspect_model("qwen2.5-coder-0.5b", 1000)
+
+
+def test_a_truncated_safetensors_file_is_refused_before_anything_is_queued(tmp_path):
+    """`enqueue` used to accept a directory whose weights `measure` then refused: the
+    inspection reads only config and tokenizer. It now checks each safetensors file
+    against its own header (and an index's shards exist), without loading weights."""
+    from catalog.sources import inspect_model
+
+    path = write_local_model(tmp_path / "m", seed=1)
+    assert inspect_model(str(path)).n_layers == 6  # whole: accepted
+    weights = next(path.glob("*.safetensors"))
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1000])
+    with pytest.raises(ModelSourceError, match="truncated"):
+        inspect_model(str(path))
+    weights.write_bytes(data[:4])
+    with pytest.raises(ModelSourceError, match="truncated"):
+        inspect_model(str(path))
+    weights.write_bytes(data)
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"x": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(ModelSourceError, match="missing: model-00002-of-00002"):
+        inspect_model(str(path))
