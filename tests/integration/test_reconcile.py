@@ -105,3 +105,37 @@ def test_a_summary_nobody_holds_is_resumed(db, tiny_builtin):
     assert [(a.action, a.detail["was"]) for a in acts] == [("summary_resumed", "summarizing")]
     assert sent == [(job, 0)]
     assert enq.job_statuses(db, [job])[0].status == "running"
+
+
+def test_status_lists_stale_layers_and_what_the_reconciler_did(db, capsys):
+    from catalog.builtin import model_name
+    from jobs.cli import main
+
+    job = _job(db, model_name(TINY))
+    _age(db, job, 10_000, status="running", worker="w@gone")
+    assert main(["status", "--database-url", db]) == 0
+    out = capsys.readouterr().out
+    assert "stale (no live worker" in out and f"job {job} layer 0: running" in out
+    assert "last worker w@gone" in out
+    reconcile(db, lambda *a: None, set(), SETTINGS)
+    assert main(["status", "--database-url", db]) == 0
+    out = capsys.readouterr().out
+    assert "reconciler, latest:" in out and f"job {job} layer 0: resent" in out
+    assert "stale (no live worker" not in out  # just sent again: not quiet any more
+
+
+def test_the_embedded_redis_keeps_an_append_only_file_and_ncat_stop_stops_it(tmp_path):
+    import redis
+
+    from jobs.broker import start_embedded_redis, stop_embedded_redis
+    from schema.settings import port_open
+
+    url = start_embedded_redis(tmp_path)
+    try:
+        r = redis.Redis.from_url(url)
+        assert r.config_get("appendonly") == {"appendonly": "yes"}
+        port = r.connection_pool.connection_kwargs["port"]
+    finally:
+        assert stop_embedded_redis(tmp_path)
+    assert not port_open("127.0.0.1", port)
+    assert not stop_embedded_redis(tmp_path)  # nothing left to stop
