@@ -37,15 +37,13 @@ def test_export_refuses_bad_format_and_writes(seeded, tmp_path, capsys):
 
 
 def test_catalog_command_stores_checkpoints(db, tiny_builtin, capsys, monkeypatch):
-    cfg, root = tiny_builtin
-    import catalog.sources as sources
+    from catalog.builtin import model_name
 
-    # the tiny built-in model instead of the default one; everything else is the real path
-    original = sources.load_model
-    monkeypatch.setattr(sources, "load_model", lambda name, step, device="cpu": original(
-        name, step, device=device, builtin_config=cfg, cache_root=root))
-    code = main(["catalog", "builtin", "--checkpoints", "128,300", "--hi", "12", "--pairs", "5",
-                 "--quiet", "--database-url", db])
+    cfg, root = tiny_builtin
+    # the tiny built-in model (by its variant name, from its cache folder): the real path
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    code = main(["catalog", model_name(cfg), "--checkpoints", "128,300", "--hi", "12",
+                 "--pairs", "5", "--quiet", "--database-url", db])
     assert code == 0, capsys.readouterr().err
     assert count(db, "SELECT count(*) FROM layer_result") == 2 * 2
     assert count(db, "SELECT count(*) FROM checkpoint_summary") == 2
