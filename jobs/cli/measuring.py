@@ -135,10 +135,10 @@ def cmd_catalog(args) -> int:
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
+        url = require_current(database_url(args))  # reads only: is the schema current?
         # every checkpoint, layer and the operand range checked (metadata and tokenizer,
         # weights' files readable) before anything is written
         planned = plan(args.model, args.checkpoints, config, layers)
-        url = require_current(database_url(args))
         for p in planned:
             name, step = p.model, p.step
             if not args.force:
