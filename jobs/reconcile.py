@@ -83,6 +83,17 @@ def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
     return out
 
 
+def active_layers(conn) -> list[tuple]:
+    """(job, layer, status, attempts, resends, worker, seconds quiet) of the queued and
+    running layers of active jobs; quiet is since the last heartbeat, send or start."""
+    return conn.execute(
+        "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.worker, "
+        "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
+        "FROM job_layer l JOIN job j ON j.id = l.job_id "
+        "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
+        (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
+
+
 def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
               settings: Settings | None = None) -> list[Action]:
     """One pass (see the module docstring); returns what it did."""
@@ -96,12 +107,7 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
                                          (RECONCILE_KEY,))):
             return []  # another worker's reconciler is at it
         held = held_lock_keys(conn)
-        rows = conn.execute(
-            "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.worker, "
-            "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
-            "FROM job_layer l JOIN job j ON j.id = l.job_id "
-            "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
-            (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
+        rows = active_layers(conn)
         failed_jobs: set[int] = set()
         for job_id, layer, status, attempts, resends, worker, quiet in rows:
             if job_id in failed_jobs or layer_lock_key(job_id, layer) in held \
@@ -163,13 +169,8 @@ def stale_layers(conn, settings: Settings | None = None) -> list[tuple]:
     pass will send again (``ncat status`` lists them)."""
     s = settings or get_settings()
     held = held_lock_keys(conn)
-    rows = conn.execute(
-        "SELECT l.job_id, l.layer, l.status, l.worker, "
-        "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
-        "FROM job_layer l JOIN job j ON j.id = l.job_id "
-        "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
-        (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
-    return [(j, la, st, w, None if q is None else float(q)) for j, la, st, w, q in rows
+    return [(j, la, st, w, None if q is None else float(q))
+            for j, la, st, _, _, w, q in active_layers(conn)
             if layer_lock_key(j, la) not in held and (q is None or q >= s.ncat_stale_seconds)]
 
 
