@@ -62,7 +62,56 @@ def main(neurons=512, sample=8, hi=100):
                      "sort_once_loop_s_scaled": round(loop_s, 1),
                      "speedup_vs_straightforward": round(plain_s / fast_s, 1),
                      "speedup_vs_sort_once_loop": round(loop_s / fast_s, 1)})
-    save("matching", {"rows": rows, "threads": torch.get_num_threads()})
+    save("matching", {"rows": rows, "tie_heavy": tie_heavy(), "threads": torch.get_num_threads()})
+
+
+def tie_heavy(neurons=512, hi=100):
+    """Layers whose maps are mostly one value: Pythia's layer 0 (constant maps, every cell
+    tied), ReLU-sparse maps (95% zeros) and maps of four levels, top and bottom scored as for
+    a gated model. Counting around the long run (the default) vs scanning it (the previous
+    code, still reachable by turning the run path off); same scores first. A constant layer
+    is not scored at all by a checkpoint run (its neurons are never labelled): the last
+    column is that path, detection included."""
+    from catalog import matching
+    from catalog.run import constant_maps
+
+    cells = cells_for("+", hi)
+    parts = partitions_for(cells, MeasureConfig(operand_hi=hi))
+    c = len(cells.a)
+    rng = np.random.default_rng(0)
+    kinds = {
+        "constant (Pythia layer 0)": np.full((neurons, c), 0.25),
+        "ReLU-sparse, 95% zeros": np.where(rng.random((neurons, c)) < 0.95, 0.0,
+                                           rng.standard_normal((neurons, c))),
+        "four levels": rng.integers(0, 4, (neurons, c)),
+    }
+    out = []
+    for name, k in kinds.items():
+        k_map = torch.from_numpy(k.astype(np.float32))
+        kv = k_map * torch.from_numpy(rng.standard_normal(c).astype(np.float32))
+
+        def score(k_map=k_map, kv=kv, floor=0.3):
+            return score_partitions(k_map, kv, parts, floor, True, cells=cells)
+
+        new_s, _ = timed(score, repeat=2)
+        share, matching.AROUND_RUN_SHARE = matching.AROUND_RUN_SHARE, 2.0
+        try:
+            old_s, _ = timed(score)
+            old = score(floor=0.0)  # every score, so that both ways are compared on all of
+        finally:  # them (a score right at a floor may round to either side of it)
+            matching.AROUND_RUN_SHARE = share
+        new = score(floor=0.0)
+        def dense(m):
+            out = np.zeros((neurons, len(m.heuristics)))
+            out[m.neuron, m.heuristic] = m.score
+            return out
+        assert np.abs(dense(new) - dense(old)).max() < 1e-6, name
+        run_s, live = timed(lambda k=k: np.nonzero(~constant_maps(k.astype(np.float32)))[0])
+        out.append({"maps": name, "neurons": neurons, "cells": c,
+                    "around_the_run_s": round(new_s, 3), "scanning_the_run_s": round(old_s, 2),
+                    "speedup": round(old_s / new_s, 1),
+                    "checkpoint_run_s": round(run_s + (new_s if len(live) else 0.0), 3)})
+    return out
 
 
 if __name__ == "__main__":

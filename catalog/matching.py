@@ -34,6 +34,7 @@ class SortedMaps:
     values: torch.Tensor  # (N, C) descending
     order: torch.Tensor  # (N, C) cell index of each sorted position
     ascending: torch.Tensor  # (N, C) values ascending, for searchsorted
+    _run: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, maps: Float[torch.Tensor, "neuron cell"]) -> SortedMaps:
@@ -51,6 +52,27 @@ class SortedMaps:
         """The same maps for a subset of neurons."""
         return SortedMaps(self.values[idx], self.order[idx], self.ascending[idx])
 
+    def longest_run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(start, length) per neuron of the longest run of equal values in sorted order:
+        the map's mode, e.g. the zeros of a ReLU neuron or the whole of a constant map.
+        Computed once per SortedMaps."""
+        if self._run is None:
+            self._run = self._longest_run()
+        return self._run
+
+    def _longest_run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n, c = self.values.shape
+        dev = self.values.device
+        new = torch.ones(n, c, dtype=torch.bool, device=dev)
+        new[:, 1:] = self.values[:, 1:] != self.values[:, :-1]
+        run = torch.cumsum(new.long(), dim=1) - 1  # run id of every position
+        length = torch.zeros(n, c, dtype=torch.long, device=dev)
+        length.scatter_add_(1, run, torch.ones_like(run))
+        best = length.argmax(dim=1)
+        pos = torch.arange(c, device=dev).expand(n, c)
+        start = torch.where(run == best[:, None], pos, c).min(dim=1).values
+        return start, length.gather(1, best[:, None])[:, 0]
+
 
 def _k_of(part: Partition, top_k: int | None, n_cells: int, dev) -> torch.Tensor:
     sizes = torch.as_tensor(part.sizes, device=dev)
@@ -64,6 +86,11 @@ def _threshold_stats(sm: SortedMaps, k: torch.Tensor):
     n_le = torch.searchsorted(sm.ascending, thresh, right=True)
     n_lt = torch.searchsorted(sm.ascending, thresh, right=False)
     return thresh, c - n_le, n_le - n_lt
+
+
+# maps whose most frequent value covers at least this share of the cells are counted
+# around that value's run (``_around_mode``); above 1 turns the path off (benchmarks)
+AROUND_RUN_SHARE = 0.25
 
 
 def partition_scores(sm: SortedMaps, part: Partition, top_k: int | None = None) -> torch.Tensor:
@@ -83,11 +110,25 @@ def partition_scores(sm: SortedMaps, part: Partition, top_k: int | None = None) 
     # only as far as it must.
     reach = (greater + tied).max(dim=1).values
     has_ties = (tied > 1).any(dim=1)
-    bucket = torch.ceil(torch.log2(reach.double())).long() * 2 + has_ties.long()
     labels_all = torch.as_tensor(part.labels, device=dev)
     n_h = len(part.sizes)
     counts = torch.zeros(n, n_h, dtype=torch.float64, device=dev)
+    # Maps dominated by one value (dead, constant, ReLU-sparse) would scan that value's
+    # whole run; they are counted around it instead (``_around_mode``).
+    # (a run that long needs ties reaching that far: maps without such ties skip this)
+    around = torch.zeros_like(has_ties)
+    if bool((has_ties & (reach >= AROUND_RUN_SHARE * c)).any()):
+        run_start, run_len = sm.longest_run()
+        around = has_ties & (run_len >= AROUND_RUN_SHARE * c) & (reach > c - run_len)
+    if bool(around.any()):
+        rows = torch.nonzero(around)[:, 0]
+        counts[rows] = _around_mode(sm, rows, part, labels_all, thresh[rows],
+                                    frac[rows], run_start[rows], run_len[rows])
+    bucket = torch.ceil(torch.log2(reach.double())).long() * 2 + has_ties.long()
+    bucket[around] = -1
     for e in torch.unique(bucket).tolist():
+        if e < 0:
+            continue
         rows = torch.nonzero(bucket == e)[:, 0]
         r = int(reach[rows].max())
         labels = labels_all[sm.order[rows, :r]]
@@ -107,6 +148,49 @@ def partition_scores(sm: SortedMaps, part: Partition, top_k: int | None = None) 
         sub = torch.zeros(len(rows), n_h, dtype=torch.float64, device=dev)
         counts[rows] = sub.scatter_add_(1, h, contrib)
     return counts / k[None, :].double()
+
+
+def _around_mode(sm: SortedMaps, rows: torch.Tensor, part: Partition,
+                 labels_all: torch.Tensor, thresh: torch.Tensor, frac: torch.Tensor,
+                 run_start: torch.Tensor, run_len: torch.Tensor) -> torch.Tensor:
+    """Tie-aware counts of ``partition_scores`` for maps with one long run of a value m.
+
+    A cell with value v counts f_h(v) = [v > t_h] + frac_h [v = t_h] for its heuristic h
+    (t_h the k-th largest value). Every cell of the run has v = m, so the run's cells of
+    h add f_h(m) x (|S_h| - h's cells outside the run), and only the cells outside the
+    run, above it and below it in sorted order, are visited one by one: a constant map
+    visits none. Exact, like the scan it replaces. ``rows`` are the neurons of ``sm`` to
+    count, the other arguments theirs. Returns float64 (len(rows), H) counts.
+    """
+    n, c = len(rows), sm.values.shape[1]
+    dev = sm.values.device
+    n_h = len(part.sizes)
+    above, below = run_start, c - run_start - run_len
+    mode = sm.values[rows, run_start][:, None]  # (N, 1)
+    f_mode = torch.where(mode > thresh, 1.0, torch.where(mode == thresh, frac, 0.0))
+    sizes = torch.as_tensor(part.sizes, device=dev, dtype=torch.float64)
+    counts = torch.zeros(n, n_h, dtype=torch.float64, device=dev)
+    outside = torch.zeros(n, n_h, dtype=torch.float64, device=dev)
+    for span, top in ((above, True), (below, False)):
+        w = int(span.max())
+        if w == 0:
+            continue
+        # the widest span of the group; positions beyond a neuron's own span are masked
+        if top:
+            pos = torch.arange(w, device=dev)
+            inside = pos[None, :] < span[:, None]
+        else:
+            pos = torch.arange(c - w, c, device=dev)
+            inside = pos[None, :] >= (c - span)[:, None]
+        labels = labels_all[sm.order[rows[:, None], pos[None, :]]]
+        member = (labels >= 0) & inside
+        h = labels.clamp(min=0)
+        vals = sm.values[rows[:, None], pos[None, :]]
+        t = thresh.gather(1, h)
+        contrib = torch.where(vals > t, 1.0, torch.where(vals == t, frac.gather(1, h), 0.0))
+        counts.scatter_add_(1, h, torch.where(member, contrib, 0.0))
+        outside.scatter_add_(1, h, member.double())
+    return counts + f_mode * (sizes[None, :] - outside)
 
 
 def value_group_scores(
@@ -170,10 +254,11 @@ def value_group_scores(
             counts[fast[:, None], sel[None, :]] = part_counts.double()
     out, start = [], 0
     slow = torch.nonzero(tie_rows)[:, 0]
+    slow_sm = sm.rows(slow) if len(slow) else None  # one copy for every partition
     for part, top_k, k in zip(parts, top_ks, ks, strict=True):
         block = counts[:, start:start + len(k)] / k[None, :].double()
-        if len(slow):
-            block[slow] = partition_scores(sm.rows(slow), part, top_k)
+        if slow_sm is not None:
+            block[slow] = partition_scores(slow_sm, part, top_k)
         out.append(block)
         start += len(k)
     return out
@@ -290,6 +375,30 @@ class Matches:
     def without_neurons(self, drop: np.ndarray) -> Matches:
         """The rows whose neuron is not in ``drop`` (e.g. constant neurons)."""
         keep = ~np.isin(self.neuron, drop)
+        return Matches(self.neuron[keep], self.op[keep], self.heuristic[keep], self.score[keep],
+                       self.bottom[keep], self.heuristics, self.base_rate[keep],
+                       self.p_value[keep], self.implements[keep])
+
+    def compact(self, per_family: int) -> Matches:
+        """The rows to store: per (neuron, operator, family) the ``per_family`` best scores
+        (ties broken by heuristic order), plus every row whose heuristic the neuron
+        implements; ``per_family`` 0 keeps every row. The best row of each neuron and
+        operator is always among them (it is the best of its family)."""
+        if per_family <= 0 or not len(self):
+            return self
+        families = sorted({h.family for h in self.heuristics})
+        fam = np.array([families.index(h.family) for h in self.heuristics], dtype=np.int64)
+        f = fam[self.heuristic]
+        # group rows by (neuron, op, family), best score first
+        order = np.lexsort((self.heuristic, -self.score, f, self.op, self.neuron))
+        key = (self.neuron[order].astype(np.int64) * 256 + self.op[order]) * len(families) \
+            + f[order]
+        start = np.r_[True, key[1:] != key[:-1]]
+        group_start = np.maximum.accumulate(np.where(start, np.arange(len(key)), 0))
+        rank = np.arange(len(key)) - group_start
+        keep = np.zeros(len(self), dtype=bool)
+        keep[order] = rank < per_family
+        keep |= self.implements
         return Matches(self.neuron[keep], self.op[keep], self.heuristic[keep], self.score[keep],
                        self.bottom[keep], self.heuristics, self.base_rate[keep],
                        self.p_value[keep], self.implements[keep])

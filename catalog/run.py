@@ -175,6 +175,12 @@ class CheckpointRun:
         self.model, self.tokenizer = model, tokenizer
         self.config = config or ScienceConfig()
         self.execution = execution or ExecutionConfig()
+        have = next(model.parameters()).dtype
+        if have != self.config.torch_dtype():
+            raise ValueError(
+                f"the model's weights are {str(have).removeprefix('torch.')} but the config "
+                f"asks for dtype {self.config.dtype}; load it with "
+                f"load_model(..., dtype=config.torch_dtype())")
         self.d_mlp = mlp_width(model)
         self.layers: list[int] = check_layers(model, layers)
         self.numbers = detect_number_tokens(self.tokenizer,
@@ -288,11 +294,16 @@ class CheckpointRun:
             out["density"][:, o] = (k_map > 0).mean(1)
             constant[:, o] = constant_maps(k_map)
             patching[op] = self._patch_op(layer, op, o, acts, out, is_exact, clock)
-            m = Matches.concat(clock.time("matching", self._match, o, op, k_map,
-                                          kv_map(k_map, answer_lens[:, idx])))
-            m = m.without_neurons(np.nonzero(constant[:, o])[0])  # never labelled
+            # constant (dead) neurons are never labelled, so they are not scored at all
+            live = np.nonzero(~constant[:, o])[0]
+            m = Matches.empty()
+            if len(live):
+                m = Matches.concat(clock.time("matching", self._match, o, op, k_map[live],
+                                              kv_map(k_map[live], answer_lens[live][:, idx])))
+                m.neuron = live[m.neuron].astype(np.int32)
             parts.append(m.label(config.match_threshold, config.label_rule,
-                                 config.significance_level, self.n_tests[op]))
+                                 config.significance_level, self.n_tests[op])
+                         .compact(config.scores_per_family))
         rank = effects.ranks(effects.rank_key(out["rank_value"], config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching
         return LayerResult(

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from catalog import matching
 from catalog.arith import OPERATORS, apply_op, is_valid
 from catalog.builtin import builtin_tokenizer, builtin_vocab
 from catalog.config import MeasureConfig
@@ -109,12 +110,16 @@ def planted_model() -> HookedTransformer:
 
 
 @pytest.fixture(scope="module")
-def planted_layer():
+def planted_run():
     model = planted_model()
     config = MeasureConfig(operators=("+",), operand_hi=SIDE, pairs_per_op=4, score_floor=0.0,
                            patching=("exact",))
-    prep = CheckpointRun(model, builtin_tokenizer(), config, layers=[1]).prepare()
-    return prep.run_layer(1)
+    return CheckpointRun(model, builtin_tokenizer(), config, layers=[1]).prepare()
+
+
+@pytest.fixture(scope="module")
+def planted_layer(planted_run):
+    return planted_run.run_layer(1)
 
 
 @pytest.mark.parametrize("neuron, expected", [
@@ -149,6 +154,29 @@ def test_a_constant_neuron_is_flagged_and_never_labelled(planted_layer):
     assert not (planted_layer.matches.neuron == 2).any()
 
 
+def test_the_layer_scores_only_live_neurons_and_keeps_their_numbers(planted_run, planted_layer):
+    """Constant neurons are left out before scoring; every other neuron's rows are those of
+    scoring the whole layer, under the neuron's own number."""
+    idx = planted_run.table.op_index("+")
+    k_map = planted_layer.acts[idx].T
+    whole = score_partitions(torch.from_numpy(k_map),
+                             torch.from_numpy(planted_layer.kv(idx)),
+                             planted_run.partitions["+"], 0.0, planted_run._with_bottom(),
+                             planted_run.config.pattern_top_k, cells=planted_run.cells["+"])
+    c = planted_run.config
+    whole = whole.without_neurons(np.nonzero(planted_layer.constant[:, 0])[0]).label(
+        c.match_threshold, c.label_rule, c.significance_level, planted_run.n_tests["+"]
+    ).compact(c.scores_per_family)
+    got = planted_layer.matches
+
+    def rows(m):
+        return sorted((int(n), m.heuristics[h].key, round(float(s), 6), bool(b), bool(i))
+                      for n, h, s, b, i in zip(m.neuron, m.heuristic, m.score, m.bottom,
+                                               m.implements, strict=True))
+    assert len(got) == len(whole) > 100
+    assert rows(got) == rows(whole)
+
+
 def test_planted_heuristics_are_not_found_in_unrelated_neurons(planted_layer):
     m = planted_layer.matches
     best = [m.score[m.neuron == n].max() for n in range(N_PLANTED, D_MLP)]
@@ -164,16 +192,40 @@ def test_planted_heuristics_are_not_found_in_unrelated_neurons(planted_layer):
 # ------------------------------------------------ vectorised vs reference
 
 
+def tie_maps(kind: str, shape: tuple[int, int], rng) -> np.ndarray:
+    """Maps of one kind: noise, a few levels, ReLU-sparse (mostly 0, values on both sides
+    of 0 among the rest), constant, or one long run of a value in the middle of the order
+    with ties above and below it."""
+    n, c = shape
+    if kind == "noise":
+        return rng.standard_normal(shape)
+    if kind == "levels":
+        return rng.integers(0, 4, shape)
+    if kind == "sparse":
+        return np.where(rng.random(shape) < 0.9, 0.0, rng.standard_normal(shape))
+    if kind == "constant":
+        return np.stack([np.full(c, v) for v in np.linspace(-1, 1, n)])
+    assert kind == "mode_in_middle"
+    out = rng.integers(-3, 4, shape).astype(float)
+    out[rng.random(shape) < 0.6] = 0.5
+    return out
+
+
 @pytest.mark.parametrize("op", OPERATORS)
-@pytest.mark.parametrize("ties", [False, True])
-def test_vectorised_scores_equal_algorithm_1(op, ties):
+@pytest.mark.parametrize("ties", ["noise", "levels", "sparse", "constant", "mode_in_middle"])
+def test_vectorised_scores_equal_algorithm_1(op, ties, monkeypatch):
+    """Every path of partition_scores (no ties, ties, counting around a long run of one
+    value) against Algorithm 1 written plainly."""
     cells = grid_cells(op, 30)
     rng = np.random.default_rng(0)
     shape = (5, len(cells.a))
-    maps = rng.integers(0, 4, shape) if ties else rng.standard_normal(shape)
-    maps = torch.from_numpy(maps.astype(np.float32))
+    maps = torch.from_numpy(tie_maps(ties, shape, rng).astype(np.float32))
     sm = SortedMaps.of(maps)
     checked = 0
+    calls = []
+    real = matching._around_mode
+    monkeypatch.setattr(matching, "_around_mode", lambda sm, *a: calls.append(len(sm.values))
+                        or real(sm, *a))
     for part in partitions_for(cells, MeasureConfig(operand_hi=30)):
         fast = partition_scores(sm, part).numpy()
         for j, h in enumerate(part.heuristics):
@@ -184,6 +236,12 @@ def test_vectorised_scores_equal_algorithm_1(op, ties):
                 assert abs(fast[n, j] - ref) < 1e-9, (h.key, n, fast[n, j], ref)
                 checked += 1
     assert checked > 1000
+    # maps with one value on a quarter of the cells or more were counted around it
+    # (four levels: the most frequent one often reaches a quarter too)
+    if ties in ("sparse", "constant", "mode_in_middle"):
+        assert calls, ties
+    if ties == "noise":
+        assert not calls
 
 
 @pytest.mark.parametrize("op", ["+", "*"])
@@ -195,7 +253,8 @@ def test_grouped_fast_path_equals_reference(op, variant):
     rng = np.random.default_rng(2)
     cont = rng.standard_normal((6, len(cells.a)))
     tied = rng.integers(-2, 3, (4, len(cells.a)))
-    maps = torch.from_numpy(np.concatenate([cont, tied]).astype(np.float32))
+    sparse = tie_maps("sparse", (3, len(cells.a)), rng)
+    maps = torch.from_numpy(np.concatenate([cont, tied, sparse]).astype(np.float32))
     kv = torch.from_numpy(rng.standard_normal(maps.shape).astype(np.float32))
     config = MeasureConfig(operand_hi=30, heuristic_variant=variant)
     parts = partitions_for(cells, config)
@@ -241,9 +300,10 @@ def test_grouped_fast_path_equals_reference(op, variant):
             assert rows.p_value[i] == pytest.approx(want, rel=1e-9), h.key
 
 
-def test_count_variant_equals_reference_with_fixed_k():
+@pytest.mark.parametrize("kind", ["noise", "sparse", "mode_in_middle"])
+def test_count_variant_equals_reference_with_fixed_k(kind):
     cells = grid_cells("+", 30)
-    maps = torch.from_numpy(np.random.default_rng(1).standard_normal((4, len(cells.a)))
+    maps = torch.from_numpy(tie_maps(kind, (4, len(cells.a)), np.random.default_rng(1))
                             .astype(np.float32))
     parts = [p for p in partitions_for(cells, MeasureConfig(operand_hi=30,
                                                             heuristic_variant="code"))
@@ -293,3 +353,45 @@ def test_multi_result_for_division():
 def test_family_registry_refuses_duplicates():
     with pytest.raises(ValueError, match="'range' is already registered"):
         register_family("range")(lambda cells, config: [])
+
+
+@pytest.mark.parametrize("per_family", [0, 1, 2, 5])
+def test_compact_keeps_the_best_per_family_and_every_label(per_family):
+    """Matches.compact against a plain loop over (neuron, operator, family) groups."""
+    rng = np.random.default_rng(7)
+    hs = ([Heuristic("range", "op1", (s, 10)) for s in range(0, 50, 10)]
+          + [Heuristic("modulo", "op2", (3, r)) for r in range(3)]
+          + [Heuristic("value", "result", (v,)) for v in range(4)])
+    n = 600
+    m = matching.Matches(rng.integers(0, 20, n).astype(np.int32),
+                         rng.integers(0, 3, n).astype(np.int8),
+                         rng.integers(0, len(hs), n).astype(np.int32),
+                         rng.choice([0.3, 0.5, 0.7, 0.9], n).astype(np.float32),  # many ties
+                         rng.random(n) < 0.2, hs)
+    # one row per (neuron, op, heuristic), as the matcher writes them
+    _, first = np.unique(np.stack([m.neuron, m.op, m.heuristic]), axis=1, return_index=True)
+    m = matching.Matches(m.neuron[first], m.op[first], m.heuristic[first], m.score[first],
+                         m.bottom[first], hs)
+    m.implements = rng.random(len(m)) < 0.1
+    kept = m.compact(per_family)
+    got = set(zip(kept.neuron.tolist(), kept.op.tolist(), kept.heuristic.tolist(), strict=True))
+    want = set()
+    groups: dict = {}
+    for i in range(len(m)):
+        groups.setdefault((int(m.neuron[i]), int(m.op[i]), hs[m.heuristic[i]].family),
+                          []).append(i)
+    for rows in groups.values():
+        rows.sort(key=lambda i: (-m.score[i], m.heuristic[i]))
+        for j, i in enumerate(rows):
+            if per_family == 0 or j < per_family or m.implements[i]:
+                want.add((int(m.neuron[i]), int(m.op[i]), int(m.heuristic[i])))
+    assert got == want
+    # no family has more than 5 heuristics: 0 and 5 keep everything, 1 and 2 drop rows
+    assert (per_family in (0, 5)) == (len(kept) == len(m)), (len(kept), len(m))
+    # the best score of every (neuron, op) survives, with its row's other columns
+    for (nn, o, _), rows in groups.items():
+        best = max(m.score[i] for i in rows)
+        sel = (kept.neuron == nn) & (kept.op == o)
+        assert kept.score[sel].max() >= best
+    i = np.nonzero(kept.implements)[0]
+    assert len(i) == m.implements.sum()
