@@ -30,6 +30,7 @@ MODEL = "qwen2.5-coder-0.5b"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--exact", default="top:50")
     parser.add_argument("--ops", default="+")
     parser.add_argument("--hi", type=int, default=30)
@@ -56,10 +57,10 @@ def main() -> None:
     registry.fetch(MODEL, get_settings().ncat_home, progress=True)
     phases["fetch (cached after the first run)"] = time.perf_counter() - t
     t = time.perf_counter()
-    lm = load_model(MODEL, device=args.device)
-    phases["load (dequantize, convert, process weights)"] = time.perf_counter() - t
     config = ScienceConfig(operators=tuple(args.ops), operand_hi=args.hi, shots=args.shots,
-                           pairs_per_op=args.pairs, exact=args.exact)
+                           pairs_per_op=args.pairs, exact=args.exact, dtype=args.dtype)
+    lm = load_model(MODEL, device=args.device, dtype=config.torch_dtype())
+    phases["load (dequantize, convert, process weights)"] = time.perf_counter() - t
     execution = ExecutionConfig(device=args.device, batch_size=256)
     url = args.database_url or resolve_database_url()
     migrate(url)

@@ -26,7 +26,8 @@ from catalog.tokens import NumberTokens
 
 # 0.2.0: labels with the significance rule, constant neurons without rows, robust ranking,
 # the value family, prompts tokenized as prefix + prompt (docs/method.md)
-CATALOG_VERSION = "0.2.0"
+# 0.3.0: scores stored per family (scores_per_family), the forward passes' dtype
+CATALOG_VERSION = "0.3.0"
 
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
@@ -34,6 +35,7 @@ PATCHING_METHODS = ("exact", "attribution")
 LABEL_RULES = ("significant", "paper")
 RANK_STATISTICS = ("trimmed", "median", "mean")
 RANK_SIGNS = ("abs", "signed")
+DTYPES = ("float32", "bfloat16", "float16")
 # Named templates: --template NAME stores the text. {op_word} writes the operator as a word.
 TEMPLATES = {
     "bare": "{a}{op}{b}=",
@@ -48,7 +50,9 @@ LEGACY_EXECUTION_KEYS = ("batch_size", "patch_chunk")
 # What configs stored before these fields existed meant: the paper's rules, no shots.
 LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_statistic": "mean",
                   "rank_sign": "signed", "label_rule": "paper", "significance_level": 0.05,
-                  "families": ["range", "modulo", "pattern", "identical", "multi_result"]}
+                  "families": ["range", "modulo", "pattern", "identical", "multi_result"],
+                  # before 0.3.0 every score >= the floor was stored, in float32
+                  "scores_per_family": 0, "dtype": "float32"}
 
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -81,6 +85,10 @@ class ScienceConfig:
     patching: tuple[str, ...] = _opt(
         PATCHING_METHODS, "patching methods: exact, attribution or both", kind="methods",
         form=True)
+    dtype: str = _opt(
+        "float32", "dtype of the weights and forward passes (bfloat16 or float16 halve memory "
+        "and speed up GPUs); logits, probabilities and effects are always float32",
+        choices=DTYPES, form=True)
     exact: str = _opt("all", "which neurons get exact patching: all, none, or top:N (the N "
                              "neurons per layer and operator of largest |attribution|; needs "
                              "attribution)", form=True)
@@ -95,6 +103,9 @@ class ScienceConfig:
         "'code' (the released code: modulo n in 2..10, patterns counted among the top K)",
         flag="--variant", form=True, choices=HEURISTIC_VARIANTS)
     score_floor: float = _opt(0.3, "heuristic scores below it are not stored")
+    scores_per_family: int = _opt(
+        2, "scores stored per neuron, operator and heuristic family: its N best, plus every "
+           "heuristic it implements (label rule); 0 stores every score >= score_floor")
     match_threshold: float = _opt(
         0.6, "score from which a neuron implements a heuristic (paper: 0.6); knockouts and "
              "summaries use it, analysts may choose another in SQL")
@@ -195,6 +206,10 @@ class ScienceConfig:
         if self.score_bottom not in BOTTOM_MODES:
             raise ValueError(
                 f"score_bottom must be one of {BOTTOM_MODES}, got {self.score_bottom!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.scores_per_family < 0:
+            raise ValueError(f"scores_per_family must be >= 0, got {self.scores_per_family}")
         for name in ("score_floor", "match_threshold"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
@@ -207,6 +222,12 @@ class ScienceConfig:
                      "multi_result_top"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def torch_dtype(self):
+        """The torch dtype of ``dtype``."""
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def exact_top(self) -> int | None:
         """N of ``exact = top:N``; None for all or none (ValueError if malformed)."""

@@ -39,9 +39,11 @@ def post_hook_name(layer: int) -> str:
 def final_logits(
     model: HookedTransformer, resid: Float[torch.Tensor, "batch pos d_model"]
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
-    """Unembed a final residual stream (final LayerNorm where the model has one, then W_U)."""
+    """Unembed a final residual stream (final LayerNorm where the model has one, then W_U).
+    Logits come back in float32 whatever the model's dtype: probabilities, effects and
+    their logarithms are computed from them in float32."""
     ln = getattr(model, "ln_final", None)
-    return model.unembed(ln(resid) if ln is not None else resid)
+    return model.unembed(ln(resid) if ln is not None else resid).float()
 
 
 def _groups(table: PromptTable) -> dict[tuple[int, int, int], np.ndarray]:

@@ -57,7 +57,7 @@ def logit_lens(
     k = min(k, model.cfg.d_vocab)
     tops, topv, bots, botv = [], [], [], []
     for start in range(0, w_out.shape[0], chunk):
-        logits = w_out[start:start + chunk] @ model.W_U  # (chunk, d_vocab)
+        logits = (w_out[start:start + chunk] @ model.W_U).float()  # (chunk, d_vocab)
         v, i = logits.topk(k, dim=-1)
         tops.append(i)
         topv.append(v)

@@ -543,10 +543,19 @@ def load_model(
     builtin_config: builtin.TrainConfig | None = None,
     cache_root: Path | None = None,
 ) -> LoadedModel:
-    """Load ``name`` at training step ``checkpoint`` (None: the final weights)."""
+    """Load ``name`` at training step ``checkpoint`` (None: the final weights).
+
+    Weights are read, hashed and processed (LayerNorm folding, centering) in float32 and
+    then cast to ``dtype``, so a checkpoint's weights hash does not depend on the dtype a
+    run asks for, and the processing does not round twice.
+    """
     source = find_source(name)
-    return _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
-                  dtype=dtype, builtin_config=builtin_config, cache_root=cache_root)
+    lm = _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
+                dtype=torch.float32, builtin_config=builtin_config, cache_root=cache_root)
+    if dtype != torch.float32:
+        lm.model.to(dtype)
+        lm.model.cfg.dtype = dtype
+    return lm
 
 
 def inspect_model(name: str, checkpoint: int | None = None, **kwargs) -> ModelShape:

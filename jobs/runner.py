@@ -72,7 +72,7 @@ def _loaded(conn, job: JobRow) -> _Loaded:
         _CURRENT = None  # free the previous model first
         settings = get_settings()
         lm = load_model(job.model_name, job.step, device=job.device,
-                        cache_root=settings.builtin_root)
+                        dtype=config.torch_dtype(), cache_root=settings.builtin_root)
         run = CheckpointRun(lm.model, lm.tokenizer, config, execution_for(job, settings),
                             layers=None).prepare()
         ids = register(conn, lm, config)

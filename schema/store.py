@@ -312,6 +312,13 @@ def refresh_views(conn: psycopg.Connection) -> None:
     conn.execute("SELECT refresh_catalog_views()")
 
 
+def table_bytes(conn: psycopg.Connection, table: str) -> int:
+    """Bytes on disk of a table with its indexes and TOAST, all partitions included."""
+    row = conn.execute("SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint "
+                       "FROM pg_partition_tree(%s::regclass)", (table,)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def stored_layers(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int) -> list[int]:
     return [r[0] for r in conn.execute(
         "SELECT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "

@@ -112,7 +112,8 @@ def cmd_measure(args) -> int:
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
-        lm = load_model(args.model, args.checkpoint, device=execution.device)
+        lm = load_model(args.model, args.checkpoint, device=execution.device,
+                        dtype=config.torch_dtype())
         t0 = time.perf_counter()
         res = measure(lm.model, lm.tokenizer, config, layers=layers, progress=not args.quiet,
                       provenance=lm.info.as_dict(), execution=execution)
@@ -148,7 +149,8 @@ def cmd_catalog(args) -> int:
                 if have and have.covers(layers):
                     print(f"{name} step {step}: already in the catalog (--force recomputes)")
                     continue
-            lm = load_model(args.model, step, device=execution.device)
+            lm = load_model(args.model, step, device=execution.device,
+                            dtype=config.torch_dtype())
             t0 = time.perf_counter()
 
             def resumed(done: list[int], _step=step, _name=name) -> None:

@@ -87,6 +87,8 @@ def test_config_validation_names_the_field():
         ({"pairs_per_op": 0}, "pairs_per_op must be >= 1"),
         ({"heuristic_variant": "mine"}, "heuristic_variant must be one of"),
         ({"score_floor": 1.5}, "score_floor must be in"),
+        ({"scores_per_family": -1}, "scores_per_family must be >= 0"),
+        ({"dtype": "float64"}, "dtype must be one of"),
     ]:
         with pytest.raises(ValueError, match=msg):
             MeasureConfig(**kwargs)
@@ -100,13 +102,16 @@ def test_a_stored_config_keeps_the_rules_it_was_measured_with():
     meant the paper's rules; reading it back must not switch it to today's defaults."""
     old = {k: v for k, v in MeasureConfig().as_dict().items()
            if k not in ("shots", "shot_separator", "exact", "rank_statistic", "rank_sign",
-                        "label_rule", "significance_level", "families")}
+                        "label_rule", "significance_level", "families",
+                        "scores_per_family", "dtype")}
     old["batch_size"] = 4096  # configs before the execution split carried it
     cfg = MeasureConfig.from_dict(old)
     assert (cfg.label_rule, cfg.rank_statistic, cfg.rank_sign, cfg.exact, cfg.shots) == (
         "paper", "mean", "signed", "all", 0)
     assert "value" not in cfg.families
+    assert (cfg.scores_per_family, cfg.dtype) == (0, "float32")  # every score was stored
     new = MeasureConfig()
+    assert new.scores_per_family == 2
     assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("significant", "trimmed",
                                                                    "abs")
     assert "value" in new.families
