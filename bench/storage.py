@@ -14,7 +14,6 @@ Run: .venv/bin/python bench/storage.py [--checkpoints all|0,1000,3000]
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import uuid
 
@@ -30,10 +29,9 @@ def catalog_into(url: str, checkpoints: str, extra: list[str]) -> dict:
     from schema.engine import migrate
 
     migrate(url)
-    os.environ["NCAT_DATABASE_URL"] = url
     t = time.perf_counter()
     code = ncat(["catalog", builtin.model_name(builtin.TrainConfig()), "--checkpoints",
-                 checkpoints, "--quiet", *extra])
+                 checkpoints, "--quiet", "--database-url", url, *extra])
     assert code == 0, code
     seconds = time.perf_counter() - t
     with store.connect(url, autocommit=True) as conn:
