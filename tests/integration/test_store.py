@@ -340,3 +340,54 @@ def test_ncat_catalog_resumes_an_interrupted_checkpoint_layer_by_layer(db, tiny_
                                 "FROM checkpoint_summary").fetchone() == summary
     finally:
         drop_database(fresh)
+
+
+def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builtin, monkeypatch):
+    """The same checkpoint with every score stored (--scores-per-family 0) and with the
+    default (2): neuron rows, labels, summaries and docs/queries.md's label queries are
+    equal; the compact one stores at most 2 unlabelled scores per (neuron, op, family),
+    each the best of its group, and far fewer rows."""
+    from catalog.builtin import model_name
+    from jobs.cli import main
+
+    from tiny_model import TINY
+
+    _, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    base = ["catalog", model_name(TINY), "--checkpoints", "300", "--hi", "16", "--pairs", "6",
+            "--quiet", "--database-url", db]
+    assert main([*base, "--scores-per-family", "0"]) == 0
+    assert main(base) == 0
+    with store.connect(db) as conn:
+        ids = dict(conn.execute("SELECT (config->>'scores_per_family')::int, id "
+                                "FROM measure_config").fetchall())
+        assert set(ids) == {0, 2}
+
+        def q(sql: str, cfg: int) -> list:
+            return conn.execute(sql, {"c": ids[cfg]}).fetchall()
+
+        op_rows = ("SELECT layer, neuron, op, effect_exact, rank, best_heuristic_id, "
+                   "best_score, labelled FROM neuron_op WHERE config_id = %(c)s ORDER BY 1, 2, 3")
+        assert q(op_rows, 0) == q(op_rows, 2)
+        labels = ("SELECT layer, neuron, op, heuristic_id, score, p_value FROM neuron_score "
+                  "WHERE config_id = %(c)s AND implements ORDER BY 1, 2, 3, 4")
+        assert len(q(labels, 0)) > 10 and q(labels, 0) == q(labels, 2)
+        summ = ("SELECT accuracy::text, faithfulness::text, n_heuristic_neurons::text, "
+                "heuristic_knockouts::text FROM checkpoint_summary WHERE config_id = %(c)s")
+        assert q(summ, 0) == q(summ, 2)
+        # per (neuron, op, family): the compact rows are the 2 best of the full rows, plus
+        # labels
+        full = q("SELECT s.layer, s.neuron, s.op, h.family, s.heuristic_id, s.score, "
+                 "s.implements FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
+                 "WHERE s.config_id = %(c)s", 0)
+        kept = {tuple(r) for r in q(
+            "SELECT layer, neuron, op, heuristic_id FROM neuron_score WHERE config_id = %(c)s",
+            2)}
+        groups: dict = {}
+        for r in full:
+            groups.setdefault(r[:4], []).append(r)
+        for rows in groups.values():
+            rows.sort(key=lambda r: (-r[5], r[4]))
+            for j, r in enumerate(rows):
+                assert ((r[:3] + (r[4],)) in kept) == (j < 2 or r[6]), r
+        assert len(kept) < 0.5 * len(full), (len(kept), len(full))
