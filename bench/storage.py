@@ -1,9 +1,9 @@
 """Bytes per neuron and operator of the catalog's tables, on the demo's catalog.
 
 Catalogs the built-in model's checkpoints (the demo's: all 14 by default, operands
-[0, 100), the default config) twice, into two fresh databases on the same server: once
+[0, 100), the demo's config) twice, into two fresh databases on the same server: once
 storing every score >= the floor (`--scores-per-family 0`, what the catalog stored
-before 0.3.0) and once with the default (the best 2 per family plus every label). For
+before 0.3.0) and once with the default (the best per family plus every label). For
 each: rows and bytes (table, indexes and TOAST, pg_total_relation_size over the
 partitions) per (checkpoint, neuron, operator) of neuron_score, neuron_grid and
 neuron_op. Needs a PostgreSQL server (NCAT_DATABASE_URL or localhost).
@@ -25,15 +25,34 @@ TABLES = ("neuron_score", "neuron_grid", "neuron_op", "neuron_lens")
 def catalog_into(url: str, checkpoints: str, extra: list[str]) -> dict:
     from catalog import builtin
     from jobs.cli import main as ncat
-    from schema import store
     from schema.engine import migrate
 
     migrate(url)
     t = time.perf_counter()
     code = ncat(["catalog", builtin.model_name(builtin.TrainConfig()), "--checkpoints",
-                 checkpoints, "--quiet", "--database-url", url, *extra])
+                 checkpoints, "--hi", "100", "--quiet", "--database-url", url, *extra])
     assert code == 0, code
     seconds = time.perf_counter() - t
+    try:
+        return _sizes(url, seconds)
+    finally:
+        _drop(url)
+
+
+def _drop(url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    from schema import store
+
+    u = make_url(url)
+    admin = u.set(database="postgres").render_as_string(hide_password=False)
+    with store.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
+
+
+def _sizes(url: str, seconds: float) -> dict:
+    from schema import store
+
     with store.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
         n_op = conn.execute("SELECT count(*) FROM neuron_op").fetchone()[0]
@@ -59,7 +78,7 @@ def main() -> None:
     server = resolve_database_url().rsplit("/", 1)[0]
     results = {}
     for name, extra in (("every score >= floor", ["--scores-per-family", "0"]),
-                        ("default (2 per family + labels)", [])):
+                        ("default (best per family + labels)", [])):
         url = f"{server}/ncat_storage_{uuid.uuid4().hex[:8]}"
         results[name] = catalog_into(url, args.checkpoints, extra)
     before, after = results.values()

@@ -104,7 +104,7 @@ class ScienceConfig:
         flag="--variant", form=True, choices=HEURISTIC_VARIANTS)
     score_floor: float = _opt(0.3, "heuristic scores below it are not stored")
     scores_per_family: int = _opt(
-        2, "scores stored per neuron, operator and heuristic family: its N best, plus every "
+        1, "scores stored per neuron, operator and heuristic family: its N best, plus every "
            "heuristic it implements (label rule); 0 stores every score >= score_floor")
     match_threshold: float = _opt(
         0.6, "score from which a neuron implements a heuristic (paper: 0.6); knockouts and "

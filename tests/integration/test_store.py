@@ -343,10 +343,10 @@ def test_ncat_catalog_resumes_an_interrupted_checkpoint_layer_by_layer(db, tiny_
 
 
 def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builtin, monkeypatch):
-    """The same checkpoint with every score stored (--scores-per-family 0) and with the
-    default (2): neuron rows, labels, summaries and docs/queries.md's label queries are
+    """The same checkpoint with every score stored (--scores-per-family 0) and with 2 (the
+    default is 1): neuron rows, labels, summaries and docs/queries.md's label queries are
     equal; the compact one stores at most 2 unlabelled scores per (neuron, op, family),
-    each the best of its group, and far fewer rows."""
+    the best of its group, and far fewer rows."""
     from catalog.builtin import model_name
     from jobs.cli import main
 
@@ -357,7 +357,7 @@ def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builti
     base = ["catalog", model_name(TINY), "--checkpoints", "300", "--hi", "16", "--pairs", "6",
             "--quiet", "--database-url", db]
     assert main([*base, "--scores-per-family", "0"]) == 0
-    assert main(base) == 0
+    assert main([*base, "--scores-per-family", "2"]) == 0
     with store.connect(db) as conn:
         ids = dict(conn.execute("SELECT (config->>'scores_per_family')::int, id "
                                 "FROM measure_config").fetchall())

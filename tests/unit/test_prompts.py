@@ -111,7 +111,7 @@ def test_a_stored_config_keeps_the_rules_it_was_measured_with():
     assert "value" not in cfg.families
     assert (cfg.scores_per_family, cfg.dtype) == (0, "float32")  # every score was stored
     new = MeasureConfig()
-    assert new.scores_per_family == 2
+    assert new.scores_per_family == 1
     assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("significant", "trimmed",
                                                                    "abs")
     assert "value" in new.families
