@@ -40,10 +40,11 @@ def final_logits(
     model: HookedTransformer, resid: Float[torch.Tensor, "batch pos d_model"]
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Unembed a final residual stream (final LayerNorm where the model has one, then W_U).
-    Logits come back in float32 whatever the model's dtype: probabilities, effects and
-    their logarithms are computed from them in float32."""
+    Logits of a bfloat16 or float16 model come back in float32: probabilities, effects and
+    their logarithms are computed from them in float32 (float64 models keep float64)."""
     ln = getattr(model, "ln_final", None)
-    return model.unembed(ln(resid) if ln is not None else resid).float()
+    logits = model.unembed(ln(resid) if ln is not None else resid)
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
 def _groups(table: PromptTable) -> dict[tuple[int, int, int], np.ndarray]:

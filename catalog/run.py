@@ -175,8 +175,11 @@ class CheckpointRun:
         self.model, self.tokenizer = model, tokenizer
         self.config = config or ScienceConfig()
         self.execution = execution or ExecutionConfig()
+        # a float64 model may stand in for float32 (the tests' precise references); any
+        # other mismatch would store numbers under the wrong config
         have = next(model.parameters()).dtype
-        if have != self.config.torch_dtype():
+        if have != self.config.torch_dtype() and not (
+                have == torch.float64 and self.config.dtype == "float32"):
             raise ValueError(
                 f"the model's weights are {str(have).removeprefix('torch.')} but the config "
                 f"asks for dtype {self.config.dtype}; load it with "
