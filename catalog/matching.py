@@ -374,7 +374,10 @@ class Matches:
 
     def without_neurons(self, drop: np.ndarray) -> Matches:
         """The rows whose neuron is not in ``drop`` (e.g. constant neurons)."""
-        keep = ~np.isin(self.neuron, drop)
+        return self._select(~np.isin(self.neuron, drop))
+
+    def _select(self, keep: np.ndarray) -> Matches:
+        """The rows where ``keep`` is True, same heuristic list."""
         return Matches(self.neuron[keep], self.op[keep], self.heuristic[keep], self.score[keep],
                        self.bottom[keep], self.heuristics, self.base_rate[keep],
                        self.p_value[keep], self.implements[keep])
@@ -399,9 +402,7 @@ class Matches:
         keep = np.zeros(len(self), dtype=bool)
         keep[order] = rank < per_family
         keep |= self.implements
-        return Matches(self.neuron[keep], self.op[keep], self.heuristic[keep], self.score[keep],
-                       self.bottom[keep], self.heuristics, self.base_rate[keep],
-                       self.p_value[keep], self.implements[keep])
+        return self._select(keep)
 
     def label(self, threshold: float, rule: str, level: float, n_tests: int) -> Matches:
         """Set ``implements`` by the label rule (catalog.significance.labels); returns self."""

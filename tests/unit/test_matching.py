@@ -173,7 +173,7 @@ def test_the_layer_scores_only_live_neurons_and_keeps_their_numbers(planted_run,
         return sorted((int(n), m.heuristics[h].key, round(float(s), 6), bool(b), bool(i))
                       for n, h, s, b, i in zip(m.neuron, m.heuristic, m.score, m.bottom,
                                                m.implements, strict=True))
-    assert len(got) == len(whole) > 100
+    assert len(got) == len(whole) > 50
     assert rows(got) == rows(whole)
 
 
