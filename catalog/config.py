@@ -27,7 +27,8 @@ from catalog.tokens import NumberTokens
 # 0.2.0: labels with the significance rule, constant neurons without rows, robust ranking,
 # the value family, prompts tokenized as prefix + prompt (docs/method.md)
 # 0.3.0: scores stored per family (scores_per_family), the forward passes' dtype
-CATALOG_VERSION = "0.3.0"
+# 0.4.0: grid storage tiers (full_grids: full grids for the top set, sketches for the rest)
+CATALOG_VERSION = "0.4.0"
 
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
@@ -52,7 +53,9 @@ LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_stat
                   "rank_sign": "signed", "label_rule": "paper", "significance_level": 0.05,
                   "families": ["range", "modulo", "pattern", "identical", "multi_result"],
                   # before 0.3.0 every score >= the floor was stored, in float32
-                  "scores_per_family": 0, "dtype": "float32"}
+                  "scores_per_family": 0, "dtype": "float32",
+                  # before 0.4.0 every grid was stored at full resolution
+                  "full_grids": "all"}
 
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -106,6 +109,12 @@ class ScienceConfig:
     scores_per_family: int = _opt(
         1, "scores stored per neuron, operator and heuristic family: its N best, plus every "
            "heuristic it implements (label rule); 0 stores every score >= score_floor")
+    full_grids: str = _opt(
+        "top:20", "grids stored at full resolution: top:N (the N neurons per layer and "
+                  "operator of highest rank, as the circuit views take them; default the "
+                  "views' circuit size), all, or none; every other grid is stored as a "
+                  "sketch (at most 32 x 32 block means plus row and column means) and can "
+                  "be filled in later with `ncat enqueue --full-grid`", form=True)
     match_threshold: float = _opt(
         0.6, "score from which a neuron implements a heuristic (paper: 0.6); knockouts and "
              "summaries use it, analysts may choose another in SQL")
@@ -181,6 +190,7 @@ class ScienceConfig:
         elif "exact" not in self.patching:
             object.__setattr__(self, "exact", "none")
         self.exact_top()  # validates the form
+        self.full_grid_top()
         if self.exact.startswith("top:") and "attribution" not in self.patching:
             raise ValueError(f"exact {self.exact!r} picks neurons by |attribution|; use "
                              "--patching both")
@@ -236,6 +246,19 @@ class ScienceConfig:
         head, _, n = self.exact.partition(":")
         if head != "top" or not n.isdigit() or int(n) < 1:
             raise ValueError(f"exact must be all, none or top:N with N >= 1, got {self.exact!r}")
+        return int(n)
+
+    def full_grid_top(self) -> int | None:
+        """How many grids per layer and operator are stored in full: None for all, 0 for
+        none, else N of ``top:N`` (ValueError if malformed)."""
+        if self.full_grids == "all":
+            return None
+        if self.full_grids == "none":
+            return 0
+        head, _, n = self.full_grids.partition(":")
+        if head != "top" or not n.isdigit() or int(n) < 1:
+            raise ValueError(f"full_grids must be all, none or top:N with N >= 1, "
+                             f"got {self.full_grids!r}")
         return int(n)
 
     def prompt_text(self, a: int, op: str, b: int) -> str:

@@ -19,6 +19,7 @@ from catalog.config import CATALOG_VERSION, ScienceConfig
 from schema import jobs as jobdb
 from schema import store
 from schema.jobs import Status
+from schema.store import scalar
 
 
 class EnqueueError(ValueError):
@@ -113,6 +114,7 @@ class Enqueued:
     layers: list[int]
     created: bool  # False: the same job existed already
     stored: bool = False  # True: new, but the catalog held all of it, so nothing was queued
+    note: str = ""  # what happened, in words (full-grid jobs)
 
 
 def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None = None,
@@ -152,6 +154,64 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
     for job_id, layer in to_send:  # after commit: a worker must find the rows
         send(job_id, layer)
     return results
+
+
+def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceConfig,
+                      layer: int, neurons: list[int], device: str = "cpu",
+                      send=None) -> Enqueued:
+    """Queue a full-grid job: the full-resolution grids of ``neurons`` of one stored layer,
+    written over their sketches (schema.sketch). Done at once when they are full already.
+    The layer must be stored under ``config`` at that checkpoint."""
+    from catalog.sources import ModelSourceError, canonical_name
+
+    if not neurons:
+        raise EnqueueError("no neurons given; name at least one neuron of the layer")
+    neurons = sorted({int(n) for n in neurons})
+    try:
+        model = canonical_name(model)
+    except (ModelSourceError, ValueError) as exc:
+        raise EnqueueError(str(exc)) from None
+    send = send or _celery_send
+    config_hash = config.config_hash()
+    where = f"{model} step {step}" if step is not None else model
+    with store.connect(url) as conn, conn.transaction():
+        have = store.find_stored(conn, model_name=model, step=step, config_hash=config_hash)
+        if have is None or layer not in have.layers:
+            raise EnqueueError(f"layer {layer} of {where} is not stored under this config; "
+                               "catalog it first (ncat enqueue or ncat catalog)")
+        config_id = scalar(conn.execute("SELECT id FROM measure_config WHERE config_hash = %s",
+                                        (config_hash,)))
+        stored = dict(conn.execute(
+            "SELECT neuron, bool_or(sketch) FROM neuron_grid WHERE checkpoint_id = %s AND "
+            "config_id = %s AND layer = %s AND neuron = ANY(%s) GROUP BY neuron",
+            (have.checkpoint_id, config_id, layer, neurons)).fetchall())
+        missing = [n for n in neurons if n not in stored]
+        if missing:
+            d_mlp = scalar(conn.execute(
+                "SELECT count(DISTINCT neuron) FROM neuron_op WHERE checkpoint_id = %s AND "
+                "config_id = %s AND layer = %s", (have.checkpoint_id, config_id, layer)))
+            raise EnqueueError(f"neurons {missing} have no grids in layer {layer} of {where} "
+                               f"(its neurons are 0..{d_mlp - 1})")
+        done = not any(stored.values())
+        key = hashlib.sha256(json.dumps({"full_grid": True, "model": model, "step": step,
+                                         "config": config_hash, "layer": layer,
+                                         "neurons": neurons}, sort_keys=True).encode()).hexdigest()
+        job_id = jobdb.insert_job(conn, key=key, model=model, step=step, config_id=config_id,
+                                  layers=[layer], device=device, force=False, done=done,
+                                  checkpoint_id=have.checkpoint_id, grid_neurons=neurons)
+        created = job_id is not None
+        note = "already full, nothing queued" if done else "queued"
+        if job_id is None:
+            job_id = jobdb.job_id_by_key(conn, key)
+            if not done and jobdb.job_status(conn, job_id) in (Status.DONE, Status.FAILED,
+                                                               Status.CANCELLED):
+                jobdb.requeue(conn, job_id, only_unfinished=False, force=False)
+                note = "queued again"
+            elif not done:
+                done, note = True, "queued already"  # send nothing more
+    if not done:
+        send(job_id, layer)
+    return Enqueued(job_id, model, step, [layer], created, stored=done and created, note=note)
 
 
 def _celery_send(job_id: int, layer: int) -> None:

@@ -194,7 +194,9 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str
         jobdb.set_checkpoint(conn, job.id, here.ids.checkpoint_id)
         stored = store.stored_layers(conn, checkpoint_id=here.ids.checkpoint_id,
                                      config_id=here.ids.config_id)
-        if job.force or layer not in stored:
+        if job.grid_neurons is not None:
+            outcome = _fill_full_grids(conn, here, job, layer, stored)
+        elif job.force or layer not in stored:
             result = store_layer(conn, here.run, here.ids, layer, here.lm.tokenizer, worker)
             here.run.release(layer)
             here.results[layer] = (result.effect(here.run.config.rank_sign), result.matches)
@@ -215,6 +217,29 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str
     return outcome
 
 
+def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int, stored: list[int]) -> str:
+    """A full-grid job: the layer's grid pass, and the full grids of the job's neurons
+    written over their sketches. The layer must be stored (its sketches exist)."""
+    if layer not in stored:
+        raise ValueError(f"layer {layer} of this checkpoint is not stored under the job's "
+                         "config; catalog it before asking for its full grids")
+    run = here.run
+    neurons = sorted(set(job.grid_neurons or []))
+    bad = [n for n in neurons if not 0 <= n < run.d_mlp]
+    if bad:
+        raise ValueError(f"neurons {bad} do not exist; layer {layer} has neurons "
+                         f"0..{run.d_mlp - 1}")
+    acts = run.activations(layer)
+    ops = list(run.config.operators)
+    grids = [acts[run.table.op_index(op)][:, neurons].T for op in ops]
+    n = store.write_full_grids(conn, model_id=here.ids.model_id,
+                               checkpoint_id=here.ids.checkpoint_id,
+                               config_id=here.ids.config_id, layer=layer, neurons=neurons,
+                               ops=ops, grids=grids)
+    run.release(layer)
+    return f"full grids ({n} rows)"
+
+
 def finalize_if_complete(conn, url: str, job_id: int) -> bool:
     """If every layer of the job is stored, claim and run its final step once. The
     claimer holds the job's summary lock while it works: the reconciler resumes a job
@@ -229,7 +254,8 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
         assert job is not None
         try:
             with Heartbeat(url, job_id, None, get_settings().ncat_heartbeat_seconds):
-                _summarize(conn, job)
+                if job.grid_neurons is None:  # a full-grid job has no summary
+                    _summarize(conn, job)
         except TRANSIENT:
             raise
         except Exception as exc:

@@ -21,6 +21,7 @@ from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.run import CheckpointRun, LayerResult, Summary
 from catalog.sources import LoadedModel
 from schema import store
+from schema.sketch import GridGeometry
 
 
 @dataclass
@@ -85,7 +86,9 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.Laye
         lens_top_tokens=tokens(result.lens.top_ids), lens_top_values=result.lens.top_values,
         lens_bottom_tokens=tokens(result.lens.bottom_ids),
         lens_bottom_values=result.lens.bottom_values,
-        matches=result.matches, patching=_clean(result.patching))
+        matches=result.matches, patching=_clean(result.patching),
+        layouts=[GridGeometry(g.side, g.valid) for g in run.grid_layouts()],
+        full_top=run.config.full_grid_top())
 
 
 def _clean(x):

@@ -40,11 +40,13 @@ class JobRow:
     force: bool
     status: str
     checkpoint_id: int | None
+    grid_neurons: list[int] | None = None  # a full-grid job: these neurons of its layer
 
 
 def load_job(conn: psycopg.Connection, job_id: int) -> JobRow | None:
     row = conn.execute("SELECT id, model_name, step, config_id, layers, device, force, status, "
-                       "checkpoint_id FROM job WHERE id = %s", (job_id,)).fetchone()
+                       "checkpoint_id, grid_neurons FROM job WHERE id = %s",
+                       (job_id,)).fetchone()
     return JobRow(*row) if row else None
 
 
@@ -106,15 +108,17 @@ def mark_done(conn: psycopg.Connection, job_id: int) -> None:
 
 def insert_job(conn: psycopg.Connection, *, key: str, model: str, step: int | None,
                config_id: int, layers: list[int], device: str, force: bool, done: bool,
-               checkpoint_id: int | None) -> int | None:
-    """A new job and its layers (done at once when ``done``); None if the key exists."""
+               checkpoint_id: int | None, grid_neurons: list[int] | None = None) -> int | None:
+    """A new job and its layers (done at once when ``done``); None if the key exists.
+    With ``grid_neurons`` it is a full-grid job (one layer)."""
     status = Status.DONE if done else Status.QUEUED
     row = conn.execute(
         "INSERT INTO job (job_key, model_name, step, config_id, layers, device, force, "
-        "status, checkpoint_id, finished_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
-        "%s, CASE WHEN %s THEN now() END) ON CONFLICT (job_key) DO NOTHING RETURNING id",
+        "status, checkpoint_id, grid_neurons, finished_at) VALUES (%s, %s, %s, %s, %s, %s, "
+        "%s, %s, %s, %s, CASE WHEN %s THEN now() END) ON CONFLICT (job_key) DO NOTHING "
+        "RETURNING id",
         (key, model, step, config_id, layers, device, force, status, checkpoint_id,
-         done)).fetchone()
+         grid_neurons, done)).fetchone()
     if row is None:
         return None
     for layer in layers:

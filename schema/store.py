@@ -20,7 +20,15 @@ import numpy as np
 import psycopg
 
 from catalog.maps import kv_map
-from schema.quantize import dequantize, quantize_rows
+from schema.quantize import quantize_rows
+from schema.sketch import (
+    CODEC_ZSTD,
+    GridGeometry,
+    StoredGrid,
+    decode_cells,
+    encode_full,
+    encode_sketches,
+)
 
 NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
                   "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
@@ -81,6 +89,9 @@ class LayerRows:
     op_accuracy: (n_ops,) the model's accuracy on each operator.
     grids: one (d_mlp, n_cells_of_op) float32 array per operator (valid cells in the
         grid layout's order).
+    layouts: per operator, the grid's geometry (side and valid mask), which sketches need.
+    full_top: grids stored in full per operator: those of rank < full_top; None: all
+        (schema.sketch; every other grid is stored as a sketch).
     lens_numbers: (d_mlp, n_numbers); lens top/bottom tokens (strings) and values (d_mlp, k).
     matches: the layer's heuristic scores, one entry per stored score.
     """
@@ -97,6 +108,8 @@ class LayerRows:
     lens_bottom_values: np.ndarray
     matches: MatchArrays
     patching: dict | None = None  # op -> pairs used, neurons patched exactly, Spearman
+    layouts: list[GridGeometry] | None = None
+    full_top: int | None = None
 
     @property
     def d_mlp(self) -> int:
@@ -218,12 +231,8 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
         key + (n, op) + tuple(value(c, n, o) for c in NEURON_OP_COLS)
         + (float(rows.op_accuracy[o]),) + best.get((n, o), none)
         for o, op in enumerate(ops) for n in range(d_mlp)))
-    grid_rows: list[tuple] = []
-    for o, op in enumerate(ops):
-        q, scale, vmin = quantize_rows(rows.grids[o])
-        grid_rows.extend(key + (n, op, q[n].tobytes(), float(scale[n]), float(vmin[n]))
-                         for n in range(d_mlp))
-    _copy(cur, into["neuron_grid"], KEY + ("op", "q", "scale", "vmin"), grid_rows)
+    _copy(cur, into["neuron_grid"], KEY + ("op", "q", "scale", "vmin", "codec", "sketch"),
+          grid_rows(rows, key))
     _copy(cur, into["neuron_lens"], KEY + ("numbers", "top_tokens", "top_values",
                                            "bottom_tokens", "bottom_values"), (
         key + (n, rows.lens_numbers[n].tolist(), rows.lens_top_tokens[n],
@@ -235,6 +244,69 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
         key + (int(n), ops[o], ids[keys[h]], float(s), bool(b), _f(r), _f(p), bool(i))
         for n, o, h, s, b, r, p, i in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
                                           m.base_rate, m.p_value, m.implements, strict=True)))
+
+
+def full_grid_mask(rows: LayerRows) -> np.ndarray:
+    """(d_mlp, n_ops) True where the grid is stored in full: rank < full_top, and every
+    grid of an operator whose side fits one sketch block per cell (the sketch would be
+    the grid itself plus its means)."""
+    full = np.ones((rows.d_mlp, len(rows.ops)), dtype=bool)
+    if rows.full_top is None:
+        return full
+    for o in range(len(rows.ops)):
+        if rows.layouts is None or rows.layouts[o].block > 1:
+            full[:, o] = np.asarray(rows.stats["rank"])[:, o] < rows.full_top
+    return full
+
+
+def grid_rows(rows: LayerRows, key: tuple) -> list[tuple]:
+    """neuron_grid rows of a layer: zstd-compressed full grids where ``full_grid_mask``
+    says so, sketches elsewhere (schema.sketch)."""
+    full = full_grid_mask(rows)
+    if not full.all() and rows.layouts is None:
+        raise ValueError("sketches need the grid layouts (LayerRows.layouts)")
+    out: list[tuple] = []
+    ops = rows.ops
+    for o in range(len(ops)):
+        grids = rows.grids[o]
+        q, scale, vmin = quantize_rows(grids)
+        payload: list[bytes | None] = [None] * rows.d_mlp
+        keep = np.nonzero(full[:, o])[0]
+        for n, data in zip(keep, encode_full(q[keep]), strict=True):
+            payload[n] = data
+        rest = np.nonzero(~full[:, o])[0]
+        if len(rest):
+            assert rows.layouts is not None
+            for n, data in zip(rest, encode_sketches(grids[rest], scale[rest], vmin[rest],
+                                                     rows.layouts[o]), strict=True):
+                payload[n] = data
+        out.extend(key + (n, ops[o], payload[n], float(scale[n]), float(vmin[n]), CODEC_ZSTD,
+                          not bool(full[n, o]))
+                   for n in range(rows.d_mlp))
+    return out
+
+
+def write_full_grids(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int,
+                     config_id: int, layer: int, neurons: Sequence[int], ops: Sequence[str],
+                     grids: Sequence[np.ndarray]) -> int:
+    """Replace the stored grids of ``neurons`` of one layer with full-resolution grids
+    (``grids``: per operator, (len(neurons), n_cells)); returns the rows updated. Only
+    rows that exist are updated: a full grid never creates a neuron the layer lacks."""
+    rows: list[tuple] = []
+    for op, g in zip(ops, grids, strict=True):
+        q, scale, vmin = quantize_rows(g)
+        rows.extend((data, float(scale[i]), float(vmin[i]), CODEC_ZSTD, model_id,
+                     checkpoint_id, config_id, layer, int(n), op)
+                    for i, (n, data) in enumerate(zip(neurons, encode_full(q), strict=True)))
+    updated = 0
+    with conn.transaction(), conn.cursor() as cur:
+        for row in rows:
+            cur.execute(
+                "UPDATE neuron_grid SET q = %s, scale = %s, vmin = %s, codec = %s, "
+                "sketch = false WHERE model_id = %s AND checkpoint_id = %s AND config_id = %s "
+                "AND layer = %s AND neuron = %s AND op = %s", row)
+            updated += cur.rowcount
+    return updated
 
 
 def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
@@ -368,15 +440,16 @@ def find_stored(conn: psycopg.Connection, *, model_name: str, step: int | None,
 # ------------------------------------------------------------------ reads
 
 
-def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
-             layer: int, neuron: int, op: str, kv: bool = False) -> np.ndarray:
-    """One activation grid as a (side, side) float32 array, op1 on axis 0, NaN where invalid.
+def read_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
+              layer: int, neuron: int, op: str, kv: bool = False) -> StoredGrid:
+    """One stored activation grid (full or sketch; schema.sketch), op1 on axis 0.
 
-    With ``kv``, the KV map: each cell times the neuron's lens value of the cell's answer.
+    With ``kv``, the KV map: each cell times the neuron's lens value of the cell's answer
+    (for a sketch, each cell's block mean times that cell's lens value).
     """
     row = conn.execute(
-        "SELECT g.q, g.scale, g.vmin, l.side, l.valid, l.answer_index FROM neuron_grid g "
-        "JOIN model m ON m.id = g.model_id "
+        "SELECT g.q, g.codec, g.sketch, g.scale, g.vmin, l.side, l.valid, l.answer_index "
+        "FROM neuron_grid g JOIN model m ON m.id = g.model_id "
         "JOIN grid_layout l ON l.config_id = g.config_id AND l.op = g.op "
         "AND l.number_limit = m.number_limit "
         "WHERE g.model_id = %s AND g.checkpoint_id = %s AND g.config_id = %s AND g.layer = %s "
@@ -385,19 +458,28 @@ def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, con
     if row is None:
         raise KeyError(f"no grid for model {model_id}, checkpoint {checkpoint_id}, config "
                        f"{config_id}, layer {layer}, neuron {neuron}, op {op!r}")
-    q, scale, vmin, side, valid, answer_index = row
-    mask = np.unpackbits(np.frombuffer(valid, dtype=np.uint8))[: side * side].astype(bool)
-    values = dequantize(q, scale, vmin)
+    q, codec, sketch, scale, vmin, side, valid, answer_index = row
+    geometry = GridGeometry.from_packed(side, valid)
+    grid = decode_cells(q, codec, sketch, scale, vmin, geometry)
     if kv:
         lens = np.array(scalar(conn.execute(
             "SELECT numbers FROM neuron_lens WHERE model_id = %s AND checkpoint_id = %s "
             "AND config_id = %s AND layer = %s AND neuron = %s",
             (model_id, checkpoint_id, config_id, layer, neuron))),
             dtype=np.float32)
-        values = kv_map(values, lens[np.frombuffer(answer_index, dtype=np.int32)])
-    out = np.full(side * side, np.nan, dtype=np.float32)
-    out[mask] = values
-    return out.reshape(side, side)
+        flat = grid.values.reshape(-1)
+        flat[geometry.valid] = kv_map(flat[geometry.valid],
+                                      lens[np.frombuffer(answer_index, dtype=np.int32)])
+        grid.row_means = grid.col_means = None  # those are of the K map
+    return grid
+
+
+def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
+             layer: int, neuron: int, op: str, kv: bool = False) -> np.ndarray:
+    """One activation grid as a (side, side) float32 array, op1 on axis 0, NaN where invalid
+    (a sketch's cells hold their block's mean: ``read_grid`` says which it is)."""
+    return read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id, config_id=config_id,
+                     layer=layer, neuron=neuron, op=op, kv=kv).values
 
 
 def layer_effects(conn: psycopg.Connection, *, ids, column: str) -> list[tuple]:

@@ -6,7 +6,8 @@ measurement configs (hashed), heuristics, jobs. Measurements, one row per:
   patching effects, rank, best heuristic. Everything analysts filter on is a plain
   indexed column.
 - ``neuron_grid``: the same key: the activation grid over the operator's valid cells,
-  8-bit quantized with a per-grid scale and offset (see schema.quantize).
+  8-bit quantized with a per-grid scale and offset (see schema.quantize), stored in full
+  for the top set and as a sketch for the rest, zstd-compressed (see schema.sketch).
 - ``neuron_lens``: (checkpoint, config, layer, neuron): the logit lens.
 - ``neuron_score``: (checkpoint, config, layer, neuron, operator, heuristic): raw scores,
   with their base rates, p-values and the label rule's verdict (``implements``).
@@ -163,6 +164,10 @@ class Job(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=_now, sa_column=_ts())
     finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
                                                                         nullable=True))
+    # a full-grid job (migration 0008): only these neurons' grids of its one layer are
+    # computed and stored in full; NULL for a measurement job
+    grid_neurons: list[int] | None = Field(default=None, sa_column=Column(ARRAY(Integer),
+                                                                          nullable=True))
 
 
 class JobLayer(SQLModel, table=True):
@@ -292,6 +297,12 @@ class NeuronGrid(_NeuronOpKey, table=True):
     q: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     scale: float = Field(sa_column=Column(REAL, nullable=False))
     vmin: float = Field(sa_column=Column(REAL, nullable=False))
+    # schema.sketch: 0 raw bytes, 1 zstd; a sketch (block means, row and column means)
+    # or the full grid (migration 0008)
+    codec: int = Field(default=0, sa_column=Column(SmallInteger, nullable=False,
+                                                   server_default="0"))
+    sketch: bool = Field(default=False, sa_column=Column(Boolean, nullable=False,
+                                                         server_default="false"))
 
 
 class NeuronLens(_NeuronKey, table=True):

@@ -8,6 +8,7 @@ by what they mean: (step, layer, neuron, op, heuristic key). Floats are kept as 
 from __future__ import annotations
 
 from schema import store
+from schema.sketch import payload
 
 QUERIES = {
     "neuron_op": "SELECT c.step, n.layer, n.neuron, n.op, n.max_act, n.mean_act, n.density, "
@@ -19,9 +20,10 @@ QUERIES = {
     "neuron_score": "SELECT c.step, s.layer, s.neuron, s.op, h.key, s.score, s.bottom "
                     "FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
                     "JOIN checkpoint c ON c.id = s.checkpoint_id ORDER BY 1, 2, 3, 4, 5",
-    "neuron_grid": "SELECT c.step, g.layer, g.neuron, g.op, encode(g.q, 'hex'), g.scale, "
-                   "g.vmin FROM neuron_grid g JOIN checkpoint c ON c.id = g.checkpoint_id "
-                   "ORDER BY 1, 2, 3, 4",
+    # q decoded to the raw 8-bit codes in dump_rows (full grids only: sketch is checked)
+    "neuron_grid": "SELECT c.step, g.layer, g.neuron, g.op, g.q, g.scale, "
+                   "g.vmin, g.codec, g.sketch FROM neuron_grid g "
+                   "JOIN checkpoint c ON c.id = g.checkpoint_id ORDER BY 1, 2, 3, 4",
     "neuron_lens": "SELECT c.step, l.layer, l.neuron, l.numbers, l.top_tokens, l.top_values, "
                    "l.bottom_tokens, l.bottom_values FROM neuron_lens l "
                    "JOIN checkpoint c ON c.id = l.checkpoint_id ORDER BY 1, 2, 3",
@@ -36,5 +38,16 @@ def dump_rows(url: str) -> dict[str, list[list]]:
     out = {}
     with store.connect(url) as conn:
         for table, sql in QUERIES.items():
-            out[table] = [list(r) for r in conn.execute(sql).fetchall()]
+            rows = [list(r) for r in conn.execute(sql).fetchall()]
+            if table == "neuron_grid":
+                rows = [_grid_row(r) for r in rows]
+            out[table] = rows
     return out
+
+
+def _grid_row(r: list) -> list:
+    """(step, layer, neuron, op, hex of the 8-bit codes, scale, vmin) of a full grid."""
+    *head, q, scale, vmin, codec, sketch = r
+    if sketch:
+        raise AssertionError(f"grid {head} is a sketch; golden catalogs store full grids")
+    return [*head, payload(q, codec).hex(), scale, vmin]

@@ -18,6 +18,7 @@ from catalog.settings import get_settings
 from schema import console, store
 from schema import jobs as jobdb
 from schema.settings import resolve_database_url, with_driver
+from schema.sketch import StoredGrid
 
 TTL = 5  # seconds a query result is reused
 SQL_ROW_CAP = 1000
@@ -163,13 +164,35 @@ def search(f: Filters, page: int, page_size: int = 50) -> tuple[pd.DataFrame, in
 
 
 @st.cache_data(ttl=TTL)
-def grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv=False) -> np.ndarray | None:
+def stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op,
+                kv=False) -> StoredGrid | None:
+    """A grid as stored: full, or a sketch (schema.sketch); None if there is none."""
     with store.connect(database_url()) as conn:
         try:
-            return store.get_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
-                                  config_id=config_id, layer=layer, neuron=neuron, op=op, kv=kv)
+            return store.read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
+                                   config_id=config_id, layer=layer, neuron=neuron, op=op,
+                                   kv=kv)
         except KeyError:
             return None
+
+
+def grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv=False) -> np.ndarray | None:
+    """A grid's (side, side) values (a sketch's cells hold their block's mean)."""
+    g = stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv)
+    return None if g is None else g.values
+
+
+@st.cache_data(ttl=TTL)
+def job_request(model_id: int, checkpoint_id: int, config_id: int) -> tuple[str, int | None,
+                                                                           dict]:
+    """(model name, step, stored config) of a catalogued checkpoint: what a job needs."""
+    with store.connect(database_url()) as conn:
+        name, step = conn.execute("SELECT m.name, c.step FROM checkpoint c JOIN model m ON "
+                                  "m.id = c.model_id WHERE c.id = %s AND m.id = %s",
+                                  (checkpoint_id, model_id)).fetchone()
+        config = store.scalar(conn.execute("SELECT config FROM measure_config WHERE id = %s",
+                                           (config_id,)))
+    return name, step, config
 
 
 @st.cache_data(ttl=TTL)

@@ -24,6 +24,18 @@ def heatmap(grid: np.ndarray, lo: int, title: str, diverging: bool = False) -> g
     return fig
 
 
+def profiles(row_means: np.ndarray, col_means: np.ndarray, lo: int, op: str) -> go.Figure:
+    """A sketch's full-resolution means: over op2 for each op1 (rows), over op1 for each
+    op2 (columns)."""
+    axis = list(range(lo, lo + len(row_means)))
+    fig = go.Figure([go.Scatter(x=axis, y=row_means, name="mean over op2, by op1"),
+                     go.Scatter(x=axis, y=col_means, name="mean over op1, by op2")])
+    fig.update_layout(title=f"Row and column means, {op}", xaxis_title="operand",
+                      yaxis_title="mean activation", height=260,
+                      margin=dict(l=40, r=10, t=40, b=40), legend=dict(orientation="h"))
+    return fig
+
+
 def lens_line(numbers: list[float]) -> go.Figure:
     fig = px.line(x=list(range(len(numbers))), y=numbers,
                   labels={"x": "number token", "y": "logit-lens value"})

@@ -16,13 +16,38 @@ from jobs.cli.common import (
 from jobs.cli.measuring import MODEL_HELP
 
 
+def parse_full_grid(text: str) -> tuple[int, list[int]]:
+    """'LAYER:N1,N2,...' of --full-grid."""
+    layer, sep, rest = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        neurons = [int(x) for x in rest.split(",") if x.strip()]
+        if not neurons:
+            raise ValueError
+        return int(layer), neurons
+    except ValueError:
+        raise ValueError(f"--full-grid takes LAYER:NEURON[,NEURON...], e.g. 3:17,250; "
+                         f"got {text!r}") from None
+
+
 def cmd_enqueue(args) -> int:
-    from jobs.enqueue import EnqueueError, enqueue
+    from jobs.enqueue import EnqueueError, enqueue, enqueue_full_grid, parse_checkpoints
     from schema.engine import SchemaBehind, require_current
 
     try:
         config = science_from(args)
         url = require_current(database_url(args))
+        if args.full_grid is not None:
+            layer, neurons = parse_full_grid(args.full_grid)
+            steps = parse_checkpoints(args.model, args.checkpoints)
+            if len(steps) != 1:
+                raise EnqueueError("--full-grid takes one checkpoint (--checkpoints STEP)")
+            j = enqueue_full_grid(url, args.model, steps[0], config, layer, neurons,
+                                  device=args.device or "cpu")
+            print(f"job {j.job_id}: full grids of layer {layer} neurons "
+                  f"{','.join(map(str, neurons))} of {j.model} step {j.step}: {j.note}")
+            return 0
         jobs = enqueue(url, args.model, args.checkpoints, config,
                        layers=parse_layers(args.layers), device=args.device or "cpu",
                        force=args.force)
@@ -124,6 +149,10 @@ def add_commands(sub) -> None:
     s.add_argument("--checkpoints", default=None,
                    help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
     s.add_argument("--force", action="store_true", help="recompute jobs that exist already")
+    s.add_argument("--full-grid", default=None, metavar="LAYER:NEURONS",
+                   help="instead of measuring: compute the full-resolution grids of these "
+                        "neurons of a stored layer (e.g. 3:17,250), replacing their sketches; "
+                        "give the checkpoint and the measurement flags it was stored with")
     database_option(s)
     science_options(s)
     execution_options(s, device_only=True)

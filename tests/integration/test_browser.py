@@ -8,8 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from playwright.sync_api import sync_playwright
+
+from helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -24,8 +27,16 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(seeded):
-    port = free_port()
     env = {**os.environ, "DATABASE_URL": seeded, "NCAT_QUEUE": "browser-tests-no-worker"}
+    proc, url = start_explorer(env)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def start_explorer(env: dict) -> tuple[subprocess.Popen, str]:
+    """A Streamlit explorer with ``env``, once it answers; (process, URL)."""
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "ui/app.py", "--server.headless", "true",
          "--server.port", str(port), "--server.address", "127.0.0.1",
@@ -41,9 +52,13 @@ def server(seeded):
                 proc.kill()
                 raise AssertionError("streamlit did not start") from None
             time.sleep(0.3)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def launch(pw):
+    return pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+        "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"])
 
 
 def top_row_link(url) -> str:
@@ -62,9 +77,7 @@ def test_search_open_a_neuron_and_see_its_charts(server, seeded):
     assert Path(CHROMIUM).exists(), "Debian's chromium package is missing (scripts/setup.sh)"
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        browser = launch(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.goto(f"{server}/search", wait_until="networkidle")
         page.get_by_text("neuron-operator rows match").wait_for(timeout=60_000)
@@ -85,3 +98,89 @@ def test_search_open_a_neuron_and_see_its_charts(server, seeded):
         page.screenshot(path=str(ARTIFACTS / "neuron-page.png"), full_page=True)
         browser.close()
     assert (ARTIFACTS / "neuron-page.png").stat().st_size > 10_000
+
+
+def test_a_sketch_is_drawn_and_compute_full_grid_fills_it_in(queue, tiny_builtin):
+    """A neuron outside the top set shows a sketch (banner, block-mean heatmap, row and
+    column means); its "Compute full grid" button queues a job that a real worker runs,
+    after which the page shows the full grid and the store holds it within half a code
+    step of the activations."""
+    from catalog.config import ScienceConfig
+    from catalog.run import CheckpointRun
+    from catalog.sources import load_model
+    from jobs.store_results import catalog_checkpoint
+    from schema import store
+    from ui.views.common import neuron_link
+
+    cfg, root = tiny_builtin
+    # [0, 40): 2 x 2-cell sketch blocks; the top 4 per layer and operator in full
+    config = ScienceConfig(operators=("+", "-"), operand_hi=40, pairs_per_op=10,
+                           patching=("attribution",), faithfulness_prompts=20,
+                           full_grids="top:4")
+    lm = load_model("builtin", 300, builtin_config=cfg, cache_root=root)
+    ids = catalog_checkpoint(queue.url, lm, config)
+    layer = 1
+    with store.connect(queue.url) as conn:
+        neuron = conn.execute(  # the highest-ranked neuron whose grids are all sketches
+            "SELECT n.neuron FROM neuron_op n JOIN neuron_grid g USING (model_id, "
+            "checkpoint_id, config_id, layer, neuron, op) WHERE n.checkpoint_id = %s AND "
+            "n.layer = %s GROUP BY n.neuron HAVING bool_and(g.sketch) ORDER BY min(n.rank) "
+            "LIMIT 1", (ids.checkpoint_id, layer)).fetchone()[0]
+    href = neuron_link(ids.model_id, ids.checkpoint_id, ids.config_id, layer, neuron)
+    proc, url = start_explorer(dict(os.environ))  # the queue's database, broker and queue
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(url + href, wait_until="networkidle")
+            page.get_by_text("Showing a sketch for +, -").wait_for(timeout=60_000)
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=60_000)
+            titles = " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
+            assert "K map, + (sketch: 2x2-cell block means)" in titles
+            assert "Row and column means, +" in titles
+            heat = page.locator(".js-plotly-plot .heatmaplayer image, .js-plotly-plot .hm image")
+            assert heat.count() >= 2
+            page.screenshot(path=str(ARTIFACTS / "neuron-sketch.png"), full_page=True)
+            page.get_by_role("button", name="Compute full grid").click()
+            page.get_by_text("Full-grid job #").wait_for(timeout=60_000)
+            queue.start_worker()
+
+            def filled() -> bool:
+                with store.connect(queue.url) as conn:
+                    return conn.execute(
+                        "SELECT count(*) FILTER (WHERE NOT sketch), (SELECT status FROM job "
+                        "WHERE grid_neurons IS NOT NULL) FROM neuron_grid WHERE "
+                        "checkpoint_id = %s AND layer = %s AND neuron = %s",
+                        (ids.checkpoint_id, layer, neuron)).fetchone() == (2, "done")
+
+            wait_until(filled, timeout=180, what="the full-grid job")
+            page.goto(url + href, wait_until="networkidle")
+            page.get_by_text("Activation grids (K map)").wait_for(timeout=60_000)
+            page.wait_for_function(
+                "document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=60_000)
+            titles = " ".join(page.locator(".js-plotly-plot .gtitle").all_text_contents())
+            assert "K map, +" in titles and "sketch" not in titles
+            assert page.get_by_text("Showing a sketch").count() == 0
+            page.screenshot(path=str(ARTIFACTS / "neuron-full-grid.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    # the filled-in grids are the layer's activations, within half a code step
+    run = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
+    acts = run.activations(layer)
+    with store.connect(queue.url) as conn:
+        for op in config.operators:
+            got = store.read_grid(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                                  config_id=ids.config_id, layer=layer, neuron=neuron, op=op)
+            want = run.table.to_grid(acts[run.table.op_index(op), neuron], op)
+            assert not got.sketch
+            assert np.array_equal(np.isnan(got.values), np.isnan(want))
+            span = np.nanmax(want) - np.nanmin(want)
+            assert np.nanmax(np.abs(got.values - want)) <= span / 510 + 1e-5
+        # the other neurons kept their sketches
+        assert conn.execute("SELECT count(*) FILTER (WHERE sketch) FROM neuron_grid WHERE "
+                            "checkpoint_id = %s AND layer = %s", (ids.checkpoint_id, layer)
+                            ).fetchone()[0] == 2 * (64 - 4) - 2

@@ -31,13 +31,14 @@ from tiny_model import TINY
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 # The paper's rules, which were the only ones at 6a8a4f8: rank by the signed mean effect,
 # label by score alone, no value family. What the flags below ask for.
-# Every score >= the floor was stored then (scores_per_family 0).
+# Every score >= the floor was stored then (scores_per_family 0), and every grid in full
+# (full_grids all; golden_rows compares the decoded codes).
 PAPER = dict(rank_statistic="mean", rank_sign="signed", label_rule="paper",
              families=("range", "modulo", "pattern", "identical", "multi_result"),
-             scores_per_family=0)
+             scores_per_family=0, full_grids="all")
 FLAGS = ["--hi", "12", "--pairs", "8", "--rank-by", "mean", "--rank-sign", "signed",
          "--label-rule", "paper", "--families", "range,modulo,pattern,identical,multi_result",
-         "--scores-per-family", "0"]
+         "--scores-per-family", "0", "--full-grids", "all"]
 CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, **PAPER)
 STEP = 300
 

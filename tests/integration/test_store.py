@@ -15,6 +15,7 @@ from schema import store
 from schema.engine import alembic_config, migrate
 from schema.quantize import dequantize, max_error, quantize_rows
 from schema.settings import Settings, resolve_database_url
+from schema.sketch import sketch_reference
 
 from helpers import reader_url
 
@@ -59,7 +60,8 @@ def test_quantization_error_is_within_half_a_step():
 def layer_data(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
-    config = MeasureConfig(operand_hi=20, pairs_per_op=10)
+    # [0, 40): two cells per sketch block (a side of 32 or less is always stored in full)
+    config = MeasureConfig(operand_hi=40, pairs_per_op=10)
     prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
     return lm, config, prep, prep.run_layer(1)
 
@@ -101,18 +103,44 @@ def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
     with store.connect(db) as conn:
         assert store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                    config_id=ids.config_id) == [1]
-        for op, neuron in (("+", 3), ("/", 17), ("*", 40)):
-            grid = store.get_grid(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
-                                  config_id=ids.config_id, layer=1, neuron=neuron, op=op)
-            want = table.to_grid(result.acts[table.op_index(op), neuron], op)
-            assert np.array_equal(np.isnan(grid), np.isnan(want))
-            span = np.nanmax(want) - np.nanmin(want)
-            assert np.nanmax(np.abs(grid - want)) <= span / 510 + 1e-6
-            kv = store.get_grid(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
-                                config_id=ids.config_id, layer=1, neuron=neuron, op=op, kv=True)
-            want_kv = table.to_grid(result.kv(table.op_index(op))[neuron], op)
-            lens_max = np.abs(result.answer_lens[neuron]).max()
-            assert np.nanmax(np.abs(kv - want_kv)) <= (span / 510 + 1e-6) * lens_max + 1e-6
+        # tiers: the top 20 per operator by rank in full, the rest as sketches
+        tiers = dict(((r[0], r[1]), r[2]) for r in conn.execute(
+            "SELECT neuron, op, sketch FROM neuron_grid").fetchall())
+        top = config.full_grid_top()
+        assert top == 20 < d_mlp
+        for o, op in enumerate(config.operators):
+            full = {n for n in range(d_mlp) if not tiers[(n, op)]}
+            assert full == set(np.nonzero(result.rank[:, o] < top)[0].tolist())
+            assert len(full) == top
+        for op in ("+", "/", "*"):
+            o = config.operators.index(op)
+            order = np.argsort(result.rank[:, o])
+            for neuron, sketch in ((int(order[3]), False), (int(order[top + 5]), True)):
+                got = store.read_grid(conn, model_id=ids.model_id,
+                                      checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
+                                      layer=1, neuron=neuron, op=op)
+                assert got.sketch == sketch
+                want = table.to_grid(result.acts[table.op_index(op), neuron], op)
+                span = np.nanmax(want) - np.nanmin(want)
+                step = span / 510 + 1e-6  # half a code step: the reconstruction bound
+                if sketch:  # the slow reference's block, row and column means
+                    want, rows, cols = sketch_reference(want.astype(np.float64), got.block)
+                    for mine, ref in ((got.row_means, rows), (got.col_means, cols)):
+                        ok = np.isfinite(ref)
+                        assert mine is not None
+                        assert np.array_equal(np.isfinite(mine), ok)
+                        assert np.abs(mine[ok] - ref[ok]).max() <= step
+                grid = got.values
+                assert np.array_equal(np.isnan(grid), np.isnan(want))
+                assert np.nanmax(np.abs(grid - want)) <= step
+                if sketch:
+                    continue
+                kv = store.get_grid(conn, model_id=ids.model_id,
+                                    checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
+                                    layer=1, neuron=neuron, op=op, kv=True)
+                want_kv = table.to_grid(result.kv(table.op_index(op))[neuron], op)
+                lens_max = np.abs(result.answer_lens[neuron]).max()
+                assert np.nanmax(np.abs(kv - want_kv)) <= step * lens_max + 1e-6
         # the best heuristic column agrees with the score rows
         n, op, best, score = conn.execute(
             "SELECT n.neuron, n.op, h.key, n.best_score FROM neuron_op n "

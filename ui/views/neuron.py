@@ -23,6 +23,34 @@ def _params() -> dict | None:
         return None
 
 
+def _sketch_banner(p: dict, sketched: list[str], grids: dict) -> None:
+    """Say which grids are sketches, and offer to compute the full ones."""
+    block = max(g.block for g in grids.values() if g is not None and g.sketch)
+    st.info(f"Showing a sketch for {', '.join(sketched)}: this neuron is outside the layer's "
+            f"top set stored at full resolution, so each cell shows the mean of its "
+            f"{block}x{block}-cell block; the row and column means below are per operand. "
+            "Computing the full grid queues a job for this neuron's layer (a worker must "
+            "be running).")
+    if st.button("Compute full grid", key="full-grid"):
+        from catalog.config import ScienceConfig
+        from jobs.enqueue import EnqueueError, enqueue_full_grid
+
+        name, step, config = data.job_request(p["model_id"], p["checkpoint_id"],
+                                              p["config_id"])
+        try:
+            j = enqueue_full_grid(data.database_url(), name, step,
+                                  ScienceConfig.from_dict(config), p["layer"], [p["neuron"]])
+        except (EnqueueError, ValueError) as exc:
+            st.error(str(exc))
+            return
+        except Exception as exc:  # broker unreachable and the like
+            st.error(f"Could not queue: {type(exc).__name__}: {exc}")
+            return
+        st.success(f"Full-grid job #{j.job_id}: {j.note}. Reload this page once it is done "
+                   "(Jobs page).")
+        data.jobs.clear()
+
+
 def render() -> None:
     st.title("Neuron")
     if not require_catalog():
@@ -41,17 +69,28 @@ def render() -> None:
     layout = data.layout(p["config_id"]).set_index("op")
 
     st.markdown("#### Activation grids (K map)")
+    grids = {op: data.stored_grid(*p.values(), op=op) for op in layout.index}
+    sketched = [op for op, g in grids.items() if g is not None and g.sketch]
+    if sketched:
+        _sketch_banner(p, sketched, grids)
     cols = st.columns(2)
-    for i, op in enumerate(layout.index):
-        g = data.grid(*p.values(), op=op)
+    for i, (op, g) in enumerate(grids.items()):
         if g is not None:
-            cols[i % 2].plotly_chart(plots.heatmap(g, int(layout.lo[op]), f"K map, {op}"),
+            title = f"K map, {op}" + (f" (sketch: {g.block}x{g.block}-cell block means)"
+                                      if g.sketch else "")
+            cols[i % 2].plotly_chart(plots.heatmap(g.values, int(layout.lo[op]), title),
                                      key=f"k{op}")
+            if g.sketch and g.row_means is not None and g.col_means is not None:
+                cols[i % 2].plotly_chart(plots.profiles(g.row_means, g.col_means,
+                                                        int(layout.lo[op]), op),
+                                         key=f"p{op}")
     st.markdown("#### Direct effect on the answer (KV map)")
     kv_op = st.radio("Operator", list(layout.index), horizontal=True, key="kv-op")
-    g = data.grid(*p.values(), op=kv_op, kv=True)
+    g = data.stored_grid(*p.values(), op=kv_op, kv=True)
     if g is not None:
-        st.plotly_chart(plots.heatmap(g, int(layout.lo[kv_op]), f"KV map, {kv_op}",
+        title = f"KV map, {kv_op}" + (" (sketch: block means times each cell's lens value)"
+                                      if g.sketch else "")
+        st.plotly_chart(plots.heatmap(g.values, int(layout.lo[kv_op]), title,
                                       diverging=True), key="kv")
 
     lens = data.lens(*p.values())
