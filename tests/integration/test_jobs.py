@@ -1,6 +1,7 @@
 """Jobs through a real Redis, a real PostgreSQL and real Celery worker processes."""
 
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -302,3 +303,38 @@ def test_retry_finishes_jobs_whose_messages_were_lost_or_whose_summary_died(queu
                what="the summary of the stuck job")
     with pytest.raises(enq.EnqueueError, match=f"job {job.job_id} is done"):
         enq.retry(queue.url, job.job_id)
+
+
+def test_full_grid_requests_are_checked_and_a_full_grid_is_asked_for_once(queue, capsys):
+    """--full-grid names what is wrong (format, layer not stored, neurons the layer lacks)
+    and queues nothing then; a valid request queues one message, the same request again
+    none, and grids that are full already make a job that is done at once."""
+    from jobs.cli import main
+
+    base = ["enqueue", queue.name, "--checkpoints", "300", "--hi", "40", "--ops", "+",
+            "--pairs", "8", "--patching", "attribution", "--full-grids", "top:3",
+            "--database-url", queue.url]
+    for flag, message in (("1", "--full-grid takes LAYER:NEURON"),
+                          ("1:", "--full-grid takes LAYER:NEURON"),
+                          ("1:4", "layer 1 of .* is not stored under this config")):
+        assert main(base + ["--full-grid", flag]) == 2
+        assert re.search(message, capsys.readouterr().err)
+    assert count(queue.url, "SELECT count(*) FROM job") == 0
+    assert main(["catalog", *base[1:], "--layers", "1", "--quiet"]) == 0
+    assert main(base + ["--full-grid", "1:4,64"]) == 2
+    assert "neurons [64] have no grids in layer 1" in capsys.readouterr().err
+    assert count(queue.url, "SELECT count(*) FROM job") == 0
+    with store.connect(queue.url) as conn:
+        sketch, full = (conn.execute(
+            "SELECT neuron FROM neuron_grid WHERE layer = 1 AND sketch = %s ORDER BY neuron "
+            "LIMIT 1", (s,)).fetchone()[0] for s in (True, False))
+    assert main(base + ["--full-grid", f"1:{sketch}"]) == 0
+    assert "queued" in capsys.readouterr().out
+    assert queue.queued_messages() == 1
+    assert main(base + ["--full-grid", f"1:{sketch}"]) == 0
+    assert "queued already" in capsys.readouterr().out
+    assert queue.queued_messages() == 1
+    assert main(base + ["--full-grid", f"1:{full}"]) == 0
+    assert "already full, nothing queued" in capsys.readouterr().out
+    assert queue.queued_messages() == 1
+    assert count(queue.url, "SELECT count(*) FROM job WHERE status = 'done'") == 1
