@@ -7,6 +7,7 @@ import time
 from jobs.cli.common import (
     database_option,
     database_url,
+    execution_from,
     execution_options,
     fail,
     parse_layers,
@@ -48,6 +49,7 @@ def cmd_enqueue(args) -> int:
             print(f"job {j.job_id}: full grids of layer {layer} neurons "
                   f"{','.join(map(str, neurons))} of {j.model} step {j.step}: {j.note}")
             return 0
+        _print_estimate(url, args, config)
         jobs = enqueue(url, args.model, args.checkpoints, config,
                        layers=parse_layers(args.layers), device=args.device or "cpu",
                        force=args.force)
@@ -61,6 +63,45 @@ def cmd_enqueue(args) -> int:
         else:
             what = "queued again (--force)" if args.force else "exists already"
         print(f"job {j.job_id}: {j.model} step {j.step}, {len(j.layers)} layers: {what}")
+    return 0
+
+
+def _print_estimate(url: str, args, config) -> None:
+    """The cost estimate of an enqueue request, from a cached calibration (never
+    calibrates: that loads the model; `ncat plan` does)."""
+    from catalog.config import ExecutionConfig
+    from jobs.plan import plan_request
+
+    try:
+        p = plan_request(url, args.model, args.checkpoints, config,
+                         layers=parse_layers(args.layers),
+                         execution=ExecutionConfig(device=args.device or "cpu"),
+                         calibrate_if_missing=False)
+    except ValueError:
+        return  # the request itself is checked (and refused, saying why) by enqueue
+    if p is None:
+        print(f"(no cost estimate: run `ncat plan {args.model} ...` with the same flags "
+              f"to calibrate this model on {args.device or 'cpu'})")
+    else:
+        print(p.render() + "\n")
+
+
+def cmd_plan(args) -> int:
+    from jobs.enqueue import EnqueueError
+    from jobs.plan import plan_request
+
+    try:
+        config = science_from(args)
+        url = database_url(args)  # its server hosts the calibration's scratch database
+        execution = execution_from(args)
+        p = plan_request(url, args.model, args.checkpoints, config,
+                         layers=parse_layers(args.layers), execution=execution,
+                         recalibrate=args.recalibrate,
+                         progress=None if args.quiet else lambda m: print(m, flush=True))
+    except (EnqueueError, ValueError) as exc:
+        return fail(str(exc))
+    assert p is not None
+    print(p.render())
     return 0
 
 
@@ -157,6 +198,18 @@ def add_commands(sub) -> None:
     science_options(s)
     execution_options(s, device_only=True)
     s.set_defaults(fn=cmd_enqueue)
+
+    s = sub.add_parser("plan", help="estimate the time and storage of a request before "
+                                    "queueing it (calibrates once per model and device)")
+    s.add_argument("model", help=MODEL_HELP)
+    s.add_argument("--checkpoints", default=None,
+                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    s.add_argument("--recalibrate", action="store_true",
+                   help="measure the model on this device again instead of using the cache")
+    database_option(s)
+    science_options(s)
+    execution_options(s)
+    s.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("worker", help="run a worker (one process; start one per GPU)")
     s.add_argument("--concurrency", type=int, default=1, help="pool processes (default 1)")

@@ -1,0 +1,80 @@
+"""`ncat plan`: the estimate of a request against the same request measured.
+
+For the built-in architecture and the Pythia-14m shape, the planner calibrates on
+small configs, then the request is catalogued for real: the estimated time must be
+within 2x of the measured wall time, and the estimated storage within 10% of the
+tables' pg_total_relation_size after the run.
+"""
+
+import time
+
+import pytest
+
+from catalog.config import ScienceConfig
+from catalog.sources import load_model
+from jobs.plan import plan_request
+from jobs.store_results import catalog_checkpoint
+from schema import store
+
+from helpers import drop_database, new_database_url
+
+TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
+
+
+def _measure(pg_server, lm, config) -> tuple[float, dict[str, int]]:
+    from schema.engine import migrate
+
+    url = new_database_url(pg_server)
+    migrate(url)
+    try:
+        with store.connect(url) as conn:
+            base = {t: store.table_bytes(conn, t) for t in TABLES}
+        t = time.perf_counter()
+        catalog_checkpoint(url, lm, config)
+        seconds = time.perf_counter() - t
+        with store.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            return seconds, {t: store.table_bytes(conn, t) - base[t] for t in TABLES}
+    finally:
+        drop_database(url)
+
+
+def _check(plan, seconds, sizes):
+    est_s, est_b = plan.seconds_per_checkpoint, plan.bytes_per_checkpoint
+    got_b = sum(sizes.values())
+    report = (f"estimated {est_s:.1f} s, measured {seconds:.1f} s; estimated "
+              f"{est_b:,.0f} B, measured {got_b:,} B; per table "
+              + ", ".join(f"{t} {plan.storage[t]:,.0f}/{sizes[t]:,}" for t in TABLES)
+              + "\n" + plan.render())
+    print(report)
+    assert 0.5 <= est_s / seconds <= 2.0, report
+    assert abs(est_b / got_b - 1) <= 0.10, report
+
+
+@pytest.mark.slow
+def test_plan_of_the_builtin_model_matches_the_measured_run(pg_server, tiny_builtin, tmp_path,
+                                                            monkeypatch):
+    cfg, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    from catalog.builtin import model_name
+
+    config = ScienceConfig(operand_hi=100, pairs_per_op=60, faithfulness_prompts=200)
+    plan = plan_request(pg_server, model_name(cfg), "300", config, home=tmp_path)
+    assert plan is not None and plan.d_mlp == cfg.d_mlp and plan.layers == cfg.n_layers
+    # the calibration is cached: a second plan does not calibrate again
+    again = plan_request(pg_server, model_name(cfg), "300", config, home=tmp_path,
+                         calibrate_if_missing=False)
+    assert again is not None and again.calibration == plan.calibration
+    lm = load_model("builtin", 300, builtin_config=cfg, cache_root=root)
+    _check(plan, *_measure(pg_server, lm, config))
+
+
+@pytest.mark.slow
+def test_plan_of_the_pythia_14m_shape_matches_the_measured_run(pg_server, pythia_hub,
+                                                              tmp_path):
+    config = ScienceConfig(operand_hi=70, pairs_per_op=30, faithfulness_prompts=60,
+                           exact="top:64")
+    plan = plan_request(pg_server, pythia_hub, "1000", config, home=tmp_path)
+    assert plan is not None and plan.layers == 6 and plan.d_mlp == 512
+    lm = load_model(pythia_hub, 1000)
+    _check(plan, *_measure(pg_server, lm, config))
