@@ -115,9 +115,9 @@ class Plan:
 
     def render(self) -> str:
         """The estimate as a table for the terminal."""
-        lines = [f"Estimate for {self.model} on {self.device}: {self.checkpoints} "
-                 f"checkpoint(s) x {self.layers} layer(s) x {self.d_mlp} neurons, "
-                 f"{self.prompts:,} prompts per checkpoint",
+        lines = [f"Estimate for {self.model} on {self.device}:",
+                 f"{self.checkpoints} checkpoint(s) x {self.layers} layer(s) x {self.d_mlp} "
+                 f"neurons, {self.prompts:,} prompts per checkpoint",
                  "", f"{'phase':<16}{'work per checkpoint':>34}{'time':>12}"]
         for p in self.phases:
             lines.append(f"{p.name:<16}{f'{p.units:,.0f} {p.unit}':>34}"

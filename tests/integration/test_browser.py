@@ -184,3 +184,33 @@ def test_a_sketch_is_drawn_and_compute_full_grid_fills_it_in(queue, tiny_builtin
         assert conn.execute("SELECT count(*) FILTER (WHERE sketch) FROM neuron_grid WHERE "
                             "checkpoint_id = %s AND layer = %s", (ids.checkpoint_id, layer)
                             ).fetchone()[0] == 2 * (64 - 4) - 2
+
+
+def test_the_job_form_estimates_a_request(queue):
+    """Estimate cost on the Jobs page calibrates the model once and shows the estimate:
+    every phase and table, for the request's checkpoints; Queue then shows it again from
+    the cache before queueing."""
+    proc, url = start_explorer(dict(os.environ))
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(f"{url}/jobs", wait_until="networkidle")
+            page.get_by_role("textbox", name="Model").fill(queue.name)
+            page.get_by_role("textbox", name="Checkpoints").fill("128,300")
+            page.get_by_role("spinbutton", name="to (exclusive)").fill("40")
+            page.get_by_role("button", name="Estimate cost").click()
+            page.get_by_text("Cost estimate").wait_for(timeout=240_000)
+            text = page.locator("code", has_text="Estimate for").first.inner_text()
+            for word in ("grid pass", "exact patching", "matching", "summary", "neuron_grid",
+                         "neuron_score", "2 checkpoint(s) x 2 layer(s) x 64 neurons"):
+                assert word in text, (word, text)
+            page.get_by_role("button", name="Queue").click()
+            page.get_by_text("job(s) queued").wait_for(timeout=60_000)
+            assert page.get_by_text("Cost estimate").count() == 1  # from the cache
+            page.screenshot(path=str(ARTIFACTS / "jobs-estimate.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert queue.queued_messages() == 2 * 2  # two checkpoints of two layers

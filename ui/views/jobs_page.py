@@ -64,19 +64,56 @@ def render() -> None:
         values = {s.name: _input(s, columns[i % 3]) for i, s in enumerate(science)}
         device = {s.name: _input(s, st) for s in execution}["device"]
         force = st.checkbox("Recompute jobs that exist (force)")
-        submitted = st.form_submit_button("Queue")
+        left, right = st.columns(2)
+        submitted = left.form_submit_button("Queue")
+        estimate = right.form_submit_button(
+            "Estimate cost", help="time per phase and storage per table before queueing "
+                                  "(the first estimate for a model and device calibrates it: "
+                                  "two short runs, cached)")
+    if estimate:
+        show_estimate(model, checkpoints, values, device)
     if submitted:
+        show_estimate(model, checkpoints, values, device, calibrate=False)
         queue(model, checkpoints, values, device, force)
     st.subheader("Progress")
     jobs_panel()
+
+
+def _config(values: dict) -> ScienceConfig:
+    return ScienceConfig(**{k: v.value() if isinstance(v, _Typed) else v
+                            for k, v in values.items()})
+
+
+def show_estimate(model: str, checkpoints: str, values: dict, device: str,
+                  calibrate: bool = True) -> None:
+    """The request's cost (jobs.plan), as ``ncat plan`` prints it. Without ``calibrate``
+    only a cached calibration is used (queueing never loads the model)."""
+    from jobs.enqueue import EnqueueError
+    from jobs.plan import plan_request
+
+    try:
+        with st.spinner("Estimating (a first estimate for this model and device calibrates "
+                        "it: two short runs)..."):
+            p = plan_request(data.database_url(), model.strip(), checkpoints.strip() or None,
+                             _config(values), execution=ExecutionConfig(
+                                 device=device.strip() or "cpu"),
+                             calibrate_if_missing=calibrate)
+    except (EnqueueError, ValueError) as exc:
+        if calibrate:  # on Queue, the request's own errors are shown by queue()
+            st.error(str(exc))
+        return
+    if p is None:
+        st.caption("No cost estimate yet for this model and device: use Estimate cost.")
+        return
+    st.markdown("**Cost estimate**")
+    st.code(p.render(), language=None)
 
 
 def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) -> None:
     from jobs.enqueue import EnqueueError, enqueue
 
     try:
-        config = ScienceConfig(**{k: v.value() if isinstance(v, _Typed) else v
-                                  for k, v in values.items()})
+        config = _config(values)
         done = enqueue(data.database_url(), model.strip(), checkpoints.strip() or None, config,
                        device=device.strip() or "cpu", force=force)
     except (EnqueueError, ValueError) as exc:
