@@ -16,8 +16,15 @@ target_metadata = SQLModel.metadata
 _PARTITION = re.compile(r"^(neuron_op|neuron_grid|neuron_lens|neuron_score)_p\d+$")
 
 
+# Tables derived from the others and rebuilt per model by refresh_catalog_views()
+# (migration 0009): the analysts' census, emergence and overlap, not models either.
+DERIVED = {"heuristic_census", "heuristic_emergence", "checkpoint_overlap"}
+
+
 def include_object(obj, name, type_, reflected, compare_to):
-    if type_ == "table" and name and _PARTITION.match(name):
+    if type_ == "table" and name and (_PARTITION.match(name) or name in DERIVED):
+        return False
+    if type_ == "index" and getattr(getattr(obj, "table", None), "name", None) in DERIVED:
         return False
     return True
 

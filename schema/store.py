@@ -375,13 +375,14 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
         + [json.dumps(summary.get(c)) for c in cols])
 
 
-def refresh_views(conn: psycopg.Connection) -> None:
-    """Update the planner's statistics after the bulk load, then refresh the materialized
-    views. Without fresh statistics PostgreSQL plans joins over freshly written rows as
+def refresh_views(conn: psycopg.Connection, model_id: int | None = None) -> None:
+    """Update the planner's statistics after the bulk load, then rebuild the analysts'
+    derived tables (census, emergence, overlap) for one model, or for every model with
+    None. Without fresh statistics PostgreSQL plans joins over freshly written rows as
     if the tables were empty (nested loops that take minutes instead of milliseconds)."""
     conn.execute("ANALYZE neuron_op, neuron_score, neuron_lens, heuristic, checkpoint, "
                  "layer_result")
-    conn.execute("SELECT refresh_catalog_views()")
+    conn.execute("SELECT refresh_catalog_views(%s)", (model_id,))
 
 
 def table_bytes(conn: psycopg.Connection, table: str) -> int:

@@ -207,3 +207,44 @@ def test_queries_answer_for_a_model_without_steps(db, tiny_builtin, direct):
     overlap = run(db, "overlap", "/models/no-steps")
     assert len(overlap) == 1 and overlap[0][0] is None and overlap[0][1] > 0
     assert overlap[0][1] == overlap[0][2]  # the last checkpoint holds all of its own pairs
+
+
+DERIVED = ("heuristic_census", "heuristic_emergence", "checkpoint_overlap")
+
+
+def _derived(url) -> dict[str, list]:
+    with store.connect(url) as conn:
+        return {t: sorted(map(repr, conn.execute(f"SELECT * FROM {t}").fetchall()))
+                for t in DERIVED}
+
+
+def test_derived_tables_refresh_per_model_and_equal_a_full_rebuild(db, tiny_builtin):
+    """Each catalogued checkpoint rebuilds only its model's rows of the census, emergence
+    and overlap tables; after two models at two steps each they equal a full rebuild,
+    and refreshing one model leaves the other's rows alone."""
+    import dataclasses
+
+    from jobs.store_results import catalog_checkpoint
+
+    cfg, root = tiny_builtin
+    ids = {}
+    for name in (model_name(TINY), "/models/copy"):
+        for step in (SEED_STEPS[0], SEED_STEPS[-1]):
+            lm = load_model("builtin", step, builtin_config=cfg, cache_root=root)
+            lm.info = dataclasses.replace(lm.info, name=name)
+            ids[name] = catalog_checkpoint(db, lm, SEED_CONFIG).model_id
+    per_model = _derived(db)
+    assert all(len(rows) > 0 for rows in per_model.values()), per_model
+    with store.connect(db, autocommit=True) as conn:
+        store.refresh_views(conn)  # every model
+    assert _derived(db) == per_model
+    a, b = ids.values()
+    with store.connect(db, autocommit=True) as conn:
+        for t in DERIVED:
+            conn.execute(f"DELETE FROM {t} WHERE model_id = %s", (b,))
+        store.refresh_views(conn, a)  # the other model only: b's rows stay deleted
+        left = {t: store.scalar(conn.execute(f"SELECT count(*) FROM {t} WHERE model_id = %s",
+                                             (b,))) for t in DERIVED}
+        assert left == dict.fromkeys(DERIVED, 0)
+        store.refresh_views(conn, b)
+    assert _derived(db) == per_model
