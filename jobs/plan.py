@@ -57,6 +57,9 @@ CALIBRATION_PAIRS = 32
 CALIBRATION_FAITHFULNESS = 80
 TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 # the config fields that change a unit's cost (the rest change how many units there are)
+# the config fields that decide the grid-only costs (heuristics, matching)
+GRID_FIELDS = ("operand_lo", "operand_hi", "operators", "families", "heuristic_variant",
+               "score_floor", "pattern_top_k", "multi_result_top")
 COST_FIELDS = ("template", "few_shot", "shots", "shot_separator", "operators", "dtype",
                "families", "heuristic_variant", "score_bottom", "lens_top_k",
                "scores_per_family", "label_rule", "rank_statistic", "full_grids",
@@ -193,22 +196,30 @@ def _cache_path(home: Path) -> Path:
     return home / "plan" / "calibrations.json"
 
 
-def cached_calibration(home: Path, key: str) -> Calibration | None:
+def _cached(home: Path, key: str) -> dict | None:
     path = _cache_path(home)
     if not path.exists():
         return None
-    entry = json.loads(path.read_text()).get(key)
+    return json.loads(path.read_text()).get(key)
+
+
+def _store(home: Path, key: str, entry: dict) -> None:
+    path = _cache_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    have = json.loads(path.read_text()) if path.exists() else {}
+    have[key] = entry
+    tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(have, indent=1))
+    tmp.replace(path)
+
+
+def cached_calibration(home: Path, key: str) -> Calibration | None:
+    entry = _cached(home, key)
     return Calibration(**entry) if entry else None
 
 
 def _store_calibration(home: Path, key: str, cal: Calibration) -> None:
-    path = _cache_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    have = json.loads(path.read_text()) if path.exists() else {}
-    have[key] = cal.as_dict()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(have, indent=1))
-    tmp.replace(path)
+    _store(home, key, cal.as_dict())
 
 
 SMALL_RUN = (20, 8, 20)  # (operand span, pairs, faithfulness prompts)
@@ -596,6 +607,15 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     limit = None if numbers.digit_level else numbers.limit
     with_bottom = config.score_bottom == "always" or (config.score_bottom == "auto"
                                                       and cal.gated)
-    costs = grid_costs(config, grid_cells(config, limit), execution.device, with_bottom)
+    d = config.as_dict()
+    grid_key = json.dumps({"grid": True, "device": execution.device, "limit": limit,
+                           "bottom": with_bottom, "catalog": CATALOG_VERSION,
+                           **{k: d[k] for k in GRID_FIELDS}}, sort_keys=True)
+    cached = None if recalibrate else _cached(home, grid_key)
+    if cached is None:
+        costs = grid_costs(config, grid_cells(config, limit), execution.device, with_bottom)
+        _store(home, grid_key, dataclasses.asdict(costs))
+    else:
+        costs = GridCosts(**cached)
     return estimate(cal, config, n_checkpoints=len(planned), layers=layers, limit=limit,
                     costs=costs, execution=execution)

@@ -1,0 +1,65 @@
+"""The planner's arithmetic (jobs.plan.estimate) on a made-up calibration: the units it
+counts for a request and the seconds and bytes it derives from them."""
+
+import pytest
+
+from catalog.config import ExecutionConfig, ScienceConfig
+from jobs.plan import Calibration, GridCosts, estimate, grid_cells, sketch_codes
+
+CAL = Calibration(
+    model="m", device="cpu", n_layers=4, d_mlp=100, gated=False,
+    seconds={"grid": [1.0, 0.001], "lens": [0.0, 0.5], "attribution": [2.0, 0.01],
+             "exact": [0.0, 1e-5], "summary": [3.0, 0.02], "means": [0.0, 0.0001],
+             "write": [0.0, 1e-7]},
+    bytes={"neuron_op": 300.0, "neuron_lens": 2000.0, "neuron_score": 200.0,
+           "grid_row": 100.0, "grid_full_cell": 0.5, "grid_sketch_code": 0.8},
+    rows_per_neuron_op=5.0, live_by_layer=[0.0, 1.0, 1.0, 0.5], matching_ratio=0.5,
+    calibration_s=1.0)
+COSTS = GridCosts(heuristics_s=0.25, per_neuron={"+": 0.01, "-": 0.02},
+                  per_call={"+": 0.1, "-": 0.1})
+
+
+def test_units_seconds_and_bytes_follow_the_request():
+    config = ScienceConfig(operators=("+", "-"), operand_hi=50, pairs_per_op=20,
+                           faithfulness_prompts=30, exact="top:10", full_grids="top:5")
+    plan = estimate(CAL, config, n_checkpoints=3, layers=None, limit=520, costs=COSTS,
+                    execution=ExecutionConfig(activation_budget=10**12))
+    valid = grid_cells(config, 520)
+    plus, minus = int(valid["+"].sum()), int(valid["-"].sum())
+    assert (plus, minus) == (50 * 50, 50 * 51 // 2)
+    phases = {p.name: p for p in plan.phases}
+    prompts = plus + minus
+    assert plan.prompts == prompts
+    assert phases["grid pass"].seconds == pytest.approx(1.0 + 0.001 * prompts)
+    assert phases["attribution"].units == 40
+    assert phases["exact patching"].units == 10 * 20 * 2 * 4  # top:10 x pairs x ops x layers
+    live = (0 + 1 + 1 + 0.5) * 100  # live neurons over the four layers
+    assert phases["matching"].units == live * 2
+    assert phases["matching"].seconds == pytest.approx(0.5 * (live * 0.03 + 4 * 0.2))
+    assert phases["summary"].seconds == pytest.approx(3.0 + 0.02 * 60 + 0.0001 * prompts)
+    # grids: per live layer share, 5 full grids per operator, sketches for the other
+    # live neurons, a row for every neuron
+    grid = 0.0
+    for share in CAL.live_by_layer:
+        for op, cells in (("+", plus), ("-", minus)):
+            n = share * 100
+            full = min(5, n)
+            grid += full * cells * 0.5 + (n - full) * sketch_codes(config, valid[op]) * 0.8 \
+                + 100 * 100.0
+    assert plan.storage["neuron_grid"] == pytest.approx(grid)
+    assert plan.storage["neuron_score"] == pytest.approx(200.0 * 5.0 * live * 2)
+    assert plan.storage["neuron_op"] == 300.0 * 100 * 2 * 4
+    assert phases["writing"].units == pytest.approx(plan.bytes_per_checkpoint)
+    total = "Total: " in plan.render() and "3 checkpoint(s) x 4 layer(s)" in plan.render()
+    assert total
+
+
+def test_activations_over_the_budget_cost_one_grid_pass_per_layer():
+    config = ScienceConfig(operators=("+",), operand_hi=30)
+    small = estimate(CAL, config, n_checkpoints=1, layers=[1, 2], limit=520, costs=COSTS,
+                     execution=ExecutionConfig(activation_budget=1))
+    grid = small.phases[0]
+    assert grid.units == 900 * 3  # the correctness pass, then one per layer
+    assert grid.seconds == pytest.approx(3 * (1.0 + 0.001 * 900))
+    assert any("NCAT_ACTIVATION_BUDGET" in n for n in small.notes)
+    assert small.layers == 2
