@@ -62,6 +62,7 @@ class ReportData:
     spearman: dict[int, dict] = field(default_factory=dict)  # layer -> op -> facts
     top_neurons: list[tuple] = field(default_factory=list)  # (op, layer, neuron, value, label)
     grids: list[np.ndarray] = field(default_factory=list)  # their K maps
+    sketch: list[bool] = field(default_factory=list)  # which of them are sketches
 
 
 def _share_se(k: int, n: int) -> tuple[float, float]:
@@ -149,9 +150,11 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
             "WHERE n.model_id = %s AND n.checkpoint_id = %s AND n.config_id = %s "
             "ORDER BY abs(n.rank_value) DESC NULLS LAST, n.layer, n.neuron, n.op LIMIT %s",
             key + (n_maps,)))
-        data.grids = [store.get_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
-                                     config_id=config_id, layer=layer, neuron=neuron, op=op)
-                      for op, layer, neuron, _, _ in data.top_neurons]
+        stored = [store.read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
+                                  config_id=config_id, layer=layer, neuron=neuron, op=op)
+                  for op, layer, neuron, _, _ in data.top_neurons]
+        data.grids = [g.values for g in stored]
+        data.sketch = [g.sketch for g in stored]
     return data
 
 
@@ -245,10 +248,12 @@ def _figures(d: ReportData) -> list[go.Figure]:
     faith.update_layout(title="Faithfulness against neurons per layer", height=320,
                         xaxis_title="neurons per layer", yaxis_title="faithfulness")
     figs.append(faith)
-    for (op, layer, neuron, _, label), grid in zip(d.top_neurons, d.grids,
-                                                    strict=False):
+    sketch = d.sketch or [False] * len(d.grids)
+    for (op, layer, neuron, _, label), grid, sk in zip(d.top_neurons, d.grids, sketch,
+                                                        strict=False):
         figs.append(heatmap(grid, d.config["operand_lo"],
-                            f"{op} L{layer} N{neuron}: {label or 'no label'}"))
+                            f"{op} L{layer} N{neuron}: {label or 'no label'}"
+                            + (" (sketch: block means)" if sk else "")))
     return figs
 
 
