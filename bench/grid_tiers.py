@@ -37,17 +37,6 @@ def _fresh(server: str) -> str:
     return url
 
 
-def _drop(url: str) -> None:
-    from sqlalchemy.engine import make_url
-
-    from schema import store
-
-    u = make_url(url)
-    admin = u.set(database="postgres").render_as_string(hide_password=False)
-    with store.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
-
-
 def _write(url: str, lm, config, run, rows_by_layer: dict, raw: bool) -> dict:
     """Write every layer's grids (and the rows they hang off) and measure neuron_grid."""
     from jobs.store_results import register, write_layouts
@@ -95,6 +84,7 @@ def main() -> None:
     from catalog.run import CheckpointRun
     from catalog.sources import load_model
     from jobs.store_results import layer_rows
+    from schema import store
     from schema.settings import resolve_database_url
 
     cfg = builtin.TrainConfig()
@@ -118,7 +108,7 @@ def main() -> None:
         try:
             results[name] = _write(url, lm, config, run, layers, raw)
         finally:
-            _drop(url)
+            store.drop_database(url)
     raw_r, zstd_r, tiered = results.values()
     full_b, sketch_b = tiered["mean_full_row_bytes"], tiered["mean_sketch_row_bytes"]
     overhead = (tiered["bytes"] - full_b * tiered["full_rows"]

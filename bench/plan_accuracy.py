@@ -44,9 +44,7 @@ def _measure(server: str, lm, config) -> tuple[float, int]:
             conn.execute("VACUUM ANALYZE")
             return seconds, sum(store.table_bytes(conn, t) for t in TABLES) - base
     finally:
-        from jobs.plan import _drop
-
-        _drop(url)
+        store.drop_database(url)
 
 
 def main() -> None:

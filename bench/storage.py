@@ -25,6 +25,7 @@ TABLES = ("neuron_score", "neuron_grid", "neuron_op", "neuron_lens")
 def catalog_into(url: str, checkpoints: str, extra: list[str]) -> dict:
     from catalog import builtin
     from jobs.cli import main as ncat
+    from schema import store
     from schema.engine import migrate
 
     migrate(url)
@@ -36,18 +37,7 @@ def catalog_into(url: str, checkpoints: str, extra: list[str]) -> dict:
     try:
         return _sizes(url, seconds)
     finally:
-        _drop(url)
-
-
-def _drop(url: str) -> None:
-    from sqlalchemy.engine import make_url
-
-    from schema import store
-
-    u = make_url(url)
-    admin = u.set(database="postgres").render_as_string(hide_password=False)
-    with store.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
+        store.drop_database(url)
 
 
 def _sizes(url: str, seconds: float) -> dict:

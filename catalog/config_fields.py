@@ -93,7 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls, base=None) -> None:
         default = getattr(base, spec.name) if base is not None else spec.default
         group.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.kind.upper(),
                            choices=spec.choices,
-                           help=f"{spec.help} (default {spec.show(default)!s})")
+                           # argparse %-formats help texts: a literal % must be doubled
+                           help=f"{spec.help} (default {spec.show(default)!s})".replace(
+                               "%", "%%"))
 
 
 def from_args(cls, args: argparse.Namespace, base=None):

@@ -407,7 +407,7 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
                 held[sketch] += int(n) * (geometry[op].sketch_length if sketch
                                           else geometry[op].n_cells)
     finally:
-        _drop(url)
+        store.drop_database(url)
     ops = len(cal.operators)
     n_pairs = sum(used.values())
     total_bytes = sum(sizes.values())
@@ -442,17 +442,6 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
 
 def _counts(conn) -> dict[str, int]:
     return {t: int(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES}
-
-
-def _drop(url: str) -> None:
-    from sqlalchemy.engine import make_url
-
-    from schema import store
-
-    u = make_url(url)
-    admin = u.set(database="postgres").render_as_string(hide_password=False)
-    with store.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
 
 
 @dataclass

@@ -41,6 +41,16 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
     return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), **kwargs)
 
 
+def drop_database(url: str) -> None:
+    """Drop the database of ``url`` (connections to it are closed), if it exists."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    admin = u.set(database="postgres").render_as_string(hide_password=False)
+    with connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
+
+
 def scalar(cursor: psycopg.Cursor):
     """The first column of a query's one row; LookupError when there is none."""
     row = cursor.fetchone()

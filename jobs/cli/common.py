@@ -22,6 +22,11 @@ def layer_option(s: argparse.ArgumentParser) -> None:
     s.add_argument("--layers", default=None, help="comma-separated layers (default all)")
 
 
+def checkpoints_option(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--checkpoints", default=None,
+                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+
+
 def parse_layers(text: str | None) -> list[int] | None:
     if text is None:
         return None

@@ -8,6 +8,7 @@ import time
 
 from catalog.arith import OPERATORS
 from jobs.cli.common import (
+    checkpoints_option,
     database_option,
     database_url,
     execution_from,
@@ -193,8 +194,7 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("catalog", help="measure checkpoints and store them (no queue)")
     s.add_argument("model", help=MODEL_HELP)
-    s.add_argument("--checkpoints", default=None,
-                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    checkpoints_option(s)
     s.add_argument("--force", action="store_true",
                    help="recompute checkpoints the catalog holds already")
     database_option(s)

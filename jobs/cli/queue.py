@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from jobs.cli.common import (
+    checkpoints_option,
     database_option,
     database_url,
     execution_from,
@@ -187,8 +188,7 @@ def cmd_retry(args) -> int:
 def add_commands(sub) -> None:
     s = sub.add_parser("enqueue", help="queue checkpoints for the workers")
     s.add_argument("model", help=MODEL_HELP)
-    s.add_argument("--checkpoints", default=None,
-                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    checkpoints_option(s)
     s.add_argument("--force", action="store_true", help="recompute jobs that exist already")
     s.add_argument("--full-grid", default=None, metavar="LAYER:NEURONS",
                    help="instead of measuring: compute the full-resolution grids of these "
@@ -202,8 +202,7 @@ def add_commands(sub) -> None:
     s = sub.add_parser("plan", help="estimate the time and storage of a request before "
                                     "queueing it (calibrates once per model and device)")
     s.add_argument("model", help=MODEL_HELP)
-    s.add_argument("--checkpoints", default=None,
-                   help="'all', '0,512,3000' or 'start:stop:step' (default: final weights)")
+    checkpoints_option(s)
     s.add_argument("--recalibrate", action="store_true",
                    help="measure the model on this device again instead of using the cache")
     database_option(s)

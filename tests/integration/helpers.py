@@ -25,10 +25,7 @@ def new_database_url(server_url: str) -> str:
 
 
 def drop_database(url: str) -> None:
-    u = make_url(url)
-    admin = u.set(database="postgres").render_as_string(hide_password=False)
-    with store.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{u.database}" WITH (FORCE)')
+    store.drop_database(url)
 
 
 def wait_until(predicate, timeout=120, what="condition"):

@@ -92,6 +92,19 @@ def test_every_command_has_help():
                 assert (action.help or "").strip(), f"ncat {name} {what} has no help text"
 
 
+def test_every_commands_help_prints(capsys):
+    """`ncat COMMAND --help` formats every help text (argparse %-formats them: a stray %
+    in a config field's help crashed it)."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name in sub.choices:
+        with pytest.raises(SystemExit) as done:
+            parser.parse_args([name, "--help"])
+        assert done.value.code == 0, name
+        assert f"usage: ncat {name}" in capsys.readouterr().out, name
+    assert "10%-trimmed" in (sub.choices["catalog"].format_help())
+
+
 def test_readme_cli_reference_matches_the_parser():
     from jobs.cli_reference import README, reference, section
 
