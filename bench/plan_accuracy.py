@@ -28,11 +28,12 @@ TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 
 
 def _measure(server: str, lm, config) -> tuple[float, int]:
+    from jobs.plan import scratch_url
     from jobs.store_results import catalog_checkpoint
     from schema import store
     from schema.engine import migrate
 
-    url = f"{server.rsplit('/', 1)[0]}/ncat_acc_{uuid.uuid4().hex[:8]}"
+    url = scratch_url(server, f"ncat_acc_{uuid.uuid4().hex[:8]}")
     migrate(url)
     try:
         with store.connect(url) as conn:

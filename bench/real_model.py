@@ -8,7 +8,7 @@ then renders ``ncat report`` (into bench/results/real_model_report/), whose figu
 README sets beside the heuristics paper's. Target on 2 CPU cores: under 30 minutes.
 
 Run: .venv/bin/python bench/real_model.py [--device cuda] [--exact all] [--ops +-*/]
-     [--hi 30] [--database-url URL]
+     [--hi 30] [--patch-chunk 64] [--batch-size 256] [--database-url URL]
 (fetches the model once with `ncat fetch qwen2.5-coder-0.5b`; without --database-url it
 uses the catalog's database: DATABASE_URL, a local PostgreSQL, or an embedded one).
 """
@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--hi", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=50)
     parser.add_argument("--shots", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--patch-chunk", type=int, default=64)
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
 
@@ -61,7 +63,11 @@ def main() -> None:
                            pairs_per_op=args.pairs, exact=args.exact, dtype=args.dtype)
     lm = load_model(MODEL, device=args.device, dtype=config.torch_dtype())
     phases["load (dequantize, convert, process weights)"] = time.perf_counter() - t
-    execution = ExecutionConfig(device=args.device, batch_size=256)
+    execution = ExecutionConfig(device=args.device, batch_size=args.batch_size,
+                                patch_chunk=args.patch_chunk)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     url = args.database_url or resolve_database_url()
     migrate(url)
     run = CheckpointRun(lm.model, lm.tokenizer, config, execution)
@@ -80,13 +86,16 @@ def main() -> None:
             result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
             effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
             layer_s.append(time.perf_counter() - t)
-            for k, v in result.seconds.items():
+            result_seconds = dict(result.seconds)
+            for k, v in result_seconds.items():
                 per_phase[k] = per_phase.get(k, 0.0) + v
+            result_seconds["compute+write"] = layer_s[-1]
             per_phase["write"] = per_phase.get("write", 0.0) + layer_s[-1] - sum(
                 result.seconds.values())
             del result
             run.release(layer)
-            print(f"layer {layer}: {layer_s[-1]:.1f} s", flush=True)
+            print(f"layer {layer}: {layer_s[-1]:.1f} s "
+                  + " ".join(f"{k} {v:.1f}" for k, v in result_seconds.items()), flush=True)
         phases["layers (lens, patching, matching, write), all"] = sum(layer_s)
         t = time.perf_counter()
         summ = run.summarize(effects, matches)
@@ -106,8 +115,12 @@ def main() -> None:
         "model": MODEL, "device": args.device,
         "machine": f"{platform.processor() or platform.machine()}, "
                    f"{torch.get_num_threads()} threads",
+        "device_name": torch.cuda.get_device_name() if cuda else None,
+        "torch": torch.__version__,
         "config": {"ops": args.ops, "hi": args.hi, "shots": args.shots, "pairs": args.pairs,
-                   "exact": args.exact},
+                   "exact": args.exact, "dtype": args.dtype, "batch_size": args.batch_size,
+                   "patch_chunk": args.patch_chunk},
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
         "seconds_per_phase": {k: round(v, 1) for k, v in phases.items()},
         "layer_seconds_by_phase": {k: round(v, 1) for k, v in per_phase.items()},

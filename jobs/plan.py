@@ -330,7 +330,7 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
     say = progress or (lambda msg: None)
     n_layers = lm.model.cfg.n_layers
     layers = sorted({max(n_layers - 2, 0), n_layers - 1})  # late layers: live neurons
-    url = f"{url_server.rsplit('/', 1)[0]}/ncat_plan_{uuid.uuid4().hex[:10]}"
+    url = scratch_url(url_server, f"ncat_plan_{uuid.uuid4().hex[:10]}")
     migrate(url)
     try:
         with store.connect(url, autocommit=True) as conn:
@@ -456,6 +456,14 @@ class GridCosts:
 
 
 MATCH_SIZES = (32, 160)  # random maps timed; the slope is the per-neuron cost
+
+
+def scratch_url(url: str, database: str) -> str:
+    """``url`` with another database name; the host, port and query (an embedded
+    server's unix-socket ``?host=/path``) stay as they are."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(database=database).render_as_string(hide_password=False)
 
 
 def grid_costs(config: ScienceConfig, valid: dict[str, np.ndarray], device: str,

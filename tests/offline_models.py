@@ -33,16 +33,23 @@ PYTHIA_REPO = "EleutherAI/pythia-14m"
 PYTHIA_SINGLE_TOKEN_LIMIT = 520
 
 
-def number_tokenizer(limit: int = PYTHIA_SINGLE_TOKEN_LIMIT) -> PreTrainedTokenizerFast:
+def number_tokenizer(limit: int = PYTHIA_SINGLE_TOKEN_LIMIT,
+                     pad_to: int | None = None) -> PreTrainedTokenizerFast:
     """A tokenizer with one token per integer 0..limit and per printable character.
 
     Longer numbers split into the fewest known pieces ("999" -> "9", "99"), as BPE
-    vocabularies like Pythia's do. BOS/EOS is ``<|endoftext|>`` (id 0).
+    vocabularies like Pythia's do. BOS/EOS is ``<|endoftext|>`` (id 0). ``pad_to``
+    adds filler tokens (never produced from text) up to that vocabulary size, so the
+    unembedding and the full-vocabulary softmax cost what a real vocabulary's do.
     """
     specials = ["<|endoftext|>", "<|padding|>"]
     chars = [c for c in string.printable if c not in string.digits and c not in "\t\n\r\x0b\x0c"]
     vocab = [(t, 0.0) for t in specials]
     vocab += [(str(n), -1.0) for n in range(limit + 1)] + [(c, -1.0) for c in chars]
+    if pad_to is not None:
+        if pad_to < len(vocab):
+            raise ValueError(f"pad_to={pad_to} is below the {len(vocab)} tokens needed")
+        vocab += [(f"<|filler{i}|>", -100.0) for i in range(pad_to - len(vocab))]
     tok = Tokenizer(Unigram(vocab, unk_id=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+|\D"), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -54,6 +61,21 @@ def number_tokenizer(limit: int = PYTHIA_SINGLE_TOKEN_LIMIT) -> PreTrainedTokeni
 
 PYTHIA_14M_SHAPE = dict(hidden_size=128, num_hidden_layers=6, num_attention_heads=4,
                         intermediate_size=512)
+# the published Pythia shapes (config.json of EleutherAI/pythia-*); vocabulary 50,304
+PYTHIA_SHAPES = {
+    "14m": PYTHIA_14M_SHAPE,
+    "70m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+                intermediate_size=2048),
+    "160m": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072),
+    "410m": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                 intermediate_size=4096),
+    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=8,
+               intermediate_size=8192),
+    "1.4b": dict(hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
+                 intermediate_size=8192),
+}
+PYTHIA_VOCAB = 50_304
 
 
 def pythia_like_config(vocab_size: int, shape: dict | None = None):
@@ -81,6 +103,30 @@ def write_local_model(path: Path, seed: int = 0, tokenizer=None,
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def pythia_shaped(shape: str, device: str = "cpu", seed: int = 0):
+    """(HookedTransformer, tokenizer): a randomly initialised model with a published
+    Pythia shape and Pythia's vocabulary size, built in memory and converted with full
+    weight processing like a loaded checkpoint (nothing is written to disk)."""
+    import tempfile
+
+    from transformers import AutoTokenizer, GPTNeoXForCausalLM
+
+    from catalog.sources import _from_hf_model
+
+    tokenizer = number_tokenizer(pad_to=PYTHIA_VOCAB)
+    config = pythia_like_config(len(tokenizer), PYTHIA_SHAPES[shape])
+    torch.manual_seed(seed)
+    hf_model = GPTNeoXForCausalLM(config)  # on the CPU, where TransformerLens processes it
+    config.architectures = [type(hf_model).__name__]  # what save_pretrained would record
+    with tempfile.TemporaryDirectory() as config_dir:
+        config.save_pretrained(config_dir)
+        tokenizer.save_pretrained(config_dir)  # TransformerLens reloads it by its path
+        tokenizer = AutoTokenizer.from_pretrained(config_dir)
+        model = _from_hf_model(hf_model, tokenizer, config_dir, device, torch.float32)
+    del hf_model
+    return model, tokenizer
 
 
 def write_pythia_cache(hub_cache: Path, steps: list[int], repo: str = PYTHIA_REPO,

@@ -4,7 +4,7 @@ counts for a request and the seconds and bytes it derives from them."""
 import pytest
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from jobs.plan import Calibration, GridCosts, estimate, grid_cells, sketch_codes
+from jobs.plan import Calibration, GridCosts, estimate, grid_cells, scratch_url, sketch_codes
 
 CAL = Calibration(
     model="m", device="cpu", n_layers=4, d_mlp=100, gated=False,
@@ -63,3 +63,17 @@ def test_activations_over_the_budget_cost_one_grid_pass_per_layer():
     assert grid.seconds == pytest.approx(3 * (1.0 + 0.001 * 900))
     assert any("NCAT_ACTIVATION_BUDGET" in n for n in small.notes)
     assert small.layers == 2
+
+
+@pytest.mark.parametrize("url, expected", [
+    # the embedded server: a unix socket in the query (the planner once cut "/pgdata" off
+    # the socket path instead of replacing the database, on a GPU machine with no server)
+    ("postgresql+psycopg://postgres:@/ncat?host=/root/.cache/neuron-catalog/pgdata",
+     "postgresql+psycopg://postgres:@/scratch?host=%2Froot%2F.cache%2Fneuron-catalog%2Fpgdata"),
+    ("postgresql+psycopg://postgres@localhost:5432/ncat",
+     "postgresql+psycopg://postgres@localhost:5432/scratch"),
+    ("postgresql+psycopg://u:secret@db.example:6543/ncat?sslmode=require",
+     "postgresql+psycopg://u:secret@db.example:6543/scratch?sslmode=require"),
+])
+def test_scratch_database_keeps_the_server(url, expected):
+    assert scratch_url(url, "scratch") == expected

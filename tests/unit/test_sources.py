@@ -157,3 +157,14 @@ def test_a_truncated_safetensors_file_is_refused_before_anything_is_queued(tmp_p
         json.dumps({"weight_map": {"x": "model-00002-of-00002.safetensors"}}))
     with pytest.raises(ModelSourceError, match="missing: model-00002-of-00002"):
         inspect_model(str(path))
+
+
+def test_padded_number_tokenizer_keeps_the_numbers_and_reaches_the_size():
+    from offline_models import PYTHIA_VOCAB, number_tokenizer
+
+    plain, padded = number_tokenizer(), number_tokenizer(pad_to=PYTHIA_VOCAB)
+    assert len(padded) == PYTHIA_VOCAB
+    for text in ("12+345=", "999*7=", "Q: 40 / 8?"):
+        assert padded.encode(text) == plain.encode(text)
+    with pytest.raises(ValueError, match="pad_to"):
+        number_tokenizer(pad_to=10)
