@@ -40,11 +40,45 @@ def final_logits(
     model: HookedTransformer, resid: Float[torch.Tensor, "batch pos d_model"]
 ) -> Float[torch.Tensor, "batch pos d_vocab"]:
     """Unembed a final residual stream (final LayerNorm where the model has one, then W_U).
-    Logits of a bfloat16 or float16 model come back in float32: probabilities, effects and
-    their logarithms are computed from them in float32 (float64 models keep float64)."""
+
+    A bfloat16 or float16 model's final LayerNorm and unembedding run in float32 (on a
+    float32 copy of W_U kept with the model): rounded to bfloat16, a logit near 10 moves
+    in steps of 0.06, which would quantize every patching effect of a small neuron to 0
+    or to one step. Probabilities, effects and their logarithms are then float32 too;
+    float32 and float64 models are unembedded as they are."""
     ln = getattr(model, "ln_final", None)
-    logits = model.unembed(ln(resid) if ln is not None else resid)
-    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    if resid.dtype in (torch.float32, torch.float64):
+        return model.unembed(ln(resid) if ln is not None else resid)
+    x = resid.float()
+    if ln is not None:
+        x = _norm_float(ln, x)
+    w_u, b_u = _float_unembed(model)
+    return x @ w_u + b_u
+
+
+def _norm_float(ln: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """TransformerLens's LayerNorm / RMSNorm (with or without folded weights) in float32,
+    without its cast back to the model's dtype."""
+    if "RMS" not in type(ln).__name__:
+        x = x - x.mean(-1, keepdim=True)
+    x = x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()
+    w, b = getattr(ln, "w", None), getattr(ln, "b", None)
+    if w is not None:
+        x = x * w.float()
+    if b is not None:
+        x = x + b.float()
+    return x
+
+
+def _float_unembed(model: HookedTransformer) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_U, b_U) in float32, computed once per model and weights."""
+    w, b = model.unembed.W_U, model.unembed.b_U
+    key = (w.data_ptr(), w.dtype, w.device, b.data_ptr())
+    cached = getattr(model, "_ncat_float_unembed", None)
+    if cached is None or cached[0] != key:
+        cached = (key, w.detach().float(), b.detach().float())
+        model._ncat_float_unembed = cached  # type: ignore[assignment]
+    return cached[1], cached[2]
 
 
 def _groups(table: PromptTable) -> dict[tuple[int, int, int], np.ndarray]:

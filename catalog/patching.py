@@ -164,9 +164,7 @@ def exact_patching(
         def grab(act, hook, _cache=cache):
             _cache[hook.name] = act
 
-        lp = runner.last_logits(group, skip, fwd_hooks=[(n, grab) for n in names]).log_softmax(-1)
-        rows = torch.arange(len(pb.answer), device=device)
-        lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
+        runner.last_logits(group, skip, fwd_hooks=[(n, grab) for n in names])
         resid = cache[get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
         act_clean = cache[post_hook_name(layer)][:, -1][:, sel_t]  # (P, n_neurons)
         delta_all = torch.as_tensor(cf_acts[pb.positions][:, sel_all], device=device,
@@ -179,6 +177,16 @@ def exact_patching(
                      torch.cat([pv.expand(n_g, -1, -1, -1), v], dim=1))
                     for (k, v), (pk, pv) in zip(past, (runner.prefix_kv(op, lay)
                                                        for lay in later), strict=True)]
+        # the clean baseline goes through the same single-position path as the patched
+        # rows: in bfloat16 on a GPU, two kernel paths round differently, and that
+        # difference (not the neuron) would be every small neuron's "effect"
+        if later:
+            base = _last_position_forward(model, resid, layer + 1, past, repeat=1)
+        else:
+            base = final_logits(model, resid[:, None, :])[:, 0]
+        lp = base.log_softmax(-1)
+        rows = torch.arange(len(pb.answer), device=device)
+        lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
         n_pairs = len(pb.answer)
         for start in range(0, d_sel, chunk):
             sl = slice(start, min(start + chunk, d_sel))

@@ -127,3 +127,61 @@ def test_tiered_patching_equals_exact_on_the_exact_set(tiny_builtin):
             facts = b.patching[op]
             assert facts["n_exact"] == 7 and -1 <= facts["spearman"] <= 1
             assert a.patching[op]["n_exact"] == full.d_mlp
+
+
+def _bf16_builtin():
+    torch.manual_seed(0)
+    model = HookedTransformer(builtin_model_config())
+    model.eval()
+    model.to(torch.bfloat16)
+    model.cfg.dtype = torch.bfloat16
+    return model
+
+
+def test_low_precision_models_unembed_in_float32():
+    """A bfloat16 model's logits are the float32 final LayerNorm and unembedding of its
+    residual stream, not bfloat16-rounded logits (steps of 0.06 near 10)."""
+    from catalog.grids import final_logits
+
+    model = _bf16_builtin()
+    resid = (torch.randn(64, 1, model.cfg.d_model) * 3).to(torch.bfloat16)
+    got = final_logits(model, resid)
+    assert got.dtype == torch.float32
+    x = resid.double()
+    x = x - x.mean(-1, keepdim=True)
+    x = x / (x.pow(2).mean(-1, keepdim=True) + model.cfg.eps).sqrt()
+    want = x @ model.W_U.double() + model.b_U.double()
+    assert (got.double() - want).abs().max() < 1e-4
+    rounded = model.unembed(model.ln_final(resid)).double()  # what bfloat16 gives
+    assert (rounded - want).abs().max() > 1e-3  # the check is not vacuous
+
+
+def test_exact_effects_do_not_see_the_full_forwards_rounding(monkeypatch):
+    """The clean baseline of exact patching runs the same single-position path as the
+    patched rows, so whatever a full forward's kernels round differently (a GPU's bfloat16
+    kernels for another batch shape) cannot become an effect: noise added to the full
+    forward's logits changes no effect, and a patch with the clean activation is 0."""
+    from catalog import grids
+
+    model = _bf16_builtin()
+    config = MeasureConfig(operand_hi=15, pairs_per_op=12, dtype="bfloat16")
+    run = CheckpointRun(model, builtin_tokenizer(), config).prepare()
+    run.table.correct[:] = True
+    clean, cf = sample_pairs(run.table, "+", 12, seed=1)
+    for layer in (0, 1):
+        acts = run.activations(layer)
+        base = exact_patching(model, run.table, layer, clean, cf, acts[cf], with_log=True)
+        null = exact_patching(model, run.table, layer, clean, cf, acts[clean], with_log=True)
+        assert np.abs(null[0]).max() == 0 and np.abs(null[1]).max() == 0
+        assert np.abs(base[1]).max() > 1e-3
+        original = grids.PrefixRunner.last_logits
+
+        def noisy(self, *args, _orig=original, **kwargs):
+            logits = _orig(self, *args, **kwargs)
+            return logits + 0.05 * torch.randn_like(logits)
+
+        with monkeypatch.context() as m:
+            m.setattr(grids.PrefixRunner, "last_logits", noisy)
+            again = exact_patching(model, run.table, layer, clean, cf, acts[cf], with_log=True)
+        np.testing.assert_array_equal(again[0], base[0])
+        np.testing.assert_array_equal(again[1], base[1])
