@@ -61,7 +61,8 @@ def _norm_float(ln: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     without its cast back to the model's dtype."""
     if "RMS" not in type(ln).__name__:
         x = x - x.mean(-1, keepdim=True)
-    x = x / (x.pow(2).mean(-1, keepdim=True) + ln.eps).sqrt()
+    eps = float(getattr(ln, "eps"))  # noqa: B009 (a plain float on every TL norm)
+    x = x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
     w, b = getattr(ln, "w", None), getattr(ln, "b", None)
     if w is not None:
         x = x * w.float()
