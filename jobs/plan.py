@@ -57,6 +57,8 @@ CALIBRATION_PAIRS = 32
 CALIBRATION_FAITHFULNESS = 80
 TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 # the config fields that change a unit's cost (the rest change how many units there are)
+# bumped when a calibration's meaning changes, so older cached ones are measured again
+PLANNER_VERSION = 2
 # the config fields that decide the grid-only costs (heuristics, matching)
 GRID_FIELDS = ("operand_lo", "operand_hi", "operators", "families", "heuristic_variant",
                "score_floor", "pattern_top_k", "multi_result_top")
@@ -82,9 +84,40 @@ class Calibration:
     matching_ratio: float  # real maps' matching time over random maps' on the same grid
     calibration_s: float
     measured_at: str = ""
+    # exact patching's unit is a (neuron, pair, op) row weighted by its multiply-adds:
+    # the blocks after the patched layer, then the unembedding (exact_row_macs)
+    block_macs: float = 0.0
+    unembed_macs: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def shape_macs(cfg) -> tuple[float, float]:
+    """(multiply-adds of one block, of the unembedding) for one position of a model with
+    TransformerLens config ``cfg``: attention projections (grouped key/value heads
+    counted) and the MLP (three matrices when gated); attention over the context, the
+    norms and the softmax are left out."""
+    d, heads, d_head = cfg.d_model, cfg.n_heads, cfg.d_head
+    kv = getattr(cfg, "n_key_value_heads", None) or heads
+    attn = 2 * d * heads * d_head + 2 * d * kv * d_head
+    mlp = (3 if cfg.gated_mlp else 2) * d * cfg.d_mlp
+    return float(attn + mlp), float(d * cfg.d_vocab)
+
+
+def exact_row_macs(block_macs: float, unembed_macs: float, n_layers: int, layer: int) -> float:
+    """Multiply-adds of one exact-patching row of ``layer``: a single-position forward of
+    the blocks after it, then the unembedding."""
+    return (n_layers - 1 - layer) * block_macs + unembed_macs
+
+
+def exact_units(cal: Calibration, rows_per_layer: float, layers: list[int]) -> float:
+    """Exact patching's work in giga multiply-adds (rows per layer times each layer's row
+    cost); a calibration without shapes (an older cache) counts plain rows."""
+    if not cal.unembed_macs:
+        return rows_per_layer * len(layers)
+    return rows_per_layer * sum(exact_row_macs(cal.block_macs, cal.unembed_macs,
+                                               cal.n_layers, layer) for layer in layers) / 1e9
 
 
 @dataclass
@@ -188,7 +221,7 @@ def sketch_codes(config: ScienceConfig, valid: np.ndarray) -> int:
 def cost_key(model: str, device: str, config: ScienceConfig) -> str:
     d = config.as_dict()
     return json.dumps({"model": model, "device": device, "catalog": CATALOG_VERSION,
-                       "runs": calibration_runs(config),
+                       "planner": PLANNER_VERSION, "runs": calibration_runs(config),
                        **{k: d[k] for k in COST_FIELDS}}, sort_keys=True)
 
 
@@ -275,7 +308,8 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
                        live_by_layer=live,
                        matching_ratio=large["matching_ratio"],
                        calibration_s=round(time.perf_counter() - t_all, 1),
-                       measured_at=time.strftime("%Y-%m-%d %H:%M"))
+                       measured_at=time.strftime("%Y-%m-%d %H:%M"),
+                       block_macs=shape_macs(cfg)[0], unembed_macs=shape_macs(cfg)[1])
 
 
 # phases whose cost is taken as proportional to their units (the larger run's ratio):
@@ -329,6 +363,10 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
 
     say = progress or (lambda msg: None)
     n_layers = lm.model.cfg.n_layers
+    block, unembed = shape_macs(lm.model.cfg)
+
+    def row_macs(layer: int) -> float:
+        return exact_row_macs(block, unembed, n_layers, layer)
     layers = sorted({max(n_layers - 2, 0), n_layers - 1})  # late layers: live neurons
     url = scratch_url(url_server, f"ncat_plan_{uuid.uuid4().hex[:10]}")
     migrate(url)
@@ -348,7 +386,7 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
             grid_s = max(grid_s - (time.perf_counter() - t), 0.0)
             write_layouts(conn, run, ids)
             phases: dict[str, float] = {}
-            write_s, effects, matches, exact_units = 0.0, {}, {}, 0
+            write_s, effects, matches, exact_work = 0.0, {}, {}, 0.0
             used = {op: len(run.pairs[op][0]) for op in cal.operators}  # pairs used
             before: dict[str, int] = {}
             for i, layer in enumerate(layers):
@@ -360,8 +398,9 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
                 result = run.run_layer(layer)
                 for k, v in result.seconds.items():
                     phases[k] = phases.get(k, 0.0) + v
-                exact_units += sum(int(result.is_exact[:, o].sum()) * used[op]
-                                   for o, op in enumerate(cal.operators))
+                exact_work += row_macs(layer) * sum(
+                    int(result.is_exact[:, o].sum()) * used[op]
+                    for o, op in enumerate(cal.operators)) / 1e9
                 t = time.perf_counter()
                 store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
                                   config_id=ids.config_id,
@@ -421,7 +460,7 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
     return {
         "matching_ratio": phases.get("matching", 0.0) / max(random_s, 1e-9),
         "units": {"grid": len(run.table), "lens": len(layers), "attribution": n_pairs,
-                  "exact": exact_units, "summary": cal.faithfulness_prompts * ops,
+                  "exact": exact_work, "summary": cal.faithfulness_prompts * ops,
                   "means": len(run.table), "write": total_bytes},
         "seconds": {"grid": grid_s, "lens": phases.get("lens", 0.0),
                     "attribution": phases.get("attribution", 0.0),
@@ -535,9 +574,10 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     if "exact" in config.patching:
         top = config.exact_top()
         per_layer = d_mlp if top is None else min(top, d_mlp)
-        units = per_layer * config.pairs_per_op * ops * n_layers
-        phases.append(Phase("exact patching", units, "neurons x pairs x ops",
-                            s("exact", units)))
+        rows = per_layer * config.pairs_per_op * ops
+        units = exact_units(cal, rows, todo)
+        phases.append(Phase("exact patching", units, "G multiply-adds" if cal.unembed_macs
+                            else "neurons x pairs x ops", s("exact", units)))
     live_share = [cal.live_by_layer[layer] for layer in todo]
     live = sum(live_share) * d_mlp  # live neurons x layers (averaged over operators)
     phases.append(Phase("matching", live * ops, "live neurons x ops", cal.matching_ratio * (

@@ -4,7 +4,16 @@ counts for a request and the seconds and bytes it derives from them."""
 import pytest
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from jobs.plan import Calibration, GridCosts, estimate, grid_cells, scratch_url, sketch_codes
+from jobs.plan import (
+    Calibration,
+    GridCosts,
+    estimate,
+    exact_row_macs,
+    grid_cells,
+    scratch_url,
+    shape_macs,
+    sketch_codes,
+)
 
 CAL = Calibration(
     model="m", device="cpu", n_layers=4, d_mlp=100, gated=False,
@@ -77,3 +86,29 @@ def test_activations_over_the_budget_cost_one_grid_pass_per_layer():
 ])
 def test_scratch_database_keeps_the_server(url, expected):
     assert scratch_url(url, "scratch") == expected
+
+
+def test_exact_patching_work_grows_with_the_blocks_after_the_layer():
+    """An exact-patching row of layer L runs the blocks after L and the unembedding: the
+    planner weights rows by those multiply-adds, so early layers cost more (on an H100,
+    Qwen2.5's layer 0 took 4.7x its layer 23; counting rows alone underestimated the
+    phase 2.9x)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    # Qwen2.5-0.5B: d_model 896, 14 heads of 64, 2 key/value heads, gated MLP of 4,864
+    qwen = SimpleNamespace(d_model=896, n_heads=14, d_head=64, n_key_value_heads=2,
+                           gated_mlp=True, d_mlp=4864, d_vocab=151_936)
+    block, unembed = shape_macs(qwen)
+    assert block == 2 * 896 * 896 + 2 * 896 * 128 + 3 * 896 * 4864
+    assert unembed == 896 * 151_936
+    cal = replace(CAL, block_macs=1e6, unembed_macs=4e6)
+    config = ScienceConfig(operators=("+",), operand_hi=20, pairs_per_op=10, exact="all")
+    first, last = (estimate(cal, config, n_checkpoints=1, layers=[layer], limit=520,
+                            costs=COSTS) for layer in (0, 3))
+    work = {p.name: p for p in first.phases}["exact patching"]
+    rows = 100 * 10  # neurons x pairs x ops
+    assert work.units == pytest.approx(rows * exact_row_macs(1e6, 4e6, 4, 0) / 1e9)
+    assert work.units == pytest.approx(rows * (3 * 1e6 + 4e6) / 1e9)
+    late = {p.name: p for p in last.phases}["exact patching"]
+    assert work.seconds / late.seconds == pytest.approx(7 / 4)
