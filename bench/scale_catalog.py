@@ -16,6 +16,7 @@ Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,7
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -99,9 +100,11 @@ def main(rows: int = 3 * 1024 * 1024) -> None:
 
     per_ck = N_LAYERS * D_MLP * len(OPS)
     n_ck = max(1, rows // per_ck)
+    from jobs.plan import scratch_url
+
     server = resolve_database_url()
     name = f"ncat_scale2_{uuid.uuid4().hex[:8]}"
-    url = server.rsplit("/", 1)[0] + "/" + name
+    url = scratch_url(server, name)
     migrate(url)
     out: dict = {"model": f"Pythia-1.4B shape ({N_LAYERS} x {D_MLP}), {n_ck} checkpoints"}
     try:
@@ -142,8 +145,10 @@ def main(rows: int = 3 * 1024 * 1024) -> None:
                 out["queries_ms"][label] = {"ms": round(s * 1000, 1), "rows": n}
                 print(label, out["queries_ms"][label], flush=True)
     finally:
-        with store.connect(server.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if os.environ.get("NCAT_SCALE_KEEP"):  # to look at query plans afterwards
+            print(f"kept: {url}", flush=True)
+        else:
+            store.drop_database(url)
     save("scale_catalog", out)
 
 

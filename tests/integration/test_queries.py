@@ -90,6 +90,19 @@ def test_circuit(seeded, direct):
     assert len(rows) == CIRCUIT_K * len(last.layers)
 
 
+def test_circuit_query_is_answered_from_the_rank_index(seeded):
+    """The circuit compares ranks with an integer (migration 0010) and the documented
+    query names the checkpoint by its ids, so the rank index can answer it: with scans
+    of whole tables disabled, the plan reads neuron_op through an index whose condition
+    holds the rank bound (a double circuit_k made it a filter over the whole partition:
+    66-98 ms on a Pythia-1.4B-shaped catalog, 1.5 ms from the index)."""
+    sql = queries()["circuit"].replace("'builtin-arith'", f"'{model_name(TINY)}'")
+    with store.connect(seeded) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql).fetchall())
+    assert re.search(r"Index Cond: .*model_id = .*checkpoint_id = .*rank < ", plan), plan
+
+
 def test_heuristic_neurons(seeded, direct):
     rows = run(seeded, "heuristic_neurons")
     last = direct[SEED_STEPS[-1]]
