@@ -164,6 +164,7 @@ def exact_patching(
         def grab(act, hook, _cache=cache):
             _cache[hook.name] = act
 
+        # the clean forward fills the cache (its logits are not the baseline: see below)
         runner.last_logits(group, skip, fwd_hooks=[(n, grab) for n in names])
         resid = cache[get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
         act_clean = cache[post_hook_name(layer)][:, -1][:, sel_t]  # (P, n_neurons)

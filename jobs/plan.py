@@ -288,6 +288,7 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
     the larger run."""
     t_all = time.perf_counter()
     cfg = lm.model.cfg
+    block_macs, unembed_macs = shape_macs(cfg)
     _warm_up(lm, config, execution)
     runs = [_calibration_run(url_server, lm, calibration_config(
         config, cfg.d_mlp, execution.patch_chunk, span, pairs, faith), execution, progress)
@@ -309,7 +310,7 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
                        matching_ratio=large["matching_ratio"],
                        calibration_s=round(time.perf_counter() - t_all, 1),
                        measured_at=time.strftime("%Y-%m-%d %H:%M"),
-                       block_macs=shape_macs(cfg)[0], unembed_macs=shape_macs(cfg)[1])
+                       block_macs=block_macs, unembed_macs=unembed_macs)
 
 
 # phases whose cost is taken as proportional to their units (the larger run's ratio):
