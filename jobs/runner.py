@@ -25,6 +25,7 @@ from jobs.locks import layer_lock_key, summary_lock_key
 from schema import jobs as jobdb
 from schema import store
 from schema.jobs import JobRow, Status
+from schema.sketch import GridGeometry
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +233,11 @@ def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int, stored: list[
     acts = run.activations(layer)
     ops = list(run.config.operators)
     grids = [acts[run.table.op_index(op)][:, neurons].T for op in ops]
+    layouts = [GridGeometry(g.side, g.valid) for g in run.grid_layouts()]
     n = store.write_full_grids(conn, model_id=here.ids.model_id,
                                checkpoint_id=here.ids.checkpoint_id,
                                config_id=here.ids.config_id, layer=layer, neurons=neurons,
-                               ops=ops, grids=grids)
+                               ops=ops, grids=grids, layouts=layouts)
     run.release(layer)
     return f"full grids ({n} rows)"
 

@@ -280,34 +280,39 @@ def grid_rows(rows: LayerRows, key: tuple) -> list[tuple]:
     for o in range(len(ops)):
         grids = rows.grids[o]
         q, scale, vmin = quantize_rows(grids)
-        payload: list[bytes | None] = [None] * rows.d_mlp
+        payload: dict[int, tuple[bytes, int]] = {}
         keep = np.nonzero(full[:, o])[0]
-        for n, data in zip(keep, encode_full(q[keep]), strict=True):
-            payload[n] = data
+        layout = rows.layouts[o] if rows.layouts is not None else None
+        payload.update(zip(keep.tolist(), encode_full(q[keep], layout), strict=True))
         rest = np.nonzero(~full[:, o])[0]
         if len(rest):
-            assert rows.layouts is not None
-            for n, data in zip(rest, encode_sketches(grids[rest], scale[rest], vmin[rest],
-                                                     rows.layouts[o]), strict=True):
-                payload[n] = data
-        out.extend(key + (n, ops[o], payload[n], float(scale[n]), float(vmin[n]), CODEC_ZSTD,
-                          not bool(full[n, o]))
-                   for n in range(rows.d_mlp))
+            assert layout is not None
+            sketches = encode_sketches(grids[rest], scale[rest], vmin[rest], layout)
+            payload.update((int(n), (data, CODEC_ZSTD))
+                           for n, data in zip(rest, sketches, strict=True))
+        for n in range(rows.d_mlp):
+            data, codec = payload[n]
+            out.append(key + (n, ops[o], data, float(scale[n]), float(vmin[n]), codec,
+                              not bool(full[n, o])))
     return out
 
 
 def write_full_grids(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int,
                      config_id: int, layer: int, neurons: Sequence[int], ops: Sequence[str],
-                     grids: Sequence[np.ndarray]) -> int:
+                     grids: Sequence[np.ndarray],
+                     layouts: Sequence[GridGeometry] | None = None) -> int:
     """Replace the stored grids of ``neurons`` of one layer with full-resolution grids
-    (``grids``: per operator, (len(neurons), n_cells)); returns the rows updated. Only
-    rows that exist are updated: a full grid never creates a neuron the layer lacks."""
+    (``grids``: per operator, (len(neurons), n_cells); ``layouts``: per operator, the
+    grid's geometry, which lets the codes be predicted before compression); returns the
+    rows updated. Only rows that exist are updated: a full grid never creates a neuron
+    the layer lacks."""
     rows: list[tuple] = []
-    for op, g in zip(ops, grids, strict=True):
+    for o, (op, g) in enumerate(zip(ops, grids, strict=True)):
         q, scale, vmin = quantize_rows(g)
-        rows.extend((data, float(scale[i]), float(vmin[i]), CODEC_ZSTD, model_id,
+        coded = encode_full(q, None if layouts is None else layouts[o])
+        rows.extend((data, float(scale[i]), float(vmin[i]), codec, model_id,
                      checkpoint_id, config_id, layer, int(n), op)
-                    for i, (n, data) in enumerate(zip(neurons, encode_full(q), strict=True)))
+                    for i, (n, (data, codec)) in enumerate(zip(neurons, coded, strict=True)))
     updated = 0
     with conn.transaction(), conn.cursor() as cur:
         for row in rows:

@@ -8,7 +8,7 @@ by what they mean: (step, layer, neuron, op, heuristic key). Floats are kept as 
 from __future__ import annotations
 
 from schema import store
-from schema.sketch import payload
+from schema.sketch import GridGeometry, full_codes
 
 QUERIES = {
     "neuron_op": "SELECT c.step, n.layer, n.neuron, n.op, n.max_act, n.mean_act, n.density, "
@@ -22,8 +22,11 @@ QUERIES = {
                     "JOIN checkpoint c ON c.id = s.checkpoint_id ORDER BY 1, 2, 3, 4, 5",
     # q decoded to the raw 8-bit codes in dump_rows (full grids only: sketch is checked)
     "neuron_grid": "SELECT c.step, g.layer, g.neuron, g.op, g.q, g.scale, "
-                   "g.vmin, g.codec, g.sketch FROM neuron_grid g "
-                   "JOIN checkpoint c ON c.id = g.checkpoint_id ORDER BY 1, 2, 3, 4",
+                   "g.vmin, g.codec, g.sketch, l.side, l.valid FROM neuron_grid g "
+                   "JOIN checkpoint c ON c.id = g.checkpoint_id "
+                   "JOIN model m ON m.id = g.model_id "
+                   "JOIN grid_layout l ON l.config_id = g.config_id AND l.op = g.op "
+                   "AND l.number_limit = m.number_limit ORDER BY 1, 2, 3, 4",
     "neuron_lens": "SELECT c.step, l.layer, l.neuron, l.numbers, l.top_tokens, l.top_values, "
                    "l.bottom_tokens, l.bottom_values FROM neuron_lens l "
                    "JOIN checkpoint c ON c.id = l.checkpoint_id ORDER BY 1, 2, 3",
@@ -47,7 +50,8 @@ def dump_rows(url: str) -> dict[str, list[list]]:
 
 def _grid_row(r: list) -> list:
     """(step, layer, neuron, op, hex of the 8-bit codes, scale, vmin) of a full grid."""
-    *head, q, scale, vmin, codec, sketch = r
+    *head, q, scale, vmin, codec, sketch, side, valid = r
     if sketch:
         raise AssertionError(f"grid {head} is a sketch; golden catalogs store full grids")
-    return [*head, payload(q, codec).hex(), scale, vmin]
+    codes = full_codes(q, codec, GridGeometry.from_packed(side, valid))
+    return [*head, codes.tobytes().hex(), scale, vmin]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import zstandard
 
 from schema.quantize import max_error, quantize_rows
 from schema.sketch import (
@@ -35,10 +36,17 @@ def _geometry(side: int, kind: str, rng) -> GridGeometry:
 
 @pytest.mark.parametrize("side", [7, 32, 33, 100, 300])
 @pytest.mark.parametrize("kind", ["all", "minus", "divide", "random"])
-def test_sketch_equals_the_slow_reference(side, kind):
+@pytest.mark.parametrize("pattern", ["noise", "smooth"])
+def test_sketch_equals_the_slow_reference(side, kind, pattern):
+    """Noise is stored as plain codes (S1), smooth maps mostly predicted (S2): either
+    way the decoded sketch equals the slow reference within half a code step."""
     rng = np.random.default_rng(side)
     g = _geometry(side, kind, rng)
     values = rng.standard_normal((5, g.n_cells)).astype(np.float32) * 3 + 1
+    if pattern == "smooth":
+        a, b = np.divmod(np.nonzero(g.valid)[0], side)
+        values = np.stack([np.sin(a / (5 + i)) * np.cos(b / (9 + i)) + a / side
+                           for i in range(5)]).astype(np.float32)
     values[1] = 2.5  # a constant grid: scale 0, reconstructed exactly
     q, scale, vmin = quantize_rows(values)
     sketches = encode_sketches(values, scale, vmin, g)
@@ -60,6 +68,11 @@ def test_sketch_equals_the_slow_reference(side, kind):
                                        atol=tol, rtol=0)
     if kind == "all":  # the sketch is far smaller than the grid
         assert max(len(s) for s in sketches) <= 4 + SKETCH_SIDE ** 2 + 2 * side + 64
+    heads = [zstandard.ZstdDecompressor().decompress(d)[:2] for d in sketches]
+    if pattern == "noise":
+        assert heads.count(b"S1") >= 4
+    elif side >= 100 and kind in ("all", "minus"):
+        assert heads.count(b"S2") >= 3  # the smooth ones, not the constant one
 
 
 def test_full_grids_round_trip_within_half_a_step():
@@ -67,8 +80,8 @@ def test_full_grids_round_trip_within_half_a_step():
     g = _geometry(50, "minus", rng)
     values = rng.standard_normal((4, g.n_cells)).astype(np.float32)
     q, scale, vmin = quantize_rows(values)
-    for i, data in enumerate(encode_full(q)):
-        got = decode_cells(data, CODEC_ZSTD, False, scale[i], vmin[i], g)
+    for i, (data, codec) in enumerate(encode_full(q, g)):
+        got = decode_cells(data, codec, False, scale[i], vmin[i], g)
         assert not got.sketch and got.row_means is None
         assert np.abs(got.values.reshape(-1)[g.valid] - values[i]).max() <= \
             max_error(float(scale[i])) + 1e-6
