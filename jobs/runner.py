@@ -288,7 +288,7 @@ def _summarize(conn, job: JobRow) -> None:
     with conn.transaction():
         store.write_summary(conn, checkpoint_id=here.ids.checkpoint_id,
                             config_id=here.ids.config_id, summary=summary_dict(summary))
-    store.refresh_views(conn, here.ids.model_id)
+    store.refresh_views(conn, here.ids.model_id, here.ids.checkpoint_id, here.ids.config_id)
 
 
 def stored_effects_and_matches(conn, ids, config, layers: list[int], d_mlp: int):

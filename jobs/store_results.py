@@ -170,5 +170,5 @@ def catalog_checkpoint(
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
                                     config_id=ids.config_id, summary=summary_dict(summ))
-                store.refresh_views(conn, ids.model_id)
+                store.refresh_views(conn, ids.model_id, ids.checkpoint_id, ids.config_id)
     return ids

@@ -16,9 +16,11 @@ target_metadata = SQLModel.metadata
 _PARTITION = re.compile(r"^(neuron_op|neuron_grid|neuron_lens|neuron_score)_p\d+$")
 
 
-# Tables derived from the others and rebuilt per model by refresh_catalog_views()
-# (migration 0009): the analysts' census, emergence and overlap, not models either.
-DERIVED = {"heuristic_census", "heuristic_emergence", "checkpoint_overlap"}
+# Tables derived from the others, folded in per checkpoint by refresh_checkpoint_views()
+# and rebuilt per model by refresh_catalog_views() (migrations 0009, 0011): the analysts'
+# census, emergence, overlap and label histogram, and the record of what is folded in.
+DERIVED = {"heuristic_census", "heuristic_emergence", "checkpoint_overlap", "label_histogram",
+           "derived_layer"}
 
 
 def include_object(obj, name, type_, reflected, compare_to):

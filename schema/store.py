@@ -390,14 +390,26 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
         + [json.dumps(summary.get(c)) for c in cols])
 
 
-def refresh_views(conn: psycopg.Connection, model_id: int | None = None) -> None:
-    """Update the planner's statistics after the bulk load, then rebuild the analysts'
-    derived tables (census, emergence, overlap) for one model, or for every model with
-    None. Without fresh statistics PostgreSQL plans joins over freshly written rows as
-    if the tables were empty (nested loops that take minutes instead of milliseconds)."""
+def refresh_views(conn: psycopg.Connection, model_id: int | None = None,
+                  checkpoint_id: int | None = None, config_id: int | None = None) -> str:
+    """Bring the analysts' derived tables (census, emergence, overlap, label histogram)
+    up to date after a bulk load; returns what was done.
+
+    With a checkpoint (and its config), only that checkpoint's newly written layers are
+    folded in (``refresh_checkpoint_views``, migration 0011): work that does not grow
+    with the model's other checkpoints. With only a model, that model is rebuilt; with
+    nothing, every model. Statistics are updated first: without them PostgreSQL plans
+    joins over freshly written rows as if the tables were empty (nested loops that take
+    minutes instead of milliseconds)."""
     conn.execute("ANALYZE neuron_op, neuron_score, neuron_lens, heuristic, checkpoint, "
                  "layer_result")
+    if checkpoint_id is not None:
+        if model_id is None or config_id is None:
+            raise ValueError("folding in a checkpoint needs its model_id and config_id")
+        return str(scalar(conn.execute("SELECT refresh_checkpoint_views(%s, %s, %s)",
+                                       (model_id, checkpoint_id, config_id))))
     conn.execute("SELECT refresh_catalog_views(%s)", (model_id,))
+    return "rebuilt"
 
 
 def table_bytes(conn: psycopg.Connection, table: str) -> int:
