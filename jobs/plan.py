@@ -58,7 +58,7 @@ CALIBRATION_FAITHFULNESS = 80
 TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 # the config fields that change a unit's cost (the rest change how many units there are)
 # bumped when a calibration's meaning changes, so older cached ones are measured again
-PLANNER_VERSION = 2
+PLANNER_VERSION = 3  # 3: grids coded with 2-D prediction (fewer bytes per cell)
 # the config fields that decide the grid-only costs (heuristics, matching)
 GRID_FIELDS = ("operand_lo", "operand_hi", "operators", "families", "heuristic_variant",
                "score_floor", "pattern_top_k", "multi_result_top")
