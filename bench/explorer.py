@@ -29,15 +29,12 @@ def page_script(name):
 
 
 def render(name, params=None, repeat=3):
+    import streamlit as st
     from streamlit.testing.v1 import AppTest
-
-    from ui import data
 
     best = float("inf")
     for _ in range(repeat):
-        for fn in (data.search, data.grid, data.neuron_ops, data.matches, data.evolution,
-                   data.lens, data.checkpoints, data.configs, data.models, data.has_catalog):
-            fn.clear()  # measure the database work, not the cache
+        st.cache_data.clear()  # measure the database work, not the cache
         at = AppTest.from_function(page_script, args=(name,), default_timeout=120)
         for k, v in (params or {}).items():
             at.query_params[k] = str(v)

@@ -1,17 +1,20 @@
-"""The analysts' queries on a large synthetic catalog with scores and grids.
+"""The analysts' queries and the explorer on a large synthetic catalog with scores and grids.
 
 A Pythia-1.4B-shaped model (24 layers x 8,192 neurons, 4 operators: 786,432 neuron-op
 rows per checkpoint) over as many checkpoints as the requested neuron_op rows need,
 built with set-based SQL: neuron_op rows, SCORES_PER_ROW score rows each (the default
-of one per family for three families), one grid row each (a 819-byte sketch, the mean
-measured by bench/grid_tiers.py; the top 20 per layer and operator get a 36.6 KB full
-grid), layer_result rows, and a small second model. Reports the load time, table and
-index sizes, every query of docs/queries.md (best of 3, asked about the big model), and
-the derived tables' refresh: the small model's (what a job on it costs) against the
-whole catalog's.
+of one per family for three families; a pair's score persists across checkpoints, so
+labels form runs), one grid row each (a sketch of SKETCH_BYTES, the mean measured by
+bench/grid_tiers.py; the top FULL_TOP per layer and operator get a full grid of
+FULL_BYTES), layer_result rows, and a small second model. Reports the load time, table
+and index sizes (and bytes per neuron_op row, extrapolated to 100M rows), every query of
+docs/queries.md (best of 3, asked about the big model), the explorer's search, neuron
+and overview pages (Streamlit's AppTest, caches cleared), and the derived tables'
+upkeep: folding in one checkpoint as a job's final step does (a step between others,
+and a new last step) against rebuilding the model and the whole catalog.
 
 Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,728 =
-4 checkpoints; the issue's 100M is 127 checkpoints and about 150 GB with grids)
+4 checkpoints; the issue's 100M is 127 checkpoints, about 190 GB with grids and scores)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from _common import save
 N_LAYERS, D_MLP, OPS = 24, 8192, ("+", "-", "*", "/")
 SCORES_PER_ROW = 3
 N_HEURISTICS = 1000
-SKETCH_BYTES, FULL_BYTES, FULL_TOP = 819, 36_593, 20
+SKETCH_BYTES, FULL_BYTES, FULL_TOP = 691, 30_974, 20
 DOC = Path(__file__).resolve().parents[1] / "docs" / "queries.md"
 
 
@@ -49,18 +52,23 @@ def _best(conn, sql: str, repeat: int = 3) -> tuple[float, int]:
     return best, n
 
 
-def _load_model(conn, model_id: int, name: str, n_ck: int, n_layers: int, d_mlp: int,
-                first_ck: int) -> None:
+def _add_model(conn, model_id: int, name: str, n_layers: int, d_mlp: int) -> None:
     conn.execute("INSERT INTO model (id, name, source, n_layers, d_model, d_mlp, d_vocab, "
                  "act_fn, gated_mlp, number_limit, digit_level) VALUES "
                  f"({model_id}, '{name}', 'hub', {n_layers}, 2048, {d_mlp}, 50304, 'gelu', "
                  "false, 520, false)")
+
+
+def _load_checkpoints(conn, model_id: int, steps: dict[int, int], n_layers: int,
+                      d_mlp: int) -> None:
+    """Checkpoint rows (id -> step) and all their measurement rows, set-based."""
+    ids = ", ".join(str(i) for i in steps)
     conn.execute("INSERT INTO checkpoint (id, model_id, step, weights_hash) "
-                 f"SELECT i, {model_id}, (i - {first_ck}) * 1000, md5(i::text) "
-                 f"FROM generate_series({first_ck}, {first_ck + n_ck - 1}) i")
+                 f"SELECT i, {model_id}, s, md5(i::text) FROM unnest(%s::int[], %s::bigint[]) "
+                 "AS t(i, s)", (list(steps), list(steps.values())))
     conn.execute("INSERT INTO layer_result (checkpoint_id, config_id, layer, n_neurons, "
-                 f"n_scores) SELECT ck, 1, l, {d_mlp}, 0 FROM generate_series({first_ck}, "
-                 f"{first_ck + n_ck - 1}) ck, generate_series(0, {n_layers - 1}) l")
+                 f"n_scores) SELECT ck, 1, l, {d_mlp}, 0 FROM unnest(ARRAY[{ids}]) ck, "
+                 f"generate_series(0, {n_layers - 1}) l")
     conn.execute(
         "INSERT INTO neuron_op (model_id, checkpoint_id, config_id, layer, neuron, op, "
         "max_act, mean_act, density, effect_exact, rank, op_accuracy, rank_value, "
@@ -68,9 +76,10 @@ def _load_model(conn, model_id: int, name: str, n_ck: int, n_layers: int, d_mlp:
         f"SELECT {model_id}, ck, 1, l, n, (ARRAY['+','-','*','/'])[o], random(), random(), "
         f"random(), random(), (n * 7919 + ck * 31 + o) % {d_mlp}, 0.5, random(), true, "
         "false, random() < 0.3 "
-        f"FROM generate_series({first_ck}, {first_ck + n_ck - 1}) ck, "
-        f"generate_series(1, 4) o, generate_series(0, {n_layers - 1}) l, "
-        f"generate_series(0, {d_mlp - 1}) n")
+        f"FROM unnest(ARRAY[{ids}]) ck, generate_series(1, 4) o, "
+        f"generate_series(0, {n_layers - 1}) l, generate_series(0, {d_mlp - 1}) n")
+    # a label at one checkpoint is mostly a label at the next: scores drawn per (neuron,
+    # heuristic) with a little per-checkpoint noise, so emergence runs span checkpoints
     conn.execute(
         "INSERT INTO neuron_score (model_id, checkpoint_id, config_id, layer, neuron, op, "
         "heuristic_id, score, bottom, base_rate, p_value, implements) "
@@ -78,8 +87,9 @@ def _load_model(conn, model_id: int, name: str, n_ck: int, n_layers: int, d_mlp:
         f"((n.neuron * 31 + n.layer * 7 + k * {N_HEURISTICS // SCORES_PER_ROW}) "
         f"% {N_HEURISTICS}) + 1, s, false, 0.1, 1e-4 * (1 - s), s > 0.75 "
         f"FROM neuron_op n, generate_series(0, {SCORES_PER_ROW - 1}) k, "
-        "LATERAL (SELECT 0.3 + 0.7 * random() + 0 * n.neuron AS s) r "
-        f"WHERE n.model_id = {model_id}")
+        "LATERAL (SELECT least(1, 0.3 + 0.6 * ((hashint4(n.neuron * 3 + k + n.layer * 100003)"
+        " & 1023) / 1023.0) + 0.1 * random()) AS s) r "
+        f"WHERE n.model_id = {model_id} AND n.checkpoint_id IN ({ids})")
     # grids: one random sketch blob per row (random bytes do not compress, like codes),
     # a full grid for the top ranks
     conn.execute(
@@ -88,25 +98,79 @@ def _load_model(conn, model_id: int, name: str, n_ck: int, n_layers: int, d_mlp:
         "SELECT n.model_id, n.checkpoint_id, 1, n.layer, n.neuron, n.op, "
         f"CASE WHEN n.rank < {FULL_TOP} THEN substring(f.b from 1 for {FULL_BYTES}) "
         f"ELSE substring(f.b from 1 + (n.neuron % 64) for {SKETCH_BYTES}) END, "
-        "0.01, 0, 1, n.rank >= {FULL_TOP} "
-        "FROM neuron_op n, blob f WHERE n.model_id = {model_id}".replace(
-            "{FULL_TOP}", str(FULL_TOP)).replace("{model_id}", str(model_id)))
+        f"0.01, 0, 1, n.rank >= {FULL_TOP} "
+        f"FROM neuron_op n, blob f WHERE n.model_id = {model_id} AND n.checkpoint_id IN "
+        f"({ids})")
 
 
-def main(rows: int = 3 * 1024 * 1024) -> None:
+def _shown_neuron(conn, model_id: int) -> dict:
+    """Real, decodable grids, lens and layouts for the neuron the explorer bench opens (the
+    synthetic blobs of the other rows are never decoded)."""
+    import numpy as np
+
+    from schema import store
+    from schema.quantize import quantize_rows
+    from schema.sketch import GridGeometry, encode_full, encode_sketches
+
+    side = 300
+    a, b = np.divmod(np.arange(side * side), side)
+    masks = {"+": a + b <= 520, "-": b <= a, "*": a * b <= 520, "/": b >= 1}
+    rng = np.random.default_rng(0)
+    layer, neuron = 17, 4242
+    for o, (op, valid) in enumerate(masks.items()):
+        store.upsert_grid_layout(conn, config_id=1, number_limit=520, op=op, lo=0, side=side,
+                                 valid=valid, answer_index=np.zeros(int(valid.sum()),
+                                                                    dtype=np.int32))
+        geometry = GridGeometry(side, valid)
+        values = rng.standard_normal((1, geometry.n_cells)).astype(np.float32)
+        q, scale, vmin = quantize_rows(values)
+        full = o % 2 == 0  # two operators full, two sketched
+        data, codec = (encode_full(q, geometry)[0] if full
+                       else (encode_sketches(values, scale, vmin, geometry)[0], 1))
+        conn.execute("UPDATE neuron_grid SET q = %s, codec = %s, sketch = %s, scale = %s, "
+                     "vmin = %s WHERE model_id = %s AND layer = %s AND neuron = %s AND op = %s",
+                     (data, codec, not full, float(scale[0]), float(vmin[0]), model_id, layer,
+                      neuron, op))
+    conn.execute("INSERT INTO neuron_lens SELECT %s, c.id, 1, %s, %s, "
+                 "array_fill(0.1::real, ARRAY[521]), ARRAY['a'], ARRAY[1::real], ARRAY['b'], "
+                 "ARRAY[-1::real] FROM checkpoint c WHERE c.model_id = %s",
+                 (model_id, layer, neuron, model_id))
+    last = store.scalar(conn.execute("SELECT id FROM checkpoint WHERE model_id = %s "
+                                     "ORDER BY step DESC LIMIT 1", (model_id,)))
+    return dict(model_id=model_id, checkpoint_id=last, config_id=1, layer=layer,
+                neuron=neuron)
+
+
+def _timed_fold(conn, model_id: int, checkpoint_id: int) -> dict:
+    """Seconds to fold one checkpoint in, as a job's final step does (statistics, then
+    refresh_checkpoint_views), and what the function reported."""
+    from schema import store
+
+    t = time.perf_counter()
+    conn.execute("ANALYZE neuron_op, neuron_score, neuron_lens, heuristic, checkpoint, "
+                 "layer_result")
+    analyze = time.perf_counter() - t
+    t = time.perf_counter()
+    outcome = store.scalar(conn.execute("SELECT refresh_checkpoint_views(%s, %s, 1)",
+                                        (model_id, checkpoint_id)))
+    return {"analyze_s": round(analyze, 2), "fold_s": round(time.perf_counter() - t, 2),
+            "outcome": outcome}
+
+
+def main(rows: int = 4 * 786_432) -> None:
+    from jobs.plan import scratch_url
     from schema import store
     from schema.engine import migrate
     from schema.settings import resolve_database_url
 
     per_ck = N_LAYERS * D_MLP * len(OPS)
-    n_ck = max(1, rows // per_ck)
-    from jobs.plan import scratch_url
-
+    n_ck = max(3, rows // per_ck)
     server = resolve_database_url()
     name = f"ncat_scale2_{uuid.uuid4().hex[:8]}"
     url = scratch_url(server, name)
     migrate(url)
     out: dict = {"model": f"Pythia-1.4B shape ({N_LAYERS} x {D_MLP}), {n_ck} checkpoints"}
+    tables = ("neuron_op", "neuron_score", "neuron_grid")
     try:
         with store.connect(url, autocommit=True) as conn:
             conn.execute("INSERT INTO measure_config (id, config_hash, config, operators, "
@@ -122,28 +186,56 @@ def main(rows: int = 3 * 1024 * 1024) -> None:
                          f"text), ''), 'hex') AS b FROM generate_series(1, "
                          f"{FULL_BYTES // 16 + 8})")
             t = time.perf_counter()
-            _load_model(conn, 1, "big", n_ck, N_LAYERS, D_MLP, 1)
-            _load_model(conn, 2, "small", 2, 6, 512, n_ck + 1)
+            _add_model(conn, 1, "big", N_LAYERS, D_MLP)
+            # every checkpoint but two: steps 0, 1000, 2000, ...
+            for i in range(1, n_ck - 1):  # one checkpoint per statement: bounded memory
+                _load_checkpoints(conn, 1, {i: (i - 1) * 1000}, N_LAYERS, D_MLP)
+                print(f"loaded checkpoint {i} of {n_ck}", flush=True)
+            _add_model(conn, 2, "small", 6, 512)
+            _load_checkpoints(conn, 2, {n_ck + 1: 0, n_ck + 2: 1000}, 6, 512)
             conn.execute("ANALYZE")
             out["load_s"] = round(time.perf_counter() - t, 1)
-            out["rows"] = {t: store.scalar(conn.execute(f"SELECT count(*) FROM {t}"))
-                           for t in ("neuron_op", "neuron_score", "neuron_grid")}
-            out["bytes"] = {t: store.table_bytes(conn, t)
-                            for t in ("neuron_op", "neuron_score", "neuron_grid")}
-            timings = {}
-            for label, t_sql in (("refresh: the small model (a job's final step)", 2),
-                                 ("refresh: the big model", 1),
-                                 ("refresh: every model", None)):
+            timings: dict = {}
+            for label, model in (("rebuild: the small model", 2),
+                                 (f"rebuild: the big model ({n_ck - 2} checkpoints)", 1)):
                 t = time.perf_counter()
-                conn.execute("SELECT refresh_catalog_views(%s)", (t_sql,))
+                conn.execute("SELECT refresh_catalog_views(%s)", (model,))
                 timings[label] = round(time.perf_counter() - t, 2)
-            out["refresh_s"] = timings
+            # a job's final step, the way jobs run it now: fold in one new checkpoint
+            _load_checkpoints(conn, 1, {n_ck - 1: 500}, N_LAYERS, D_MLP)
+            timings["fold: a checkpoint between others (step 500)"] = _timed_fold(
+                conn, 1, n_ck - 1)
+            _load_checkpoints(conn, 1, {n_ck: (n_ck - 2) * 1000}, N_LAYERS, D_MLP)
+            timings[f"fold: a new last checkpoint (step {(n_ck - 2) * 1000})"] = _timed_fold(
+                conn, 1, n_ck)
+            t = time.perf_counter()
+            conn.execute("SELECT refresh_catalog_views()")
+            timings[f"rebuild: every model ({n_ck} + 2 checkpoints; each job before 0009)"] = \
+                round(time.perf_counter() - t, 2)
+            out["refresh"] = timings
+            print(timings, flush=True)
+            shown = _shown_neuron(conn, 1)
             conn.execute("ANALYZE")
+            out["rows"] = {t: store.scalar(conn.execute(f"SELECT count(*) FROM {t}"))
+                           for t in tables}
+            out["bytes"] = {t: store.table_bytes(conn, t) for t in tables}
+            n_op = out["rows"]["neuron_op"]
+            per_row = {t: round(out["bytes"][t] / n_op) for t in tables}
+            out["bytes_per_neuron_op_row"] = per_row
+            out["extrapolated_gb_at_100M_neuron_op_rows"] = {
+                t: round(b * 100e6 / 1e9, 1) for t, b in per_row.items()}
             out["queries_ms"] = {}
             for label, sql in _queries().items():
                 s, n = _best(conn, sql)
                 out["queries_ms"][label] = {"ms": round(s * 1000, 1), "rows": n}
                 print(label, out["queries_ms"][label], flush=True)
+        os.environ["DATABASE_URL"] = url
+        from explorer import render
+
+        out["explorer_s"] = {"search page": round(render("search"), 3),
+                             "neuron page": round(render("neuron", shown), 3),
+                             "overview page": round(render("overview"), 3)}
+        print(out["explorer_s"], flush=True)
     finally:
         if os.environ.get("NCAT_SCALE_KEEP"):  # to look at query plans afterwards
             print(f"kept: {url}", flush=True)
@@ -153,4 +245,4 @@ def main(rows: int = 3 * 1024 * 1024) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3 * 1024 * 1024)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4 * 786_432)

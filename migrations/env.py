@@ -18,8 +18,8 @@ _PARTITION = re.compile(r"^(neuron_op|neuron_grid|neuron_lens|neuron_score)_p\d+
 
 # Tables derived from the others, folded in per checkpoint by refresh_checkpoint_views()
 # and rebuilt per model by refresh_catalog_views() (migrations 0009, 0011): the analysts'
-# census, emergence, overlap and label histogram, and the record of what is folded in.
-DERIVED = {"heuristic_census", "heuristic_emergence", "checkpoint_overlap", "label_histogram",
+# census, emergence runs, overlap and label histogram, and the record of what is folded in.
+DERIVED = {"heuristic_census", "emergence_run", "checkpoint_overlap", "label_histogram",
            "derived_layer"}
 
 

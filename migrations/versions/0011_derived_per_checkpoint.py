@@ -9,10 +9,13 @@ written layers into the derived tables instead:
 - ``heuristic_census`` and ``label_histogram`` are per checkpoint: that checkpoint's rows
   are replaced.
 - ``heuristic_emergence`` (per layer, the pairs held at the layer's last step, with the
-  step their unbroken run of labels starts from): a step after the last one replaces the
-  layer's rows by the new step's labels, each keeping its old run if it was held before;
-  a step inserted between others extends, starts or breaks the runs it falls into. Both
-  read only the new step's labels and the layer's current rows.
+  step their unbroken run of labels starts from) becomes a view over ``emergence_run``
+  (the ids and that first step; the run's length is counted from the layer's folded
+  steps when read). A step after the last one drops the runs of pairs it does not hold
+  and starts runs for pairs new in it; a step inserted between others extends the runs
+  that start just after it and breaks the runs it falls into without holding their
+  pair. Both read the new step's labels and the layer's runs, and write only the runs
+  that change: a pair that stays labelled costs nothing.
 - ``checkpoint_overlap``: a step before the last one adds its own row (the final circuit's
   pairs looked up in that checkpoint); a new last step recomputes every row by looking
   up its circuit's pairs in each checkpoint (circuit-sized, not label-sized, work).
@@ -48,7 +51,10 @@ CIRCUIT_K = SETTING.format("circuit_k")
 LABEL = f"coalesce(s.implements, s.score >= {THRESHOLD})"
 MINE = "(p_model IS NULL OR {}.model_id = p_model)"  # restricts a scan to one model
 P_FLOOR = -16  # p-value decades below this are pooled into it
+DECADES = ", ".join(f"1e{d}" for d in range(P_FLOOR, 1))  # 1e-16, ..., 1e0
 
+# Both are single expressions with no FROM clause, so PostgreSQL inlines them into the
+# queries that group a checkpoint's millions of scores by them (a call per row is slow).
 FUNCTIONS = (
     # the 0.05-wide bin a score falls in. `score >= 0.8` compares the REAL with the
     # literal in double precision; a REAL times 20 is exact in double precision, and no
@@ -59,15 +65,13 @@ FUNCTIONS = (
     CREATE FUNCTION score_bin(x real) RETURNS numeric(4, 2) LANGUAGE sql IMMUTABLE AS $$
       SELECT (floor(x::float8 * 20) / 20)::numeric(4, 2)
     $$""",
-    # the decade d with 10^d <= p < 10^(d+1), compared as `p_value < 1e-6` compares:
-    # log10 rounds onto the decade above for a p one ulp below a power of ten (tested),
-    # and a libm less exact than glibc's could round below one at a power of ten
+    # the decade d with 10^d <= p < 10^(d+1): width_bucket finds it among the powers of
+    # ten written as double-precision literals, the very numbers `p_value < 1e-6` compares
+    # with, so the bins agree with such filters exactly (tested one ulp either side)
     f"""
     CREATE FUNCTION p_decade(p float8) RETURNS smallint LANGUAGE sql IMMUTABLE AS $$
-      SELECT CASE WHEN p IS NULL THEN NULL WHEN p <= 0 THEN {P_FLOOR}::smallint
-        ELSE greatest({P_FLOOR}, d - (p < power(10::numeric, d))::int
-                      + (p >= power(10::numeric, d + 1))::int)::smallint END
-      FROM (SELECT CASE WHEN p > 0 THEN floor(log(p))::int END AS d) b
+      SELECT (CASE WHEN p < 1e{P_FLOOR + 1} THEN {P_FLOOR}  -- pooled (NULL stays NULL)
+              ELSE width_bucket(p, ARRAY[{DECADES}]::float8[]) - {-P_FLOOR + 1} END)::smallint
     $$""",
 )
 
@@ -104,28 +108,31 @@ ONE_CHECKPOINT_S = ("s.model_id = p_model AND s.checkpoint_id = p_checkpoint "
 ONE_CHECKPOINT_N = ("n.model_id = p_model AND n.checkpoint_id = p_checkpoint "
                     "AND n.config_id = p_config AND s.model_id = p_model")
 
-# The overlap rows of (p_model, p_config) for the checkpoints in `ck`, against the
-# circuit labels of checkpoint v_final: each final pair is looked up in each checkpoint
-# through neuron_score's primary key.
+# The overlap rows of model $1, config $2 for the checkpoints in `ck`, against the
+# circuit labels (rank < $4) of checkpoint $3: each final pair is looked up in each
+# checkpoint through neuron_score's primary key. Run with EXECUTE, so it is planned with
+# the circuit size in hand: a generic plan guesses a third of the checkpoint's rows are
+# in the circuit and scans every score of every checkpoint instead.
 OVERLAP = f"""
+    INSERT INTO checkpoint_overlap (model, step, config_id, final_pairs, present, share,
+                                    model_id, checkpoint_id)
     WITH final_pairs AS MATERIALIZED (
         SELECT s.layer, s.neuron, s.op, s.heuristic_id
-        FROM neuron_score s
-        JOIN neuron_op n ON n.model_id = s.model_id AND n.checkpoint_id = s.checkpoint_id
-             AND n.config_id = s.config_id AND n.layer = s.layer AND n.neuron = s.neuron
-             AND n.op = s.op
-        WHERE s.model_id = p_model AND s.checkpoint_id = v_final AND s.config_id = p_config
-              AND {LABEL} AND n.rank < {CIRCUIT_K}),
+        FROM neuron_op n
+        JOIN neuron_score s ON s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id
+             AND s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron
+             AND s.op = n.op
+        WHERE n.model_id = $1 AND n.checkpoint_id = $3 AND n.config_id = $2 AND n.rank < $4
+              AND s.model_id = $1 AND {LABEL}),
     total AS (SELECT count(*) AS n FROM final_pairs)
-    SELECT m.name, ck.step, p_config, t.n, p.n, p.n::real / nullif(t.n, 0), p_model,
-           ck.checkpoint_id
+    SELECT m.name, ck.step, $2, t.n, p.n, p.n::real / nullif(t.n, 0), $1, ck.checkpoint_id
     FROM ({{ck}}) ck
     CROSS JOIN total t
-    JOIN model m ON m.id = p_model
+    JOIN model m ON m.id = $1
     CROSS JOIN LATERAL (
         SELECT count(*) AS n FROM final_pairs fp
-        JOIN neuron_score s ON s.model_id = p_model AND s.checkpoint_id = ck.checkpoint_id
-             AND s.config_id = p_config AND s.layer = fp.layer AND s.neuron = fp.neuron
+        JOIN neuron_score s ON s.model_id = $1 AND s.checkpoint_id = ck.checkpoint_id
+             AND s.config_id = $2 AND s.layer = fp.layer AND s.neuron = fp.neuron
              AND s.op = fp.op AND s.heuristic_id = fp.heuristic_id
         WHERE {LABEL}) p
     WHERE t.n > 0"""
@@ -134,27 +141,51 @@ FOLDED_CK = """
     SELECT DISTINCT d.checkpoint_id, c.step FROM derived_layer d
     JOIN checkpoint c ON c.id = d.checkpoint_id
     WHERE d.model_id = p_model AND d.config_id = p_config"""
+OVERLAP_ALL = OVERLAP.format(ck=FOLDED_CK.replace("p_model", "$1").replace("p_config", "$2"))
+OVERLAP_ONE = OVERLAP.format(ck="SELECT $5::integer AS checkpoint_id, $6::bigint AS step")
 
-IS_LABEL_AT_NEW = f"""EXISTS (
+# Is the pair of emergence_run row {r} labelled at the checkpoint being folded in?
+HELD_AT_NEW = f"""EXISTS (
           SELECT 1 FROM neuron_score s WHERE s.model_id = p_model
           AND s.checkpoint_id = p_checkpoint AND s.config_id = p_config
-          AND s.layer = v_layer AND s.neuron = e.neuron AND s.op = e.op
-          AND s.heuristic_id = e.heuristic_id AND {LABEL})"""
+          AND s.layer = {{r}}.layer AND s.neuron = {{r}}.neuron AND s.op = {{r}}.op
+          AND s.heuristic_id = {{r}}.heuristic_id AND {LABEL})"""
 
-EMERGENCE_ROWS = "e.model_id = p_model AND e.config_id = p_config AND e.layer = v_layer"
+# heuristic_emergence keeps its columns as a view over emergence_run: a run's length is
+# the number of the layer's folded steps from its first step on (the run is unbroken to
+# the last step), found by binary search in the sorted steps (width_bucket), so a pair
+# that stays labelled costs no write when a step is folded in. A model without steps has
+# one checkpoint: its runs are one checkpoint long. A query that does not ask for
+# checkpoints_held does not read the steps (the left join is on their unique key).
+EMERGENCE_VIEW = """
+    CREATE VIEW heuristic_emergence AS
+    SELECT m.name AS model, r.layer, r.neuron, r.op, r.config_id, h.label AS heuristic,
+           h.family, r.emergence_step,
+           CASE WHEN r.emergence_step IS NULL THEN 1::bigint
+                ELSE cardinality(ls.steps) - width_bucket(r.emergence_step, ls.steps) + 1
+           END AS checkpoints_held,
+           r.model_id, r.heuristic_id
+    FROM emergence_run r
+    JOIN model m ON m.id = r.model_id
+    JOIN heuristic h ON h.id = r.heuristic_id
+    LEFT JOIN (SELECT d.model_id, d.config_id, d.layer,
+                      array_agg(c.step ORDER BY c.step) FILTER (WHERE c.step IS NOT NULL)
+                        AS steps
+               FROM derived_layer d JOIN checkpoint c ON c.id = d.checkpoint_id
+               GROUP BY d.model_id, d.config_id, d.layer) ls
+           ON ls.model_id = r.model_id AND ls.config_id = r.config_id AND ls.layer = r.layer"""
 
 REFRESH_CHECKPOINT = f"""
     CREATE FUNCTION refresh_checkpoint_views(p_model integer, p_checkpoint integer,
                                              p_config integer) RETURNS text
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SET jit = off AS $$
     DECLARE
       v_step bigint;
-      v_layer smallint;
-      v_last bigint;
-      v_next bigint;
-      v_after bigint;
       v_final integer;
       v_new smallint[];
+      v_top smallint[];
+      v_mid smallint[];
+      v_k integer;
     BEGIN
       -- one refresher per model at a time (the full rebuild takes the same lock)
       PERFORM pg_advisory_xact_lock(20260009, p_model);
@@ -190,42 +221,50 @@ REFRESH_CHECKPOINT = f"""
       WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
       INSERT INTO label_histogram {HISTOGRAM.format(where=ONE_CHECKPOINT_S)};
 
-      FOREACH v_layer IN ARRAY v_new LOOP
-        SELECT max(c.step) INTO v_last FROM derived_layer d
+      -- per new layer: is this step after the layer's last folded step (or the first)?
+      SELECT coalesce(array_agg(l) FILTER (WHERE last IS NULL OR v_step > last), '{{}}'),
+             coalesce(array_agg(l) FILTER (WHERE v_step < last), '{{}}')
+      INTO v_top, v_mid
+      FROM (SELECT l, (SELECT max(c.step) FROM derived_layer d
+                       JOIN checkpoint c ON c.id = d.checkpoint_id
+                       WHERE d.model_id = p_model AND d.config_id = p_config
+                         AND d.layer = l) AS last
+            FROM unnest(v_new) l) q;
+      -- a new last step: pairs it does not hold lose their run; pairs it holds keep theirs,
+      -- or start one here (a pair that stays labelled is not written at all)
+      DELETE FROM emergence_run r
+      WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = ANY (v_top)
+        AND NOT {HELD_AT_NEW.format(r='r')};
+      INSERT INTO emergence_run (model_id, config_id, layer, neuron, op, heuristic_id,
+                                 emergence_step)
+      SELECT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id, v_step
+      FROM neuron_score s
+      WHERE {ONE_CHECKPOINT_S} AND s.layer = ANY (v_top) AND {LABEL}
+        AND NOT EXISTS (SELECT 1 FROM emergence_run r WHERE r.model_id = p_model
+                        AND r.config_id = p_config AND r.layer = s.layer
+                        AND r.neuron = s.neuron AND r.op = s.op
+                        AND r.heuristic_id = s.heuristic_id);
+      -- a step between others: a pair it holds extends a run that starts just after it; a
+      -- pair it does not hold breaks the run it falls inside, which then starts at the
+      -- next step (runs it falls inside and holds just get longer: nothing to write)
+      WITH after AS (
+        SELECT d.layer, min(c.step) AS next_step FROM derived_layer d
         JOIN checkpoint c ON c.id = d.checkpoint_id
-        WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = v_layer;
-        IF v_last IS NULL OR v_step > v_last THEN
-          -- a new last step: its labels, each keeping the run it had at the old last step
-          WITH old AS (
-            DELETE FROM heuristic_emergence e WHERE {EMERGENCE_ROWS} RETURNING e.*)
-          INSERT INTO heuristic_emergence (model, layer, neuron, op, config_id, heuristic,
-                                           family, emergence_step, checkpoints_held,
-                                           model_id, heuristic_id)
-          SELECT m.name, s.layer, s.neuron, s.op, s.config_id, h.label, h.family,
-                 coalesce(old.emergence_step, v_step), coalesce(old.checkpoints_held, 0) + 1,
-                 s.model_id, s.heuristic_id
-          FROM neuron_score s
-          JOIN heuristic h ON h.id = s.heuristic_id
-          JOIN model m ON m.id = s.model_id
-          LEFT JOIN old ON old.neuron = s.neuron AND old.op = s.op
-                       AND old.heuristic_id = s.heuristic_id
-          WHERE {ONE_CHECKPOINT_S} AND s.layer = v_layer AND {LABEL};
-        ELSE
-          -- a step between others: it extends a run that starts just after it, lengthens
-          -- the runs it falls inside, and breaks those whose pair it does not hold
-          SELECT min(c.step), count(*) INTO v_next, v_after FROM derived_layer d
-          JOIN checkpoint c ON c.id = d.checkpoint_id
-          WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = v_layer
-            AND c.step > v_step;
-          UPDATE heuristic_emergence e
-          SET emergence_step = v_step, checkpoints_held = e.checkpoints_held + 1
-          WHERE {EMERGENCE_ROWS} AND e.emergence_step = v_next AND {IS_LABEL_AT_NEW};
-          UPDATE heuristic_emergence e SET checkpoints_held = e.checkpoints_held + 1
-          WHERE {EMERGENCE_ROWS} AND e.emergence_step < v_step AND {IS_LABEL_AT_NEW};
-          UPDATE heuristic_emergence e SET emergence_step = v_next, checkpoints_held = v_after
-          WHERE {EMERGENCE_ROWS} AND e.emergence_step < v_step AND NOT {IS_LABEL_AT_NEW};
-        END IF;
-      END LOOP;
+        WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = ANY (v_mid)
+          AND c.step > v_step
+        GROUP BY d.layer)
+      UPDATE emergence_run r SET emergence_step = v_step FROM after a
+      WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
+        AND r.emergence_step = a.next_step AND {HELD_AT_NEW.format(r='r')};
+      WITH after AS (
+        SELECT d.layer, min(c.step) AS next_step FROM derived_layer d
+        JOIN checkpoint c ON c.id = d.checkpoint_id
+        WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = ANY (v_mid)
+          AND c.step > v_step
+        GROUP BY d.layer)
+      UPDATE emergence_run r SET emergence_step = a.next_step FROM after a
+      WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
+        AND r.emergence_step < v_step AND NOT {HELD_AT_NEW.format(r='r')};
 
       INSERT INTO derived_layer (model_id, checkpoint_id, config_id, layer, written_at)
       SELECT p_model, lr.checkpoint_id, lr.config_id, lr.layer, lr.written_at
@@ -236,17 +275,15 @@ REFRESH_CHECKPOINT = f"""
       SET written_at = EXCLUDED.written_at;
 
       SELECT checkpoint_id INTO v_final FROM ({FOLDED_CK}) f ORDER BY step DESC LIMIT 1;
+      v_k := (SELECT ceil(value)::integer FROM catalog_setting WHERE key = 'circuit_k');
       IF v_final = p_checkpoint THEN  -- the last step: every row against its circuit
         DELETE FROM checkpoint_overlap WHERE model_id = p_model AND config_id = p_config;
-        INSERT INTO checkpoint_overlap (model, step, config_id, final_pairs, present, share,
-                                        model_id, checkpoint_id)
-        {OVERLAP.format(ck=FOLDED_CK)};
+        EXECUTE $q${OVERLAP_ALL}$q$ USING p_model, p_config, v_final, v_k;
       ELSE
         DELETE FROM checkpoint_overlap
         WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
-        INSERT INTO checkpoint_overlap (model, step, config_id, final_pairs, present, share,
-                                        model_id, checkpoint_id)
-        {OVERLAP.format(ck="SELECT p_checkpoint AS checkpoint_id, v_step AS step")};
+        EXECUTE $q${OVERLAP_ONE}$q$ USING p_model, p_config, v_final, v_k, p_checkpoint,
+                                          v_step;
       END IF;
       RETURN 'folded';
     END $$"""
@@ -254,17 +291,24 @@ REFRESH_CHECKPOINT = f"""
 
 def _full_rebuild(derived: dict[str, str]) -> str:
     """refresh_catalog_views(p_model): 0009's rebuild of one model (NULL: every model),
-    plus the label histogram and the record of what is folded in."""
+    its emergence kept as runs (emergence_run), plus the label histogram and the record
+    of what is folded in."""
     body = "\n".join(
         f"      DELETE FROM {name} WHERE p_model IS NULL OR model_id = p_model;\n"
-        f"      INSERT INTO {name} {sql};" for name, sql in derived.items())
+        f"      INSERT INTO {name} {sql};" for name, sql in derived.items()
+        if name != "heuristic_emergence")
     return f"""
     CREATE OR REPLACE FUNCTION refresh_catalog_views(p_model integer DEFAULT NULL)
-    RETURNS void LANGUAGE plpgsql AS $$
+    RETURNS void LANGUAGE plpgsql SET jit = off AS $$
     BEGIN
       -- one refresher per model at a time (all models: every refresher waits)
       PERFORM pg_advisory_xact_lock(20260009, coalesce(p_model, 0));
 {body}
+      DELETE FROM emergence_run WHERE p_model IS NULL OR model_id = p_model;
+      INSERT INTO emergence_run (model_id, config_id, layer, neuron, op, heuristic_id,
+                                 emergence_step)
+      SELECT model_id, config_id, layer, neuron, op, heuristic_id, emergence_step
+      FROM ({derived["heuristic_emergence"]}) e;
       DELETE FROM label_histogram WHERE p_model IS NULL OR model_id = p_model;
       INSERT INTO label_histogram {HISTOGRAM.format(where=MINE.format('s'))};
       DELETE FROM derived_layer WHERE p_model IS NULL OR model_id = p_model;
@@ -308,23 +352,45 @@ def upgrade() -> None:
                "(model_id, config_id, checkpoint_id)")
     op.execute("CREATE INDEX ix_heuristic_census_checkpoint ON heuristic_census "
                "(model_id, checkpoint_id, config_id)")
-    op.execute("CREATE INDEX ix_heuristic_emergence_layer ON heuristic_emergence "
-               "(model_id, config_id, layer, neuron, op, heuristic_id)")
+    op.execute("""
+    CREATE TABLE emergence_run (
+      model_id integer NOT NULL,
+      config_id integer NOT NULL,
+      layer smallint NOT NULL,
+      neuron integer NOT NULL,
+      op varchar(1) NOT NULL,
+      heuristic_id integer NOT NULL,
+      emergence_step bigint,
+      PRIMARY KEY (model_id, config_id, layer, neuron, op, heuristic_id))""")
+    # the analysts' question: how many pairs emerged at each step, per operator
+    op.execute("CREATE INDEX ix_emergence_run_op ON emergence_run "
+               "(model_id, op, emergence_step)")
+    op.execute("DROP TABLE heuristic_emergence")
+    op.execute(EMERGENCE_VIEW)
     op.execute(_full_rebuild(_views_0009().DERIVED))
     op.execute(REFRESH_CHECKPOINT)
-    op.execute("SELECT refresh_catalog_views()")  # the histogram and the folded record
-    op.execute("GRANT SELECT ON label_histogram TO catalog_reader")
+    op.execute("SELECT refresh_catalog_views()")  # emergence, histogram, folded record
+    op.execute("GRANT SELECT ON label_histogram, heuristic_emergence TO catalog_reader")
 
 
 def downgrade() -> None:
     old = _views_0009()
     op.execute("DROP FUNCTION refresh_checkpoint_views(integer, integer, integer)")
     op.execute("DROP FUNCTION refresh_catalog_views(integer)")
+    # emergence back to a table with the view's rows (the view reads derived_layer)
+    op.execute("CREATE TABLE heuristic_emergence_t AS SELECT * FROM heuristic_emergence")
+    op.execute("DROP VIEW heuristic_emergence")
+    op.execute("DROP TABLE emergence_run")
+    op.execute("ALTER TABLE heuristic_emergence_t RENAME TO heuristic_emergence")
+    op.execute("CREATE INDEX ix_heuristic_emergence_model ON heuristic_emergence "
+               "(model, layer, neuron, op)")
+    op.execute("CREATE INDEX ix_heuristic_emergence_model_id ON heuristic_emergence "
+               "(model_id)")
+    op.execute("GRANT SELECT ON heuristic_emergence TO catalog_reader")
     op.execute("DROP TABLE label_histogram")
     op.execute("DROP TABLE derived_layer")
     op.execute("DROP INDEX ix_checkpoint_overlap_checkpoint")
     op.execute("DROP INDEX ix_heuristic_census_checkpoint")
-    op.execute("DROP INDEX ix_heuristic_emergence_layer")
     op.execute("DROP FUNCTION p_decade(float8)")
     op.execute("DROP FUNCTION score_bin(real)")
     body = "\n".join(

@@ -132,6 +132,21 @@ def test_checkpoints_folded_in_any_order_equal_a_full_rebuild(conn, seed):
     assert outcomes == ["folded"] * len(STEPS)
     final = _tables(conn, model)
     assert all(final[t] for t in DERIVED), final  # every table has rows to compare
+    # the runs themselves, from the planted labels: pairs held at the last step, the
+    # step their unbroken run starts from, and its length
+    want = {}
+    for (step, layer, neuron, op, h), (_, _, _, held) in labels.items():
+        if step == STEPS[-1] and held:
+            run = 0
+            for s in reversed(STEPS):
+                if not labels.get((s, layer, neuron, op, h), (0, 0, 0, False))[3]:
+                    break
+                run += 1
+            want[(layer, neuron, op, f"h{h}")] = (STEPS[len(STEPS) - run], run)
+    got = {(r[0], r[1], r[2], r[3]): (r[4], r[5]) for r in conn.execute(
+        "SELECT layer, neuron, op, heuristic, emergence_step, checkpoints_held "
+        "FROM heuristic_emergence WHERE model_id = %s", (model,)).fetchall()}
+    assert got == want and len({v[1] for v in want.values()}) > 3
     # the orders exercised both a new last step and steps between others
     assert order != sorted(order)
 
