@@ -105,8 +105,11 @@ CENSUS = f"""
 # One checkpoint's rows of the per-checkpoint tables.
 ONE_CHECKPOINT_S = ("s.model_id = p_model AND s.checkpoint_id = p_checkpoint "
                     "AND s.config_id = p_config")
-ONE_CHECKPOINT_N = ("n.model_id = p_model AND n.checkpoint_id = p_checkpoint "
-                    "AND n.config_id = p_config AND s.model_id = p_model")
+# One checkpoint's census ($1 model, $2 config, $3 checkpoint, $4 the circuit size rounded
+# up, as ranks are integers), run with EXECUTE: planned with the circuit size in hand,
+# the rank index finds the circuit's rows instead of every row of the checkpoint.
+CENSUS_ONE = "INSERT INTO heuristic_census " + CENSUS.replace(CIRCUIT_K, "$4").format(
+    where="n.model_id = $1 AND n.checkpoint_id = $3 AND n.config_id = $2 AND s.model_id = $1")
 
 # The overlap rows of model $1, config $2 for the checkpoints in `ck`, against the
 # circuit labels (rank < $4) of checkpoint $3: each final pair is looked up in each
@@ -144,12 +147,9 @@ FOLDED_CK = """
 OVERLAP_ALL = OVERLAP.format(ck=FOLDED_CK.replace("p_model", "$1").replace("p_config", "$2"))
 OVERLAP_ONE = OVERLAP.format(ck="SELECT $5::integer AS checkpoint_id, $6::bigint AS step")
 
-# Is the pair of emergence_run row {r} labelled at the checkpoint being folded in?
-HELD_AT_NEW = f"""EXISTS (
-          SELECT 1 FROM neuron_score s WHERE s.model_id = p_model
-          AND s.checkpoint_id = p_checkpoint AND s.config_id = p_config
-          AND s.layer = {{r}}.layer AND s.neuron = {{r}}.neuron AND s.op = {{r}}.op
-          AND s.heuristic_id = {{r}}.heuristic_id AND {LABEL})"""
+# Is the pair of emergence_run row {r} among the folded checkpoint's labels (`lab`)?
+HELD = """EXISTS (SELECT 1 FROM lab l WHERE l.layer = {r}.layer AND l.neuron = {r}.neuron
+                    AND l.op = {r}.op AND l.heuristic_id = {r}.heuristic_id)"""
 
 # heuristic_emergence keeps its columns as a view over emergence_run: a run's length is
 # the number of the layer's folded steps from its first step on (the run is unbroken to
@@ -178,7 +178,7 @@ EMERGENCE_VIEW = """
 REFRESH_CHECKPOINT = f"""
     CREATE FUNCTION refresh_checkpoint_views(p_model integer, p_checkpoint integer,
                                              p_config integer) RETURNS text
-    LANGUAGE plpgsql SET jit = off AS $$
+    LANGUAGE plpgsql SET jit = off SET work_mem = '256MB' SET enable_mergejoin = off AS $$
     DECLARE
       v_step bigint;
       v_final integer;
@@ -186,6 +186,7 @@ REFRESH_CHECKPOINT = f"""
       v_top smallint[];
       v_mid smallint[];
       v_k integer;
+      v_count bigint;
     BEGIN
       -- one refresher per model at a time (the full rebuild takes the same lock)
       PERFORM pg_advisory_xact_lock(20260009, p_model);
@@ -216,10 +217,10 @@ REFRESH_CHECKPOINT = f"""
 
       DELETE FROM heuristic_census
       WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
-      INSERT INTO heuristic_census {CENSUS.format(where=ONE_CHECKPOINT_N)};
+      v_k := (SELECT ceil(value)::integer FROM catalog_setting WHERE key = 'circuit_k');
+      EXECUTE $q${CENSUS_ONE}$q$ USING p_model, p_config, p_checkpoint, v_k;
       DELETE FROM label_histogram
       WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
-      INSERT INTO label_histogram {HISTOGRAM.format(where=ONE_CHECKPOINT_S)};
 
       -- per new layer: is this step after the layer's last folded step (or the first)?
       SELECT coalesce(array_agg(l) FILTER (WHERE last IS NULL OR v_step > last), '{{}}'),
@@ -230,41 +231,56 @@ REFRESH_CHECKPOINT = f"""
                        WHERE d.model_id = p_model AND d.config_id = p_config
                          AND d.layer = l) AS last
             FROM unnest(v_new) l) q;
+      -- the checkpoint's labels are read once (the scan of its scores is the one cost that
+      -- grows with the model's width); everything below joins them by hash
+      WITH lab AS MATERIALIZED (
+        SELECT s.layer, s.neuron, s.op, s.heuristic_id, s.score, s.p_value, s.base_rate
+        FROM neuron_score s WHERE {ONE_CHECKPOINT_S} AND {LABEL}),
+      histogram AS (
+        INSERT INTO label_histogram
+        SELECT m.name, v_step, p_config, l.op, h.family, score_bin(l.score),
+               p_decade(l.p_value), count(*), sum(l.base_rate::float8), count(l.base_rate),
+               p_model, p_checkpoint
+        FROM lab l JOIN heuristic h ON h.id = l.heuristic_id JOIN model m ON m.id = p_model
+        GROUP BY m.name, l.op, h.family, score_bin(l.score), p_decade(l.p_value)),
       -- a new last step: pairs it does not hold lose their run; pairs it holds keep theirs,
       -- or start one here (a pair that stays labelled is not written at all)
-      DELETE FROM emergence_run r
-      WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = ANY (v_top)
-        AND NOT {HELD_AT_NEW.format(r='r')};
-      INSERT INTO emergence_run (model_id, config_id, layer, neuron, op, heuristic_id,
-                                 emergence_step)
-      SELECT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id, v_step
-      FROM neuron_score s
-      WHERE {ONE_CHECKPOINT_S} AND s.layer = ANY (v_top) AND {LABEL}
-        AND NOT EXISTS (SELECT 1 FROM emergence_run r WHERE r.model_id = p_model
-                        AND r.config_id = p_config AND r.layer = s.layer
-                        AND r.neuron = s.neuron AND r.op = s.op
-                        AND r.heuristic_id = s.heuristic_id);
+      dropped AS (
+        DELETE FROM emergence_run r
+        WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = ANY (v_top)
+          AND NOT {HELD.format(r='r')}),
+      started AS (
+        INSERT INTO emergence_run (model_id, config_id, layer, neuron, op, heuristic_id,
+                                   emergence_step)
+        SELECT p_model, p_config, l.layer, l.neuron, l.op, l.heuristic_id, v_step
+        FROM lab l
+        WHERE l.layer = ANY (v_top)
+          AND NOT EXISTS (SELECT 1 FROM emergence_run r WHERE r.model_id = p_model
+                          AND r.config_id = p_config AND r.layer = l.layer
+                          AND r.neuron = l.neuron AND r.op = l.op
+                          AND r.heuristic_id = l.heuristic_id)),
       -- a step between others: a pair it holds extends a run that starts just after it; a
       -- pair it does not hold breaks the run it falls inside, which then starts at the
       -- next step (runs it falls inside and holds just get longer: nothing to write)
-      WITH after AS (
+      after AS (
         SELECT d.layer, min(c.step) AS next_step FROM derived_layer d
         JOIN checkpoint c ON c.id = d.checkpoint_id
         WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = ANY (v_mid)
           AND c.step > v_step
-        GROUP BY d.layer)
-      UPDATE emergence_run r SET emergence_step = v_step FROM after a
-      WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
-        AND r.emergence_step = a.next_step AND {HELD_AT_NEW.format(r='r')};
-      WITH after AS (
-        SELECT d.layer, min(c.step) AS next_step FROM derived_layer d
-        JOIN checkpoint c ON c.id = d.checkpoint_id
-        WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = ANY (v_mid)
-          AND c.step > v_step
-        GROUP BY d.layer)
-      UPDATE emergence_run r SET emergence_step = a.next_step FROM after a
-      WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
-        AND r.emergence_step < v_step AND NOT {HELD_AT_NEW.format(r='r')};
+        GROUP BY d.layer),
+      extended AS (  -- a join, not EXISTS: lab's pairs are unique, and so estimated
+        UPDATE emergence_run r SET emergence_step = v_step FROM after a, lab l
+        WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
+          AND r.emergence_step = a.next_step AND l.layer = r.layer AND l.neuron = r.neuron
+          AND l.op = r.op AND l.heuristic_id = r.heuristic_id),
+      broken AS (
+        UPDATE emergence_run r SET emergence_step = a.next_step FROM after a
+        WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
+          AND r.emergence_step < v_step AND NOT {HELD.format(r='r')})
+      -- the sub-statements share one snapshot and touch disjoint rows: dropped and started
+      -- split the top layers' pairs by whether the step holds them, extended and broken
+      -- the middle layers' runs by where they start
+      SELECT count(*) INTO v_count FROM lab;
 
       INSERT INTO derived_layer (model_id, checkpoint_id, config_id, layer, written_at)
       SELECT p_model, lr.checkpoint_id, lr.config_id, lr.layer, lr.written_at
@@ -275,7 +291,6 @@ REFRESH_CHECKPOINT = f"""
       SET written_at = EXCLUDED.written_at;
 
       SELECT checkpoint_id INTO v_final FROM ({FOLDED_CK}) f ORDER BY step DESC LIMIT 1;
-      v_k := (SELECT ceil(value)::integer FROM catalog_setting WHERE key = 'circuit_k');
       IF v_final = p_checkpoint THEN  -- the last step: every row against its circuit
         DELETE FROM checkpoint_overlap WHERE model_id = p_model AND config_id = p_config;
         EXECUTE $q${OVERLAP_ALL}$q$ USING p_model, p_config, v_final, v_k;
