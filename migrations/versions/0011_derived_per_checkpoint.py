@@ -156,7 +156,8 @@ HELD = """EXISTS (SELECT 1 FROM lab l WHERE l.layer = {r}.layer AND l.neuron = {
 # the last step), found by binary search in the sorted steps (width_bucket), so a pair
 # that stays labelled costs no write when a step is folded in. A model without steps has
 # one checkpoint: its runs are one checkpoint long. A query that does not ask for
-# checkpoints_held does not read the steps (the left join is on their unique key).
+# checkpoints_held does not read the steps, and one that does not ask for the heuristic's
+# label or family does not read the heuristics (both left joins are on a unique key).
 EMERGENCE_VIEW = """
     CREATE VIEW heuristic_emergence AS
     SELECT m.name AS model, r.layer, r.neuron, r.op, r.config_id, h.label AS heuristic,
@@ -167,7 +168,7 @@ EMERGENCE_VIEW = """
            r.model_id, r.heuristic_id
     FROM emergence_run r
     JOIN model m ON m.id = r.model_id
-    JOIN heuristic h ON h.id = r.heuristic_id
+    LEFT JOIN heuristic h ON h.id = r.heuristic_id  -- (left: dropped when not asked for)
     LEFT JOIN (SELECT d.model_id, d.config_id, d.layer,
                       array_agg(c.step ORDER BY c.step) FILTER (WHERE c.step IS NOT NULL)
                         AS steps
