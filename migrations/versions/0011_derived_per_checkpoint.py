@@ -179,7 +179,8 @@ EMERGENCE_VIEW = """
 REFRESH_CHECKPOINT = f"""
     CREATE FUNCTION refresh_checkpoint_views(p_model integer, p_checkpoint integer,
                                              p_config integer) RETURNS text
-    LANGUAGE plpgsql SET jit = off SET work_mem = '256MB' SET enable_mergejoin = off AS $$
+    LANGUAGE plpgsql SET jit = off SET work_mem = '256MB' SET enable_mergejoin = off
+    SET enable_nestloop = on AS $$
     DECLARE
       v_step bigint;
       v_final integer;
@@ -233,7 +234,10 @@ REFRESH_CHECKPOINT = f"""
                          AND d.layer = l) AS last
             FROM unnest(v_new) l) q;
       -- the checkpoint's labels are read once (the scan of its scores is the one cost that
-      -- grows with the model's width); everything below joins them by hash
+      -- grows with the model's width); everything below joins them by hash, whatever the
+      -- statistics say: right after a rebuild or a bulk write they are stale, and a nested
+      -- loop over the labels planned for "1 row" is quadratic (minutes at 786K labels)
+      SET LOCAL enable_nestloop = off;  -- (the SET clause above keeps it to this function)
       WITH lab AS MATERIALIZED (
         SELECT s.layer, s.neuron, s.op, s.heuristic_id, s.score, s.p_value, s.base_rate
         FROM neuron_score s WHERE {ONE_CHECKPOINT_S} AND {LABEL}),
@@ -282,6 +286,7 @@ REFRESH_CHECKPOINT = f"""
       -- split the top layers' pairs by whether the step holds them, extended and broken
       -- the middle layers' runs by where they start
       SELECT count(*) INTO v_count FROM lab;
+      SET LOCAL enable_nestloop = on;  -- the overlap below looks pairs up by index
 
       INSERT INTO derived_layer (model_id, checkpoint_id, config_id, layer, written_at)
       SELECT p_model, lr.checkpoint_id, lr.config_id, lr.layer, lr.written_at
