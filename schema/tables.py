@@ -318,7 +318,9 @@ class NeuronLens(_NeuronKey, table=True):
 class NeuronScore(_NeuronOpKey, table=True):
     __tablename__ = "neuron_score"
     __table_args__ = (
-        Index("ix_neuron_score_heuristic", "model_id", "heuristic_id", "score"),
+        # every reader names one checkpoint (migration 0012)
+        Index("ix_neuron_score_checkpoint_heuristic", "model_id", "checkpoint_id", "heuristic_id",
+              "score"),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
     heuristic_id: int = Field(primary_key=True)
