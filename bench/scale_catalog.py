@@ -8,8 +8,8 @@ labels form runs), one grid row each (a sketch of SKETCH_BYTES, the mean measure
 bench/grid_tiers.py; the top FULL_TOP per layer and operator get a full grid of
 FULL_BYTES), layer_result rows, and a small second model. Reports the load time, table
 and index sizes (and bytes per neuron_op row, extrapolated to 100M rows), every query of
-docs/queries.md (best of 3, asked about the big model), the explorer's search, neuron
-and overview pages (Streamlit's AppTest, caches cleared), and the derived tables'
+docs/queries.md (median and spread of 5 runs, asked about the big model), the explorer's
+search, neuron and overview pages (Streamlit's AppTest, caches cleared), and the derived tables'
 upkeep: folding in one checkpoint as a job's final step does (a step between others,
 and a new last step) against rebuilding the model and the whole catalog.
 
@@ -43,13 +43,17 @@ def _queries() -> dict[str, str]:
             for k, v in found.items()}
 
 
-def _best(conn, sql: str, repeat: int = 3) -> tuple[float, int]:
-    best, n = float("inf"), 0
+def _timed(conn, sql: str, repeat: int = 5) -> dict:
+    """Median and spread (min-max) of `repeat` runs in milliseconds, and the row count."""
+    import statistics
+
+    times, n = [], 0
     for _ in range(repeat):
         t = time.perf_counter()
         n = len(conn.execute(sql).fetchall())
-        best = min(best, time.perf_counter() - t)
-    return best, n
+        times.append((time.perf_counter() - t) * 1000)
+    return {"ms": round(statistics.median(times), 1),
+            "spread_ms": [round(min(times), 1), round(max(times), 1)], "rows": n}
 
 
 def _add_model(conn, model_id: int, name: str, n_layers: int, d_mlp: int) -> None:
@@ -226,8 +230,7 @@ def main(rows: int = 4 * 786_432) -> None:
                 t: round(b * 100e6 / 1e9, 1) for t, b in per_row.items()}
             out["queries_ms"] = {}
             for label, sql in _queries().items():
-                s, n = _best(conn, sql)
-                out["queries_ms"][label] = {"ms": round(s * 1000, 1), "rows": n}
+                out["queries_ms"][label] = _timed(conn, sql)
                 print(label, out["queries_ms"][label], flush=True)
         os.environ["DATABASE_URL"] = url
         from explorer import render
