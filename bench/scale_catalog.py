@@ -14,7 +14,9 @@ upkeep: folding in one checkpoint as a job's final step does (a step between oth
 and a new last step) against rebuilding the model and the whole catalog.
 
 Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,728 =
-4 checkpoints; the issue's 100M is 127 checkpoints, about 190 GB with grids and scores)
+4 checkpoints; the issue's 100M is 127 checkpoints, about 190 GB with grids and scores).
+NCAT_SCALE_KEEP=1 keeps the catalog; `bench/scale_catalog.py --kept URL` migrates a kept
+catalog to the newest schema and measures the reads again (scale_catalog_reads.json).
 """
 
 from __future__ import annotations
@@ -161,6 +163,50 @@ def _timed_fold(conn, model_id: int, checkpoint_id: int) -> dict:
             "outcome": outcome}
 
 
+def _reads(url: str, shown: dict) -> dict:
+    """The analysts' queries (median and spread of 5 runs, in a session opened after the
+    migrations, so the database's defaults apply) and the explorer's pages (5 runs,
+    caches cleared)."""
+    import statistics
+
+    from schema import store
+
+    out: dict = {"queries_ms": {}}
+    with store.connect(url, autocommit=True) as conn:
+        for label, sql in _queries().items():
+            out["queries_ms"][label] = _timed(conn, sql)
+            print(label, out["queries_ms"][label], flush=True)
+    os.environ["DATABASE_URL"] = url
+    from explorer import render_times
+
+    out["explorer_s"] = {}
+    for label, page, params in (("search page", "search", None),
+                                ("neuron page", "neuron", shown),
+                                ("overview page", "overview", None)):
+        times = render_times(page, params, repeat=5)
+        out["explorer_s"][label] = {"s": round(statistics.median(times), 3),
+                                    "spread_s": [round(min(times), 3), round(max(times), 3)]}
+    print(out["explorer_s"], flush=True)
+    return out
+
+
+def reads_of_kept(url: str) -> None:
+    """Migrate a catalog kept by an earlier run (NCAT_SCALE_KEEP=1) to the newest schema
+    and measure its reads again; saved as scale_catalog_reads."""
+    from schema import store
+    from schema.engine import migrate
+
+    migrate(url)
+    with store.connect(url, autocommit=True) as conn:
+        last = store.scalar(conn.execute("SELECT id FROM checkpoint WHERE model_id = 1 "
+                                         "ORDER BY step DESC LIMIT 1"))
+        n_ck = store.scalar(conn.execute("SELECT count(*) FROM checkpoint WHERE model_id = 1"))
+    shown = dict(model_id=1, checkpoint_id=last, config_id=1, layer=17, neuron=4242)
+    out = {"model": f"Pythia-1.4B shape ({N_LAYERS} x {D_MLP}), {n_ck} checkpoints (kept)"}
+    out.update(_reads(url, shown))
+    save("scale_catalog_reads", out)
+
+
 def main(rows: int = 4 * 786_432) -> None:
     from jobs.plan import scratch_url
     from schema import store
@@ -228,17 +274,7 @@ def main(rows: int = 4 * 786_432) -> None:
             out["bytes_per_neuron_op_row"] = per_row
             out["extrapolated_gb_at_100M_neuron_op_rows"] = {
                 t: round(b * 100e6 / 1e9, 1) for t, b in per_row.items()}
-            out["queries_ms"] = {}
-            for label, sql in _queries().items():
-                out["queries_ms"][label] = _timed(conn, sql)
-                print(label, out["queries_ms"][label], flush=True)
-        os.environ["DATABASE_URL"] = url
-        from explorer import render
-
-        out["explorer_s"] = {"search page": round(render("search"), 3),
-                             "neuron page": round(render("neuron", shown), 3),
-                             "overview page": round(render("overview"), 3)}
-        print(out["explorer_s"], flush=True)
+        out.update(_reads(url, shown))
     finally:
         if os.environ.get("NCAT_SCALE_KEEP"):  # to look at query plans afterwards
             print(f"kept: {url}", flush=True)
@@ -248,4 +284,7 @@ def main(rows: int = 4 * 786_432) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 4 * 786_432)
+    if len(sys.argv) == 3 and sys.argv[1] == "--kept":
+        reads_of_kept(sys.argv[2])
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 4 * 786_432)

@@ -1,11 +1,13 @@
 """The store against a real PostgreSQL: migrations, the bulk writer, grids, access, fallback."""
 
 import socket
+import uuid
 
 import numpy as np
 import psycopg
 import pytest
 from alembic import command
+from sqlalchemy.engine import make_url
 
 from catalog.config import MeasureConfig
 from catalog.run import CheckpointRun
@@ -37,10 +39,46 @@ def test_migrations_upgrade_downgrade_and_no_drift(empty_db):
     assert TABLES <= have
     assert {f"neuron_score_p{i}" for i in range(8)} <= have
     command.check(cfg)  # raises if the models and the migrations disagree
+    assert _jit(empty_db) == _jit(reader_url(empty_db)) == "off"  # 0013, for new sessions
     command.downgrade(cfg, "base")
     assert tables(empty_db) == {"alembic_version"}
+    assert _jit(empty_db) == "on"
     command.upgrade(cfg, "head")
     assert TABLES <= tables(empty_db)
+
+
+def _jit(url) -> str:
+    with store.connect(url) as conn:
+        return store.scalar(conn.execute("SHOW jit"))
+
+
+def test_jit_migration_warns_and_goes_on_where_it_may_not_alter_the_database(db):
+    """Migration 0013 turns JIT off with ALTER DATABASE, which takes the database's owner:
+    run by a role that is not, it warns and changes nothing rather than failing."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "migrations" / "versions" / "0013_jit_off.py"
+    spec = importlib.util.spec_from_file_location("jit_off", path)
+    assert spec and spec.loader
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    block = migration.SET_FOR_DATABASE
+    role = f"ncat_guest_{uuid.uuid4().hex[:8]}"
+    with store.connect(db, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"ALTER DATABASE {make_url(db).database} RESET jit")
+    try:
+        guest = make_url(db).set(username=role).render_as_string(hide_password=False)
+        notices: list[str] = []
+        with store.connect(guest, autocommit=True) as conn:
+            conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+            conn.execute(block.format(action="SET jit = off"))
+        assert any("not the owner of database" in n for n in notices), notices
+        assert _jit(db) == "on"
+    finally:
+        with store.connect(db, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
 
 
 def test_quantization_error_is_within_half_a_step():
