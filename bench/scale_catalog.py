@@ -14,7 +14,7 @@ upkeep: folding in one checkpoint as a job's final step does (a step between oth
 and a new last step) against rebuilding the model and the whole catalog.
 
 Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,728 =
-4 checkpoints; the issue's 100M is 127 checkpoints, about 190 GB with grids and scores).
+4 checkpoints; the issue's 100M is 127 checkpoints, about 185 GB with grids and scores).
 NCAT_SCALE_KEEP=1 keeps the catalog; `bench/scale_catalog.py --kept URL` migrates a kept
 catalog to the newest schema and measures the reads again (scale_catalog_reads.json).
 """
