@@ -35,6 +35,14 @@ def timed(fn, *args, repeat: int = 1, **kwargs):
     return best, out
 
 
+def median_spread(values, digits: int = 1) -> tuple[float, list[float]]:
+    """(median, [min, max]) of repeated measurements, rounded: how the README reports them."""
+    import statistics
+
+    return (round(statistics.median(values), digits),
+            [round(min(values), digits), round(max(values), digits)])
+
+
 def save(name: str, data: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))

@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import save
+from _common import median_spread, save
 
 N_LAYERS, D_MLP, OPS = 24, 8192, ("+", "-", "*", "/")
 SCORES_PER_ROW = 3
@@ -47,15 +47,13 @@ def _queries() -> dict[str, str]:
 
 def _timed(conn, sql: str, repeat: int = 5) -> dict:
     """Median and spread (min-max) of `repeat` runs in milliseconds, and the row count."""
-    import statistics
-
     times, n = [], 0
     for _ in range(repeat):
         t = time.perf_counter()
         n = len(conn.execute(sql).fetchall())
         times.append((time.perf_counter() - t) * 1000)
-    return {"ms": round(statistics.median(times), 1),
-            "spread_ms": [round(min(times), 1), round(max(times), 1)], "rows": n}
+    ms, spread = median_spread(times)
+    return {"ms": ms, "spread_ms": spread, "rows": n}
 
 
 def _add_model(conn, model_id: int, name: str, n_layers: int, d_mlp: int) -> None:
@@ -167,8 +165,6 @@ def _reads(url: str, shown: dict) -> dict:
     """The analysts' queries (median and spread of 5 runs, in a session opened after the
     migrations, so the database's defaults apply) and the explorer's pages (5 runs,
     caches cleared)."""
-    import statistics
-
     from schema import store
 
     out: dict = {"queries_ms": {}}
@@ -183,9 +179,8 @@ def _reads(url: str, shown: dict) -> dict:
     for label, page, params in (("search page", "search", None),
                                 ("neuron page", "neuron", shown),
                                 ("overview page", "overview", None)):
-        times = render_times(page, params, repeat=5)
-        out["explorer_s"][label] = {"s": round(statistics.median(times), 3),
-                                    "spread_s": [round(min(times), 3), round(max(times), 3)]}
+        s, spread = median_spread(render_times(page, params, repeat=5), digits=3)
+        out["explorer_s"][label] = {"s": s, "spread_s": spread}
     print(out["explorer_s"], flush=True)
     return out
 

@@ -12,10 +12,15 @@ SEED_STEPS = (64, 128, 300)
 SEED_CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40)
 
 
+def as_role(url: str, role: str) -> str:
+    """The same database, as another role (no password: the test servers trust)."""
+    return make_url(url).set(username=role, password=None).render_as_string(
+        hide_password=False)
+
+
 def reader_url(url: str) -> str:
     """The same database, as the read-only analysts' role."""
-    return make_url(url).set(username="catalog_reader", password=None).render_as_string(
-        hide_password=False)
+    return as_role(url, "catalog_reader")
 
 
 def new_database_url(server_url: str) -> str:
