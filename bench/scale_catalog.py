@@ -16,11 +16,14 @@ and a new last step) against rebuilding the model and the whole catalog.
 Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,728 =
 4 checkpoints; the issue's 100M is 127 checkpoints, about 185 GB with grids and scores).
 NCAT_SCALE_KEEP=1 keeps the catalog; `bench/scale_catalog.py --kept URL` migrates a kept
-catalog to the newest schema and measures the reads again (scale_catalog_reads.json).
+catalog to the newest schema and measures the reads again (scale_catalog_reads.json);
+`--kept URL --cold` measures each query and page once from a cold start instead: the
+server restarted and the page cache dropped before each (root; scale_catalog_cold.json).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -185,7 +188,68 @@ def _reads(url: str, shown: dict) -> dict:
     return out
 
 
-def reads_of_kept(url: str) -> None:
+def _make_cold(url: str) -> None:
+    """Restart PostgreSQL and drop the operating system's page cache: the next query
+    reads from disk, with an empty buffer pool and a new backend's empty catalog caches.
+    Takes root (to write /proc/sys/vm/drop_caches) and a command that restarts the
+    server: NCAT_PG_RESTART, else Debian's `pg_ctlcluster <major> main restart`."""
+    import subprocess
+
+    from schema import store
+
+    command = os.environ.get("NCAT_PG_RESTART")
+    if not command:
+        with store.connect(url, autocommit=True) as conn:
+            major = int(store.scalar(conn.execute("SHOW server_version_num"))) // 10000
+        command = f"pg_ctlcluster {major} main restart"
+    subprocess.run(command, shell=True, check=True)
+    subprocess.run("sync", check=True)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        raise SystemExit(f"cold reads need root to drop the page cache: {e}") from e
+    for _ in range(100):  # the server accepts connections again
+        try:
+            with store.connect(url, autocommit=True):
+                return
+        except Exception:  # noqa: BLE001 (starting up)
+            time.sleep(0.2)
+    raise SystemExit(f"PostgreSQL did not come back after `{command}`")
+
+
+def cold_reads(url: str, shown: dict) -> dict:
+    """Each documented query and each explorer page once from a cold start (_make_cold
+    before each): the query in a new session, a page in a new process (its connection
+    pool starts empty), then the same query again warm for comparison."""
+    import subprocess
+
+    from schema import store
+
+    out: dict = {"queries_ms": {}, "explorer_s": {}}
+    for label, sql in _queries().items():
+        _make_cold(url)
+        with store.connect(url, autocommit=True) as conn:
+            cold = _timed(conn, sql, repeat=1)["ms"]
+            warm = _timed(conn, sql, repeat=1)["ms"]
+        out["queries_ms"][label] = {"cold_ms": cold, "then_warm_ms": warm}
+        print(label, out["queries_ms"][label], flush=True)
+    bench = Path(__file__).resolve().parent
+    for label, page, params in (("search page", "search", None),
+                                ("neuron page", "neuron", shown),
+                                ("overview page", "overview", None)):
+        _make_cold(url)
+        code = (f"import sys, json; sys.path.insert(0, {str(bench)!r}); "
+                "from explorer import render_times; "
+                f"print(json.dumps(render_times({page!r}, {params!r}, repeat=2)))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "DATABASE_URL": url}, check=True)
+        cold, warm = json.loads(done.stdout.strip().splitlines()[-1])
+        out["explorer_s"][label] = {"cold_s": round(cold, 3), "then_warm_s": round(warm, 3)}
+        print(label, out["explorer_s"][label], flush=True)
+    return out
+
+
+def reads_of_kept(url: str, cold: bool = False) -> None:
     """Migrate a catalog kept by an earlier run (NCAT_SCALE_KEEP=1) to the newest schema
     and measure its reads again; saved as scale_catalog_reads."""
     from schema import store
@@ -198,6 +262,14 @@ def reads_of_kept(url: str) -> None:
         n_ck = store.scalar(conn.execute("SELECT count(*) FROM checkpoint WHERE model_id = 1"))
     shown = dict(model_id=1, checkpoint_id=last, config_id=1, layer=17, neuron=4242)
     out = {"model": f"Pythia-1.4B shape ({N_LAYERS} x {D_MLP}), {n_ck} checkpoints (kept)"}
+    if cold:
+        with store.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")  # as autovacuum leaves a catalog at rest
+            out["database_gb"] = round(store.scalar(conn.execute(
+                "SELECT pg_database_size(current_database())")) / 1e9, 1)
+        out["cold"] = cold_reads(url, shown)
+        save("scale_catalog_cold", out)
+        return
     out.update(_reads(url, shown))
     save("scale_catalog_reads", out)
 
@@ -279,7 +351,7 @@ def main(rows: int = 4 * 786_432) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--kept":
-        reads_of_kept(sys.argv[2])
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--kept":
+        reads_of_kept(sys.argv[2], cold=sys.argv[3:] == ["--cold"])
     else:
         main(int(sys.argv[1]) if len(sys.argv) > 1 else 4 * 786_432)

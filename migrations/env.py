@@ -18,9 +18,10 @@ _PARTITION = re.compile(r"^(neuron_op|neuron_grid|neuron_lens|neuron_score)_p\d+
 
 # Tables derived from the others, folded in per checkpoint by refresh_checkpoint_views()
 # and rebuilt per model by refresh_catalog_views() (migrations 0009, 0011): the analysts'
-# census, emergence runs, overlap and label histogram, and the record of what is folded in.
+# census, emergence runs, overlap and label histogram, and the record of what is folded in;
+# emergence_histogram is kept from emergence_run by triggers (0014).
 DERIVED = {"heuristic_census", "emergence_run", "checkpoint_overlap", "label_histogram",
-           "derived_layer"}
+           "derived_layer", "emergence_histogram"}
 
 
 def include_object(obj, name, type_, reflected, compare_to):

@@ -250,9 +250,9 @@ def census(model_id: int, config_id: int) -> pd.DataFrame:
 
 @st.cache_data(ttl=TTL)
 def emergence(model_id: int, config_id: int) -> pd.DataFrame:
-    return query("SELECT op, family, emergence_step, count(*) AS pairs FROM heuristic_emergence "
-                 "WHERE model_id = :m AND config_id = :g GROUP BY op, family, emergence_step "
-                 "ORDER BY emergence_step", m=model_id, g=config_id)
+    return query("SELECT op, family, emergence_step, pairs FROM emergence_histogram "
+                 "WHERE model_id = :m AND config_id = :g ORDER BY emergence_step, op, family",
+                 m=model_id, g=config_id)
 
 
 @st.cache_data(ttl=TTL)

@@ -18,7 +18,13 @@ import pytest
 
 from schema import store
 
-DERIVED = ("heuristic_census", "heuristic_emergence", "checkpoint_overlap", "label_histogram")
+DERIVED = ("heuristic_census", "heuristic_emergence", "checkpoint_overlap", "label_histogram",
+           "emergence_histogram")
+# emergence_histogram (0014) must equal this count over the runs, whatever wrote them
+COUNTED = """
+    SELECT model, model_id, config_id, op, family, emergence_step, count(*) AS pairs
+    FROM heuristic_emergence WHERE model_id = %s
+    GROUP BY model, model_id, config_id, op, family, emergence_step"""
 N_LAYERS, N_NEURONS, OPS, N_HEUR = 3, 30, ("+", "-"), 6
 STEPS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -101,11 +107,17 @@ def _tables(conn, model: int) -> dict[str, list[str]]:
                                              (model,)).fetchall())) for t in DERIVED}
 
 
+def _counted(conn, model: int) -> list[str]:
+    return sorted(map(repr, conn.execute(COUNTED, (model,)).fetchall()))
+
+
 def _assert_equals_full_rebuild(conn, model: int) -> dict[str, list[str]]:
     folded = _tables(conn, model)
+    assert folded["emergence_histogram"] == _counted(conn, model)
     with conn.transaction(force_rollback=True):
         conn.execute("SELECT refresh_catalog_views(%s)", (model,))
         full = _tables(conn, model)
+        assert full["emergence_histogram"] == _counted(conn, model)
     for t in DERIVED:
         assert folded[t] == full[t], t
     return folded
@@ -149,6 +161,37 @@ def test_checkpoints_folded_in_any_order_equal_a_full_rebuild(conn, seed):
     assert got == want and len({v[1] for v in want.values()}) > 3
     # the orders exercised both a new last step and steps between others
     assert order != sorted(order)
+
+
+def test_emergence_histogram_follows_every_write_to_the_runs(conn):
+    """The triggers of 0014 keep the counts through writes the fold never makes: an
+    update moving runs between steps, a delete of one layer, a truncate, and rows
+    written by hand; buckets that empty are removed, not left at zero."""
+    rng = random.Random(5)
+    model, (config,), cks = _setup(conn, "trig")
+    labels = _labels(rng)
+    for step in STEPS:
+        _write(conn, model, config, cks[step], step, range(N_LAYERS), labels, rng)
+        store.refresh_views(conn, model, cks[step], config)
+    before = _counted(conn, model)
+    assert len(before) > 10 and _tables(conn, model)["emergence_histogram"] == before
+    conn.execute("UPDATE emergence_run SET emergence_step = 0 WHERE model_id = %s "
+                 "AND emergence_step > 8", (model,))
+    assert _tables(conn, model)["emergence_histogram"] == _counted(conn, model) != before
+    steps = {r[0] for r in conn.execute("SELECT emergence_step FROM emergence_histogram "
+                                        "WHERE model_id = %s", (model,)).fetchall()}
+    assert steps and max(steps) <= 8  # the moved steps' buckets went, not kept at zero
+    conn.execute("DELETE FROM emergence_run WHERE model_id = %s AND layer = 1", (model,))
+    assert _tables(conn, model)["emergence_histogram"] == _counted(conn, model)
+    conn.execute("INSERT INTO emergence_run SELECT model_id, config_id, layer + 10, neuron, "
+                 "op, heuristic_id, NULL FROM emergence_run WHERE model_id = %s", (model,))
+    assert _tables(conn, model)["emergence_histogram"] == _counted(conn, model)
+    assert store.scalar(conn.execute("SELECT count(*) FROM emergence_histogram WHERE "
+                                     "model_id = %s AND emergence_step IS NULL", (model,)))
+    conn.execute("TRUNCATE emergence_run")
+    assert store.scalar(conn.execute("SELECT count(*) FROM emergence_histogram")) == 0
+    conn.execute("SELECT refresh_catalog_views(%s)", (model,))
+    assert _tables(conn, model)["emergence_histogram"] == before
 
 
 def test_split_jobs_interleaved_a_forced_rewrite_and_a_second_config(conn):
