@@ -321,6 +321,9 @@ class NeuronScore(_NeuronOpKey, table=True):
         # every reader names one checkpoint (migration 0012)
         Index("ix_neuron_score_checkpoint_heuristic", "model_id", "checkpoint_id", "heuristic_id",
               "score"),
+        # the labels alone, one operator's range per heuristic (migration 0015)
+        Index("ix_neuron_score_label", "model_id", "checkpoint_id", "heuristic_id", "op", "score",
+              postgresql_where=text("implements")),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
     heuristic_id: int = Field(primary_key=True)
