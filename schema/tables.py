@@ -266,6 +266,9 @@ class NeuronOp(_NeuronOpKey, table=True):
         Index("ix_neuron_op_rank", "model_id", "checkpoint_id", "op", "rank"),
         Index("ix_neuron_op_neuron", "model_id", "layer", "neuron", "op"),
         Index("ix_neuron_op_best", "model_id", "best_heuristic_id", "best_score"),
+        # the explorer's default order, the size of the effect (migration 0016)
+        Index("ix_neuron_op_effect_size", "model_id", "checkpoint_id", "config_id",
+              text("abs(rank_value) DESC NULLS LAST")),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
     max_act: float = Field(sa_column=Column(REAL, nullable=False))

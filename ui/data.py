@@ -25,6 +25,9 @@ SQL_ROW_CAP = 1000
 SQL_TIMEOUT_MS = 5000
 SQL_MAX_ROW_BYTES = 1 << 20  # a larger row is shown as NULLs
 SQL_MAX_BYTES = 64 << 20  # fetching stops past this many bytes of rows
+# the search counts matching rows up to this many: an exact count of a wide model's
+# checkpoint reads every row (786K at Pythia-1.4B's width), a top page reads fifty
+COUNT_CAP = 10_000
 
 
 @st.cache_resource
@@ -149,18 +152,25 @@ def _where(f: Filters) -> tuple[str, dict]:
 
 
 @st.cache_data(ttl=TTL)
-def search(f: Filters, page: int, page_size: int = 50) -> tuple[pd.DataFrame, int]:
-    """One page of neurons matching the filters, and how many match in all."""
+def search(f: Filters, page: int, page_size: int = 50,
+           cap: int = COUNT_CAP) -> tuple[pd.DataFrame, int]:
+    """One page of neurons matching the filters, and how many match in all, counted up
+    to `cap`: a total above `cap` means "more than cap"."""
+    count, rows, params = search_sql(f, page, page_size, cap)
+    return query(rows, **params), int(query(count, **params).n[0])
+
+
+def search_sql(f: Filters, page: int, page_size: int, cap: int) -> tuple[str, str, dict]:
+    """(the capped count, the page, their parameters) of a search."""
     where, params = _where(f)
-    total = int(query(f"SELECT count(*) AS n FROM neuron_op n WHERE {where}", **params).n[0])
-    rows = query(
+    count = f"SELECT count(*) AS n FROM (SELECT 1 FROM neuron_op n WHERE {where} LIMIT :cap) t"
+    rows = (
         "SELECT n.layer, n.neuron, n.op, n.rank_value AS effect, n.is_exact, n.effect_exact, "
         "n.effect_attr, n.rank, h.label AS best_heuristic, n.best_score, n.best_bottom, "
         "n.labelled, n.max_act "
         f"FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE {where} "
-        f"ORDER BY {SORTS[f.sort]}, n.layer, n.neuron, n.op LIMIT :lim OFFSET :off",
-        **params, lim=page_size, off=page * page_size)
-    return rows, total
+        f"ORDER BY {SORTS[f.sort]}, n.layer, n.neuron, n.op LIMIT :lim OFFSET :off")
+    return count, rows, {**params, "cap": cap + 1, "lim": page_size, "off": page * page_size}
 
 
 @st.cache_data(ttl=TTL)

@@ -65,6 +65,53 @@ def test_overview_lists_models_checkpoints_and_accuracy(catalog_env):
     assert "step 300" in md and "91%" in md and f"| + | {float(acc):.3f} |" in md
 
 
+def test_search_counts_up_to_a_cap_and_pages_that_far(catalog_env, monkeypatch):
+    """Past COUNT_CAP matching rows the search says "more than" instead of counting every
+    row of the checkpoint, and pages as far as it counted; under it, the count is exact."""
+    from ui import data
+
+    with store.connect(catalog_env) as conn:
+        total = conn.execute("SELECT count(*) FROM neuron_op n JOIN checkpoint c ON "
+                             "c.id = n.checkpoint_id WHERE c.step = 300").fetchone()[0]
+    assert total > 150
+    monkeypatch.setattr(data, "COUNT_CAP", 120)
+    at = run_page("search")
+    assert "**More than 120** neuron-operator rows match; page 1 of the first 3" in text_of(at)
+    for page in (2, 3):
+        at.button(key="s-next").click().run()
+        assert f"page {page} of the first 3" in text_of(at)
+    # the last page is full (the page query is not capped), and there is no next one
+    assert at.button(key="s-next").disabled and len(at.dataframe[0].value) == 50
+    monkeypatch.setattr(data, "COUNT_CAP", total)  # just enough: exact
+    at = run_page("search")
+    assert f"**{total}** neuron-operator rows match" in text_of(at)
+
+
+def test_default_search_reads_the_effect_size_index(catalog_env):
+    """The default order, |effect| largest first, comes from ix_neuron_op_effect_size
+    (migration 0016), not from sorting every row of the checkpoint (363 ms against
+    0.2 ms at Pythia-1.4B's width); the capped count reads no further than the cap."""
+    import json
+
+    from sqlalchemy import text
+
+    from ui import data
+
+    model_id, checkpoint_id, config_id = ids(catalog_env)
+    f = data.Filters(model_id=model_id, checkpoint_id=checkpoint_id, config_id=config_id)
+    count, rows, params = data.search_sql(f, 0, 50, 100)
+    with data.engine().connect() as conn:
+        conn.execute(text("SET enable_seqscan = off"))  # the test catalog fits in a page
+        conn.execute(text("SET enable_bitmapscan = off"))
+        plan = json.dumps(conn.execute(text("EXPLAIN (FORMAT JSON) " + rows), params).scalar())
+        counted = conn.execute(text("EXPLAIN (ANALYZE, FORMAT JSON) " + count),
+                               params).scalar()[0]["Plan"]
+    assert "effect_size" in plan or "config_id_abs_idx" in plan, plan
+    assert '"Sort Key"' not in plan or '"Presorted Key"' in plan, plan  # no full sort
+    assert counted["Plans"][0]["Node Type"] == "Limit"
+    assert counted["Plans"][0]["Actual Rows"] == 101  # the catalog has more: counting stopped
+
+
 def test_search_filters_and_pages_server_side(catalog_env):
     at = run_page("search")
     first = at.dataframe[0].value

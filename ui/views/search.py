@@ -39,12 +39,17 @@ def render() -> None:
         min_score=float(min_score), min_effect=min_effect,
         max_rank=None if max_rank is None else int(max_rank), sort=sort)
     page = int(st.session_state.get("search-page", 0))
-    rows, total = data.search(f, page, PAGE_SIZE)
-    pages = max(1, -(-total // PAGE_SIZE))
+    cap = data.COUNT_CAP
+    rows, total = data.search(f, page, PAGE_SIZE, cap)
+    pages = max(1, -(-min(total, cap) // PAGE_SIZE))
     if page >= pages:
         page = 0
-        rows, total = data.search(f, 0, PAGE_SIZE)
-    st.write(f"**{total}** neuron-operator rows match; page {page + 1} of {pages}.")
+        rows, total = data.search(f, 0, PAGE_SIZE, cap)
+    if total > cap:  # counted no further: the pages go as far as the count did
+        st.write(f"**More than {cap:,}** neuron-operator rows match; page {page + 1} of "
+                 f"the first {pages}. Narrow the filters to count them all.")
+    else:
+        st.write(f"**{total}** neuron-operator rows match; page {page + 1} of {pages}.")
     if rows.empty:
         st.info("No neuron matches these filters. Lower the minimum score or effect.")
         return
