@@ -217,39 +217,55 @@ def _make_cold(url: str) -> None:
     raise SystemExit(f"PostgreSQL did not come back after `{command}`")
 
 
-def cold_reads(url: str, shown: dict) -> dict:
-    """Each documented query and each explorer page once from a cold start (_make_cold
-    before each): the query in a new session, a page in a new process (its connection
-    pool starts empty, its modules imported), then the same again warm for comparison."""
-    import subprocess
-
+def cold_reads(url: str, shown: dict, repeat: int = 3) -> dict:
+    """Each documented query and each explorer page from a cold start (_make_cold before
+    each of `repeat` runs; median and spread): the query in a new session, a page in a
+    new process (its connection pool starts empty, its modules imported), then the same
+    again warm for comparison."""
     from schema import store
 
-    out: dict = {"queries_ms": {}, "explorer_s": {}}
+    out: dict = {"repeat": repeat, "queries_ms": {}, "explorer_s": {}}
     for label, sql in _queries().items():
-        _make_cold(url)
-        with store.connect(url, autocommit=True) as conn:
-            cold = _timed(conn, sql, repeat=1)["ms"]
-            warm = _timed(conn, sql, repeat=1)["ms"]
-        out["queries_ms"][label] = {"cold_ms": cold, "then_warm_ms": warm}
+        cold, warm = [], []
+        for _ in range(repeat):
+            _make_cold(url)
+            with store.connect(url, autocommit=True) as conn:
+                cold.append(_timed(conn, sql, repeat=1)["ms"])
+                warm.append(_timed(conn, sql, repeat=1)["ms"])
+        out["queries_ms"][label] = _cold_and_warm(cold, warm, "ms", 1)
         print(label, out["queries_ms"][label], flush=True)
-    bench = Path(__file__).resolve().parent
     for label, page, params in (("search page", "search", None),
                                 ("neuron page", "neuron", shown),
                                 ("overview page", "overview", None)):
-        _make_cold(url)
-        # the page's modules imported first: a running explorer has them loaded, and the
-        # cold start measured is the database's
-        code = (f"import sys, json; sys.path.insert(0, {str(bench)!r}); "
-                f"import ui.views.{page}, plotly.express, plotly.graph_objects; "
-                "from explorer import render_times; "
-                f"print(json.dumps(render_times({page!r}, {params!r}, repeat=2)))")
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env={**os.environ, "DATABASE_URL": url}, check=True)
-        cold, warm = json.loads(done.stdout.strip().splitlines()[-1])
-        out["explorer_s"][label] = {"cold_s": round(cold, 3), "then_warm_s": round(warm, 3)}
+        runs = [_cold_page(url, page, params) for _ in range(repeat)]
+        out["explorer_s"][label] = _cold_and_warm([r[0] for r in runs], [r[1] for r in runs],
+                                                  "s", 3)
         print(label, out["explorer_s"][label], flush=True)
     return out
+
+
+def _cold_and_warm(cold: list[float], warm: list[float], unit: str, digits: int) -> dict:
+    (c, c_spread), (w, w_spread) = median_spread(cold, digits), median_spread(warm, digits)
+    return {f"cold_{unit}": c, f"cold_spread_{unit}": c_spread,
+            f"then_warm_{unit}": w, f"then_warm_spread_{unit}": w_spread}
+
+
+def _cold_page(url: str, page: str, params: dict | None) -> tuple[float, float]:
+    """(cold, then warm) seconds of one page rendered in a new process after _make_cold.
+    The page's modules are imported first: a running explorer has them loaded, and the
+    cold start measured is the database's."""
+    import subprocess
+
+    _make_cold(url)
+    bench = Path(__file__).resolve().parent
+    code = (f"import sys, json; sys.path.insert(0, {str(bench)!r}); "
+            f"import ui.views.{page}, plotly.express, plotly.graph_objects; "
+            "from explorer import render_times; "
+            f"print(json.dumps(render_times({page!r}, {params!r}, repeat=2)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "DATABASE_URL": url}, check=True)
+    cold, warm = json.loads(done.stdout.strip().splitlines()[-1])
+    return cold, warm
 
 
 def reads_of_kept(url: str, cold: bool = False) -> None:
