@@ -17,8 +17,9 @@ Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,7
 4 checkpoints; the issue's 100M is 127 checkpoints, about 185 GB with grids and scores).
 NCAT_SCALE_KEEP=1 keeps the catalog; `bench/scale_catalog.py --kept URL` migrates a kept
 catalog to the newest schema and measures the reads again (scale_catalog_reads.json);
-`--kept URL --cold` measures each query and page once from a cold start instead: the
-server restarted and the page cache dropped before each (root; scale_catalog_cold.json).
+`--kept URL --cold` measures each query and page from a cold start instead (median and
+spread of 3): the server restarted and the page cache dropped before each run (root;
+scale_catalog_cold.json).
 """
 
 from __future__ import annotations
@@ -179,9 +180,7 @@ def _reads(url: str, shown: dict) -> dict:
     from explorer import render_times
 
     out["explorer_s"] = {}
-    for label, page, params in (("search page", "search", None),
-                                ("neuron page", "neuron", shown),
-                                ("overview page", "overview", None)):
+    for label, page, params in _pages(shown):
         s, spread = median_spread(render_times(page, params, repeat=5), digits=3)
         out["explorer_s"][label] = {"s": s, "spread_s": spread}
     print(out["explorer_s"], flush=True)
@@ -234,14 +233,18 @@ def cold_reads(url: str, shown: dict, repeat: int = 3) -> dict:
                 warm.append(_timed(conn, sql, repeat=1)["ms"])
         out["queries_ms"][label] = _cold_and_warm(cold, warm, "ms", 1)
         print(label, out["queries_ms"][label], flush=True)
-    for label, page, params in (("search page", "search", None),
-                                ("neuron page", "neuron", shown),
-                                ("overview page", "overview", None)):
+    for label, page, params in _pages(shown):
         runs = [_cold_page(url, page, params) for _ in range(repeat)]
         out["explorer_s"][label] = _cold_and_warm([r[0] for r in runs], [r[1] for r in runs],
                                                   "s", 3)
         print(label, out["explorer_s"][label], flush=True)
     return out
+
+
+def _pages(shown: dict) -> tuple:
+    """(label, page, query parameters) of the explorer pages the bench renders."""
+    return (("search page", "search", None), ("neuron page", "neuron", shown),
+            ("overview page", "overview", None))
 
 
 def _cold_and_warm(cold: list[float], warm: list[float], unit: str, digits: int) -> dict:
