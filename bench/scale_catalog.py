@@ -8,10 +8,11 @@ labels form runs), one grid row each (a sketch of SKETCH_BYTES, the mean measure
 bench/grid_tiers.py; the top FULL_TOP per layer and operator get a full grid of
 FULL_BYTES), layer_result rows, and a small second model. Reports the load time, table
 and index sizes (and bytes per neuron_op row, extrapolated to 100M rows), every query of
-docs/queries.md (median and spread of 5 runs, asked about the big model), the explorer's
-search, neuron and overview pages (Streamlit's AppTest, caches cleared), and the derived tables'
-upkeep: folding in one checkpoint as a job's final step does (a step between others,
-and a new last step) against rebuilding the model and the whole catalog.
+docs/queries.md (median and spread of 5 runs, asked about the big model), the search
+page's query in each of its sort orders, the explorer's search, neuron and overview
+pages (Streamlit's AppTest, caches cleared), and the derived tables' upkeep: folding in
+one checkpoint as a job's final step does (a step between others, and a new last step)
+against rebuilding the model and the whole catalog.
 
 Run: .venv/bin/python bench/scale_catalog.py [neuron_op rows]   (default 3,145,728 =
 4 checkpoints; the issue's 100M is 127 checkpoints, about 185 GB with grids and scores).
@@ -49,12 +50,27 @@ def _queries() -> dict[str, str]:
             for k, v in found.items()}
 
 
-def _timed(conn, sql: str, repeat: int = 5) -> dict:
+def _search_queries(shown: dict) -> dict[str, tuple[str, dict]]:
+    """The explorer's search page query (its first page, no filter) in each of its sort
+    orders, for the checkpoint the bench shows: (SQL for psycopg, parameters)."""
+    from ui import data
+
+    out = {}
+    for sort in data.SORTS:
+        f = data.Filters(model_id=shown["model_id"], checkpoint_id=shown["checkpoint_id"],
+                         config_id=shown["config_id"], sort=sort)
+        _, rows, params = data.search_sql(f, 0, 50, data.COUNT_CAP)
+        out[f"search page query, by {sort}"] = (re.sub(r"(?<!:):(\w+)", r"%(\1)s", rows),
+                                                params)
+    return out
+
+
+def _timed(conn, sql: str, repeat: int = 5, params: dict | None = None) -> dict:
     """Median and spread (min-max) of `repeat` runs in milliseconds, and the row count."""
     times, n = [], 0
     for _ in range(repeat):
         t = time.perf_counter()
-        n = len(conn.execute(sql).fetchall())
+        n = len(conn.execute(sql, params).fetchall())
         times.append((time.perf_counter() - t) * 1000)
     ms, spread = median_spread(times)
     return {"ms": ms, "spread_ms": spread, "rows": n}
@@ -176,6 +192,9 @@ def _reads(url: str, shown: dict) -> dict:
         for label, sql in _queries().items():
             out["queries_ms"][label] = _timed(conn, sql)
             print(label, out["queries_ms"][label], flush=True)
+        out["search_ms"] = {label: _timed(conn, sql, params=params)
+                            for label, (sql, params) in _search_queries(shown).items()}
+        print(out["search_ms"], flush=True)
     os.environ["DATABASE_URL"] = url
     from explorer import render_times
 
@@ -224,13 +243,15 @@ def cold_reads(url: str, shown: dict, repeat: int = 3) -> dict:
     from schema import store
 
     out: dict = {"repeat": repeat, "queries_ms": {}, "explorer_s": {}}
-    for label, sql in _queries().items():
+    asked = {**{label: (sql, None) for label, sql in _queries().items()},
+             **_search_queries(shown)}
+    for label, (sql, params) in asked.items():
         cold, warm = [], []
         for _ in range(repeat):
             _make_cold(url)
             with store.connect(url, autocommit=True) as conn:
-                cold.append(_timed(conn, sql, repeat=1)["ms"])
-                warm.append(_timed(conn, sql, repeat=1)["ms"])
+                cold.append(_timed(conn, sql, repeat=1, params=params)["ms"])
+                warm.append(_timed(conn, sql, repeat=1, params=params)["ms"])
         out["queries_ms"][label] = _cold_and_warm(cold, warm, "ms", 1)
         print(label, out["queries_ms"][label], flush=True)
     for label, page, params in _pages(shown):
