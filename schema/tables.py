@@ -262,13 +262,15 @@ class _NeuronOpKey(_NeuronKey):
 class NeuronOp(_NeuronOpKey, table=True):
     __tablename__ = "neuron_op"
     __table_args__ = (
-        Index("ix_neuron_op_effect", "model_id", "checkpoint_id", "op", "effect_exact"),
         Index("ix_neuron_op_rank", "model_id", "checkpoint_id", "op", "rank"),
         Index("ix_neuron_op_neuron", "model_id", "layer", "neuron", "op"),
-        Index("ix_neuron_op_best", "model_id", "best_heuristic_id", "best_score"),
-        # the explorer's default order, the size of the effect (migration 0016)
+        # the explorer search's orders: the size of the effect (migration 0016), rank and
+        # best score (0017); by neuron is the primary key's order
         Index("ix_neuron_op_effect_size", "model_id", "checkpoint_id", "config_id",
               text("abs(rank_value) DESC NULLS LAST")),
+        Index("ix_neuron_op_rank_order", "model_id", "checkpoint_id", "config_id", "rank"),
+        Index("ix_neuron_op_score_order", "model_id", "checkpoint_id", "config_id",
+              text("best_score DESC NULLS LAST")),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
     max_act: float = Field(sa_column=Column(REAL, nullable=False))
