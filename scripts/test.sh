@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
 # The test command of the README (and of .ci/run): set up, then run the whole suite.
+#
+# With no arguments the suite runs in two parts: every test not marked `serial` in
+# NCAT_TEST_WORKERS processes (default 2; pytest-xdist, each file's tests in one process
+# and in order), then the `serial` tests alone on the machine: they compare a measured
+# time with a bound, which a second process running beside them would skew. With
+# arguments, one plain pytest run with those arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -7,10 +13,25 @@ bash scripts/setup.sh || exit 1
 # lint and types first: they take seconds and name the line that is wrong
 ruff check . || exit 1
 mypy || exit 1
-python -m pytest "$@"
-rc=$?
-if [ "$rc" -eq 5 ]; then
-  echo "test.sh: pytest collected no tests; that is a failure here" >&2
-  exit 1
+
+run_pytest() {
+  python -m pytest "$@"
+  local rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests ($*); that is a failure here" >&2
+    return 1
+  fi
+  return "$rc"
+}
+
+if [ "$#" -gt 0 ]; then
+  run_pytest "$@"
+  exit $?
 fi
-exit "$rc"
+# -m replaces pyproject's addopts marker expression, so it repeats "not real_model"
+run_pytest -n "${NCAT_TEST_WORKERS:-2}" --dist loadfile -m "not real_model and not serial"
+parallel=$?
+run_pytest -m "not real_model and serial"
+serial=$?
+echo "test.sh: parallel part exit code $parallel, serial part exit code $serial"
+[ "$parallel" -eq 0 ] && [ "$serial" -eq 0 ]

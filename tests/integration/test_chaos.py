@@ -35,6 +35,9 @@ from schema.engine import migrate
 from helpers import drop_database, new_database_url, statuses
 from tiny_model import TINY
 
+# recovery is bounded in seconds, and the reconciler's timings are short
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS = Path(__file__).resolve().parent / "chaos" / "chaos_worker.py"
 RECOVERY_BOUND = 90  # seconds from the failure to every job done

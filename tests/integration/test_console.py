@@ -79,6 +79,7 @@ def test_a_statement_cannot_turn_read_only_off(db):
                             ).fetchone()[0] == 0
 
 
+@pytest.mark.serial  # bounded in seconds
 def test_hundred_million_rows_are_capped_or_stopped_in_bounded_time(db):
     import time
 

@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from catalog.builtin import model_name
 from catalog.config import MeasureConfig
 from jobs.demo import catalog_all
@@ -10,6 +12,7 @@ from schema import store
 from tiny_model import TINY
 
 
+@pytest.mark.serial  # the second run is bounded in seconds
 def test_demo_catalogs_every_checkpoint_then_reuses_everything(db, redis_url, tiny_builtin,
                                                                monkeypatch):
     _, root = tiny_builtin

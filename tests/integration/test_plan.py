@@ -52,6 +52,7 @@ def _check(plan, seconds, sizes):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the estimate is compared with a measured time
 def test_plan_of_the_builtin_model_matches_the_measured_run(pg_server, tiny_builtin, tmp_path,
                                                             monkeypatch):
     cfg, root = tiny_builtin
@@ -70,6 +71,7 @@ def test_plan_of_the_builtin_model_matches_the_measured_run(pg_server, tiny_buil
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the estimate is compared with a measured time
 def test_plan_of_the_pythia_14m_shape_matches_the_measured_run(pg_server, pythia_hub,
                                                               tmp_path):
     config = ScienceConfig(operand_hi=70, pairs_per_op=30, faithfulness_prompts=60,

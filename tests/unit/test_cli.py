@@ -42,6 +42,7 @@ def test_worker_settings_suit_long_gpu_tasks(monkeypatch):
     assert conf.broker_transport_options["visibility_timeout"] == 7200
 
 
+@pytest.mark.serial  # an import time against the allowance
 def test_a_new_pool_process_has_time_to_import_the_science():
     """Celery's default allowance for a new pool process (4 s) is shorter than the
     imports it does at start (torch, TransformerLens, the catalog; 7-17 s measured under
