@@ -28,8 +28,13 @@ if [ "$#" -gt 0 ]; then
   run_pytest "$@"
   exit $?
 fi
-# -m replaces pyproject's addopts marker expression, so it repeats "not real_model"
-run_pytest -n "${NCAT_TEST_WORKERS:-2}" --dist loadfile -m "not real_model and not serial"
+# -m replaces pyproject's addopts marker expression, so it repeats "not real_model".
+# One math thread per process (and its workers and trainers) in the parallel part: two
+# processes with a thread per core each made the demo's worker 4x slower, its threads
+# spinning while the other process held the cores (the trained bits and the stored rows
+# do not depend on the thread count: tests/unit/test_builtin.py, the golden rows).
+OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
+  run_pytest -n "${NCAT_TEST_WORKERS:-2}" --dist loadfile -m "not real_model and not serial"
 parallel=$?
 run_pytest -m "not real_model and serial"
 serial=$?
