@@ -19,7 +19,7 @@ from schema.quantize import dequantize, max_error, quantize_rows
 from schema.settings import Settings, resolve_database_url
 from schema.sketch import sketch_reference
 
-from helpers import as_role, reader_url
+from helpers import as_role, drop_database, new_database_url, reader_url
 
 TABLES = {"model", "checkpoint", "measure_config", "grid_layout", "heuristic", "job",
           "layer_result", "checkpoint_summary", "neuron_op", "neuron_grid", "neuron_lens",
@@ -460,3 +460,41 @@ def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builti
             for j, r in enumerate(rows):
                 assert ((r[:3] + (r[4],)) in kept) == (j < 2 or r[6]), r
         assert len(kept) < 0.5 * len(full), (len(kept), len(full))
+
+
+def test_catalogs_on_one_server_migrate_at_the_same_time(pg_server):
+    """The analysts' role and its settings belong to the whole server, so two catalogs
+    migrated at once both create and configure it. Alembic runs a database's migrations in
+    one transaction, so the second ALTER ROLE waited for the first migration to commit and
+    then failed with "tuple concurrently updated" (seen in CI, two test processes): three
+    databases migrated by three processes at the same moment must all reach head, and the
+    role must keep its read-only default and its timeout."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from schema.engine import current_revision, head_revision
+
+    urls = [new_database_url(pg_server) for _ in range(3)]
+    go = time.time() + 8  # every process imported and connected before it starts
+    script = ("import sys, time; from schema.engine import migrate, make_engine; "
+              "make_engine(sys.argv[1]).dispose(); "
+              "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); migrate(sys.argv[1])")
+    try:
+        procs = [subprocess.Popen([sys.executable, "-c", script, u, str(go)],
+                                  cwd=Path(__file__).parents[2], stderr=subprocess.PIPE,
+                                  text=True) for u in urls]
+        failed = [(u, p.stderr.read()[-2000:]) for u, p in zip(urls, procs, strict=True)
+                  if p.wait(timeout=300) != 0]
+        assert not failed, failed
+        assert [current_revision(u) for u in urls] == [head_revision()] * len(urls)
+        with store.connect(urls[0]) as conn:
+            settings = store.scalar(conn.execute(
+                "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r "
+                "ON r.oid = s.setrole WHERE r.rolname = 'catalog_reader' "
+                "AND s.setdatabase = 0"))
+        assert {"default_transaction_read_only=on", "statement_timeout=10s"} <= set(settings)
+    finally:
+        for u in urls:
+            drop_database(u)
