@@ -265,12 +265,12 @@ class NeuronOp(_NeuronOpKey, table=True):
         Index("ix_neuron_op_rank", "model_id", "checkpoint_id", "op", "rank"),
         Index("ix_neuron_op_neuron", "model_id", "layer", "neuron", "op"),
         # the explorer search's orders: the size of the effect (migration 0016), rank and
-        # best score (0017); by neuron is the primary key's order
+        # best score (0017; with its tie-breakers, 0018); by neuron is the primary key's order
         Index("ix_neuron_op_effect_size", "model_id", "checkpoint_id", "config_id",
               text("abs(rank_value) DESC NULLS LAST")),
         Index("ix_neuron_op_rank_order", "model_id", "checkpoint_id", "config_id", "rank"),
         Index("ix_neuron_op_score_order", "model_id", "checkpoint_id", "config_id",
-              text("best_score DESC NULLS LAST")),
+              text("best_score DESC NULLS LAST"), "layer", "neuron", "op"),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
     max_act: float = Field(sa_column=Column(REAL, nullable=False))
