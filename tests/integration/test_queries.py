@@ -22,7 +22,7 @@ CIRCUIT_K = 20
 def queries() -> dict[str, str]:
     text = DOC.read_text()
     found = dict(re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", text, flags=re.S))
-    assert len(found) == 8, sorted(found)
+    assert len(found) == 9, sorted(found)
     return found
 
 
@@ -101,6 +101,53 @@ def test_circuit_query_is_answered_from_the_rank_index(seeded):
         conn.execute("SET enable_seqscan = off")
         plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql).fetchall())
     assert re.search(r"Index Cond: .*model_id = .*checkpoint_id = .*rank < ", plan), plan
+
+
+def test_top_effect(seeded, direct):
+    """The twenty neurons of the last checkpoint with the largest |rank_value| for +,
+    across layers, in that order, with the values the library computed."""
+    rows = run(seeded, "top_effect")
+    last = direct[SEED_STEPS[-1]]
+    every = sorted(((abs(float(lr.rank_value[n, 0])), layer, n)
+                    for layer, lr in last.layers.items()
+                    for n in range(lr.rank_value.shape[0])), key=lambda t: -t[0])
+    assert [(r[0], r[1]) for r in rows] == [(layer, n) for _, layer, n in every[:20]]
+    for r in rows:
+        lr = last.layers[r[0]]
+        assert r[2] == pytest.approx(float(lr.rank_value[r[1], 0]), rel=1e-5, abs=1e-7)
+        assert r[3] == bool(lr.is_exact[r[1], 0])
+        assert r[5] == int(lr.rank[r[1], 0])
+    assert len({abs(r[2]) for r in rows}) == 20  # no ties: the order is the answer
+
+
+def test_top_effect_query_reads_the_effect_size_index_in_order(seeded):
+    """Named by (model, checkpoint, config), the checkpoint's neurons come from the
+    effect-size index of migration 0016 already in order: no sort takes in more than the
+    twenty rows of the answer (ordering the checkpoint would take in all of its rows)."""
+    import json
+
+    sql = queries()["top_effect"].replace("'builtin-arith'", f"'{model_name(TINY)}'")
+    with store.connect(seeded) as conn:
+        conn.execute("SET enable_seqscan = off")
+        plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql).fetchone()[0][0]["Plan"]
+        per_op = conn.execute("SELECT count(*) FROM neuron_op WHERE op = '+' GROUP BY "
+                              "checkpoint_id LIMIT 1").fetchone()[0]
+    assert per_op > 20  # a sort of the checkpoint would be seen
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    def reads_neuron_op(node):
+        return any(n.get("Relation Name", "").startswith("neuron_op") for n in nodes(node))
+
+    assert "config_id_abs_idx" in json.dumps(plan), plan  # the index of 0016 (per partition)
+    sorts = [n for n in nodes(plan) if n["Node Type"] in ("Sort", "Incremental Sort")
+             and reads_neuron_op(n)]
+    assert sorts, plan  # the outer ORDER BY of the twenty rows
+    for n in sorts:
+        assert sum(c["Actual Rows"] for c in n["Plans"]) <= 20, plan
 
 
 def test_heuristic_neurons(seeded, direct):
