@@ -43,6 +43,35 @@ def median_spread(values, digits: int = 1) -> tuple[float, list[float]]:
             [round(min(values), digits), round(max(values), digits)])
 
 
+def runs_option(default: int = 5) -> int:
+    """The ``--runs N`` of a benchmark's command line (how many times it repeats the whole
+    measurement, fast path and reference alike); removed from ``sys.argv``."""
+    runs = default
+    if "--runs" in sys.argv:
+        i = sys.argv.index("--runs")
+        try:
+            runs = int(sys.argv[i + 1])
+        except (IndexError, ValueError):
+            sys.exit("--runs needs a whole number of runs, for example --runs 5")
+        if runs < 1:
+            sys.exit(f"--runs must be at least 1, not {runs}")
+        del sys.argv[i:i + 2]
+    return runs
+
+
+def over_runs(runs: list[dict], keys: tuple[str, ...], digits: int = 3) -> dict:
+    """Each of ``keys`` across repeated runs: {"median", "spread": [min, max], "runs": [...]}.
+    A ratio is taken within each run (fast and reference timed back to back) and then its
+    median, never as a ratio of medians."""
+    out = {}
+    for key in keys:
+        values = [r[key] for r in runs]
+        median, spread = median_spread(values, digits)
+        out[key] = {"median": median, "spread": spread,
+                    "runs": [round(v, digits) for v in values]}
+    return out
+
+
 def save(name: str, data: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))

@@ -6,7 +6,9 @@ All three compute the same tie-aware Algorithm 1 scores for every heuristic of o
 - sort-once loop: a tuned per-neuron loop that sorts each neuron's map once and then
   counts every heuristic with numpy.
 The loops run on a sample of neurons; their time is scaled to the whole layer.
-Run: .venv/bin/python bench/matching.py   (target: >= 50x over the straightforward loop)
+Run: .venv/bin/python bench/matching.py [--runs N]   (target: >= 50x over the straightforward
+loop). Each run times every way back to back; the report gives medians over the runs and
+the spread (min-max) of each time and of the per-run ratios.
 """
 
 import numpy as np
@@ -17,7 +19,7 @@ from catalog.config import MeasureConfig
 from catalog.heuristics import Cells, partitions_for
 from catalog.matching import reference_score, score_partitions
 
-from _common import save, timed
+from _common import over_runs, runs_option, save, timed
 from reference import per_neuron_scores
 
 
@@ -40,7 +42,22 @@ def straightforward(maps, members):
     return np.array([[reference_score(m, member) for member in members] for m in maps])
 
 
-def main(neurons=512, sample=8, hi=100):
+def main(runs=3, neurons=512, sample=8, hi=100):
+    per_run = [(one_run(neurons, sample, hi), tie_heavy(neurons, hi)) for _ in range(runs)]
+    times = ("vectorised_s", "straightforward_s_scaled", "sort_once_loop_s_scaled",
+             "speedup_vs_straightforward", "speedup_vs_sort_once_loop")
+    rows = [{**{k: v for k, v in row.items() if k not in times},
+             **over_runs([r[0][i] for r in per_run], times)}
+            for i, row in enumerate(per_run[0][0])]
+    ties = ("around_the_run_s", "scanning_the_run_s", "speedup", "checkpoint_run_s")
+    tie_rows = [{**{k: v for k, v in row.items() if k not in ties},
+                 **over_runs([r[1][i] for r in per_run], ties)}
+                for i, row in enumerate(per_run[0][1])]
+    save("matching", {"runs": runs, "rows": rows, "tie_heavy": tie_rows,
+                      "threads": torch.get_num_threads()})
+
+
+def one_run(neurons, sample, hi):
     rows = []
     for op in ("+", "/"):
         cells = cells_for(op, hi)
@@ -57,12 +74,11 @@ def main(neurons=512, sample=8, hi=100):
         loop_s *= neurons / sample
         plain_s *= neurons / 2
         rows.append({"op": op, "cells": len(cells.a), "heuristics": len(members),
-                     "neurons": neurons, "vectorised_s": round(fast_s, 3),
-                     "straightforward_s_scaled": round(plain_s, 1),
-                     "sort_once_loop_s_scaled": round(loop_s, 1),
-                     "speedup_vs_straightforward": round(plain_s / fast_s, 1),
-                     "speedup_vs_sort_once_loop": round(loop_s / fast_s, 1)})
-    save("matching", {"rows": rows, "tie_heavy": tie_heavy(), "threads": torch.get_num_threads()})
+                     "neurons": neurons, "vectorised_s": fast_s,
+                     "straightforward_s_scaled": plain_s, "sort_once_loop_s_scaled": loop_s,
+                     "speedup_vs_straightforward": plain_s / fast_s,
+                     "speedup_vs_sort_once_loop": loop_s / fast_s})
+    return rows
 
 
 def tie_heavy(neurons=512, hi=100):
@@ -108,11 +124,11 @@ def tie_heavy(neurons=512, hi=100):
         assert np.abs(dense(new) - dense(old)).max() < 1e-6, name
         run_s, live = timed(lambda k=k: np.nonzero(~constant_maps(k.astype(np.float32)))[0])
         out.append({"maps": name, "neurons": neurons, "cells": c,
-                    "around_the_run_s": round(new_s, 3), "scanning_the_run_s": round(old_s, 2),
-                    "speedup": round(old_s / new_s, 1),
-                    "checkpoint_run_s": round(run_s + (new_s if len(live) else 0.0), 3)})
+                    "around_the_run_s": new_s, "scanning_the_run_s": old_s,
+                    "speedup": old_s / new_s,
+                    "checkpoint_run_s": run_s + (new_s if len(live) else 0.0)})
     return out
 
 
 if __name__ == "__main__":
-    main()
+    main(runs_option(3))

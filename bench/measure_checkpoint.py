@@ -2,24 +2,25 @@
 per operator, exact and attribution patching, all heuristic families, summary; timed per
 phase, which is where the README's cost-per-checkpoint guidance comes from.
 
-Run: .venv/bin/python bench/measure_checkpoint.py [operand_hi] [builtin|pythia]
+Run: .venv/bin/python bench/measure_checkpoint.py [operand_hi] [builtin|pythia] [--runs N]
 (target for the built-in model on [0, 100): < 60 s on 2 cores). "pythia" is the offline
 random model with Pythia-14m's shape (6 layers x 512 neurons); its timings are those of
-the real model, whose weights only change the numbers measured.
+the real model, whose weights only change the numbers measured. Each run measures the
+checkpoint afresh; the report gives each phase's median over the runs and the total's
+spread (min-max).
 """
 
 import sys
 import time
 
-from _common import offline_pythia, save  # first: it points the hub cache at a temp folder
+from _common import offline_pythia, over_runs, runs_option, save  # first: see _common
 
 
-def main(hi: int = 100, model: str = "builtin"):
+def main(hi: int = 100, model: str = "builtin", runs: int = 5):
     import torch
 
     from catalog import builtin
     from catalog.config import MeasureConfig
-    from catalog.run import CheckpointRun
     from catalog.sources import load_model
 
     if model == "builtin":
@@ -28,6 +29,25 @@ def main(hi: int = 100, model: str = "builtin"):
     else:
         lm = load_model(offline_pythia(), 1000)
     config = MeasureConfig(operand_hi=hi, pairs_per_op=100)
+    per_run = []
+    for _ in range(runs):  # only the last run's results are kept: one run's worth of memory
+        prep = layers = None
+        prep, layers, timings = measure_once(lm, config)
+        per_run.append(timings)
+    phases = over_runs(per_run, tuple(per_run[0]), digits=2)
+    save(f"measure_checkpoint_{model}_hi{hi}", {
+        "model": lm.info.name, "operand_range": [0, hi], "prompts": len(prep.table),
+        "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
+        "score_rows": int(sum(len(v.matches) for v in layers.values())), "runs": runs,
+        "total_s": phases.pop("total"),
+        "phases_s": {k: v["median"] for k, v in phases.items()},
+        "threads": torch.get_num_threads()})
+
+
+def measure_once(lm, config):
+    """(prepared run, layer results, seconds per phase and in total) of one measurement."""
+    from catalog.run import CheckpointRun
+
     phases = {}
     t0 = time.perf_counter()
     prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
@@ -41,15 +61,11 @@ def main(hi: int = 100, model: str = "builtin"):
     prep.summarize({k: v.effect(prep.config.rank_sign) for k, v in layers.items()},
                    {k: v.matches for k, v in layers.items()})
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
-    total = time.perf_counter() - t0
-    save(f"measure_checkpoint_{model}_hi{hi}", {
-        "model": lm.info.name, "operand_range": [0, hi], "prompts": len(prep.table),
-        "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
-        "score_rows": int(sum(len(v.matches) for v in layers.values())),
-        "phases_s": {k: round(v, 2) for k, v in phases.items()},
-        "total_s": round(total, 1), "threads": torch.get_num_threads()})
+    phases["total"] = time.perf_counter() - t0
+    return prep, layers, phases
 
 
 if __name__ == "__main__":
+    runs = runs_option()
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 100,
-         sys.argv[2] if len(sys.argv) > 2 else "builtin")
+         sys.argv[2] if len(sys.argv) > 2 else "builtin", runs)

@@ -1,7 +1,9 @@
 """Queue overhead: one built-in checkpoint through enqueue -> Celery worker -> PostgreSQL,
 against calling catalog.measure plus the writer directly, in the same run.
 
-Run: .venv/bin/python bench/queue_overhead.py   (target: overhead <= 15%)
+Run: .venv/bin/python bench/queue_overhead.py [--runs N]   (target: overhead <= 15%)
+Each run measures the checkpoint directly (the model loaded afresh) and then through a
+fresh worker; the report gives medians over the runs and the spread (min-max).
 """
 
 import os
@@ -20,10 +22,9 @@ from schema import store
 from schema.engine import migrate
 from schema.settings import resolve_database_url
 
-from _common import ROOT, save
+from _common import ROOT, over_runs, runs_option, save
 
 CONFIG = MeasureConfig(operand_hi=100)
-REPEAT = 2  # the direct path: best of two, each loading the model
 
 
 def fresh_db(server: str) -> str:
@@ -37,15 +38,20 @@ def drop(url: str) -> None:
         conn.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
 
 
-def main():
+def main(runs: int = 5):
     builtin.train(builtin.TrainConfig())
-    server = resolve_database_url()
+    per_run = [one_run(resolve_database_url()) for _ in range(runs)]
+    keys = ("direct_s", "queue_s", "queue_warm_worker_s", "overhead", "warm_worker_overhead")
+    save("queue", {"runs": runs, **over_runs(per_run, keys),
+                   "job_status": [r["job_status"] for r in per_run], "rows": per_run[-1]["rows"]})
+
+
+def one_run(server: str) -> dict:
+    """Direct measurement and then the same checkpoint through a fresh worker."""
     direct_db, queue_db = fresh_db(server), fresh_db(server)
-    direct_s = float("inf")
-    for _ in range(REPEAT):
-        t0 = time.perf_counter()
-        catalog_checkpoint(direct_db, load_model("builtin"), CONFIG)
-        direct_s = min(direct_s, time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    catalog_checkpoint(direct_db, load_model("builtin"), CONFIG)
+    direct_s = time.perf_counter() - t0
 
     os.environ.update({"DATABASE_URL": queue_db, "NCAT_QUEUE": f"bench-{uuid.uuid4().hex[:8]}"})
     log = Path(ROOT / "bench" / "results" / "queue-worker.log")
@@ -74,11 +80,10 @@ def main():
             for t in ("neuron_op", "neuron_score", "checkpoint_summary")}
     drop(direct_db)
     drop(queue_db)
-    save("queue", {"direct_s": round(direct_s, 1), "queue_s": round(queue_s, 1),
-                   "queue_warm_worker_s": round(warm_s, 1),
-                   "overhead": round(queue_s / direct_s - 1, 3), "job_status": status,
-                   "rows": same})
+    return {"direct_s": direct_s, "queue_s": queue_s, "queue_warm_worker_s": warm_s,
+            "overhead": queue_s / direct_s - 1, "warm_worker_overhead": warm_s / direct_s - 1,
+            "job_status": status, "rows": same}
 
 
 if __name__ == "__main__":
-    main()
+    main(runs_option())

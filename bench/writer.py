@@ -1,7 +1,9 @@
 """Bulk writer throughput: write_layer (COPY to staging + upsert, one transaction) against a
 plain COPY of the same rows into tables with the same columns, in the same run.
 
-Run: .venv/bin/python bench/writer.py   (target: >= 50% of plain COPY)
+Run: .venv/bin/python bench/writer.py [--runs N]   (target: >= 50% of plain COPY)
+Each run writes the layer both ways back to back; the report gives medians over the runs
+and the spread (min-max) of each time and of the per-run share.
 """
 
 import time
@@ -18,7 +20,7 @@ from schema import store
 from schema.engine import migrate
 from schema.settings import resolve_database_url
 
-from _common import save
+from _common import over_runs, runs_option, save
 
 
 def plain_copy(conn, ids, rows):
@@ -31,38 +33,36 @@ def plain_copy(conn, ids, rows):
                                               rows.layer), rows=rows, into=plain)
 
 
-def main():
+def main(runs: int = 5):
     builtin.train(builtin.TrainConfig())
     lm = load_model("builtin")
     config = MeasureConfig(operand_hi=100)
     prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
     layer = prep.run_layer(1)
     rows = layer_rows(layer, prep, lm.tokenizer)
-    n_rows = 2 * rows.d_mlp * len(rows.ops) + rows.d_mlp + len(rows.score)
+    n_rows = 2 * rows.d_mlp * len(rows.ops) + rows.d_mlp + len(rows.matches.score)
     server = resolve_database_url()
     url = server.rsplit("/", 1)[0] + f"/ncat_bench_{uuid.uuid4().hex[:8]}"
     migrate(url)
-    timings = {"writer": [], "plain_copy": []}
+    per_run = []
     with store.connect(url) as conn:
         ids = register(conn, lm, config)
         write_layouts(conn, prep, ids)
-        for _ in range(3):
+        for _ in range(runs):
             t = time.perf_counter()
             plain_copy(conn, ids, rows)
-            timings["plain_copy"].append(time.perf_counter() - t)
+            p = time.perf_counter() - t
             t = time.perf_counter()
             store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
                               config_id=ids.config_id, rows=rows)
-            timings["writer"].append(time.perf_counter() - t)
+            w = time.perf_counter() - t
+            per_run.append({"writer_s": w, "plain_copy_s": p, "writer_share_of_plain_copy": p / w,
+                            "writer_rows_per_s": n_rows / w, "plain_copy_rows_per_s": n_rows / p})
     with store.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
-    w, p = min(timings["writer"]), min(timings["plain_copy"])
-    save("writer", {"rows_per_layer": n_rows, "writer_s": round(w, 3),
-                    "plain_copy_s": round(p, 3), "writer_rows_per_s": round(n_rows / w),
-                    "plain_copy_rows_per_s": round(n_rows / p),
-                    "writer_share_of_plain_copy": round(p / w, 2),
-                    "threads": torch.get_num_threads()})
+    save("writer", {"rows_per_layer": n_rows, "runs": runs,
+                    **over_runs(per_run, tuple(per_run[0])), "threads": torch.get_num_threads()})
 
 
 if __name__ == "__main__":
-    main()
+    main(runs_option())
