@@ -168,3 +168,51 @@ def test_padded_number_tokenizer_keeps_the_numbers_and_reaches_the_size():
         assert padded.encode(text) == plain.encode(text)
     with pytest.raises(ValueError, match="pad_to"):
         number_tokenizer(pad_to=10)
+
+
+def _save_random(model_cls, config, path: Path) -> Path:
+    from offline_models import number_tokenizer
+
+    torch.manual_seed(0)
+    model_cls(config).save_pretrained(path)
+    number_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_a_gpt2_directory_saved_by_transformers_loads_and_predicts_as_it_does(tmp_path):
+    """A GPT-2 config built in code and saved by recent transformers has n_positions but
+    not n_ctx, which TransformerLens 3.x reads (the hub's gpt2 config.json has both): it
+    crashed with AttributeError. Loaded, the converted model's next-token
+    log-probabilities equal those of the Hugging Face model (weight processing shifts
+    logits by a constant per position, which log-softmax removes)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from offline_models import number_tokenizer
+
+    vocab = len(number_tokenizer())
+    config = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)
+    path = _save_random(GPT2LMHeadModel, config, tmp_path / "gpt2")
+    assert "n_ctx" not in json.loads((path / "config.json").read_text())
+    lm = load_model(str(path))
+    assert (lm.info.n_layers, lm.info.d_model, lm.info.d_mlp) == (2, 64, 256)
+    hf = GPT2LMHeadModel.from_pretrained(path).eval()
+    tokens = lm.tokenizer("17+25=", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        ours = torch.log_softmax(lm.model(tokens)[0, -1].double(), -1)
+        theirs = torch.log_softmax(hf(tokens).logits[0, -1].double(), -1)
+    assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
+
+
+def test_an_architecture_transformer_lens_cannot_convert_is_named(tmp_path):
+    """A causal LM that transformers loads but TransformerLens cannot convert gives a
+    ModelSourceError naming the architecture and the directory, not a traceback."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    from offline_models import number_tokenizer
+
+    config = FalconConfig(vocab_size=len(number_tokenizer()), hidden_size=32,
+                          num_hidden_layers=1, num_attention_heads=4)
+    path = _save_random(FalconForCausalLM, config, tmp_path / "falcon")
+    with pytest.raises(ModelSourceError, match=r"FalconForCausalLM.*falcon.*not currently"):
+        load_model(str(path))
