@@ -161,47 +161,50 @@ def _builtin_checkpoints(name: str, builtin_config=None, cache_root=None) -> lis
 
 
 # Config attributes that TransformerLens 3.x reads under names recent transformers
-# configs may lack, by architecture: the old name and the attribute it equals. A GPT-2
+# configs may lack, by architecture: the old name and how to find its value. A GPT-2
 # config built in code and saved has n_positions only (the hub's gpt2 config.json has
-# n_ctx too, so those load as they are).
-_TL_ALIASES = {"GPT2LMHeadModel": {"n_ctx": "n_positions"}}
+# n_ctx too).
+_TL_ALIASES: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "GPT2LMHeadModel": {"n_ctx": lambda c: getattr(c, "n_positions", None)},
+}
 
 
-def _from_hf_model(hf_model, tokenizer, config_dir: str, device, dtype,
-                   shown: str | None = None) -> HookedTransformer:
+def _from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTransformer:
     """Convert a loaded Hugging Face causal LM into a weight-processed HookedTransformer.
 
-    ``config_dir`` holds the model's config.json, from which TransformerLens derives
-    its own config; the weights come from ``hf_model`` (nothing is downloaded). Where
-    the config lacks a name TransformerLens reads (``_TL_ALIASES``), it is converted
-    from a copy that has it. An architecture TransformerLens cannot convert is a
-    ModelSourceError that names it and the model (``shown``, else ``config_dir``).
+    TransformerLens derives its config from the model's config, saved into a folder of
+    a neutral name: from a folder whose path holds "llama" or "gemma" it takes the
+    architecture from the name and reads no config (a local ``~/models/Llama-3.2-1B``
+    crashed). Names it reads that the config lacks are filled in (``_TL_ALIASES``). The
+    weights come from ``hf_model``; nothing is downloaded. An architecture it cannot
+    convert is a ModelSourceError naming it and the model (``shown``).
     """
     config = hf_model.config
-    arch = (config.architectures or [type(hf_model).__name__])[0]
-    missing = {old: getattr(config, new) for old, new in _TL_ALIASES.get(arch, {}).items()
-               if not hasattr(config, old)}
+    if not config.architectures:  # GGUF configs do not record it
+        config.architectures = [type(hf_model).__name__]
+    arch = config.architectures[0]
+    for old, find in _TL_ALIASES.get(arch, {}).items():
+        if not hasattr(config, old) and (value := find(config)) is not None:
+            setattr(config, old, value)
     with tempfile.TemporaryDirectory() as tmp:
-        read_from = config_dir
-        if missing:
-            for old, value in missing.items():
-                setattr(config, old, value)
-            config.save_pretrained(tmp)
-            read_from = tmp
+        neutral = str(Path(tmp) / "model")
+        config.save_pretrained(neutral)
         try:
             cfg = tl_loading.get_pretrained_model_config(
-                read_from, fold_ln=True, device=device, dtype=dtype)
-            state_dict = tl_loading.get_pretrained_state_dict(read_from, cfg, hf_model,
+                neutral, fold_ln=True, device=device, dtype=dtype)
+            state_dict = tl_loading.get_pretrained_state_dict(neutral, cfg, hf_model,
                                                               dtype=dtype)
         except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
             from importlib.metadata import version
 
             raise ModelSourceError(
                 f"TransformerLens {version('transformer-lens')} cannot convert the {arch} "
-                f"model {shown or config_dir!r}: {exc} (it converts Llama, Mistral, Qwen2, "
-                "GPT-2, GPT-NeoX/Pythia, GPT-J, OPT, Gemma, Phi and others; see its model "
+                f"model {shown!r}: {exc} (it converts Llama, Mistral, Qwen2, GPT-2, "
+                "GPT-NeoX/Pythia, GPT-J, GPT-Neo, OPT, Bloom and others; see its model "
                 "table)") from exc
-    model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+        # built while the folder exists: without a tokenizer, TransformerLens looks there
+        model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+    model.cfg.model_name = shown
     model.load_and_process_state_dict(
         state_dict, fold_ln=True, center_writing_weights=True, center_unembed=True)
     model.to(device)
@@ -236,11 +239,7 @@ def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.fl
     except Exception as exc:
         raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
-    if not hf_model.config.architectures:  # GGUF configs do not record it
-        hf_model.config.architectures = [type(hf_model).__name__]
-    with tempfile.TemporaryDirectory() as tmp:
-        hf_model.config.save_pretrained(tmp)
-        model = _from_hf_model(hf_model, tok, tmp, device, dtype, shown=name)
+    model = _from_hf_model(hf_model, tok, name, device, dtype)
     info = _info(str(path.resolve()), "gguf", None, None, whash, model, tok)
     return LoadedModel(model, tok, info)
 

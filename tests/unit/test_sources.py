@@ -179,24 +179,40 @@ def _save_random(model_cls, config, path: Path) -> Path:
     return path
 
 
-def test_a_gpt2_directory_saved_by_transformers_loads_and_predicts_as_it_does(tmp_path):
-    """A GPT-2 config built in code and saved by recent transformers has n_positions but
-    not n_ctx, which TransformerLens 3.x reads (the hub's gpt2 config.json has both): it
-    crashed with AttributeError. Loaded, the converted model's next-token
-    log-probabilities equal those of the Hugging Face model (weight processing shifts
-    logits by a constant per position, which log-softmax removes)."""
+def _gpt2(vocab):
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    return GPT2LMHeadModel, GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4,
+                                       n_positions=64, bos_token_id=0, eos_token_id=0)
+
+
+def _llama(vocab):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM, LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         intermediate_size=128, max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("folder, build, d_mlp", [
+    # recent transformers saves GPT-2 with n_positions and no n_ctx, which
+    # TransformerLens 3.x reads (the hub's gpt2 config.json has both): AttributeError
+    ("gpt2", _gpt2, 256),
+    # a folder named after its model: TransformerLens took "llama" in the path for an
+    # official name and read no config ('NoneType' object has no attribute 'hidden_size')
+    ("Llama-3.2-tiny", _llama, 128),
+])
+def test_local_directories_load_and_predict_as_the_hf_model_does(tmp_path, folder, build, d_mlp):
+    """Local Hugging Face directories that crashed the conversion load, and the converted
+    model's next-token log-probabilities equal the Hugging Face model's (weight
+    processing shifts logits by a constant per position, which log-softmax removes)."""
     from offline_models import number_tokenizer
 
-    vocab = len(number_tokenizer())
-    config = GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=64,
-                        bos_token_id=0, eos_token_id=0)
-    path = _save_random(GPT2LMHeadModel, config, tmp_path / "gpt2")
-    assert "n_ctx" not in json.loads((path / "config.json").read_text())
+    model_cls, config = build(len(number_tokenizer()))
+    path = _save_random(model_cls, config, tmp_path / folder)
     lm = load_model(str(path))
-    assert (lm.info.n_layers, lm.info.d_model, lm.info.d_mlp) == (2, 64, 256)
-    hf = GPT2LMHeadModel.from_pretrained(path).eval()
+    assert (lm.info.n_layers, lm.info.d_model, lm.info.d_mlp) == (2, 64, d_mlp)
+    hf = model_cls.from_pretrained(path).eval()
     tokens = lm.tokenizer("17+25=", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         ours = torch.log_softmax(lm.model(tokens)[0, -1].double(), -1)
@@ -206,7 +222,8 @@ def test_a_gpt2_directory_saved_by_transformers_loads_and_predicts_as_it_does(tm
 
 def test_an_architecture_transformer_lens_cannot_convert_is_named(tmp_path):
     """A causal LM that transformers loads but TransformerLens cannot convert gives a
-    ModelSourceError naming the architecture and the directory, not a traceback."""
+    ModelSourceError naming the architecture and the directory, not a traceback (so do
+    Gemma and Phi directories saved by transformers 5, checked by hand)."""
     from transformers import FalconConfig, FalconForCausalLM
 
     from offline_models import number_tokenizer
