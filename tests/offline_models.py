@@ -119,12 +119,11 @@ def pythia_shaped(shape: str, device: str = "cpu", seed: int = 0):
     config = pythia_like_config(len(tokenizer), PYTHIA_SHAPES[shape])
     torch.manual_seed(seed)
     hf_model = GPTNeoXForCausalLM(config)  # on the CPU, where TransformerLens processes it
-    config.architectures = [type(hf_model).__name__]  # what save_pretrained would record
-    with tempfile.TemporaryDirectory() as config_dir:
-        config.save_pretrained(config_dir)
-        tokenizer.save_pretrained(config_dir)  # TransformerLens reloads it by its path
-        tokenizer = AutoTokenizer.from_pretrained(config_dir)
-        model = _from_hf_model(hf_model, tokenizer, config_dir, device, torch.float32)
+    with tempfile.TemporaryDirectory() as folder:  # the tokenizer as loaded from disk
+        tokenizer.save_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = _from_hf_model(hf_model, tokenizer, f"random Pythia-{shape} shape", device,
+                           torch.float32)
     del hf_model
     return model, tokenizer
 
