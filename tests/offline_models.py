@@ -119,11 +119,11 @@ def pythia_shaped(shape: str, device: str = "cpu", seed: int = 0):
     config = pythia_like_config(len(tokenizer), PYTHIA_SHAPES[shape])
     torch.manual_seed(seed)
     hf_model = GPTNeoXForCausalLM(config)  # on the CPU, where TransformerLens processes it
-    with tempfile.TemporaryDirectory() as folder:  # the tokenizer as loaded from disk
-        tokenizer.save_pretrained(folder)
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)  # TransformerLens reloads it by its path
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = _from_hf_model(hf_model, tokenizer, f"random Pythia-{shape} shape", device,
-                           torch.float32)
+        model = _from_hf_model(hf_model, tokenizer, f"random Pythia-{shape} shape", device,
+                               torch.float32)
     del hf_model
     return model, tokenizer
 
