@@ -59,7 +59,8 @@ def measure_once(lm, config):
         phases[f"layer {layer}"] = time.perf_counter() - t
     t = time.perf_counter()
     prep.summarize({k: v.effect(prep.config.rank_sign) for k, v in layers.items()},
-                   {k: v.matches for k, v in layers.items()})
+                   {k: v.matches for k, v in layers.items()},
+                   attribution={k: v.attribution_score() for k, v in layers.items()})
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
     phases["total"] = time.perf_counter() - t0
     return prep, layers, phases

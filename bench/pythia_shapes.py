@@ -112,7 +112,7 @@ def measure(shape: str, args) -> dict:
     n_prompts = len(run.table)
     one_pass = bool(run.held_layers)
     layer_phases: dict[str, float] = {}
-    effects, matches, exact_rows = {}, {}, 0
+    effects, matches, attribution, exact_rows = {}, {}, {}, 0
     flop_exact = 0.0
     per_layer_flop = 2 * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_mlp)
     unembed_flop = 2 * cfg.d_model * cfg.d_vocab
@@ -123,6 +123,7 @@ def measure(shape: str, args) -> dict:
         for k, v in result.seconds.items():
             layer_phases[k] = layer_phases.get(k, 0.0) + v
         effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
+        attribution[layer] = result.attribution_score()
         rows = sum(f["n_exact"] * f["n_pairs"] for f in result.patching.values())
         exact_rows += rows
         flop_exact += rows * ((cfg.n_layers - layer - 1) * per_layer_flop + unembed_flop)
@@ -130,7 +131,7 @@ def measure(shape: str, args) -> dict:
         print(f"{shape} layer {layer}: {time.perf_counter() - t:.1f} s", flush=True)
     peak["layers"] = _peak_gib(device)
     t = time.perf_counter()
-    run.summarize(effects, matches)
+    run.summarize(effects, matches, attribution=attribution)
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
     peak["summary"] = _peak_gib(device)
     n_pairs = {op: int(len(run.pairs[op][0])) for op in config.operators}

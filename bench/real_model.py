@@ -77,7 +77,7 @@ def main() -> None:
         time.perf_counter() - t
     layer_s = []
     per_phase: dict[str, float] = {}
-    effects, matches = {}, {}
+    effects, matches, attribution = {}, {}, {}
     with store.connect(url) as conn:
         ids = register(conn, lm, config)
         write_layouts(conn, run, ids)
@@ -85,6 +85,7 @@ def main() -> None:
             t = time.perf_counter()
             result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
             effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
+            attribution[layer] = result.attribution_score()
             layer_s.append(time.perf_counter() - t)
             result_seconds = dict(result.seconds)
             for k, v in result_seconds.items():
@@ -98,7 +99,7 @@ def main() -> None:
                   + " ".join(f"{k} {v:.1f}" for k, v in result_seconds.items()), flush=True)
         phases["layers (lens, patching, matching, write), all"] = sum(layer_s)
         t = time.perf_counter()
-        summ = run.summarize(effects, matches)
+        summ = run.summarize(effects, matches, attribution=attribution)
         with conn.transaction():
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                 summary=summary_dict(summ))

@@ -1,99 +1,59 @@
-"""Circuits, faithfulness and knockouts (docs/method.md sections 6 and 8).
+"""Circuits as the heuristics paper builds them, and the faithfulness curve (docs/method.md §6).
 
-A circuit keeps the top-k neurons of every layer by patching effect. Its
-faithfulness compares the model with everything outside the circuit mean-ablated
-against the full model and the fully ablated one, using the normalised logit
-NL(x) = logit of the correct answer / maximum logit:
+A circuit is what a forward pass keeps (``catalog.ablation.Circuit``); its faithfulness
+says how much of the model's answer survives when the rest is ablated
+(``catalog.faithfulness``). How the circuit is built is the PROTOCOL, a recorded config
+choice:
 
-    F(c) = (NL(c) - NL(empty)) / (NL(model) - NL(empty)),  per prompt, then averaged.
+- ``paper``: the heuristics paper's released code. The heads of largest effect are
+  kept (``heads_to_keep``; the others are mean-ablated at every position), MLP layers
+  below the *first heuristics layer* stay whole, and only the MLPs from it on are pruned
+  to their top-k neurons. Neurons are ranked by attribution patching at the last
+  position, mean + std over pairs (or by the catalog's rank, ``circuit_ranking``).
+  Means cover all four operators over the whole grid, invalid cells included
+  (``mean_population``), and replace activations at every position (``ablate_context``).
+- ``all-layers``: the catalog's protocol before 0.5.0, kept for comparison: every
+  measured layer pruned to its top-k by the catalog's rank, heads never ablated, means
+  over the run's own prompts at the prompt's own positions.
+- ``counterfactual``: the paper's circuit, but what is outside it takes its value on a
+  counterfactual prompt (same token length, another answer) instead of a mean, as the MIB
+  benchmark's circuit track does; the empty circuit is the counterfactual everywhere.
 
-Means are taken per neuron and per position over all grid prompts of all
-operators. The two knockout experiments test the heuristic story: zeroing the
-neurons matched to a heuristic should hurt the prompts that heuristic is about
-far more than the others, and zeroing a prompt's own heuristic neurons should
-hurt it far more than zeroing as many random top neurons.
+The first heuristics layer (``late_from``) is given, or the paper's value for the
+models it studied (``PAPER_FIRST_HEURISTICS_LAYER``), or found by a rule on the
+component effects: the first layer from 1 whose whole-MLP effect at the last position
+reaches ``LATE_SHARE`` of the largest one (the paper's code never prunes MLP 0).
+
+Every curve comes with two controls at the same sizes: a random circuit (random neurons
+of the pruned layers, a new draw per seed) and the reversed ranking (the least important
+neurons first). If the ranking matters, the curve rises above both.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
-from catalog.grids import PrefixRunner, mlp_width, post_hook_name
-from catalog.heuristics import Heuristic
+from catalog import ablation, faithfulness
+from catalog.ablation import Circuit
+from catalog.components import ComponentEffects
+from catalog.config import PROTOCOLS
 from catalog.prompts import PromptTable
 
-
-def normalized_logit(logits: Float[torch.Tensor, "batch d_vocab"], answer: torch.Tensor):
-    """NL = logit of the answer / maximum logit over the vocabulary, per prompt."""
-    return logits.gather(1, answer[:, None])[:, 0] / logits.max(dim=1).values
-
-
-def faithfulness(nl_circuit, nl_empty, nl_model) -> float:
-    """Mean over prompts of (NL(c) - NL(empty)) / (NL(model) - NL(empty)).
-
-    Prompts whose model and empty-circuit NL are equal carry no information and
-    are left out (their ratio is undefined).
-    """
-    nl_circuit, nl_empty, nl_model = (np.asarray(x, dtype=np.float64)
-                                      for x in (nl_circuit, nl_empty, nl_model))
-    denom = nl_model - nl_empty
-    ok = denom != 0
-    if not ok.any():
-        return float("nan")
-    return float(np.mean((nl_circuit[ok] - nl_empty[ok]) / denom[ok]))
-
-
-@torch.no_grad()
-def position_means(
-    model: HookedTransformer, table: PromptTable, batch_size: int = 4096,
-    runner: PrefixRunner | None = None,
-) -> dict[int, Float[torch.Tensor, "n_layers pos d_mlp"]]:
-    """Mean MLP activation per layer, position and neuron over all prompts, per length of
-    the part of the prompt that is run (the whole prompt, or what follows a shared prefix)."""
-    runner = runner or PrefixRunner(model, table)
-    n_layers = model.cfg.n_layers
-    totals: dict[int, torch.Tensor] = {}
-    counts: dict[int, int] = {}
-    for skip, idx in runner.groups():
-        length = len(table.tokens[idx[0]]) - skip
-        total = totals.setdefault(length, torch.zeros(n_layers, length, mlp_width(model),
-                                                      dtype=torch.float64))
-        counts[length] = counts.get(length, 0) + len(idx)
-        for start in range(0, len(idx), batch_size):
-            chunk = idx[start:start + batch_size]
-            sums: dict[int, torch.Tensor] = {}
-
-            def add(act, hook, _sums=sums):
-                _sums[hook.layer()] = act.double().sum(0).cpu()
-
-            runner.run(chunk, skip, stop_at_layer=n_layers,
-                       fwd_hooks=[(post_hook_name(layer), add) for layer in range(n_layers)])
-            for layer in range(n_layers):
-                total[layer] += sums[layer]
-    return {length: (totals[length] / counts[length]).to(model.cfg.dtype).to(model.cfg.device)
-            for length in totals}
-
-
-def _run_with_neuron_edit(
-    runner: PrefixRunner,
-    idx: np.ndarray,
-    skip: int,
-    edit: Callable[[int, torch.Tensor], torch.Tensor],
-) -> torch.Tensor:
-    """Last-position logits of prompts ``idx`` (one group of ``runner``) with every layer's
-    hook_post replaced by ``edit(layer, act)``."""
-    def hook(act, hook):
-        return edit(hook.layer(), act)
-
-    n_layers = runner.model.cfg.n_layers
-    return runner.last_logits(idx, skip, fwd_hooks=[(post_hook_name(layer), hook)
-                                                    for layer in range(n_layers)])
+LATE_SHARE = 0.1
+# model_analysis_consts.py of technion-cs-nlp/llm-arithmetic-heuristics
+PAPER_FIRST_HEURISTICS_LAYER = {"pythia69b": 14, "llama38b": 16, "metallama38b": 16,
+                                "gptj6b": 17, "llama370b": 39, "metallama370b": 39}
+# heads the paper keeps: 50 of Pythia-6.9B's 1,024 and of GPT-J's 448, 100 of
+# Llama3-70B's 5,120 (Llama3-8B's were hand-picked, 6 to 20 per operator)
+PAPER_HEADS = 50
+PAPER_HEADS_AT = 1024
 
 
 def top_k_mask(effect: Float[np.ndarray, "n_layers d_mlp"], k: int) -> np.ndarray:
@@ -104,157 +64,220 @@ def top_k_mask(effect: Float[np.ndarray, "n_layers d_mlp"], k: int) -> np.ndarra
     return mask
 
 
-@torch.no_grad()
-def faithfulness_curve(
-    model: HookedTransformer,
-    table: PromptTable,
-    prompts: np.ndarray,
-    effect: Float[np.ndarray, "n_layers d_mlp"],
-    ks: list[int],
-    means: dict[int, torch.Tensor],
-    measured: np.ndarray | None = None,
-    runner: PrefixRunner | None = None,
-) -> list[tuple[int, float]]:
-    """Faithfulness of the top-k-per-layer circuit for each k, on ``prompts``.
-
-    ``measured`` (n_layers,) bool: layers outside it are never ablated (a circuit over a
-    subset of layers); default all."""
-    free = (np.zeros(effect.shape, dtype=bool) if measured is None
-            else np.broadcast_to(~np.asarray(measured)[:, None], effect.shape))
-    if len(prompts) == 0:
-        return [(k, float("nan")) for k in ks]
-    curve: dict[int, list[float]] = {k: [] for k in ks}
-    nl_model_all, nl_empty_all = [], []
-    runner = runner or PrefixRunner(model, table)
-    for skip, sel in runner.groups(prompts):
-        ans = torch.from_numpy(table.answer[sel]).to(model.cfg.device)
-        mean = means[len(table.tokens[sel[0]]) - skip]
-
-        def ablate(keep, _mean=mean):
-            keep_t = torch.as_tensor(keep, device=model.cfg.device)
-
-            def edit(layer, act):
-                return torch.where(keep_t[layer], act, _mean[layer])
-            return edit
-
-        nl_model_all.append(normalized_logit(runner.last_logits(sel, skip), ans).cpu().numpy())
-        none = free.copy()
-        nl_empty_all.append(normalized_logit(
-            _run_with_neuron_edit(runner, sel, skip, ablate(none)), ans).cpu().numpy())
-        for k in ks:
-            keep = top_k_mask(effect, k) | free
-            curve[k].append(normalized_logit(
-                _run_with_neuron_edit(runner, sel, skip, ablate(keep)), ans).cpu().numpy())
-    nl_model, nl_empty = np.concatenate(nl_model_all), np.concatenate(nl_empty_all)
-    return [(k, faithfulness(np.concatenate(curve[k]), nl_empty, nl_model)) for k in ks]
-
-
 def circuit_sizes(d_mlp: int, fractions: tuple[float, ...]) -> list[int]:
     """Neurons per layer for each circuit fraction (at least 1, no duplicates)."""
     return sorted({max(1, math.ceil(f * d_mlp)) for f in fractions})
 
 
-@torch.no_grad()
-def accuracy_with_zeroed(
-    model: HookedTransformer,
-    table: PromptTable,
-    prompts: np.ndarray,
-    zero: Bool[np.ndarray, "prompt n_layers d_mlp"] | Bool[np.ndarray, "n_layers d_mlp"],
-    runner: PrefixRunner | None = None,
-) -> np.ndarray:
-    """Per-prompt correctness (answer's first token), given neurons zeroed at the last position.
+def heads_to_keep(n_layers: int, n_heads: int, setting: str) -> int:
+    """How many heads a paper circuit keeps. ``auto``: the paper's 50 heads at 1,024,
+    scaled by the square root of the model's head count (1,024 heads: 50; GPT-J's 448:
+    33, the paper 50; Llama3-70B's 5,120: 112, the paper 100; Qwen2.5-0.5B's 336: 29);
+    otherwise the number given. At least 1, at most every head."""
+    total = n_layers * n_heads
+    n = round(PAPER_HEADS * math.sqrt(total / PAPER_HEADS_AT)) if setting == "auto" \
+        else int(setting)
+    return max(1, min(total, n))
 
-    ``zero`` is one mask for all prompts or one per prompt. Zeroing at the last position
-    leaves every earlier position as in the clean run, so only that position is run,
-    against the clean keys and values the runner keeps per prompt group (computed by the
-    first knockout on those prompts, reused by the others).
+
+def known_first_layer(model_name: str) -> int | None:
+    """The paper's first heuristics layer for a model it studied, else None."""
+    key = re.sub(r"[^a-z0-9]", "", model_name.lower().rsplit("/", 1)[-1])
+    return PAPER_FIRST_HEURISTICS_LAYER.get(key)
+
+
+def first_heuristics_layer(mlp_last: np.ndarray) -> int:
+    """The rule: the first layer from 1 whose whole-MLP effect at the last position
+    (``mlp_last``, one rank key per layer, averaged over operators) reaches ``LATE_SHARE``
+    of the largest one; 1 when no layer has an effect."""
+    key = np.nan_to_num(np.asarray(mlp_last, dtype=np.float64), nan=0.0, neginf=0.0)
+    if len(key) < 2:
+        return 0
+    peak = key[1:].max()
+    if not peak > 0:
+        return 1
+    return 1 + int(np.argmax(key[1:] >= LATE_SHARE * peak))
+
+
+@dataclass
+class CircuitPlan:
+    """How one protocol builds one operator's circuits at every size."""
+
+    protocol: str
+    heads: np.ndarray  # (n_layers, n_heads) bool, kept
+    pruned: list[int]  # layers pruned to their top-k neurons
+    whole: list[int]  # layers kept whole
+    score: np.ndarray  # (n_layers, d_mlp) ranking of the pruned layers, largest first
+    empty: Circuit
+    late_from: int | None = None  # first heuristics layer (paper, counterfactual)
+    late_source: str | None = None  # config | paper | rule
+
+    def circuit(self, mask: np.ndarray) -> Circuit:
+        """The circuit keeping ``mask`` (n_layers, d_mlp) in the pruned layers."""
+        neurons = np.ones_like(mask)
+        neurons[self.pruned] = mask[self.pruned]
+        return Circuit(neurons, self.heads)
+
+    def ranked(self, k: int) -> Circuit:
+        return self.circuit(top_k_mask(self.score, k))
+
+    def reversed(self, k: int) -> Circuit:
+        rev = np.where(np.isfinite(self.score), -self.score, -np.inf)
+        return self.circuit(top_k_mask(rev, k))
+
+    def random(self, k: int, rng: np.random.Generator) -> Circuit:
+        return self.circuit(top_k_mask(rng.random(self.score.shape), k))
+
+
+def plan(protocol: str, model: HookedTransformer, measured: list[int],
+         score: np.ndarray, rank_key: np.ndarray, comps: ComponentEffects | None,
+         late_from: str, heads: str, sign: str, model_name: str = "",
+         mlp_last: np.ndarray | None = None) -> CircuitPlan:
+    """The circuits of ``protocol`` for one operator.
+
+    ``score`` is the paper's ranking (attribution mean + std) and ``rank_key`` the
+    catalog's (both (n_layers, d_mlp), largest first, -inf where unmeasured); which one a
+    paper circuit uses was chosen by the caller. ``comps`` ranks the heads; ``mlp_last``
+    (n_layers,) places the first heuristics layer when ``late_from`` is ``auto`` (default:
+    this operator's own).
     """
-    out = np.zeros(len(prompts), dtype=bool)
-    per_prompt = zero.ndim == 3
-    runner = runner or PrefixRunner(model, table)
-    n_layers = model.cfg.n_layers
-    order = {int(p): i for i, p in enumerate(prompts)}
-    for skip, sel in runner.groups(prompts):
-        pos = np.array([order[int(p)] for p in sel])
-        z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
-
-        def edit(act, hook, _z=z):
-            return act.masked_fill(_z[:, hook.layer()][:, None, :], 0.0)
-
-        pred = runner.last_position_logits(sel, skip, fwd_hooks=[
-            (post_hook_name(layer), edit) for layer in range(n_layers)]).argmax(-1).cpu().numpy()
-        out[pos] = pred == table.answer[sel]
-    return out
-
-
-def heuristic_knockout(
-    model: HookedTransformer,
-    table: PromptTable,
-    prompts: np.ndarray,
-    heuristic: Heuristic,
-    neurons: Bool[np.ndarray, "n_layers d_mlp"],
-    runner: PrefixRunner | None = None,
-) -> dict:
-    """Zero every neuron matched to ``heuristic``; accuracy on its prompts vs the others.
-
-    ``prompts`` are correct prompts of one operator (accuracy 1 before the knockout).
-    """
-    member = heuristic.contains(table.a[prompts], table.b[prompts], table.result[prompts])
-    ok = accuracy_with_zeroed(model, table, prompts, neurons, runner)
-    return {
-        "heuristic": heuristic.key,
-        "label": heuristic.label,
-        "n_neurons": int(neurons.sum()),
-        "n_associated": int(member.sum()),
-        "acc_associated": float(ok[member].mean()) if member.any() else float("nan"),
-        "acc_other": float(ok[~member].mean()) if (~member).any() else float("nan"),
-    }
+    cfg = model.cfg
+    n_layers, n_heads = cfg.n_layers, cfg.n_heads
+    if protocol == "all-layers":
+        whole = [x for x in range(n_layers) if x not in measured]
+        neurons = np.ones((n_layers, score.shape[1]), dtype=bool)
+        neurons[measured] = False
+        all_heads = np.ones((n_layers, n_heads), dtype=bool)
+        return CircuitPlan(protocol, all_heads, list(measured), whole, rank_key,
+                           Circuit(neurons, all_heads))
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if comps is None:
+        raise ValueError(f"protocol {protocol!r} needs component effects")
+    if late_from != "auto":
+        layer, source = int(late_from), "config"
+    elif (known := known_first_layer(model_name)) is not None and known < n_layers:
+        layer, source = known, "paper"
+    else:
+        last = comps.mlp_last(sign) if mlp_last is None else mlp_last
+        layer, source = first_heuristics_layer(last), "rule"
+    n_keep = heads_to_keep(n_layers, n_heads, heads)
+    head_key = comps.head_scores(sign)
+    kept = np.zeros(n_layers * n_heads, dtype=bool)
+    kept[np.argsort(-head_key.ravel(), kind="stable")[:n_keep]] = True
+    pruned = [x for x in measured if x >= layer]
+    whole = [x for x in range(n_layers) if x not in pruned]
+    return CircuitPlan(protocol, kept.reshape(n_layers, n_heads), pruned, whole, score,
+                       Circuit.nothing(model), layer, source)
 
 
-def prompt_knockout(
-    model: HookedTransformer,
-    table: PromptTable,
-    prompts: np.ndarray,
-    heuristics: list[Heuristic],
-    matched: list[Bool[np.ndarray, "n_layers d_mlp"]],
-    top_set: Bool[np.ndarray, "n_layers d_mlp"],
-    n_per_layer: int,
-    seed: int,
-    runner: PrefixRunner | None = None,
-) -> dict:
-    """Zero up to N heuristic neurons per layer per prompt, against N random top neurons.
+# ------------------------------------------------------------------ the curve
 
-    For each prompt, candidate neurons are the top-set neurons matched to any
-    heuristic the prompt belongs to; up to ``n_per_layer`` of them are drawn per
-    layer. The baseline zeroes as many neurons drawn at random from the same
-    layer's top set.
-    """
-    rng = np.random.default_rng(seed)
-    n_layers, d_mlp = top_set.shape
-    member = np.stack([h.contains(table.a[prompts], table.b[prompts], table.result[prompts])
-                       for h in heuristics], axis=1) if heuristics else np.zeros((len(prompts), 0),
-                                                                                 dtype=bool)
-    stacked = np.stack(matched) if matched else np.zeros((0, n_layers, d_mlp), dtype=bool)
-    heur = np.zeros((len(prompts), n_layers, d_mlp), dtype=bool)
-    rand = np.zeros_like(heur)
-    for i in range(len(prompts)):
-        cand = stacked[member[i]].any(axis=0) & top_set if member[i].any() else \
-            np.zeros((n_layers, d_mlp), dtype=bool)
-        for layer in range(n_layers):
-            pool = np.nonzero(cand[layer])[0]
-            take = min(n_per_layer, len(pool))
-            if take:
-                heur[i, layer, rng.choice(pool, take, replace=False)] = True
-                top_pool = np.nonzero(top_set[layer])[0]
-                rand[i, layer, rng.choice(top_pool, take, replace=False)] = True
-    def acc(zero: np.ndarray) -> float:
-        if not len(prompts):
-            return float("nan")
-        return float(accuracy_with_zeroed(model, table, prompts, zero, runner).mean())
 
-    return {
-        "n_prompts": len(prompts),
-        "mean_neurons_zeroed": float(heur.sum(axis=(1, 2)).mean()) if len(prompts) else 0.0,
-        "acc_heuristic_knockout": acc(heur),
-        "acc_random_knockout": acc(rand),
-    }
+@dataclass
+class CurveResult:
+    """One protocol's faithfulness curve for one operator, with its controls."""
+
+    protocol: str
+    op: str
+    plan: CircuitPlan
+    n_prompts: int  # draws over the seeds (a prompt drawn by two seeds counts twice)
+    n_unique: int
+    seeds: int
+    context: str
+    population: str | None
+    ranking: str
+    baselines: dict = field(default_factory=dict)  # metric -> {model, empty, n_small}
+    points: list[dict] = field(default_factory=list)  # circuit, k, fraction, flags, stats
+    areas: dict = field(default_factory=dict)  # circuit -> metric -> statistic -> areas
+
+    def as_dict(self) -> dict:
+        p = self.plan
+        return {
+            "protocol": self.protocol, "op": self.op, "n_prompts": self.n_prompts,
+            "n_unique": self.n_unique, "seeds": self.seeds, "context": self.context,
+            "population": self.population, "ranking": self.ranking,
+            "late_from": p.late_from, "late_source": p.late_source, "pruned": p.pruned,
+            "whole": p.whole, "heads": [[int(a), int(b)] for a, b in np.argwhere(p.heads)],
+            "n_heads_kept": int(p.heads.sum()), "n_heads": int(p.heads.size),
+            "baselines": self.baselines, "points": self.points, "areas": self.areas,
+        }
+
+    def curve(self, metric: str = "nl", stat: str = "mean_ratio",
+              circuit: str = "ranked") -> list[tuple[int, float | None]]:
+        """(k, value) along one curve."""
+        return [(pt["k"], pt[stat]) for pt in self.points
+                if pt["metric"] == metric and pt["circuit"] == circuit]
+
+
+@dataclass
+class CurveSetup:
+    """What every curve of one checkpoint shares."""
+
+    table: PromptTable
+    width: int  # d_mlp
+    fractions: tuple[float, ...]
+    counts: list[int]  # the paper's k schedule, or [] when not asked for
+    seeds: list[np.ndarray]  # per seed, the prompts drawn (table indices)
+    cf_of: dict[int, int]  # prompt -> its counterfactual prompt (same length, other answer)
+    seed: int
+    batch_size: int
+
+
+def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: CircuitPlan,
+                  replace: ablation.Replace, context: str, population: str | None,
+                  ranking: str) -> CurveResult:
+    """The faithfulness of ``plan_``'s circuits at every size, with the controls, the
+    baselines and the areas, for one operator's drawn prompts."""
+    table, width = setup.table, setup.width
+    union = np.unique(np.concatenate(setup.seeds)) if setup.seeds else np.zeros(0, np.int64)
+    result = CurveResult(plan_.protocol, op, plan_, sum(len(s) for s in setup.seeds),
+                         len(union), len(setup.seeds), context, population, ranking)
+    if not len(union):
+        return result
+    answer = torch.as_tensor(table.answer, device=model.cfg.device)
+    cf_answer = torch.as_tensor(np.array([table.answer[setup.cf_of.get(int(p), int(p))]
+                                          for p in range(len(table))]),
+                                device=model.cfg.device)
+
+    def score(logits: torch.Tensor, idx: np.ndarray) -> np.ndarray:
+        at = torch.as_tensor(idx, device=logits.device)
+        return faithfulness.prompt_metrics(logits, answer[at], cf_answer[at])
+
+    def run(prompts: np.ndarray, circuits: list[Circuit]) -> list[np.ndarray]:
+        return ablation.evaluate(model, table, prompts, circuits, replace, context, score,
+                                 setup.batch_size)
+
+    model_v, empty_v = run(union, [Circuit.everything(model)]) + run(union, [plan_.empty])
+    mib_ks = faithfulness.fraction_counts(width, setup.fractions)  # per level; may repeat
+    sizes_mib = sorted(set(mib_ks))  # levels below one neuron share k = 1: measured once
+    ks = sorted(set(mib_ks) | set(setup.counts))
+    # the draws, in seed order, as rows of the union
+    draws = np.concatenate([np.searchsorted(union, s) for s in setup.seeds])
+    values = {"ranked": [v[draws] for v in run(union, [plan_.ranked(k) for k in ks])],
+              "reversed": [v[draws] for v in run(union, [plan_.reversed(k) for k in sizes_mib])]}
+    o = table.operators.index(op)
+    per_seed = [run(s, [plan_.random(k, np.random.default_rng([setup.seed, 9, o, i, k]))
+                        for k in sizes_mib]) for i, s in enumerate(setup.seeds)]
+    values["random"] = [np.concatenate([got[j] for got in per_seed])
+                        for j in range(len(sizes_mib))]
+    sizes = {"ranked": ks, "reversed": sizes_mib, "random": sizes_mib}
+    boot = faithfulness.resamples(len(draws), setup.seed)
+    m, e = model_v[draws], empty_v[draws]
+    for mi, metric in enumerate(faithfulness.METRICS):
+        result.baselines[metric] = {
+            "model": float(m[:, mi].mean()), "empty": float(e[:, mi].mean()),
+            "n_small": int((np.abs(m[:, mi] - e[:, mi]) < faithfulness.SMALL).sum())}
+    mib_set, paper_set = set(mib_ks), set(setup.counts)
+    for kind, k_list in sizes.items():
+        for v, k in zip(values[kind], k_list, strict=True):
+            for mi, metric in enumerate(faithfulness.METRICS):
+                stats = faithfulness.point_stats(v[:, mi], e[:, mi], m[:, mi], boot)
+                result.points.append({"circuit": kind, "k": int(k), "fraction": k / width,
+                                      "mib": k in mib_set, "paper": k in paper_set,
+                                      "metric": metric, **stats.as_dict()})
+        levels = np.stack([values[kind][k_list.index(k)] for k in mib_ks])
+        result.areas[kind] = {metric: faithfulness.area_stats(
+            np.array(setup.fractions), levels[:, :, mi], e[:, mi], m[:, mi], boot)
+            for mi, metric in enumerate(faithfulness.METRICS)}
+    return result

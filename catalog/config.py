@@ -28,7 +28,9 @@ from catalog.tokens import NumberTokens
 # the value family, prompts tokenized as prefix + prompt (docs/method.md)
 # 0.3.0: scores stored per family (scores_per_family), the forward passes' dtype
 # 0.4.0: grid storage tiers (full_grids: full grids for the top set, sketches for the rest)
-CATALOG_VERSION = "0.4.0"
+# 0.5.0: circuits as the heuristics paper builds them (faithfulness protocols, component
+# effects, curve controls and areas, well-conditioned faithfulness statistics)
+CATALOG_VERSION = "0.5.0"
 
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
@@ -46,6 +48,15 @@ TEMPLATES = {
 }
 OP_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "divided by"}
 HEURISTIC_FAMILIES = ("range", "modulo", "pattern", "identical", "value", "multi_result")
+# circuits and faithfulness (catalog.circuits, catalog.ablation; docs/method.md section 6)
+PROTOCOLS = ("paper", "all-layers", "counterfactual")
+RANKINGS = ("auto", "attribution", "rank")
+CONTEXTS = ("prompt", "all")
+POPULATIONS = ("grid", "valid")
+# prompt positions that component effects patch: the last token of the first operand, of
+# the operator and of the second operand, and the last position
+ROLES = ("op1", "op", "op2", "last")
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 # keys that configs stored before the split carried; they never changed a number
 LEGACY_EXECUTION_KEYS = ("batch_size", "patch_chunk")
 # What configs stored before these fields existed meant: the paper's rules, no shots.
@@ -55,7 +66,13 @@ LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_stat
                   # before 0.3.0 every score >= the floor was stored, in float32
                   "scores_per_family": 0, "dtype": "float32",
                   # before 0.4.0 every grid was stored at full resolution
-                  "full_grids": "all"}
+                  "full_grids": "all",
+                  # before 0.5.0: the all-layers protocol only, one draw of prompts, no
+                  # component effects
+                  "faithfulness_protocols": ["all-layers"], "faithfulness_seeds": 1,
+                  "circuit_counts": "none", "component_positions": [], "late_from": "auto",
+                  "heads_kept": "auto", "circuit_ranking": "rank", "mean_population": "valid",
+                  "mean_prompts": 0, "ablate_context": "prompt"}
 
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -130,11 +147,51 @@ class ScienceConfig:
     score_bottom: str = _opt("auto", "also score the bottom-k of each map: auto (gated MLPs "
                                      "only), always or never", choices=BOTTOM_MODES)
     lens_top_k: int = _opt(10, "top and bottom vocabulary tokens kept per neuron's lens")
+    faithfulness_protocols: tuple[str, ...] = _opt(
+        ("paper",), "how circuits are built and ablated, comma-separated: paper (the heuristics "
+        "paper: top heads kept, MLPs pruned from the first heuristics layer on, means over "
+        "all operators and the whole grid at every position), all-layers (every measured "
+        "layer pruned, heads kept: the catalog's protocol before 0.5.0) and counterfactual "
+        "(the paper's circuit, the rest patched from a counterfactual prompt, as MIB)",
+        flag="--protocols", kind="words", form=True)
+    late_from: str = _opt(
+        "auto", "first heuristics layer: MLPs below it stay whole in a paper circuit; auto "
+        "takes the paper's value for a model it studied, else the first layer from 1 whose "
+        "whole-MLP effect at the last position reaches 10% of the largest")
+    heads_kept: str = _opt(
+        "auto", "attention heads a paper circuit keeps (the others are ablated): a number, or "
+        "auto, the paper's 50 at 1,024 heads scaled by the square root of the head count",
+        flag="--heads")
+    circuit_ranking: str = _opt(
+        "auto", "what ranks a paper circuit's neurons: attribution (the paper's: mean + std "
+        "over pairs of attribution patching at the last position), rank (the catalog's rank "
+        "statistic) or auto (attribution where attribution patching runs, else rank; the "
+        "ranking used is stored with each curve)", choices=RANKINGS)
+    mean_population: str = _opt(
+        "grid", "prompts that mean ablation averages over: grid (all four operators over "
+        "the whole operand grid, invalid cells included, as the paper) or valid (the run's "
+        "own prompts)", choices=POPULATIONS)
+    mean_prompts: int = _opt(1000, "at most this many prompts of the mean population, an "
+                                   "equal seeded sample per operator (0: all)")
+    ablate_context: str = _opt(
+        "all", "positions a paper circuit ablates: all (every position, the few-shot prefix "
+        "included) or prompt (the prompt's own tokens; the prefix runs clean)",
+        choices=CONTEXTS)
     circuit_fractions: tuple[float, ...] = _opt(
-        (0.01, 0.02, 0.05, 0.1, 0.2, 0.5), "circuit sizes (share of each layer's neurons) "
-        "of the faithfulness curve, comma-separated", kind="floats")
-    faithfulness_prompts: int = _opt(200, "correct prompts per operator for faithfulness "
-                                          "and knockouts")
+        MIB_FRACTIONS, "circuit sizes as shares of each pruned layer's neurons, comma-"
+        "separated (default the MIB benchmark's levels; the curve's areas and its controls "
+        "use them)", kind="floats")
+    circuit_counts: str = _opt(
+        "none", "more circuit sizes in neurons per layer: paper (the heuristics paper's 0, "
+        "10, ..., 490, then steps of 50 to the full width), none, or numbers")
+    faithfulness_prompts: int = _opt(50, "correct prompts per operator and seed for "
+                                         "faithfulness and knockouts (paper: 50)")
+    faithfulness_seeds: int = _opt(3, "draws of faithfulness prompts (paper: 3); the "
+                                      "random-circuit control draws anew for each")
+    component_positions: tuple[str, ...] = _opt(
+        ("last",), "prompt positions where every head and MLP layer is exactly patched, "
+        "comma-separated from op1, op, op2, last (attribution covers all four); none: no "
+        "component effects", kind="words")
     knockout_neurons: int = _opt(10, "N of the prompt knockout (neurons per layer)")
     top_set_fraction: float = _opt(0.05, "share of each layer's neurons (by effect) that "
                                          "the knockouts draw from (the top set)")
@@ -145,8 +202,11 @@ class ScienceConfig:
 
     def __post_init__(self) -> None:
         # tuples keep the config hashable and its JSON stable, even if lists were passed
-        for name in ("operators", "patching", "circuit_fractions", "families"):
+        for name in ("operators", "patching", "circuit_fractions", "families",
+                     "faithfulness_protocols", "component_positions"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.component_positions == ("none",):  # how a command line says "no positions"
+            object.__setattr__(self, "component_positions", ())
         if not self.operators:
             raise ValueError("operators is empty; choose at least one of + - * /")
         for op in self.operators:
@@ -228,10 +288,86 @@ class ScienceConfig:
             raise ValueError(f"top_set_fraction must be in (0, 1], got {self.top_set_fraction}")
         if not self.circuit_fractions or any(not 0 < f <= 1 for f in self.circuit_fractions):
             raise ValueError(f"circuit_fractions must be in (0, 1], got {self.circuit_fractions}")
+        self._check_circuits()
         for name in ("lens_top_k", "faithfulness_prompts", "knockout_neurons", "pattern_top_k",
-                     "multi_result_top"):
+                     "multi_result_top", "faithfulness_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def _check_circuits(self) -> None:
+        bad = [p for p in self.faithfulness_protocols if p not in PROTOCOLS]
+        if bad or not self.faithfulness_protocols:
+            raise ValueError(f"faithfulness_protocols {list(self.faithfulness_protocols)} must "
+                             f"be a non-empty subset of {PROTOCOLS}")
+        if len(set(self.faithfulness_protocols)) != len(self.faithfulness_protocols):
+            raise ValueError(f"faithfulness_protocols has duplicates: "
+                             f"{list(self.faithfulness_protocols)}")
+        bad = [p for p in self.component_positions if p not in ROLES]
+        if bad:
+            raise ValueError(f"component_positions {bad} unknown; choose from {ROLES}")
+        for name in ("late_from", "heads_kept"):
+            v = getattr(self, name)
+            if v != "auto" and not (v.isdigit() and (name == "late_from" or int(v) >= 1)):
+                raise ValueError(f"{name} must be auto or a whole number"
+                                 f"{'' if name == 'late_from' else ' >= 1'}, got {v!r}")
+        for name, allowed in (("circuit_ranking", RANKINGS), ("ablate_context", CONTEXTS),
+                              ("mean_population", POPULATIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.mean_prompts < 0:
+            raise ValueError(f"mean_prompts must be >= 0, got {self.mean_prompts}")
+        self.counts(1)  # validates the form
+        paper_like = [p for p in self.faithfulness_protocols if p != "all-layers"]
+        if paper_like and not self.component_positions:
+            raise ValueError(f"protocols {paper_like} pick heads and the first heuristics layer "
+                             "from component effects; give component_positions (e.g. last)")
+        if paper_like and self.circuit_ranking == "attribution" \
+                and "attribution" not in self.patching:
+            raise ValueError("circuit_ranking 'attribution' ranks neurons by attribution "
+                             "patching; use --patching both or --circuit-ranking rank")
+
+    def counts(self, width: int) -> list[int]:
+        """The extra circuit sizes of ``circuit_counts`` for layers of ``width`` neurons
+        (ValueError if malformed)."""
+        text = self.circuit_counts.strip()
+        if text == "none":
+            return []
+        if text == "paper":
+            return sorted({k for k in list(range(0, 500, 10)) + list(range(500, width, 50))
+                           if k <= width} | {width})
+        try:
+            values = sorted({int(w) for w in text.split(",") if w.strip()})
+        except ValueError:
+            values = []
+        if not values or values[0] < 0:
+            raise ValueError(f"circuit_counts must be paper, none or whole numbers >= 0, "
+                             f"got {self.circuit_counts!r}")
+        return [min(v, width) for v in values]
+
+    def mean_passes(self) -> list[tuple[str, str, int]]:
+        """(population, context, cap) of each mean-activation pass that the faithfulness
+        protocols need (``counterfactual`` needs none; ``all-layers`` averages the run's own
+        prompts at their own positions, as the catalog did before 0.5.0)."""
+        out: list[tuple[str, str, int]] = []
+        for protocol in self.faithfulness_protocols:
+            if protocol == "all-layers":
+                key = ("valid", "prompt", 0)
+            elif protocol == "paper":
+                key = (self.mean_population, self.ablate_context, self.mean_prompts)
+            else:
+                continue
+            if key not in out:
+                out.append(key)
+        return out
+
+    def mean_population_size(self, kind: str, cap: int, n_valid: int) -> int:
+        """How many prompts a mean population of ``kind`` holds (``n_valid``: the run's
+        prompts; catalog.ablation.mean_population)."""
+        n_ops = 4 if kind == "grid" else len(self.operators)  # grid: all four operators
+        side = self.operand_hi - self.operand_lo
+        whole = n_ops * side * side if kind == "grid" else n_valid
+        # a cap takes an equal share per operator (an operator with fewer gives them all)
+        return min(whole, n_ops * -(-cap // n_ops)) if cap else whole
 
     def torch_dtype(self):
         """The torch dtype of ``dtype``."""

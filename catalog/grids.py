@@ -194,6 +194,10 @@ class PrefixRunner:
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
         return final_logits(model, resid)[:, 0]
 
+    def prefix(self, op: int) -> TransformerLensKeyValueCache:
+        """The clean keys and values of operator ``op``'s prefix (computed once)."""
+        return self._prefix(op)
+
     def _prefix(self, op: int) -> TransformerLensKeyValueCache:
         if op not in self._caches:
             self._caches[op] = prefix_cache(self.model, self.table.prefix_tokens[op])

@@ -36,6 +36,7 @@ def measure(
     summ = None
     if summary:
         summ = run.summarize({k: v.effect(run.config.rank_sign) for k, v in results.items()},
-                             {k: v.matches for k, v in results.items()})
+                             {k: v.matches for k, v in results.items()},
+                             attribution={k: v.attribution_score() for k, v in results.items()})
     return CheckpointResult(run.config, run.numbers, run.table, results, summ,
                             run.provenance(provenance))

@@ -19,16 +19,19 @@ knockouts: its answer is in the context.
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from catalog.arith import apply_op, is_valid
-from catalog.config import MeasureConfig
+from catalog.config import OP_WORDS, ROLES, MeasureConfig
 from catalog.tokens import NumberTokens, encode_number
 
 # Digit-level tokenizers have no single-token limit on results.
 UNLIMITED = 10**12
+# ROLES (config): positions of a prompt that component effects patch. With single-token
+# numbers and the bare template they are the paper's positions 1-4 (op1, operator, op2, =).
 
 
 @dataclass
@@ -55,6 +58,8 @@ class PromptTable:
     prefix_tokens: list[np.ndarray] = field(default_factory=list)  # per operator, BOS included
     is_shot: np.ndarray | None = None  # (n,) bool: the cell is a solved example of the prefix
     correct: np.ndarray | None = None  # set by catalog.grids.run_grid
+    # (n, len(ROLES)) int64: each role's position in the prompt's tokens (prefix included)
+    role_pos: np.ndarray | None = None
     _buckets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,23 +146,17 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
 
     is_shot = np.zeros(len(a), dtype=bool)
     prefix_tokens = []
-    bos = [numbers.bos_id] if numbers.bos_id is not None else []
     for i, op in enumerate(config.operators):
         rows = np.nonzero(op_arr == i)[0]
-        text = config.few_shot
-        if config.shots:
-            rng = np.random.default_rng([config.seed, 11, i])
-            chosen = rng.choice(rows, size=min(config.shots, len(rows)), replace=False)
-            is_shot[chosen] = True
-            text += "".join(config.prompt_text(int(a[j]), op, int(b[j])) + str(int(result[j]))
-                            + config.shot_separator for j in chosen)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
-        prefix_tokens.append(np.array(bos + list(ids), dtype=np.int64))
-    texts = [config.prompt_text(int(x), config.operators[o], int(y))
-             for o, x, y in zip(op_arr, a, b, strict=True)]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        prefix, chosen = operator_prefix(tokenizer, numbers, config, i, op, a[rows], b[rows],
+                                         result[rows])
+        is_shot[rows[chosen]] = True
+        prefix_tokens.append(prefix)
+    ids, roles = tokenize_prompts(tokenizer, config,
+                                  [config.operators[o] for o in op_arr], a, b)
     tokens = [np.concatenate([prefix_tokens[o], np.array(t, dtype=np.int64)])
               for o, t in zip(op_arr, ids, strict=True)]
+    roles += np.array([len(prefix_tokens[o]) for o in op_arr], dtype=np.int64)[:, None]
 
     uniq = np.unique(result)
     res_tok = {int(r): np.array(encode_number(tokenizer, int(r)), dtype=np.int64) for r in uniq}
@@ -177,7 +176,71 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
         result_tokens=result_tokens,
         prefix_tokens=prefix_tokens,
         is_shot=is_shot,
+        role_pos=roles,
     )
+
+
+def operator_prefix(tokenizer, numbers: NumberTokens, config: MeasureConfig, position: int,
+                    op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The shared prefix of operator ``op`` (BOS where the model uses one, ``few_shot``,
+    then ``shots`` solved examples drawn with the seed from the cells ``a, b, result``, its
+    valid cells) and the indices of the cells drawn. ``position`` is the operator's place in
+    the operators measured, which seeds the draw."""
+    text = config.few_shot
+    chosen = np.zeros(0, dtype=np.int64)
+    if config.shots:
+        rng = np.random.default_rng([config.seed, 11, position])
+        chosen = rng.choice(len(a), size=min(config.shots, len(a)), replace=False)
+        text += "".join(config.prompt_text(int(a[j]), op, int(b[j])) + str(int(result[j]))
+                        + config.shot_separator for j in chosen)
+    bos = [numbers.bos_id] if numbers.bos_id is not None else []
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+    return np.array(bos + list(ids), dtype=np.int64), chosen
+
+
+def _spans(template: str, a: int, op: str, b: int) -> tuple[str, dict[str, tuple[int, int]]]:
+    """The template written out, and the character span of the last {a}, operator
+    ({op} or {op_word}) and {b} in it."""
+    text, spans = "", {}
+    values = {"a": str(a), "b": str(b), "op": op, "op_word": OP_WORDS[op]}
+    for literal, name, _, _ in string.Formatter().parse(template):
+        text += literal
+        if name is None:
+            continue
+        spans["op" if name == "op_word" else name] = (len(text), len(text) + len(values[name]))
+        text += values[name]
+    return text, spans
+
+
+def tokenize_prompts(tokenizer, config: MeasureConfig, ops: list[str], a: np.ndarray,
+                     b: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
+    """Token ids of the prompts (a, op, b) without prefix, and the position of each of
+    ``ROLES`` in them ((n, 4) int64): the token holding an operand's or the operator's last
+    character, and the last token. Read from the tokenizer's character offsets; a
+    tokenizer without them is asked for each prefix of the text instead."""
+    written = [_spans(config.template, int(x), op, int(y)) for op, x, y in zip(ops, a, b,
+                                                                              strict=True)]
+    texts = [t for t, _ in written]
+    try:
+        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+    except (NotImplementedError, TypeError, ValueError):
+        enc, offsets = tokenizer(texts, add_special_tokens=False), None
+    ids = enc["input_ids"]
+    roles = np.zeros((len(texts), len(ROLES)), dtype=np.int64)
+    for i, (text, spans) in enumerate(written):
+        n = len(ids[i])
+        for j, name in enumerate(("a", "op", "b")):
+            end = spans[name][1]
+            if offsets is not None:
+                starts = [s for s, _ in offsets[i]]
+                roles[i, j] = max(k for k in range(n) if starts[k] < end or k == 0)
+            else:
+                part = tokenizer(text[:end], add_special_tokens=False)["input_ids"]
+                roles[i, j] = min(len(part), n) - 1
+        roles[i, -1] = n - 1
+    return ids, roles
 
 
 def sample_pairs(

@@ -8,7 +8,7 @@ Every way of filling the catalog drives it the same way:
         result = run.run_layer(layer)   # grids, lens, patching, heuristic matches
         ...store or keep result...
         run.release(layer)           # drop the layer's activations if over the budget
-    summary = run.summarize(effects, matches)   # accuracy, faithfulness, knockouts, counts
+    summary = run.summarize(effects, matches, attribution=...)  # accuracy, circuits, knockouts
 
 ``catalog.measure`` keeps every result in memory, ``ncat catalog`` stores each layer as it
 goes, and a Celery worker runs one layer per task (its matches may come back from the
@@ -17,6 +17,7 @@ database through ``Matches.from_records``). Nothing here touches storage.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
-from catalog import circuits, effects
+from catalog import ablation, circuits, effects, knockouts
+from catalog.components import ComponentEffects, component_effects, residual_lens
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import PrefixRunner, accuracy_by_operator, mlp_width, run_grid
 from catalog.heuristics import Cells, Heuristic, Partition, n_tests, partitions_for
@@ -73,6 +75,13 @@ class LayerResult:
         """What circuits order neurons by, largest first (catalog.effects.rank_key)."""
         return effects.rank_key(self.rank_value, sign)
 
+    def attribution_score(self) -> np.ndarray | None:
+        """(d_mlp, op): the heuristics paper's neuron ranking, attribution patching's mean
+        plus its standard deviation over pairs (None without attribution)."""
+        if self.effect_attr is None or self.effect_attr_std is None:
+            return None
+        return self.effect_attr + self.effect_attr_std
+
     def kv(self, op_prompts: np.ndarray) -> np.ndarray:
         """KV map values (d_mlp, n) for the given prompts: K times the answer's lens value."""
         return kv_map(self.acts[op_prompts].T, self.answer_lens[:, op_prompts])
@@ -86,12 +95,16 @@ class Summary:
     n_correct: dict[str, int]
     n_pairs: dict[str, int]
     circuit_sizes: list[int]
-    faithfulness: dict[str, list[tuple[int, float]]]  # op -> [(k, F)]
+    # op -> [(k, F)]: the first protocol's ranked curve, the paper's NL mean of ratios
+    faithfulness: dict[str, list[tuple[int, float]]]
     heuristic_knockouts: list[dict]
     prompt_knockouts: dict[str, dict]
     n_heuristic_neurons: dict[str, int]  # op -> neurons labelled with a heuristic
     layers: list[int]  # the layers the summary covers (circuits span these only)
     n_excluded: dict[str, int]  # op -> correct prompts left out because a shot solves them
+    components: dict[str, ComponentEffects] = field(default_factory=dict)  # op ->
+    curves: list[circuits.CurveResult] = field(default_factory=list)  # protocol x operator
+    residual_lens: dict[str, dict] = field(default_factory=dict)  # op -> per-layer lists
 
 
 @dataclass
@@ -186,6 +199,10 @@ class CheckpointRun:
                 f"load_model(..., dtype=config.torch_dtype())")
         self.d_mlp = mlp_width(model)
         self.layers: list[int] = check_layers(model, layers)
+        late = self.config.late_from
+        if late != "auto" and int(late) >= model.cfg.n_layers:
+            raise ValueError(f"late_from {late} is not a layer of this model; it has layers "
+                             f"0..{model.cfg.n_layers - 1}")
         self.numbers = detect_number_tokens(self.tokenizer,
                                             prepend_bos=self.model.cfg.default_prepend_bos)
         self.config.check_tokens(self.numbers)
@@ -392,12 +409,16 @@ class CheckpointRun:
     # ------------------------------------------------------------ the checkpoint
 
     def summarize(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
-                  run_knockouts: bool = True) -> Summary:
+                  run_knockouts: bool = True,
+                  attribution: dict[int, np.ndarray | None] | None = None) -> Summary:
         """Checkpoint summary from the measured layers' rank keys (d_mlp, op; largest
-        first, ``LayerResult.effect``) and labelled matches.
+        first, ``LayerResult.effect``), their attribution scores (``LayerResult.
+        attribution_score``, what a paper circuit ranks by) and labelled matches.
 
-        Circuits span the layers given: the others are never ablated (docs/method.md
-        section 6), and the summary records which layers it covers.
+        Component effects per operator, then each of the config's faithfulness protocols'
+        curves (docs/method.md section 6), then the knockouts. Circuits span the layers
+        given: the others are never pruned, and the summary records which layers it
+        covers and, per protocol, which it pruned and which it kept whole.
         """
         self._require_prepared()
         model, config, table = self.model, self.config, self.table
@@ -407,32 +428,34 @@ class CheckpointRun:
             raise ValueError("summarize needs at least one measured layer")
         measured = np.zeros(n_layers, dtype=bool)
         measured[layers] = True
-        ks = circuits.circuit_sizes(d_mlp, config.circuit_fractions)
         runner = PrefixRunner(model, table)  # one prefix and context cache for the summary
-        means = circuits.position_means(model, table, self.execution.batch_size, runner)
-        rng = np.random.default_rng([config.seed, 7])
-        faith, h_knock, p_knock = {}, [], {}
+        draws = self._faithfulness_draws()
+        comps = {op: component_effects(model, table, *self.pairs[op], config.component_positions,
+                                       config.rank_statistic, runner)
+                 for op in config.operators} if config.component_positions else {}
+        lens = {op: residual_lens(model, table, draws[op][0] if draws[op] else
+                                  np.zeros(0, np.int64), runner) for op in config.operators}
+        curves = self._curves(effects, attribution or {}, comps, draws, layers)
+        first = [c for c in curves if c.protocol == config.faithfulness_protocols[0]]
+        faith = {c.op: [(k, v if v is not None else float("nan")) for k, v in c.curve()]
+                 for c in first}
+        h_knock, p_knock = [], {}
         top_k = circuits.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
-        usable = table.usable()
         for o, op in enumerate(config.operators):
-            correct = table.op_index(op)[usable[table.op_index(op)]]
-            prompts = np.sort(rng.choice(correct, min(len(correct), config.faithfulness_prompts),
-                                         replace=False)) if len(correct) else correct
+            prompts = np.unique(np.concatenate(draws[op])) if draws[op] else np.zeros(0, int)
+            if not run_knockouts or len(prompts) == 0:
+                continue
             eff = np.full((n_layers, d_mlp), -np.inf)
             for layer in layers:
                 eff[layer] = np.nan_to_num(effects[layer][:, o], nan=-np.inf)
-            faith[op] = circuits.faithfulness_curve(model, table, prompts, eff, ks, means,
-                                                    measured=measured, runner=runner)
-            if not run_knockouts or len(prompts) == 0:
-                continue
             top_set = circuits.top_k_mask(eff, top_k) & measured[:, None]
             ranked = self._heuristic_masks(o, matches, top_set)
             for h, mask in ranked[:20]:
-                row = circuits.heuristic_knockout(model, table, prompts, h, mask & top_set,
-                                                  runner)
+                row = knockouts.heuristic_knockout(model, table, prompts, h, mask & top_set,
+                                                   runner)
                 if row["n_neurons"]:
                     h_knock.append({"op": op, **row})
-            p_knock[op] = circuits.prompt_knockout(
+            p_knock[op] = knockouts.prompt_knockout(
                 model, table, prompts, [h for h, _ in ranked], [m for _, m in ranked], top_set,
                 config.knockout_neurons, config.seed, runner)
         correct_all = table.correct
@@ -442,15 +465,108 @@ class CheckpointRun:
             n_correct={op: int(correct_all[table.op_index(op)].sum())
                        for op in config.operators},
             n_pairs={op: len(self.pairs[op][0]) for op in config.operators},
-            circuit_sizes=ks, faithfulness=faith, heuristic_knockouts=h_knock,
-            prompt_knockouts=p_knock,
+            circuit_sizes=sorted({k for c in first for k, _ in c.curve()}),
+            faithfulness=faith, heuristic_knockouts=h_knock, prompt_knockouts=p_knock,
             n_heuristic_neurons={
                 op: sum(len(m.neurons_matching(o)) for m in matches.values())
                 for o, op in enumerate(config.operators)},
             layers=layers,
             n_excluded={op: int((correct_all & table.is_shot)[table.op_index(op)].sum())
                         for op in config.operators},
+            components=comps, curves=curves, residual_lens=lens,
         )
+
+    def _faithfulness_draws(self) -> dict[str, list[np.ndarray]]:
+        """op -> per seed, the correct prompts drawn for faithfulness (sorted). One
+        generator across operators and seeds, so a single seed draws what the catalog
+        drew before seeds existed."""
+        config, table = self.config, self.table
+        rng = np.random.default_rng([config.seed, 7])
+        usable = table.usable()
+        out: dict[str, list[np.ndarray]] = {}
+        for op in config.operators:
+            correct = table.op_index(op)[usable[table.op_index(op)]]
+            out[op] = [np.sort(rng.choice(correct, min(len(correct), config.faithfulness_prompts),
+                                          replace=False))
+                       for _ in range(config.faithfulness_seeds)] if len(correct) else []
+        return out
+
+    def _counterfactuals(self, prompts: np.ndarray) -> dict[int, int]:
+        """prompt -> a correct prompt of any operator whose own part has the same number of
+        tokens and whose answer differs (the prompt itself when there is none): the
+        counterfactual answer of the logit-difference metric and the source of the
+        counterfactual protocol's activations."""
+        table = self.table
+        rng = np.random.default_rng([self.config.seed, 8])
+        usable = np.nonzero(table.usable())[0]
+        own = np.array([len(table.tokens[i]) - table.prefix_len(i) for i in range(len(table))])
+        out = {}
+        for p in np.unique(prompts):
+            pool = usable[(own[usable] == own[p]) & (table.answer[usable] != table.answer[p])]
+            out[int(p)] = int(pool[rng.integers(len(pool))]) if len(pool) else int(p)
+        return out
+
+    def _curves(self, effects: dict[int, np.ndarray], attribution: dict[int, np.ndarray | None],
+                comps: dict[str, ComponentEffects], draws: dict[str, list[np.ndarray]],
+                layers: list[int]) -> list[circuits.CurveResult]:
+        """Every protocol's faithfulness curve for every operator."""
+        model, config, table = self.model, self.config, self.table
+        n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
+        every = np.concatenate([np.concatenate(d) for d in draws.values() if d] or
+                               [np.zeros(0, np.int64)])
+        cf_of = self._counterfactuals(every)
+        means: dict[tuple[str, str, int], ablation.Means] = {}
+
+        def mean_replace(population: str, context: str, cap: int) -> ablation.Replace:
+            key = (population, context, cap)
+            if key not in means:
+                pop = ablation.mean_population(self.tokenizer, table, config, population, cap,
+                                               config.seed)
+                means[key] = ablation.position_means(model, pop, context,
+                                                     self.execution.batch_size)
+            return ablation.mean_replacement(means[key])
+
+        mlp_last = None
+        if comps:
+            mlp_last = np.nanmean(np.stack([c.mlp_last(config.rank_sign)
+                                            for c in comps.values()]), axis=0)
+        out = []
+        for o, op in enumerate(config.operators):
+            setup = circuits.CurveSetup(
+                table=table, width=d_mlp, fractions=tuple(config.circuit_fractions),
+                counts=config.counts(d_mlp), seeds=draws[op], cf_of=cf_of, seed=config.seed,
+                batch_size=self.execution.batch_size)
+            key = np.full((n_layers, d_mlp), -np.inf)
+            paper_score = np.full((n_layers, d_mlp), -np.inf)
+            for layer in layers:
+                key[layer] = np.nan_to_num(effects[layer][:, o], nan=-np.inf)
+                a = attribution.get(layer)
+                if a is not None:
+                    paper_score[layer] = np.nan_to_num(a[:, o], nan=-np.inf)
+            ranked_by = config.circuit_ranking
+            if ranked_by == "auto":
+                ranked_by = "attribution" if any(a is not None for a in attribution.values()) \
+                    else "rank"
+            score = paper_score if ranked_by == "attribution" else key
+            for protocol in config.faithfulness_protocols:
+                plan = circuits.plan(protocol, model, layers, score, key, comps.get(op),
+                                     config.late_from, config.heads_kept, config.rank_sign,
+                                     model.cfg.model_name, mlp_last)
+                if protocol == "all-layers":  # the catalog's protocol before 0.5.0
+                    (population, context, cap), = dataclasses.replace(
+                        config, faithfulness_protocols=(protocol,)).mean_passes()
+                    replace, ranking = mean_replace(population, context, cap), "rank"
+                elif protocol == "counterfactual":
+                    replace = ablation.counterfactual_replacement(
+                        model, table, cf_of, self.execution.batch_size)
+                    context, population, ranking = "prompt", None, ranked_by
+                else:
+                    context, population = config.ablate_context, config.mean_population
+                    replace = mean_replace(population, context, config.mean_prompts)
+                    ranking = ranked_by
+                out.append(circuits.measure_curve(model, setup, op, plan, replace, context,
+                                                  population, ranking))
+        return out
 
     def _heuristic_masks(self, o: int, matches: dict[int, Matches], top_set: np.ndarray,
                          ) -> list[tuple[Heuristic, np.ndarray]]:

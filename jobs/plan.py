@@ -25,8 +25,8 @@ The estimate is a short measured run scaled by counted work, per phase:
    attribution    pairs x operators (one backward pass per operator and checkpoint)
    exact patching neurons patched x pairs x operators, per layer
    matching       live neurons x operators, per layer (constant neurons are skipped)
-   summary        faithfulness prompts x operators, plus a pass over every prompt
-                  (mean activations)
+   summary        faithfulness prompts x seeds x operators x protocols, plus the mean
+                  activations' passes over their populations
    writing        bytes written
    ============== ===================================================================
 
@@ -351,10 +351,18 @@ def live_shares(lm, config: ScienceConfig, execution: ExecutionConfig) -> list[f
     return out
 
 
+def summary_units(config: ScienceConfig) -> int:
+    """The summary's work: faithfulness prompts x seeds x operators x protocols (each
+    protocol's curve and controls run every drawn prompt; component effects are per pair
+    and small beside them)."""
+    return (config.faithfulness_prompts * config.faithfulness_seeds * len(config.operators)
+            * len(config.faithfulness_protocols))
+
+
 def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: ExecutionConfig,
                      progress=None) -> dict:
     """One calibration catalog: per phase (units, seconds), bytes per row."""
-    from catalog.circuits import position_means
+    from catalog import ablation
     from catalog.heuristics import partitions_for
     from catalog.run import CheckpointRun
     from jobs.store_results import layer_rows, register, summary_dict, write_layouts
@@ -387,7 +395,7 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
             grid_s = max(grid_s - (time.perf_counter() - t), 0.0)
             write_layouts(conn, run, ids)
             phases: dict[str, float] = {}
-            write_s, effects, matches, exact_work = 0.0, {}, {}, 0.0
+            write_s, effects, matches, attribution, exact_work = 0.0, {}, {}, {}, 0.0
             used = {op: len(run.pairs[op][0]) for op in cal.operators}  # pairs used
             before: dict[str, int] = {}
             for i, layer in enumerate(layers):
@@ -409,14 +417,20 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
                 write_s += time.perf_counter() - t
                 effects[layer] = result.effect(cal.rank_sign)
                 matches[layer] = result.matches
+                attribution[layer] = result.attribution_score()
                 run.release(layer)
             say("calibrating: summary")
             t = time.perf_counter()
-            summ = run.summarize(effects, matches)
+            summ = run.summarize(effects, matches, attribution=attribution)
             summary_s = time.perf_counter() - t
-            # the summary's mean activations are a pass over every prompt: timed apart
+            # the summary's mean activations are passes over their populations: timed apart
             t = time.perf_counter()
-            position_means(lm.model, run.table, execution.batch_size)
+            mean_units = 0
+            for population, context, cap in cal.mean_passes():
+                pop = ablation.mean_population(lm.tokenizer, run.table, cal, population, cap,
+                                               cal.seed)
+                ablation.position_means(lm.model, pop, context, execution.batch_size)
+                mean_units += len(pop)
             means_s = time.perf_counter() - t
             summary_s = max(summary_s - means_s, 0.0)
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
@@ -461,8 +475,8 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
     return {
         "matching_ratio": phases.get("matching", 0.0) / max(random_s, 1e-9),
         "units": {"grid": len(run.table), "lens": len(layers), "attribution": n_pairs,
-                  "exact": exact_work, "summary": cal.faithfulness_prompts * ops,
-                  "means": len(run.table), "write": total_bytes},
+                  "exact": exact_work, "summary": summary_units(cal),
+                  "means": mean_units, "write": total_bytes},
         "seconds": {"grid": grid_s, "lens": phases.get("lens", 0.0),
                     "attribution": phases.get("attribution", 0.0),
                     "exact": phases.get("exact", 0.0), "summary": summary_s,
@@ -583,9 +597,11 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     live = sum(live_share) * d_mlp  # live neurons x layers (averaged over operators)
     phases.append(Phase("matching", live * ops, "live neurons x ops", cal.matching_ratio * (
         live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values()))))
-    units = config.faithfulness_prompts * ops  # every run ends with one
-    phases.append(Phase("summary", units, "prompts x ops",
-                        s("summary", units) + s("means", prompts)))
+    units = summary_units(config)  # every run ends with one
+    means = sum(config.mean_population_size(kind, cap, prompts)
+                for kind, _, cap in config.mean_passes())
+    phases.append(Phase("summary", units, "prompts x seeds x ops x protocols",
+                        s("summary", units) + s("means", means)))
     b = cal.bytes
     top = config.full_grid_top()
     side = config.operand_hi - config.operand_lo

@@ -200,7 +200,8 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str
         elif job.force or layer not in stored:
             result = store_layer(conn, here.run, here.ids, layer, here.lm.tokenizer, worker)
             here.run.release(layer)
-            here.results[layer] = (result.effect(here.run.config.rank_sign), result.matches)
+            here.results[layer] = (result.effect(here.run.config.rank_sign), result.matches,
+                                   result.attribution_score())
             outcome = "computed"
         else:
             outcome = "already stored"
@@ -281,10 +282,11 @@ def _summarize(conn, job: JobRow) -> None:
     if set(layers) <= set(here.results):
         effects = {layer: here.results[layer][0] for layer in layers}
         matches = {layer: here.results[layer][1] for layer in layers}
+        attribution = {layer: here.results[layer][2] for layer in layers}
     else:
-        effects, matches = stored_effects_and_matches(conn, here.ids, here.run.config, layers,
-                                                      here.lm.model.cfg.d_mlp)
-    summary = here.run.summarize(effects, matches)
+        effects, matches, attribution = stored_effects_and_matches(
+            conn, here.ids, here.run.config, layers, here.lm.model.cfg.d_mlp)
+    summary = here.run.summarize(effects, matches, attribution=attribution)
     with conn.transaction():
         store.write_summary(conn, checkpoint_id=here.ids.checkpoint_id,
                             config_id=here.ids.config_id, summary=summary_dict(summary))
@@ -292,17 +294,26 @@ def _summarize(conn, job: JobRow) -> None:
 
 
 def stored_effects_and_matches(conn, ids, config, layers: list[int], d_mlp: int):
-    """Rank keys (d_mlp, n_ops; largest first) and the labels (Matches) of ``layers``, the
-    two things the summary uses, read back from the store."""
+    """Rank keys (d_mlp, n_ops; largest first), the labels (Matches) and the attribution
+    scores (mean + std; None without attribution) of ``layers``: what the summary uses,
+    read back from the store."""
     from catalog.effects import rank_key
     from catalog.heuristics import Heuristic
     from catalog.matching import Matches
 
     ops = list(config.operators)
-    values = {layer: np.full((d_mlp, len(ops)), np.nan, dtype=np.float32) for layer in layers}
-    for layer, neuron, op, value in store.layer_effects(conn, ids=ids, column="rank_value"):
-        if layer in values:
-            values[layer][neuron, ops.index(op)] = np.nan if value is None else value
+    def column(name: str) -> dict[int, np.ndarray]:
+        out = {layer: np.full((d_mlp, len(ops)), np.nan, dtype=np.float32) for layer in layers}
+        for layer, neuron, op, value in store.layer_effects(conn, ids=ids, column=name):
+            if layer in out:
+                out[layer][neuron, ops.index(op)] = np.nan if value is None else value
+        return out
+
+    values = column("rank_value")
+    attribution: dict[int, np.ndarray | None] = {layer: None for layer in layers}
+    if "attribution" in config.patching:
+        mean, std = column("effect_attr"), column("effect_attr_std")
+        attribution = {layer: mean[layer] + std[layer] for layer in layers}
     records: dict[int, list] = {layer: [] for layer in layers}
     for (layer, neuron, op, score, bottom, family, target, params, base,
          p) in store.stored_labels(conn, ids=ids):
@@ -311,4 +322,4 @@ def stored_effects_and_matches(conn, ids, config, layers: list[int], d_mlp: int)
                                                                    tuple(params)),
                                    score, bottom, base, p, True))
     return ({layer: rank_key(v, config.rank_sign) for layer, v in values.items()},
-            {layer: Matches.from_records(rs) for layer, rs in records.items()})
+            {layer: Matches.from_records(rs) for layer, rs in records.items()}, attribution)

@@ -115,7 +115,34 @@ def summary_dict(summary: Summary) -> dict:
         "n_heuristic_neurons": summary.n_heuristic_neurons,
         "layers": summary.layers, "n_correct": summary.n_correct, "n_pairs": summary.n_pairs,
         "n_excluded": summary.n_excluded,
+        "residual_lens": summary.residual_lens,
+        "components": component_rows(summary),
+        "curves": [c.as_dict() for c in summary.curves],
     })
+
+
+COMPONENT_STATS = ("effect_exact", "effect_exact_std", "effect_attr", "effect_attr_std",
+                   "effect_log", "effect_median", "effect_trimmed", "moved_share",
+                   "rank_value")
+
+
+def component_rows(summary: Summary) -> list[dict]:
+    """component_effect rows of a Summary: one per operator, layer, head (-1: the whole
+    MLP layer) and prompt position."""
+    from catalog.config import ROLES
+
+    rows = []
+    for op, ce in summary.components.items():
+        n_layers, n_comp, _ = ce.rank_value.shape
+        for layer in range(n_layers):
+            for c in range(n_comp):
+                for r, role in enumerate(ROLES):
+                    rows.append({"op": op, "layer": layer,
+                                 "head": -1 if c == n_comp - 1 else c, "position": role,
+                                 "n_pairs": ce.n_pairs, "is_exact": bool(ce.is_exact[layer, c, r]),
+                                 **{name: float(getattr(ce, name)[layer, c, r])
+                                    for name in COMPONENT_STATS}})
+    return rows
 
 
 def store_layer(conn: psycopg.Connection, run: CheckpointRun, ids: CatalogIds, layer: int,
@@ -147,15 +174,15 @@ def catalog_checkpoint(
         ids = register(conn, lm, config)
         run.prepare(progress=progress)
         write_layouts(conn, run, ids)
-        effects, matches = {}, {}
+        effects, matches, attribution = {}, {}, {}
         done = sorted(set(store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                               config_id=ids.config_id)) & set(run.layers)) \
             if resume else []
         if done:
             from jobs.runner import stored_effects_and_matches
 
-            effects, matches = stored_effects_and_matches(conn, ids, config, done,
-                                                          lm.model.cfg.d_mlp)
+            effects, matches, attribution = stored_effects_and_matches(
+                conn, ids, config, done, lm.model.cfg.d_mlp)
             if on_resume is not None:
                 on_resume(done)
         for layer in (x for x in run.layers if x not in done):
@@ -163,10 +190,11 @@ def catalog_checkpoint(
             result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
             effects[layer] = result.effect(config.rank_sign)
             matches[layer] = result.matches
+            attribution[layer] = result.attribution_score()
             del result
             run.release(layer)
         if effects:
-            summ = run.summarize(effects, matches)
+            summ = run.summarize(effects, matches, attribution=attribution)
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
                                     config_id=ids.config_id, summary=summary_dict(summ))

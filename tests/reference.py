@@ -3,6 +3,7 @@
 import numpy as np
 import torch
 
+from catalog.ablation import z_hook_name
 from catalog.grids import post_hook_name
 from catalog.patching import effect_from_logprobs
 
@@ -46,3 +47,69 @@ def per_neuron_scores(maps: np.ndarray, members: list[np.ndarray]) -> np.ndarray
             share = (k - greater.sum()) / tied.sum()
             out[n, j] = ((greater & member).sum() + (tied & member).sum() * share) / k
     return out
+
+
+# ------------------------------------------------------------------ ablations (§6)
+
+
+@torch.no_grad()
+def reference_means(model, population, context: str):
+    """Mean hook_post and hook_z per layer by distance from the end of the sequence (0 =
+    the last position), each prompt of ``population`` run whole and alone. ``context``
+    ``prompt`` averages the prompt's own positions only, ``all`` every position.
+    Returns (post (n_layers, D, d_mlp), z (n_layers, D, n_heads, d_head), count (D,))."""
+    n_layers = model.cfg.n_layers
+    longest = max(len(t) for t in population.tokens)
+    post = torch.zeros(n_layers, longest, model.cfg.d_mlp, dtype=torch.float64)
+    z = torch.zeros(n_layers, longest, model.cfg.n_heads, model.cfg.d_head, dtype=torch.float64)
+    count = np.zeros(longest, dtype=np.int64)
+    for i, toks in enumerate(population.tokens):
+        _, cache = model.run_with_cache(torch.from_numpy(np.asarray(toks)[None]))
+        start = len(population.prefix_tokens[int(population.op[i])]) if context == "prompt" \
+            else 0
+        for t in range(start, len(toks)):
+            d = len(toks) - 1 - t
+            count[d] += 1
+            for layer in range(n_layers):
+                post[layer, d] += cache[post_hook_name(layer)][0, t].double()
+                z[layer, d] += cache[z_hook_name(layer)][0, t].double()
+    have = torch.from_numpy(np.maximum(count, 1)).double()
+    return post / have[None, :, None], z / have[None, :, None, None], count
+
+
+@torch.no_grad()
+def reference_ablated_logits(model, tokens, circuit, post_repl, z_repl, ablate_from: int):
+    """Last-position logits of one sequence run whole with every neuron and head outside
+    ``circuit`` replaced at positions >= ``ablate_from``: ``post_repl`` (n_layers, T, d_mlp)
+    and ``z_repl`` (n_layers, T, n_heads, d_head) give the replacement at each absolute
+    position."""
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        drop_n = torch.as_tensor(~circuit.neurons[layer])
+        drop_h = torch.as_tensor(~circuit.heads[layer])
+
+        def on_post(act, hook, _l=layer, _d=drop_n):
+            act = act.clone()
+            part = act[0, ablate_from:]
+            part[:, _d] = post_repl[_l, ablate_from:][:, _d].to(act.dtype)
+            return act
+
+        def on_z(act, hook, _l=layer, _d=drop_h):
+            act = act.clone()
+            part = act[0, ablate_from:]
+            part[:, _d] = z_repl[_l, ablate_from:][:, _d].to(act.dtype)
+            return act
+
+        hooks += [(post_hook_name(layer), on_post), (z_hook_name(layer), on_z)]
+    logits = model.run_with_hooks(torch.from_numpy(np.asarray(tokens)[None]), fwd_hooks=hooks)
+    return logits[0, -1]
+
+
+@torch.no_grad()
+def reference_activations(model, tokens):
+    """hook_post (n_layers, T, d_mlp) and hook_z (n_layers, T, n_heads, d_head) of one
+    sequence run whole."""
+    _, cache = model.run_with_cache(torch.from_numpy(np.asarray(tokens)[None]))
+    n = model.cfg.n_layers
+    return (torch.stack([cache[post_hook_name(x)][0] for x in range(n)]),
+            torch.stack([cache[z_hook_name(x)][0] for x in range(n)]))

@@ -131,9 +131,18 @@ def test_batch_sizes_change_no_number_and_not_the_config_hash(tiny, monkeypatch)
 def test_summary_numbers(tiny):
     lm, res = tiny
     s = res.summary
-    assert s.circuit_sizes == [1, 2, 4, 7, 13, 32]
+    # the MIB levels (0.1% ... 100%) of 64 neurons; below 1/64 they share k = 1
+    assert s.circuit_sizes == [1, 2, 4, 7, 13, 32, 64]
     assert set(s.faithfulness) == set(CONFIG.operators)
-    assert all(len(curve) == 6 for curve in s.faithfulness.values())
+    assert all(len(curve) == 7 for curve in s.faithfulness.values())
+    # one paper curve per operator, with both controls at every distinct level, 3 metrics
+    assert [(c.protocol, c.op) for c in s.curves] == [("paper", op) for op in CONFIG.operators]
+    for c in s.curves:
+        assert len(c.points) == 3 * 3 * 7 and c.seeds == 3
+        assert c.plan.whole == [0] and c.plan.pruned == [1]  # MLP 0 is never pruned
+        assert set(c.areas) == {"ranked", "random", "reversed"}
+    assert set(s.components) == set(CONFIG.operators)
+    assert all(len(v["median_rank"]) == 2 for v in s.residual_lens.values())
     assert s.n_pairs["+"] == min(10, s.n_correct["+"])
 
 

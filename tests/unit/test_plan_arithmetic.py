@@ -45,7 +45,17 @@ def test_units_seconds_and_bytes_follow_the_request():
     live = (0 + 1 + 1 + 0.5) * 100  # live neurons over the four layers
     assert phases["matching"].units == live * 2
     assert phases["matching"].seconds == pytest.approx(0.5 * (live * 0.03 + 4 * 0.2))
-    assert phases["summary"].seconds == pytest.approx(3.0 + 0.02 * 60 + 0.0001 * prompts)
+    # 30 prompts x 3 seeds x 2 operators x 1 protocol (paper); its means average the
+    # grid of all four operators, 1,000 prompts at most (250 per operator)
+    assert phases["summary"].units == 30 * 3 * 2
+    assert phases["summary"].seconds == pytest.approx(3.0 + 0.02 * 180 + 0.0001 * 1000)
+    both = estimate(CAL, ScienceConfig(**{**config.as_dict(), "mean_prompts": 0,
+                                          "faithfulness_protocols": ("paper", "all-layers")}),
+                    n_checkpoints=1, layers=None, limit=520, costs=COSTS,
+                    execution=ExecutionConfig(activation_budget=10**12))
+    # all-layers adds a curve and a pass over the run's own prompts; no cap: the whole grid
+    assert {p.name: p for p in both.phases}["summary"].seconds == pytest.approx(
+        3.0 + 0.02 * 360 + 0.0001 * (4 * 50 * 50 + prompts))
     # grids: per live layer share, 5 full grids per operator, sketches for the other
     # live neurons, a row for every neuron
     grid = 0.0

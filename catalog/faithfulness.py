@@ -1,0 +1,161 @@
+"""How much of the model's answer a circuit keeps, and how much to trust that number.
+
+Faithfulness compares three runs of each prompt: the model, the circuit (everything
+outside it ablated) and the empty circuit (everything ablated):
+
+    F = (m(circuit) - m(empty)) / (m(model) - m(empty))
+
+for a per-prompt metric m. The heuristics paper uses the normalised logit
+``NL = logit(answer) / max logit`` and averages the per-prompt ratios. That statistic is
+fragile: when the empty circuit already answers (few-shot context, a model that keeps
+the answer without the pruned parts) the denominator of most prompts is near zero and
+the mean follows a handful of them; NL is also a ratio of logits, so a common shift of
+all logits changes it. So the catalog reports, for each metric (``nl``; ``logprob``, the
+answer's log-probability; ``logit_diff``, the answer's logit minus a counterfactual
+answer's, as the MIB benchmark does):
+
+- ``mean_ratio``: the paper's mean of per-prompt ratios (prompts with a zero
+  denominator left out), with its standard error over prompts;
+- ``ratio_of_means``: (mean m(c) - mean m(empty)) / (mean m(model) - mean m(empty)), the
+  MIB benchmark's normalisation, robust to small denominators;
+- ``median_ratio``; ``n_small``: prompts whose denominator is below ``SMALL`` in the
+  metric's own units (they carry almost no information); ``empty`` and ``model``: the
+  metric's mean on the empty circuit and on the model, so a reader sees how much the
+  empty circuit already gets.
+
+Standard errors come from a seeded bootstrap over prompts (``BOOTSTRAP`` resamples), the
+same resamples for every point and area, so they are comparable along a curve.
+A curve's areas follow the MIB benchmark: CPR, the area under the curve over its
+sparsity levels (0.1% ... 100% of the pruned neurons, trapezoids on a linear axis;
+higher is better) and CMD, the area between the curve and 1 (lower is better).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Float
+
+METRICS = ("nl", "logprob", "logit_diff")
+SMALL = 0.05  # a denominator below this, in the metric's units, says next to nothing
+BOOTSTRAP = 200
+
+
+def prompt_metrics(logits: Float[torch.Tensor, "batch d_vocab"], answer: torch.Tensor,
+                   cf_answer: torch.Tensor) -> np.ndarray:
+    """(batch, 3) float64: NL, the answer's log-probability, and its logit minus the
+    counterfactual answer's, per prompt (``METRICS`` order)."""
+    logits = logits.double()
+    rows = torch.arange(len(answer), device=logits.device)
+    top = logits[rows, answer]
+    nl = top / logits.max(dim=1).values
+    lp = top - torch.logsumexp(logits, dim=1)
+    ld = top - logits[rows, cf_answer]
+    return torch.stack([nl, lp, ld], dim=1).cpu().numpy()
+
+
+def fraction_counts(width: int, fractions: tuple[float, ...]) -> list[int]:
+    """Neurons per layer for each share of a layer (at least 1)."""
+    return [max(1, math.ceil(f * width)) for f in fractions]
+
+
+@dataclass
+class PointStats:
+    """One circuit, one metric: the statistics of its faithfulness over prompts."""
+
+    mean_ratio: float
+    mean_ratio_se: float
+    ratio_of_means: float
+    ratio_of_means_se: float
+    median_ratio: float
+    n: int
+    n_small: int
+
+    def as_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in self.__dict__.items()}
+
+
+def _ratios(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Per-prompt (c - e) / (m - e) along the last axis; NaN where m == e."""
+    den = m - e
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den != 0, (c - e) / np.where(den != 0, den, 1.0), np.nan)
+
+
+def _rom(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Ratio of means along the last axis."""
+    den = m.mean(-1) - e.mean(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den != 0, (c.mean(-1) - e.mean(-1)) / np.where(den != 0, den, 1.0),
+                        np.nan)
+
+
+def resamples(n: int, seed: int, b: int = BOOTSTRAP) -> np.ndarray:
+    """(b, n) indices of bootstrap resamples of n prompts (seeded)."""
+    return np.random.default_rng([seed, 17]).integers(0, n, size=(b, n)) if n else \
+        np.zeros((b, 0), dtype=np.int64)
+
+
+def point_stats(circuit: np.ndarray, empty: np.ndarray, model: np.ndarray,
+                boot: np.ndarray) -> PointStats:
+    """Statistics of one circuit's metric values over prompts (1-D arrays of equal length,
+    the same prompts), standard errors from the bootstrap resamples ``boot``."""
+    n = len(circuit)
+    if n == 0:
+        return PointStats(*(float("nan"),) * 5, 0, 0)
+    r = _ratios(circuit, empty, model)
+    ok = np.isfinite(r)
+    mean = float(r[ok].mean()) if ok.any() else float("nan")
+    se = float(r[ok].std(ddof=1) / math.sqrt(ok.sum())) if ok.sum() > 1 else float("nan")
+    rom = float(_rom(circuit, empty, model))
+    rom_b = _rom(circuit[boot], empty[boot], model[boot])
+    rom_b = rom_b[np.isfinite(rom_b)]
+    return PointStats(mean_ratio=mean, mean_ratio_se=se, ratio_of_means=rom,
+                      ratio_of_means_se=float(rom_b.std(ddof=1)) if len(rom_b) > 1
+                      else float("nan"),
+                      median_ratio=float(np.median(r[ok])) if ok.any() else float("nan"),
+                      n=n, n_small=int((np.abs(model - empty) < SMALL).sum()))
+
+
+def areas(fractions: np.ndarray, curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MIB's CPR (area under) and CMD (area between the curve and 1) of faithfulness
+    values ``curve`` (..., len(fractions)) over the sparsity levels ``fractions``."""
+    x = np.asarray(fractions, dtype=np.float64)
+    dx = np.diff(x)
+    f = np.asarray(curve, dtype=np.float64)
+    cpr = (dx * (f[..., :-1] + f[..., 1:]) / 2).sum(-1)
+    gap = np.abs(1.0 - f)
+    cmd = (dx * (gap[..., :-1] + gap[..., 1:]) / 2).sum(-1)
+    return cpr, cmd
+
+
+def area_stats(fractions: np.ndarray, circuits: np.ndarray, empty: np.ndarray,
+               model: np.ndarray, boot: np.ndarray) -> dict:
+    """CPR and CMD of a curve for both statistics (``mean_ratio``, ``ratio_of_means``),
+    with bootstrap standard errors. ``circuits``: (n_levels, n_prompts) metric values."""
+    out: dict = {}
+    r = _ratios(circuits, empty[None], model[None])  # (levels, prompts)
+    mean_curve = np.nanmean(np.where(np.isfinite(r), r, np.nan), axis=1) if r.size else \
+        np.full(len(fractions), np.nan)
+    rom_curve = _rom(circuits, empty[None], model[None])
+    for name, curve, boot_curves in (
+            ("mean_ratio", mean_curve,
+             np.stack([np.nanmean(r[:, b], axis=1) for b in boot]) if r.size else None),
+            ("ratio_of_means", rom_curve,
+             np.stack([_rom(circuits[:, b], empty[None, b], model[None, b]) for b in boot])
+             if r.size else None)):
+        cpr, cmd = areas(fractions, curve)
+        entry = {"cpr": float(cpr), "cmd": float(cmd), "cpr_se": None, "cmd_se": None}
+        if boot_curves is not None:
+            bc, bd = areas(fractions, boot_curves)
+            ok = np.isfinite(bc)
+            if ok.sum() > 1:
+                entry["cpr_se"], entry["cmd_se"] = float(bc[ok].std(ddof=1)), \
+                    float(bd[ok].std(ddof=1))
+        out[name] = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                     for k, v in entry.items()}
+    return out
