@@ -380,7 +380,7 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
                   summary: dict) -> None:
     """Upsert a checkpoint summary (accuracy, faithfulness, knockouts, heuristic counts)."""
     cols = ("accuracy", "faithfulness", "heuristic_knockouts", "prompt_knockouts",
-            "n_heuristic_neurons", "n_correct", "n_pairs", "n_excluded")
+            "n_heuristic_neurons", "n_correct", "n_pairs", "n_excluded", "residual_lens")
     conn.execute(
         f"INSERT INTO checkpoint_summary (checkpoint_id, config_id, layers, {', '.join(cols)}) "
         f"VALUES (%s, %s, %s, {', '.join(['%s'] * len(cols))}) "
@@ -388,6 +388,54 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
         f"{', '.join(f'{c} = EXCLUDED.{c}' for c in cols)}, written_at = now()",
         [checkpoint_id, config_id, summary.get("layers")]
         + [json.dumps(summary.get(c)) for c in cols])
+    write_circuits(conn, checkpoint_id=checkpoint_id, config_id=config_id,
+                   components=summary.get("components") or [],
+                   curves=summary.get("curves") or [])
+
+
+_POINT_COLS = ("circuit", "metric", "k", "fraction", "mib", "paper", "mean_ratio",
+               "mean_ratio_se", "ratio_of_means", "ratio_of_means_se", "median_ratio", "n",
+               "n_small")
+_CURVE_COLS = ("late_from", "late_source", "pruned", "whole", "heads", "n_heads_kept",
+               "n_prompts", "n_unique", "seeds", "context", "population", "ranking",
+               "baselines", "areas")
+_COMPONENT_COLS = ("layer", "head", "position", "n_pairs", "effect_exact", "effect_exact_std",
+                   "effect_attr", "effect_attr_std", "effect_log", "effect_median",
+                   "effect_trimmed", "moved_share", "rank_value", "is_exact")
+
+
+def write_circuits(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
+                   components: list[dict], curves: list[dict]) -> None:
+    """Replace a checkpoint's component effects and faithfulness curves under a config
+    (component_effect, circuit_summary, circuit_point; migration 0019). ``curves`` are
+    ``CurveResult.as_dict()``s; NaN must already be None."""
+    key = (checkpoint_id, config_id)
+    for table in ("component_effect", "circuit_point", "circuit_summary"):
+        conn.execute(f"DELETE FROM {table} WHERE checkpoint_id = %s AND config_id = %s", key)
+    if not components and not curves:
+        return
+    model_id = scalar(conn.execute("SELECT model_id FROM checkpoint WHERE id = %s",
+                                   (checkpoint_id,)))
+    base = ("model_id", "checkpoint_id", "config_id", "op")
+    with conn.cursor() as cur:
+        if components:
+            cur.executemany(
+                f"INSERT INTO component_effect ({', '.join(base + _COMPONENT_COLS)}) VALUES "
+                f"({', '.join(['%s'] * (len(base) + len(_COMPONENT_COLS)))})",
+                [(model_id, checkpoint_id, config_id, r["op"])
+                 + tuple(r[c] for c in _COMPONENT_COLS) for r in components])
+        json_cols = {"heads", "baselines", "areas"}
+        for c in curves:
+            cur.execute(
+                f"INSERT INTO circuit_summary ({', '.join(base + ('protocol',) + _CURVE_COLS)})"
+                f" VALUES ({', '.join(['%s'] * (len(base) + 1 + len(_CURVE_COLS)))})",
+                (model_id, checkpoint_id, config_id, c["op"], c["protocol"])
+                + tuple(json.dumps(c[k]) if k in json_cols else c[k] for k in _CURVE_COLS))
+            cur.executemany(
+                f"INSERT INTO circuit_point ({', '.join(base + ('protocol',) + _POINT_COLS)}) "
+                f"VALUES ({', '.join(['%s'] * (len(base) + 1 + len(_POINT_COLS)))})",
+                [(model_id, checkpoint_id, config_id, c["op"], c["protocol"])
+                 + tuple(pt[k] for k in _POINT_COLS) for pt in c["points"]])
 
 
 def refresh_views(conn: psycopg.Connection, model_id: int | None = None,
@@ -512,9 +560,9 @@ def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, con
 
 def layer_effects(conn: psycopg.Connection, *, ids, column: str) -> list[tuple]:
     """(layer, neuron, op, value) of one effect column for a checkpoint under a config."""
-    if column not in ("effect_exact", "effect_attr", "rank_value"):
-        raise ValueError(f"column must be effect_exact, effect_attr or rank_value, "
-                         f"got {column!r}")
+    if column not in ("effect_exact", "effect_attr", "effect_attr_std", "rank_value"):
+        raise ValueError(f"column must be effect_exact, effect_attr, effect_attr_std or "
+                         f"rank_value, got {column!r}")
     return conn.execute(
         f"SELECT layer, neuron, op, {column} FROM neuron_op WHERE model_id = %s "
         "AND checkpoint_id = %s AND config_id = %s",

@@ -241,7 +241,88 @@ class CheckpointSummary(SQLModel, table=True):
     n_correct: dict | None = Field(default=None, sa_column=Column(JSONB))
     n_pairs: dict | None = Field(default=None, sa_column=Column(JSONB))
     n_excluded: dict | None = Field(default=None, sa_column=Column(JSONB))
+    # op -> per layer: the answer's median rank, top-1 share and mean log-probability in
+    # the residual stream at the last position (migration 0019)
+    residual_lens: dict | None = Field(default=None, sa_column=Column(JSONB))
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
+
+class _CheckpointOpKey(SQLModel):
+    """(model, checkpoint, config, operator): the key that checkpoint-level results of one
+    operator share (component effects, circuit curves and their summaries)."""
+
+    model_id: int = Field(foreign_key="model.id", ondelete="CASCADE", primary_key=True)
+    checkpoint_id: int = Field(foreign_key="checkpoint.id", ondelete="CASCADE",
+                               primary_key=True)
+    config_id: int = Field(foreign_key="measure_config.id", ondelete="CASCADE",
+                           primary_key=True)
+    op: str = Field(sa_type=String(1), primary_key=True)
+
+
+class ComponentEffect(_CheckpointOpKey, table=True):
+    """The patching effect of one attention head (``head`` >= 0) or one whole MLP layer
+    (``head`` = -1) at one prompt position (``position``: op1, op, op2, last), with the
+    same statistics as a neuron's (migration 0019; docs/method.md section 6)."""
+
+    __tablename__ = "component_effect"
+    layer: int = Field(sa_type=SmallInteger, primary_key=True)
+    head: int = Field(sa_type=SmallInteger, primary_key=True)
+    position: str = Field(sa_type=String(8), primary_key=True)
+    n_pairs: int = Field(sa_column=Column(Integer, nullable=False))
+    effect_exact: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_exact_std: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_attr: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_attr_std: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_log: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_median: float | None = Field(default=None, sa_column=Column(REAL))
+    effect_trimmed: float | None = Field(default=None, sa_column=Column(REAL))
+    moved_share: float | None = Field(default=None, sa_column=Column(REAL))
+    rank_value: float | None = Field(default=None, sa_column=Column(REAL))
+    is_exact: bool = Field(sa_column=Column(Boolean, nullable=False))
+
+
+class CircuitSummary(_CheckpointOpKey, table=True):
+    """How one faithfulness protocol built one operator's circuits, its baselines and the
+    areas of its curves (migration 0019)."""
+
+    __tablename__ = "circuit_summary"
+    protocol: str = Field(sa_type=String(16), primary_key=True)
+    late_from: int | None = Field(default=None, sa_column=Column(SmallInteger))
+    late_source: str | None = Field(default=None, sa_column=Column(String(8)))
+    pruned: list[int] = Field(sa_column=Column(ARRAY(SmallInteger), nullable=False))
+    whole: list[int] = Field(sa_column=Column(ARRAY(SmallInteger), nullable=False))
+    heads: list = Field(sa_column=Column(JSONB, nullable=False))  # [[layer, head], ...] kept
+    n_heads_kept: int = Field(sa_column=Column(Integer, nullable=False))
+    n_prompts: int = Field(sa_column=Column(Integer, nullable=False))
+    n_unique: int = Field(sa_column=Column(Integer, nullable=False))
+    seeds: int = Field(sa_column=Column(SmallInteger, nullable=False))
+    context: str = Field(sa_column=Column(String(8), nullable=False))
+    population: str | None = Field(default=None, sa_column=Column(String(8)))
+    ranking: str = Field(sa_column=Column(String(16), nullable=False))
+    baselines: dict = Field(sa_column=Column(JSONB, nullable=False))
+    areas: dict = Field(sa_column=Column(JSONB, nullable=False))
+
+
+class CircuitPoint(_CheckpointOpKey, table=True):
+    """One point of a faithfulness curve: a protocol's circuit (``ranked``, or the
+    ``random`` and ``reversed`` controls) with ``k`` neurons per pruned layer, scored by
+    one metric (migration 0019; catalog.faithfulness)."""
+
+    __tablename__ = "circuit_point"
+    protocol: str = Field(sa_type=String(16), primary_key=True)
+    circuit: str = Field(sa_type=String(8), primary_key=True)
+    metric: str = Field(sa_type=String(12), primary_key=True)
+    k: int = Field(primary_key=True)
+    fraction: float = Field(sa_column=Column(REAL, nullable=False))
+    mib: bool = Field(sa_column=Column(Boolean, nullable=False))
+    paper: bool = Field(sa_column=Column(Boolean, nullable=False))
+    mean_ratio: float | None = Field(default=None, sa_column=Column(REAL))
+    mean_ratio_se: float | None = Field(default=None, sa_column=Column(REAL))
+    ratio_of_means: float | None = Field(default=None, sa_column=Column(REAL))
+    ratio_of_means_se: float | None = Field(default=None, sa_column=Column(REAL))
+    median_ratio: float | None = Field(default=None, sa_column=Column(REAL))
+    n: int = Field(sa_column=Column(Integer, nullable=False))
+    n_small: int = Field(sa_column=Column(Integer, nullable=False))
 
 
 class _NeuronKey(SQLModel):

@@ -36,6 +36,11 @@ QUERIES = {
 }
 
 
+# keys of a heuristic knockout row added after the golden rows were written; their own
+# tests check them (tests/unit/test_circuits.py::test_knockout_verdicts_by_hand)
+LATER = {"verdict"}
+
+
 def dump_rows(url: str) -> dict[str, list[list]]:
     """Every measurement row of the catalog at ``url``, as JSON-ready lists."""
     out = {}
@@ -44,6 +49,9 @@ def dump_rows(url: str) -> dict[str, list[list]]:
             rows = [list(r) for r in conn.execute(sql).fetchall()]
             if table == "neuron_grid":
                 rows = [_grid_row(r) for r in rows]
+            if table == "checkpoint_summary":  # fields added since the golden commit
+                rows = [[*r[:3], [{k: v for k, v in row.items() if k not in LATER}
+                                  for row in r[3]], *r[4:]] for r in rows]
             out[table] = rows
     return out
 
