@@ -8,7 +8,9 @@ errors, and base rates where a share could arise by chance:
 - accuracy per operator under the config's template and shots (n = valid prompts);
 - the share of the total |rank_value| (the ranking effect) carried by each layer, per
   operator (the paper: late layers carry it);
-- faithfulness against circuit size, over the layers the summary covers;
+- where the answer is computed (component effects, the residual stream's logit lens) and
+  each faithfulness protocol's curve with its controls, areas and warnings
+  (``jobs.report_circuits``);
 - the share of the top neurons (``rank < top_n`` per layer and operator) labelled with a
   heuristic, overall and per family, beside the same share among all measured neurons
   (the paper: 91% of the top 200 per layer of Llama3-8B);
@@ -26,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
+from markdown_it import MarkdownIt
 
+from jobs import report_circuits
 from schema import store
 
 PAPER = {
@@ -63,6 +67,7 @@ class ReportData:
     top_neurons: list[tuple] = field(default_factory=list)  # (op, layer, neuron, value, label)
     grids: list[np.ndarray] = field(default_factory=list)  # their K maps
     sketch: list[bool] = field(default_factory=list)  # which of them are sketches
+    circuits: report_circuits.CircuitData = field(default_factory=report_circuits.CircuitData)
 
 
 def _share_se(k: int, n: int) -> tuple[float, float]:
@@ -153,6 +158,7 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
         stored = [store.read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
                                   config_id=config_id, layer=layer, neuron=neuron, op=op)
                   for op, layer, neuron, _, _ in data.top_neurons]
+        data.circuits = report_circuits.gather(conn, *key)
         data.grids = [g.values for g in stored]
         data.sketch = [g.sketch for g in stored]
     return data
@@ -189,11 +195,13 @@ def markdown(d: ReportData) -> str:
     for op in ops:
         shares = d.layer_share.get(op, {})
         out.append(f"| {op} | " + " | ".join(_fmt(shares.get(la), 2) for la in d.layers) + " |")
-    out += ["", "## Faithfulness against neurons per layer (the paper: + 0.97, - 0.98, "
-            "* 0.90, / 0.96 at 200 per layer)", ""]
-    for op in ops:
-        curve = d.faithfulness.get(op) or []
-        out.append(f"- {op}: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
+    out += report_circuits.markdown(d.circuits, ops)
+    if not d.circuits.summaries and any(d.faithfulness.values()):
+        out += ["", "Stored before catalog 0.5.0 (every measured layer pruned, heads kept, "
+                "the paper's mean of ratios only):", ""]
+        for op in ops:
+            curve = d.faithfulness.get(op) or []
+            out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
     out += ["", f"## Top neurons that implement a heuristic (the paper: 91% of the top 200 "
             f"per layer); top = rank < {d.top_n}", "",
             "| op | top labelled | share ± SE | all labelled | share ± SE | families (top) |",
@@ -210,10 +218,11 @@ def markdown(d: ReportData) -> str:
             "all neurons (the base rate of labels in this catalog).", "",
             "## Knockouts", ""]
     for row in d.heuristic_knockouts[:10]:
-        out.append(f"- {row.get('op')} {row.get('label')}: {row.get('n_neurons')} neurons "
+        out.append(f"- `{row.get('op')}` {row.get('label')}: {row.get('n_neurons')} neurons "
                    f"zeroed; accuracy on the {row.get('n_associated')} prompts it is about / "
                    f"the others: {_fmt(row.get('acc_associated'))} / "
-                   f"{_fmt(row.get('acc_other'))} (the paper: about 0.56-0.80 / 0.86-0.91)")
+                   f"{_fmt(row.get('acc_other'))} (the paper: about 0.56-0.80 / 0.86-0.91): "
+                   f"{row.get('verdict', 'no verdict stored')}")
     for op, row in d.prompt_knockouts.items():
         out.append(f"- prompt knockout {op}: " + ", ".join(
             f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in row.items()))
@@ -227,7 +236,7 @@ def markdown(d: ReportData) -> str:
                 for op, f in facts.items()))
     out += ["", "## Top neurons by |effect|", ""]
     for op, layer, neuron, value, label in d.top_neurons:
-        out.append(f"- {op} L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
+        out.append(f"- `{op}` L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
     return "\n".join(out) + "\n"
 
 
@@ -242,12 +251,7 @@ def _figures(d: ReportData) -> list[go.Figure]:
     share.update_layout(title="Share of total |effect| per layer", barmode="group",
                         height=320)
     figs.append(share)
-    faith = go.Figure([go.Scatter(name=op, x=[k for k, _ in d.faithfulness.get(op) or []],
-                                  y=[f for _, f in d.faithfulness.get(op) or []],
-                                  mode="lines+markers") for op in ops])
-    faith.update_layout(title="Faithfulness against neurons per layer", height=320,
-                        xaxis_title="neurons per layer", yaxis_title="faithfulness")
-    figs.append(faith)
+    figs += report_circuits.figures(d.circuits, ops)
     sketch = d.sketch or [False] * len(d.grids)
     for (op, layer, neuron, _, label), grid, sk in zip(d.top_neurons, d.grids, sketch,
                                                         strict=False):
@@ -257,6 +261,14 @@ def _figures(d: ReportData) -> list[go.Figure]:
     return figs
 
 
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:0 1em}"
+         "table{border-collapse:collapse;margin:.5em 0}"
+         "th,td{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+         "th{background:#f3f3f3}"
+         "blockquote{border-left:4px solid #d9822b;background:#fff4e5;margin:.5em 0;"
+         "padding:.3em 1em}")
+
+
 def render(d: ReportData, out_dir: Path) -> tuple[Path, Path]:
     """Write ``report.html`` (self-contained) and ``report.md`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -264,10 +276,9 @@ def render(d: ReportData, out_dir: Path) -> tuple[Path, Path]:
     parts = [fig.to_html(full_html=False, include_plotlyjs=(i == 0))
              for i, fig in enumerate(_figures(d))]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>"
-            f"{html.escape(d.model)} report</title></head><body style='font-family:sans-serif;"
-            "max-width:1100px;margin:auto'>"
-            f"<pre style='white-space:pre-wrap'>{html.escape(md)}</pre>"
-            + "".join(parts)
+            f"{html.escape(d.model)} report</title><style>{STYLE}</style></head><body>"
+            + MarkdownIt("commonmark", {"html": False}).enable("table").render(md)
+            + "<h2>Figures</h2>" + "".join(parts)
             + f"<script type='application/json' id='report-data'>"
             f"{html.escape(json.dumps(numbers(d)))}</script></body></html>")
     html_path, md_path = out_dir / "report.html", out_dir / "report.md"
@@ -283,6 +294,8 @@ def numbers(d: ReportData) -> dict:
                                                     for op, s in d.layer_share.items()},
             "top_labelled": d.top_labelled, "all_labelled": d.all_labelled,
             "top_by_family": d.top_by_family,
+            "circuits": [{k: v for k, v in row.items() if not k.endswith("_id")}
+                         for row in d.circuits.summaries],
             "top_neurons": [list(map(lambda x: float(x) if isinstance(x, np.floating) else x, t))
                             for t in d.top_neurons]}
 

@@ -60,7 +60,14 @@ def test_ncat_report_writes_html_and_markdown(seeded, tmp_path, capsys):
     md = (tmp_path / "report.md").read_text()
     # self-contained: plotly.js inline (megabytes), no script loaded from elsewhere
     assert len(page) > 1_000_000 and not re.search(r"<script[^>]+src=", page)
-    assert page.count("Plotly.newPlot") == 2 + 6  # two charts and six K maps
+    ops = md.split("operators ", 1)[1].split(",", 1)[0]  # "+-*/"
+    # the layer shares, the MLP bars, per operator a head heatmap and one curve (one
+    # protocol), six K maps
+    assert page.count("Plotly.newPlot") == 2 + 2 * len(ops) + 6, ops
+    n_ops = len(ops)
+    # a page, not Markdown in a <pre>: its tables are HTML tables
+    assert "<pre" not in page and page.count("<table>") >= 2 + 3 * n_ops
+    assert "<h3><code>+</code>, protocol paper</h3>" in page
     data = json.loads(re.search(r"id='report-data'>(.*?)</script>", page, re.S).group(1)
                       .replace("&quot;", '"').replace("&#x27;", "'"))
     assert data["step"] == SEED_STEPS[0] and data["model"] == name
@@ -68,3 +75,32 @@ def test_ncat_report_writes_html_and_markdown(seeded, tmp_path, capsys):
     assert main(["report", "no-such-model", "--out", str(tmp_path),
                  "--database-url", seeded]) == 2
     assert "not in the catalog" in capsys.readouterr().err
+
+
+def test_report_circuits_equal_sql(seeded):
+    """The circuits section: every point of every stored curve, as SQL reads it, with the
+    protocol's construction and baselines; component effects per layer."""
+    name = model_name(TINY)
+    d = gather(seeded, name, None, top_n=5)
+    c = d.circuits
+    assert [s["protocol"] for s in c.summaries] == ["paper"] * len(d.config["operators"])
+    md = markdown(d)
+    with store.connect(seeded) as conn:
+        rows = conn.execute(
+            "SELECT op, k, mean_ratio, mean_ratio_se, ratio_of_means, ratio_of_means_se "
+            "FROM circuit_curve WHERE model = %s AND step = %s AND circuit = 'ranked' "
+            "AND metric = 'nl' AND protocol = 'paper' ORDER BY op, k",
+            (name, d.step)).fetchall()
+        assert len(rows) == len(d.config["operators"]) * 7  # the MIB levels of 64 neurons
+        for op, k, mr, mr_se, rom, rom_se in rows:
+            assert (f"| {k} | {k / 64:.2%} | {mr:.2f} ± {mr_se:.2f} | {rom:.2f} ± {rom_se:.2f} |"
+                    in md), (op, k)
+        mlp = dict(conn.execute(
+            "SELECT layer, effect_log FROM component_effects WHERE model = %s AND step = %s "
+            "AND op = '+' AND component = 'MLP' AND position = 'last'", (name, d.step)))
+    got, heads = c.effects("+")
+    np.testing.assert_allclose(got, [mlp[la] for la in range(len(got))], rtol=1e-6)
+    assert heads.shape == (2, 2) and np.isfinite(heads).all()
+    for s in c.summaries:  # MLP 0 is never pruned; the rule picks layer 1 of 2
+        assert s["whole"] == [0] and s["pruned"] == [1] and s["late_from"] == 1
+        assert f"### `{s['op']}`, protocol paper" in md
