@@ -235,23 +235,31 @@ def figures(d: CircuitData, ops: list[str]) -> list[go.Figure]:
     """Component effects (MLP bars, a layer x head heatmap) and each protocol's curves."""
     figs = []
     if d.components:
-        bars = go.Figure([go.Bar(name=op, x=[f"L{la}" for la in range(d.n_layers)],
-                                 y=d.effects(op)[0]) for op in ops])
-        bars.update_layout(title="Whole-MLP effect at the last position (log-space)",
-                           barmode="group", height=320)
-        figs.append(bars)
-        for op in ops:
-            heads = d.effects(op)[1]
-            hm = go.Figure(go.Heatmap(z=heads, x=[f"H{h}" for h in range(d.n_heads)],
-                                      y=[f"L{la}" for la in range(d.n_layers)],
-                                      colorscale="RdBu", zmid=0))
-            hm.update_layout(title=f"{op}: each head's effect at the last position",
-                             height=max(300, 18 * d.n_layers))
-            figs.append(hm)
-    for s in d.summaries:
-        fig = curve_figure(d, s["op"], s["protocol"])
-        figs.append(fig)
+        figs.append(mlp_bars(d, ops))
+        figs += [head_heatmap(d, op) for op in ops]
+    figs += [curve_figure(d, s["op"], s["protocol"]) for s in d.summaries]
     return figs
+
+
+def mlp_bars(d: CircuitData, ops: list[str]) -> go.Figure:
+    """Each whole MLP layer's effect at the last position, a bar group per operator."""
+    fig = go.Figure([go.Bar(name=op, x=[f"L{la}" for la in range(d.n_layers)],
+                            y=d.effects(op)[0]) for op in ops])
+    fig.update_layout(title="Whole-MLP effect at the last position (log-space)",
+                      barmode="group", height=320, xaxis_title="layer",
+                      yaxis_title="effect")
+    return fig
+
+
+def head_heatmap(d: CircuitData, op: str) -> go.Figure:
+    """Every head's effect at the last position, layers down, heads across."""
+    fig = go.Figure(go.Heatmap(z=d.effects(op)[1], x=[f"H{h}" for h in range(d.n_heads)],
+                               y=[f"L{la}" for la in range(d.n_layers)], colorscale="RdBu",
+                               zmid=0, hovertemplate="%{y} %{x}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"{op}: each head's effect at the last position",
+                      height=max(300, 18 * d.n_layers))
+    fig.update_yaxes(autorange="reversed")
+    return fig
 
 
 def curve_figure(d: CircuitData, op: str, protocol: str, metric: str = "nl") -> go.Figure:

@@ -7,7 +7,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import streamlit as st  # noqa: E402
 
-from ui.views import heuristics, jobs_page, neuron, overview, search, sql_console  # noqa: E402
+from ui.views import (  # noqa: E402
+    circuits,
+    heuristics,
+    jobs_page,
+    neuron,
+    overview,
+    search,
+    sql_console,
+)
 
 st.set_page_config(page_title="Arithmetic neuron catalog", layout="wide")
 pages = [
@@ -15,6 +23,7 @@ pages = [
     st.Page(search.render, title="Neuron search", url_path="search"),
     st.Page(neuron.render, title="Neuron", url_path="neuron"),
     st.Page(heuristics.render, title="Heuristics", url_path="heuristics"),
+    st.Page(circuits.render, title="Circuits", url_path="circuits"),
     st.Page(sql_console.render, title="SQL console", url_path="sql"),
     st.Page(jobs_page.render, title="Jobs", url_path="jobs"),
 ]

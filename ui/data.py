@@ -282,3 +282,14 @@ def run_console(sql: str, row_cap: int | None = None) -> console.ConsoleResult:
     return console.run(database_url(), sql, row_cap=row_cap or SQL_ROW_CAP,
                        timeout_ms=SQL_TIMEOUT_MS, max_row_bytes=SQL_MAX_ROW_BYTES,
                        max_bytes=SQL_MAX_BYTES)
+
+
+@st.cache_data(ttl=TTL)
+def circuits(model_id: int, checkpoint_id: int, config_id: int):
+    """Component effects, circuit curves and the residual lens of one checkpoint
+    (jobs.report_circuits.CircuitData)."""
+    from jobs.report_circuits import gather
+    from schema import store
+
+    with store.connect(database_url()) as conn:
+        return gather(conn, model_id, checkpoint_id, config_id)

@@ -30,7 +30,8 @@ def catalog_env(seeded, monkeypatch):
 
     data.database_url.clear()
     data.engine.clear()
-    for fn in (data.has_catalog, data.models, data.search, data.checkpoints, data.configs):
+    for fn in (data.has_catalog, data.models, data.search, data.checkpoints, data.configs,
+               data.circuits):
         fn.clear()
     return seeded
 
@@ -218,6 +219,34 @@ def test_heuristics_page(catalog_env):
     assert overlap.step.tolist() == [64, 128, 300] and overlap.share.iloc[-1] == 1
 
 
+def test_circuits_page_shows_component_effects_and_the_stored_curves(catalog_env):
+    at = run_page("circuits")
+    charts = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("Whole-MLP effect at the last position" in c for c in charts)
+    assert any("each head's effect at the last position" in c for c in charts)
+    assert any("protocol paper: faithfulness (nl)" in c for c in charts)
+    model_id, checkpoint_id, config_id = ids(catalog_env)
+
+    def stored(metric):
+        with store.connect(catalog_env) as conn:
+            return conn.execute(
+                "SELECT circuit, k, ratio_of_means FROM circuit_point WHERE model_id = %s "
+                "AND checkpoint_id = %s AND config_id = %s AND op = '+' AND metric = %s "
+                "AND protocol = 'paper' ORDER BY array_position(ARRAY['ranked', 'random', "
+                "'reversed']::text[], circuit::text), k",
+                (model_id, checkpoint_id, config_id, metric)).fetchall()
+
+    for metric in ("nl", "logprob"):
+        if metric != "nl":
+            at.selectbox(key="circuits-metric").set_value(metric).run()
+        points = at.dataframe[0].value  # the paper protocol's points (one protocol)
+        want = stored(metric)
+        assert len(points) == len(want) == 3 * 7
+        assert list(zip(points.circuit, points.k, strict=True)) == [(c, k) for c, k, _ in want]
+        np.testing.assert_allclose(points["ratio of means"], [v for *_, v in want], rtol=1e-6)
+    assert "first heuristics layer 1 (rule)" in text_of(at)
+
+
 @pytest.mark.parametrize("sql, message", [
     ("INSERT INTO catalog_setting VALUES ('x', 1)", "read-only"),
     ("UPDATE catalog_setting SET value = 0", "read-only"),
@@ -312,7 +341,8 @@ def test_pages_work_for_a_model_without_steps(db, tiny_builtin, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", db)
     data.database_url.clear()
     data.engine.clear()
-    for fn in (data.has_catalog, data.models, data.search, data.checkpoints, data.configs):
+    for fn in (data.has_catalog, data.models, data.search, data.checkpoints, data.configs,
+               data.circuits):
         fn.clear()
     at = run_page("search")
     assert len(at.dataframe[0].value) == 50
