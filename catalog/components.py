@@ -182,18 +182,19 @@ def _suffix_cache(cfg, keys: list[torch.Tensor | None], values: list[torch.Tenso
 
 @torch.no_grad()
 def exact(runner: PrefixRunner, clean: np.ndarray, cf: np.ndarray, cf_z: torch.Tensor,
-          cf_mlp: torch.Tensor, roles: tuple[str, ...],
+          cf_mlp: torch.Tensor, roles: tuple[str, ...], heads: np.ndarray | None = None,
           ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact patching of every head and MLP layer at each of ``roles``: the paper's effect
-    and the log-space effect, each (n_layers, n_heads + 1, n_roles, n_pairs) float32 (NaN
-    for roles not run)."""
+    """Exact patching of every MLP layer, and of the heads in ``heads`` ((n_layers, n_heads)
+    bool; None: every head), at each of ``roles``: the paper's effect and the log-space
+    effect, each (n_layers, n_heads + 1, n_roles, n_pairs) float32 (NaN where not run)."""
     model, table = runner.model, runner.table
     cfg = model.cfg
     n_layers, n_heads, device = cfg.n_layers, cfg.n_heads, cfg.device
+    if heads is None:
+        heads = np.ones((n_layers, n_heads), dtype=bool)
     shape = (n_layers, n_heads + 1, len(ROLES), len(clean))
     paper = np.full(shape, np.nan, dtype=np.float32)
     log = np.full(shape, np.nan, dtype=np.float32)
-    comps = n_heads + 2  # every head, the MLP layer, and no patch (the baseline)
     for pb in pair_batches(table, clean, cf, device):
         group = clean[pb.positions]
         op = int(table.op[group[0]])
@@ -208,16 +209,18 @@ def exact(runner: PrefixRunner, clean: np.ndarray, cf: np.ndarray, cf_z: torch.T
         for layer in range(n_layers):
             names += [get_act_name("resid_pre", layer), get_act_name("k", layer),
                       get_act_name("v", layer)]
-        runner.run(group, skip, stop_at_layer=n_layers, fwd_hooks=[(n, grab) for n in names])
+        final = runner.run(group, skip, stop_at_layer=n_layers,
+                           fwd_hooks=[(n, grab) for n in names])
+        clean_lp = final_logits(model, final[:, -1:])[:, 0].log_softmax(-1)  # unpatched
         role_pos = _roles_in_run(table, group, skip)
         for r in (ROLES.index(name) for name in roles):
             for p in np.unique(role_pos[:, r]):
                 sub = np.nonzero(role_pos[:, r] == p)[0]
                 pairs = pb.positions[sub]
-                eff, le = _exact_at(runner, got, op, skip, int(p), sub,
-                                    pb.answer[sub], pb.cf_answer[sub],
-                                    cf_z[torch.as_tensor(pairs, device=device), :, r],
-                                    cf_mlp[torch.as_tensor(pairs, device=device), :, r], comps)
+                at = torch.as_tensor(pairs, device=device)
+                eff, le = _exact_at(runner, got, op, skip, int(p), sub, pb.answer[sub],
+                                    pb.cf_answer[sub], cf_z[at, :, r], cf_mlp[at, :, r],
+                                    heads, clean_lp[torch.as_tensor(sub, device=device)])
                 paper[:, :, r, pairs] = eff
                 log[:, :, r, pairs] = le
     return paper, log
@@ -225,21 +228,26 @@ def exact(runner: PrefixRunner, clean: np.ndarray, cf: np.ndarray, cf_z: torch.T
 
 def _exact_at(runner: PrefixRunner, got: dict[str, torch.Tensor], op: int, skip: int, p: int,
               sub: np.ndarray, answer: torch.Tensor, cf_answer: torch.Tensor,
-              cf_z: torch.Tensor, cf_mlp: torch.Tensor, comps: int,
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Effects (n_layers, n_heads + 1, n_pairs) of patching each component of each layer
-    at run position ``p`` of the pairs in rows ``sub`` of the clean capture ``got``."""
+              cf_z: torch.Tensor, cf_mlp: torch.Tensor, heads: np.ndarray,
+              clean_lp: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Effects (n_layers, n_heads + 1, n_pairs; NaN for heads not in ``heads``) of patching
+    each MLP layer and each chosen head at run position ``p`` of the pairs in rows ``sub``
+    of the clean capture ``got``; ``clean_lp`` holds those pairs' unpatched log-probs."""
     model = runner.model
     cfg = model.cfg
     n_layers, n_heads, device = cfg.n_layers, cfg.n_heads, cfg.device
     n = len(sub)
     rows = torch.as_tensor(sub, device=device)
-    head_of_row = torch.arange(comps, device=device).repeat(n)  # row = pair * comps + c
-    pair_of_row = torch.arange(n, device=device).repeat_interleave(comps)
     prefix = runner.prefix(op) if skip else None
-    paper = np.zeros((n_layers, n_heads + 1, n), dtype=np.float32)
-    log = np.zeros_like(paper)
+    paper = np.full((n_layers, n_heads + 1, n), np.nan, dtype=np.float32)
+    log = np.full_like(paper, np.nan)
+    at = torch.arange(n, device=device)
+    lp_r, lp_rp = clean_lp[at, answer], clean_lp[at, cf_answer]
     for layer in range(n_layers):
+        comp = np.concatenate([np.nonzero(heads[layer])[0], [n_heads]])  # n_heads: the MLP
+        comps = len(comp)
+        head_of_row = torch.as_tensor(comp, device=device).repeat(n)  # row = pair * comps + c
+        pair_of_row = torch.arange(n, device=device).repeat_interleave(comps)
         keys: list[torch.Tensor | None] = [None] * n_layers
         values: list[torch.Tensor | None] = [None] * n_layers
         for lay in range(layer, n_layers):
@@ -256,39 +264,42 @@ def _exact_at(runner: PrefixRunner, got: dict[str, torch.Tensor], op: int, skip:
         z_rows = torch.nonzero(head_of_row < n_heads)[:, 0]
         m_rows = torch.nonzero(head_of_row == n_heads)[:, 0]
 
-        def patch_z(act, hook, _layer=layer, _zr=z_rows):
+        def patch_z(act, hook, _layer=layer, _zr=z_rows, _h=head_of_row, _p=pair_of_row):
             out = act.clone()
-            out[_zr, 0, head_of_row[_zr]] = cf_z[pair_of_row[_zr], _layer, head_of_row[_zr]]
+            out[_zr, 0, _h[_zr]] = cf_z[_p[_zr], _layer, _h[_zr]]
             return out
 
-        def patch_mlp(act, hook, _layer=layer, _mr=m_rows):
+        def patch_mlp(act, hook, _layer=layer, _mr=m_rows, _p=pair_of_row):
             out = act.clone()
-            out[_mr, 0] = cf_mlp[pair_of_row[_mr], _layer]
+            out[_mr, 0] = cf_mlp[_p[_mr], _layer]
             return out
 
         final = model.run_with_hooks(
             x, start_at_layer=layer, stop_at_layer=n_layers, past_kv_cache=cache,
             fwd_hooks=[(z_hook_name(layer), patch_z), (mlp_out_name(layer), patch_mlp)])
         lps = final_logits(model, final[:, -1:])[:, 0].log_softmax(-1).view(n, comps, -1)
-        base = lps[:, -1]
-        at = torch.arange(n, device=device)
-        lp_r, lp_rp = base[at, answer], base[at, cf_answer]
-        lps_r = lps[:, :-1].gather(-1, answer[:, None, None].expand(n, comps - 1, 1))[..., 0]
-        lps_rp = lps[:, :-1].gather(-1, cf_answer[:, None, None].expand(n, comps - 1, 1))[..., 0]
-        paper[layer] = effect_from_logprobs(lp_r[:, None], lp_rp[:, None], lps_r,
-                                            lps_rp).T.float().cpu().numpy()
-        log[layer] = log_effect(lp_r[:, None], lp_rp[:, None], lps_r,
-                                lps_rp).T.float().cpu().numpy()
+        lps_r = lps.gather(-1, answer[:, None, None].expand(n, comps, 1))[..., 0]
+        lps_rp = lps.gather(-1, cf_answer[:, None, None].expand(n, comps, 1))[..., 0]
+        paper[layer, comp] = effect_from_logprobs(lp_r[:, None], lp_rp[:, None], lps_r,
+                                                  lps_rp).T.float().cpu().numpy()
+        log[layer, comp] = log_effect(lp_r[:, None], lp_rp[:, None], lps_r,
+                                      lps_rp).T.float().cpu().numpy()
     return paper, log
-
 
 
 def component_effects(model: HookedTransformer, table: PromptTable, clean: np.ndarray,
                       cf: np.ndarray, exact_roles: tuple[str, ...], rank_statistic: str,
-                      runner: PrefixRunner | None = None) -> ComponentEffects:
+                      runner: PrefixRunner | None = None,
+                      exact_heads: int | None = None) -> ComponentEffects:
     """Every head's and MLP layer's effect on the pairs (clean, cf) of one operator:
     attribution at every role, exact patching at ``exact_roles``; statistics over pairs as
-    for neurons (``catalog.effects``), ranked by ``rank_statistic``."""
+    for neurons (``catalog.effects``), ranked by ``rank_statistic``.
+
+    Exact patching covers every MLP layer and, with ``exact_heads`` set, only that many
+    heads: those of largest |attribution| at the exact roles (a head's exact run costs as
+    much as an MLP layer's, and a model has ~15 times more heads than layers). The others
+    keep their attribution estimate, marked ``is_exact`` False, as neurons outside
+    ``--exact top:N`` do."""
     bad = [r for r in exact_roles if r not in ROLES]
     if bad:
         raise ValueError(f"unknown positions {bad}; choose from {ROLES}")
@@ -310,16 +321,32 @@ def component_effects(model: HookedTransformer, table: PromptTable, clean: np.nd
     is_exact = np.zeros(shape, dtype=bool)
     ex_mean, ex_std = nan.copy(), nan.copy()
     if exact_roles:
-        paper, log = exact(runner, clean, cf, cf_z, cf_mlp, exact_roles)
         ran = [ROLES.index(r) for r in exact_roles]
+        heads = None
+        if exact_heads is not None and exact_heads < cfg.n_layers * cfg.n_heads:
+            size = np.abs(attr.log_mean.reshape(shape)[:, :-1, ran]).mean(-1)
+            heads = np.zeros(size.size, dtype=bool)
+            heads[np.argsort(-size.ravel(), kind="stable")[:exact_heads]] = True
+            heads = heads.reshape(size.shape)
+        paper, log = exact(runner, clean, cf, cf_z, cf_mlp, exact_roles, heads)
         ex = effects.PairStats.of(log[:, :, ran].reshape(flat), paper[:, :, ran].reshape(flat))
         part = (cfg.n_layers, cfg.n_heads + 1, len(ran))
-        ex_mean[:, :, ran], ex_std[:, :, ran] = ex.mean.reshape(part), ex.std.reshape(part)
+        ran_mask = np.zeros(shape, dtype=bool)  # (layer, component, role) exactly patched
+        ran_mask[:, :, ran] = np.isfinite(log[:, :, ran, 0]) if len(clean) else False
+        sel = ran_mask[:, :, ran]
+
+        def put(target: np.ndarray, values: np.ndarray) -> None:
+            view = target[:, :, ran]
+            view[sel] = values.reshape(part)[sel]
+            target[:, :, ran] = view
+
+        put(ex_mean, ex.mean)
+        put(ex_std, ex.std)
         for name, stat in (("effect_log", "log_mean"), ("effect_median", "median"),
                            ("effect_trimmed", "trimmed"), ("moved_share", "moved")):
-            out[name][:, :, ran] = getattr(ex, stat).reshape(part)
-        rank_value[:, :, ran] = ex.statistic(rank_statistic).reshape(part)
-        is_exact[:, :, ran] = True
+            put(out[name], getattr(ex, stat))
+        put(rank_value, ex.statistic(rank_statistic))
+        is_exact = ran_mask
     return ComponentEffects(
         n_pairs=len(clean), exact_roles=tuple(exact_roles), effect_exact=ex_mean,
         effect_exact_std=ex_std, effect_attr=attr.mean.reshape(shape),

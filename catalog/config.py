@@ -72,7 +72,8 @@ LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_stat
                   "faithfulness_protocols": ["all-layers"], "faithfulness_seeds": 1,
                   "circuit_counts": "none", "component_positions": [], "late_from": "auto",
                   "heads_kept": "auto", "circuit_ranking": "rank", "mean_population": "valid",
-                  "mean_prompts": 0, "ablate_context": "prompt"}
+                  "mean_prompts": 0, "ablate_context": "prompt",
+                  "component_exact_heads": "all"}
 
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -192,6 +193,10 @@ class ScienceConfig:
         ("last",), "prompt positions where every head and MLP layer is exactly patched, "
         "comma-separated from op1, op, op2, last (attribution covers all four); none: no "
         "component effects", kind="words")
+    component_exact_heads: str = _opt(
+        "auto", "heads exactly patched for component effects (every MLP layer always is): "
+        "all, a number, or auto (twice the heads a paper circuit keeps); the others keep "
+        "their attribution estimate, chosen by its size", flag="--component-exact-heads")
     knockout_neurons: int = _opt(10, "N of the prompt knockout (neurons per layer)")
     top_set_fraction: float = _opt(0.05, "share of each layer's neurons (by effect) that "
                                          "the knockouts draw from (the top set)")
@@ -305,6 +310,10 @@ class ScienceConfig:
         bad = [p for p in self.component_positions if p not in ROLES]
         if bad:
             raise ValueError(f"component_positions {bad} unknown; choose from {ROLES}")
+        v = self.component_exact_heads
+        if v not in ("auto", "all") and not v.isdigit():
+            raise ValueError(f"component_exact_heads must be auto, all or a whole number, "
+                             f"got {v!r}")
         for name in ("late_from", "heads_kept"):
             v = getattr(self, name)
             if v != "auto" and not (v.isdigit() and (name == "late_from" or int(v) >= 1)):

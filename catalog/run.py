@@ -431,7 +431,7 @@ class CheckpointRun:
         runner = PrefixRunner(model, table)  # one prefix and context cache for the summary
         draws = self._faithfulness_draws()
         comps = {op: component_effects(model, table, *self.pairs[op], config.component_positions,
-                                       config.rank_statistic, runner)
+                                       config.rank_statistic, runner, self._exact_heads())
                  for op in config.operators} if config.component_positions else {}
         lens = {op: residual_lens(model, table, draws[op][0] if draws[op] else
                                   np.zeros(0, np.int64), runner) for op in config.operators}
@@ -475,6 +475,16 @@ class CheckpointRun:
                         for op in config.operators},
             components=comps, curves=curves, residual_lens=lens,
         )
+
+    def _exact_heads(self) -> int | None:
+        """How many heads component effects patch exactly (None: every head)."""
+        setting = self.config.component_exact_heads
+        if setting == "all":
+            return None
+        if setting == "auto":
+            cfg = self.model.cfg
+            return 2 * circuits.heads_to_keep(cfg.n_layers, cfg.n_heads, self.config.heads_kept)
+        return int(setting)
 
     def _faithfulness_draws(self) -> dict[str, list[np.ndarray]]:
         """op -> per seed, the correct prompts drawn for faithfulness (sorted). One

@@ -302,6 +302,28 @@ def test_exact_component_effects_equal_full_forwards_with_one_hook(trained):
     assert np.abs(want).max() > 1e-2
 
 
+def test_exact_patching_of_the_heads_attribution_ranks_first(trained):
+    lm, prep = trained
+    model, table = lm.model, prep.table
+    clean, cf = sample_pairs(table, "-", 8, seed=4)
+    every = component_effects(model, table, clean, cf, ("last",), "mean")
+    some = component_effects(model, table, clean, cf, ("last",), "mean", exact_heads=2)
+    r = ROLES.index("last")
+    # every MLP layer and the two heads of largest |attribution| at the last position
+    assert some.is_exact[:, -1, r].all()
+    heads = some.is_exact[:, :-1, r]
+    assert heads.sum() == 2
+    attr = np.abs(component_effects(model, table, clean, cf, (), "mean").effect_log[:, :-1, r])
+    assert attr[heads].min() >= attr[~heads].max()
+    exact = some.is_exact[:, :, r]
+    np.testing.assert_allclose(some.effect_exact[:, :, r][exact],
+                               every.effect_exact[:, :, r][exact], rtol=1e-5, atol=1e-6)
+    assert np.isnan(some.effect_exact[:, :-1, r][~heads]).all()
+    # the others keep the attribution estimate
+    np.testing.assert_allclose(some.effect_log[:, :-1, r][~heads], attr[~heads] *
+                               np.sign(some.effect_log[:, :-1, r][~heads]), rtol=1e-6)
+
+
 def test_role_positions_point_at_the_operands_and_the_operator(trained):
     lm, prep = trained
     table = prep.table
