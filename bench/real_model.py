@@ -38,6 +38,9 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--patch-chunk", type=int, default=64)
+    parser.add_argument("--protocols", default="paper,all-layers",
+                        help="faithfulness protocols, comma-separated (paper, all-layers, "
+                             "counterfactual)")
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
 
@@ -60,7 +63,8 @@ def main() -> None:
     phases["fetch (cached after the first run)"] = time.perf_counter() - t
     t = time.perf_counter()
     config = ScienceConfig(operators=tuple(args.ops), operand_hi=args.hi, shots=args.shots,
-                           pairs_per_op=args.pairs, exact=args.exact, dtype=args.dtype)
+                           pairs_per_op=args.pairs, exact=args.exact, dtype=args.dtype,
+                           faithfulness_protocols=tuple(args.protocols.split(",")))
     lm = load_model(MODEL, device=args.device, dtype=config.torch_dtype())
     phases["load (dequantize, convert, process weights)"] = time.perf_counter() - t
     execution = ExecutionConfig(device=args.device, batch_size=args.batch_size,
@@ -104,7 +108,7 @@ def main() -> None:
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                 summary=summary_dict(summ))
         store.refresh_views(conn)
-        phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
+        phases["summary (components, curves, knockouts, write)"] = time.perf_counter() - t
     t = time.perf_counter()
     out = RESULTS / "real_model_report"
     report(url, MODEL, None, out, top_n=50)
@@ -120,7 +124,7 @@ def main() -> None:
         "torch": torch.__version__,
         "config": {"ops": args.ops, "hi": args.hi, "shots": args.shots, "pairs": args.pairs,
                    "exact": args.exact, "dtype": args.dtype, "batch_size": args.batch_size,
-                   "patch_chunk": args.patch_chunk},
+                   "patch_chunk": args.patch_chunk, "protocols": args.protocols},
         "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "neurons": lm.model.cfg.n_layers * lm.model.cfg.d_mlp,
         "seconds_per_phase": {k: round(v, 1) for k, v in phases.items()},
@@ -130,8 +134,15 @@ def main() -> None:
                               "max": round(max(layer_s), 1)},
         "total_minutes_without_fetch": round(total / 60, 1),
         "accuracy": summ.accuracy, "n_pairs": summ.n_pairs,
+        "summary_seconds": {k: round(v, 1) for k, v in summ.seconds.items()},
         "faithfulness": {op: [[k, round(f, 3)] for k, f in c]
                          for op, c in summ.faithfulness.items()},
+        "curves": [{k: v for k, v in c.as_dict().items() if k != "points"}
+                   | {"ranked": {m: c.curve(metric=m, stat=st) for m in ("nl", "logprob")
+                                 for st in ("ratio_of_means",)},
+                      "points": [p for p in c.points if p["metric"] in ("nl", "logprob")]}
+                   for c in summ.curves],
+        "residual_lens": summ.residual_lens,
         "n_heuristic_neurons": summ.n_heuristic_neurons,
         "report": {k: numbers[k] for k in ("top_labelled", "all_labelled", "layer_share",
                                            "top_by_family")},

@@ -105,6 +105,7 @@ class Summary:
     components: dict[str, ComponentEffects] = field(default_factory=dict)  # op ->
     curves: list[circuits.CurveResult] = field(default_factory=list)  # protocol x operator
     residual_lens: dict[str, dict] = field(default_factory=dict)  # op -> per-layer lists
+    seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall time
 
 
 @dataclass
@@ -430,12 +431,16 @@ class CheckpointRun:
         measured[layers] = True
         runner = PrefixRunner(model, table)  # one prefix and context cache for the summary
         draws = self._faithfulness_draws()
+        seconds: dict[str, float] = {}
+        t = time.perf_counter()
         comps = {op: component_effects(model, table, *self.pairs[op], config.component_positions,
                                        config.rank_statistic, runner, self._exact_heads())
                  for op in config.operators} if config.component_positions else {}
         lens = {op: residual_lens(model, table, draws[op][0] if draws[op] else
                                   np.zeros(0, np.int64), runner) for op in config.operators}
-        curves = self._curves(effects, attribution or {}, comps, draws, layers)
+        seconds["component effects and residual lens"] = time.perf_counter() - t
+        curves = self._curves(effects, attribution or {}, comps, draws, layers, seconds)
+        t = time.perf_counter()
         first = [c for c in curves if c.protocol == config.faithfulness_protocols[0]]
         faith = {c.op: [(k, v if v is not None else float("nan")) for k, v in c.curve()]
                  for c in first}
@@ -474,6 +479,7 @@ class CheckpointRun:
             n_excluded={op: int((correct_all & table.is_shot)[table.op_index(op)].sum())
                         for op in config.operators},
             components=comps, curves=curves, residual_lens=lens,
+            seconds={**seconds, "knockouts": time.perf_counter() - t},
         )
 
     def _exact_heads(self) -> int | None:
@@ -518,8 +524,9 @@ class CheckpointRun:
 
     def _curves(self, effects: dict[int, np.ndarray], attribution: dict[int, np.ndarray | None],
                 comps: dict[str, ComponentEffects], draws: dict[str, list[np.ndarray]],
-                layers: list[int]) -> list[circuits.CurveResult]:
-        """Every protocol's faithfulness curve for every operator."""
+                layers: list[int], seconds: dict[str, float]) -> list[circuits.CurveResult]:
+        """Every protocol's faithfulness curve for every operator; the wall time of each
+        protocol's (its means included) is added to ``seconds``."""
         model, config, table = self.model, self.config, self.table
         n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
         every = np.concatenate([np.concatenate(d) for d in draws.values() if d] or
@@ -559,6 +566,7 @@ class CheckpointRun:
                     else "rank"
             score = paper_score if ranked_by == "attribution" else key
             for protocol in config.faithfulness_protocols:
+                t = time.perf_counter()
                 plan = circuits.plan(protocol, model, layers, score, key, comps.get(op),
                                      config.late_from, config.heads_kept, config.rank_sign,
                                      model.cfg.model_name, mlp_last)
@@ -576,6 +584,8 @@ class CheckpointRun:
                     ranking = ranked_by
                 out.append(circuits.measure_curve(model, setup, op, plan, replace, context,
                                                   population, ranking))
+                name = f"curve, {protocol}"
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t
         return out
 
     def _heuristic_masks(self, o: int, matches: dict[int, Matches], top_set: np.ndarray,

@@ -233,3 +233,26 @@ def test_an_architecture_transformer_lens_cannot_convert_is_named(tmp_path):
     path = _save_random(FalconForCausalLM, config, tmp_path / "falcon")
     with pytest.raises(ModelSourceError, match=r"FalconForCausalLM.*falcon.*not currently"):
         load_model(str(path))
+
+
+def test_linear_weights_are_laid_out_so_that_no_forward_copies_them(tmp_path):
+    """TransformerLens 3.9 multiplies the unembedding and a gated MLP's matrices as
+    ``F.linear(x, W.T.contiguous())``; loaded models store them so that this is no copy,
+    and their logits are bitwise those of the usual layout."""
+    from catalog.sources import load_model
+
+    from offline_models import write_llama_gguf
+
+    lm = load_model(str(write_llama_gguf(tmp_path / "tiny.gguf")))
+    model = lm.model
+    mats = [model.unembed.W_U] + [getattr(b.mlp, n) for b in model.blocks
+                                  for n in ("W_gate", "W_in", "W_out")]
+    assert all(w.T.contiguous().data_ptr() == w.data_ptr() for w in mats)
+    toks = torch.tensor([[1, 5, 9, 12, 7, 3]])
+    with torch.no_grad():
+        fast = model(toks)
+        for w in mats:  # back to the usual layout: every forward copies again
+            w.data = w.data.contiguous()
+        assert not model.unembed.W_U.T.is_contiguous()
+        usual = model(toks)
+    assert torch.equal(fast, usual)
