@@ -22,7 +22,7 @@ CIRCUIT_K = 20
 def queries() -> dict[str, str]:
     text = DOC.read_text()
     found = dict(re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", text, flags=re.S))
-    assert len(found) == 9, sorted(found)
+    assert len(found) == 12, sorted(found)
     return found
 
 
@@ -342,3 +342,39 @@ def test_derived_tables_refresh_per_model_and_equal_a_full_rebuild(db, tiny_buil
         assert left == dict.fromkeys(DERIVED, 0)
         store.refresh_views(conn, b)
     assert _derived(db) == per_model
+
+
+def test_circuit_persistence_equals_the_shares_computed_from_stored_rankings(seeded):
+    """Per checkpoint and operator, the share of the final checkpoint's paper circuit (top
+    circuit_k per pruned layer by the curve's ranking) in this checkpoint's circuit."""
+    with store.connect(seeded) as conn:
+        k = int(conn.execute("SELECT value FROM catalog_setting WHERE key = 'circuit_k'"
+                             ).fetchone()[0])
+        summaries = conn.execute(
+            "SELECT c.step, s.checkpoint_id, s.op, s.pruned, s.ranking FROM circuit_summary s "
+            "JOIN checkpoint c ON c.id = s.checkpoint_id WHERE s.protocol = 'paper'"
+        ).fetchall()
+        circuits = {}
+        for step, ck, op, pruned, ranking in summaries:
+            rows = conn.execute(
+                "SELECT layer, neuron, effect_attr + effect_attr_std, rank FROM neuron_op "
+                "WHERE checkpoint_id = %s AND op = %s", (ck, op)).fetchall()
+            chosen = set()
+            for layer in pruned:
+                mine = [r for r in rows if r[0] == layer]
+                key = (lambda r: (-r[2], r[1])) if ranking == "attribution" else \
+                    (lambda r: (r[3], r[1]))
+                chosen |= {(r[0], r[1]) for r in sorted(mine, key=key)[:k]}
+            circuits[(step, op)] = chosen
+        got = {(step, op): (n_final, n_shared, share) for step, op, n_final, n_shared, share
+               in conn.execute("SELECT step, op, n_final, n_shared, share FROM "
+                               "circuit_persistence")}
+    last = max(step for step, _ in circuits)
+    assert {step for step, _ in got} == {step for step, _ in circuits} and len(got) > 3
+    for (step, op), mine in circuits.items():
+        final = circuits[(last, op)]
+        shared = len(mine & final)
+        assert got[(step, op)][:2] == (len(final), shared), (step, op)
+        assert got[(step, op)][2] == pytest.approx(shared / len(final), rel=1e-6)
+    assert all(share == 1 for (step, _), (_, _, share) in got.items() if step == last)
+    assert any(share < 1 for (step, _), (_, _, share) in got.items() if step != last)
