@@ -64,8 +64,10 @@ def gather(conn, model_id: int, checkpoint_id: int, config_id: int) -> CircuitDa
         names = [c.name for c in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
+    order = {p: i for i, p in enumerate(("paper", "all-layers", "counterfactual"))}
     d = CircuitData(
-        summaries=rows(f"SELECT * FROM circuit_summary {where} ORDER BY op, protocol"),
+        summaries=sorted(rows(f"SELECT * FROM circuit_summary {where}"),
+                         key=lambda r: ("+-*/".index(r["op"]), order.get(r["protocol"], 9))),
         points=rows(f"SELECT * FROM circuit_point {where}"),
         components=rows(f"SELECT op, layer, head, position, effect_exact, effect_log, "
                         f"rank_value, is_exact FROM component_effect {where}"))

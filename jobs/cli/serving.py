@@ -59,7 +59,11 @@ def cmd_report(args) -> int:
 
     try:
         url = require_current(database_url(args))
-        html_path, md_path = report(url, args.model, args.checkpoint, Path(args.out),
+        model = args.model
+        if model == "builtin":  # the name `ncat catalog builtin` stores it under
+            from catalog.builtin import BUILTIN_NAME
+            model = BUILTIN_NAME
+        html_path, md_path = report(url, model, args.checkpoint, Path(args.out),
                                     top_n=args.top)
     except (ReportError, SchemaBehind, ValueError) as exc:
         return fail(str(exc))
