@@ -33,7 +33,7 @@ def main() -> None:
         mib = sorted(k for k, p in ranked.items() if p["mib"])
         width = mib[-1]
 
-        def at(share: float, pts: dict) -> str:
+        def at(share: float, pts: dict, mib: list[int] = mib, width: int = width) -> str:
             k = min(mib, key=lambda k: abs(k / width - share))
             p = pts.get(k)
             if p is None:
