@@ -225,3 +225,18 @@ def test_bfloat16_forward_passes_keep_the_ranking_of_effects(tiny_builtin, tiny)
             overlaps.append(len(top(x) & top(y)))
     assert np.median(rhos) >= 0.7 and min(rhos) >= 0.4, rhos
     assert min(overlaps) >= 5, overlaps
+
+
+def test_a_summary_of_some_layers_says_what_it_pruned_and_kept_whole(tiny):
+    lm, _ = tiny
+    config = MeasureConfig(operators=("+",), operand_hi=12, pairs_per_op=6,
+                           faithfulness_prompts=10, faithfulness_seeds=1,
+                           faithfulness_protocols=("paper", "all-layers"), late_from="0")
+    res = measure(lm.model, lm.tokenizer, config, layers=[1], progress=False)
+    by = {c.protocol: c.as_dict() for c in res.summary.curves}
+    assert res.summary.layers == [1]
+    # only measured layers are ever pruned; the rest stay whole under both protocols
+    assert by["paper"]["pruned"] == [1] and by["paper"]["whole"] == [0]
+    assert by["paper"]["late_from"] == 0 and by["paper"]["late_source"] == "config"
+    assert by["all-layers"]["pruned"] == [1] and by["all-layers"]["whole"] == [0]
+    assert by["all-layers"]["n_heads_kept"] == by["all-layers"]["n_heads"]
