@@ -392,11 +392,24 @@ def _evaluate_chunk(runner: PrefixRunner, idx: np.ndarray, skip: int,
         return _Edit(circuit, post[sl], z[sl], edit_from, batched)
 
     early = range(start)
-    if own_prefix:
-        # the early part over whole sequences (the prefix's positions need their own
-        # edits and absolute positions); the prefix's residual is the same in every row
-        resid_all = model.run_with_hooks(toks, stop_at_layer=start,
-                                         fwd_hooks=edit(circuits[0], 0, length, 0).hooks(early))
+    if own_prefix and start > 0:
+        # The prefix and its edits are the same in every row (one operator and one length
+        # per group; means are by distance from the end): its early layers run once, and
+        # the prompts' own tokens run from its keys and values. Its residual entering
+        # ``start`` feeds each circuit's late layers below.
+        pre = TransformerLensKeyValueCache.init_cache(model.cfg, device, 1)
+        ones = torch.ones((1, skip), dtype=torch.long, device=device)
+        prefix_resid = model.run_with_hooks(
+            toks[:1, :skip], past_kv_cache=pre, attention_mask=ones, stop_at_layer=start,
+            fwd_hooks=edit(circuits[0], 0, skip, 0).hooks(early))
+        pre.freeze()
+        resid = model.run_with_hooks(
+            toks[:, skip:], past_kv_cache=expand_cache(pre, n),
+            attention_mask=torch.ones((n, length - skip), dtype=torch.long, device=device),
+            stop_at_layer=start, fwd_hooks=edit(circuits[0], skip, length, 0).hooks(early))
+        past = None
+    elif own_prefix:  # nothing shared: embeddings of whole sequences (no layer runs)
+        resid_all = model.run_with_hooks(toks, stop_at_layer=0)
         prefix_resid, resid = resid_all[:1, :skip], resid_all[:, skip:]
         past = None
     else:

@@ -98,13 +98,14 @@ def _check_mean_ablation(model, table, population, prompts, context, circuits):
                                        atol=2e-4, err_msg=f"circuit {c}, prompt {p}")
 
 
-@pytest.mark.parametrize("context", ["prompt", "all"])
-def test_mean_ablation_with_a_cached_prefix_equals_full_forwards(pythia, context):
+@pytest.mark.parametrize("context, same_below", [("prompt", 3), ("all", 3), ("all", 0)])
+def test_mean_ablation_with_a_cached_prefix_equals_full_forwards(pythia, context, same_below):
     lm, table = pythia
     pop = ablation.mean_population(lm.tokenizer, table, SHOTS, "grid", 80, seed=1)
     prompts = np.concatenate([np.nonzero(table.op == o)[0][5:11] for o in range(2)])
-    # three circuits that agree below layer 3: the early part runs once for all three
-    circuits = _random_circuits(lm.model, 3, seed=2, same_below=3)
+    # three circuits that agree below layer 3 (the early part runs once for all three), or
+    # that differ from layer 0 on (nothing is shared)
+    circuits = _random_circuits(lm.model, 3, seed=2, same_below=same_below)
     _check_mean_ablation(lm.model, table, pop, prompts, context, circuits)
 
 
