@@ -57,7 +57,11 @@ class PairStats:
             nan = np.full(n, np.nan, dtype=np.float32)
             return cls(nan, nan, nan, nan, nan, nan)
         base = paper_effect if paper_effect is not None else log_effect
-        return cls(mean=base.mean(1), std=base.std(1), log_mean=log_effect.mean(1),
+        # the paper's effect reaches 1e30 and more (an expm1 of a log-probability gap):
+        # its square overflows float32, so the spread is taken in float64 (it is at most
+        # the largest value, which float32 holds)
+        std = base.std(1, dtype=np.float64).astype(base.dtype)
+        return cls(mean=base.mean(1), std=std, log_mean=log_effect.mean(1),
                    median=np.median(log_effect, axis=1), trimmed=trimmed_mean(log_effect),
                    moved=(np.abs(log_effect) > MOVED_EPS).mean(1))
 

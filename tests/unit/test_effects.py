@@ -42,3 +42,18 @@ def test_one_outlier_pair_cannot_move_a_neuron_by_more_than_a_few_places(statist
     # the paper's mean is not robust: the outlier wins
     mean_rank = effects.ranks(effects.rank_key(after.statistic("mean")[:, None], "abs"))
     assert mean_rank[victim, 0] == 0
+
+
+def test_the_spread_of_huge_paper_effects_is_finite_and_warns_nothing():
+    import warnings
+
+    from catalog.effects import PairStats
+
+    # two pairs whose patched answer probability grew by e^80: effects near 5.5e34
+    paper = np.array([[np.expm1(80.0), 0.0], [1.0, 3.0]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = PairStats.of(np.zeros_like(paper), paper)
+    assert np.isfinite(stats.std).all()
+    assert stats.std[0] == pytest.approx(np.expm1(80.0) / 2, rel=1e-5)
+    assert stats.std[1] == pytest.approx(1.0)
