@@ -25,6 +25,7 @@ The estimate is a short measured run scaled by counted work, per phase:
    attribution    pairs x operators (one backward pass per operator and checkpoint)
    exact patching neurons patched x pairs x operators, per layer
    matching       live neurons x operators, per layer (constant neurons are skipped)
+   components     pairs x operators (every head and MLP layer patched per pair)
    summary        faithfulness prompts x seeds x operators x protocols, plus the mean
                   activations' passes over their populations
    writing        bytes written
@@ -432,7 +433,9 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
                 ablation.position_means(lm.model, pop, context, execution.batch_size)
                 mean_units += len(pop)
             means_s = time.perf_counter() - t
-            summary_s = max(summary_s - means_s, 0.0)
+            # component effects scale with the pairs, not the faithfulness prompts
+            comp_s = summ.seconds.get("component effects and residual lens", 0.0)
+            summary_s = max(summary_s - means_s - comp_s, 0.0)
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                 summary=summary_dict(summ))
             conn.execute("VACUUM ANALYZE")
@@ -476,11 +479,12 @@ def _calibration_run(url_server: str, lm, cal: ScienceConfig, execution: Executi
         "matching_ratio": phases.get("matching", 0.0) / max(random_s, 1e-9),
         "units": {"grid": len(run.table), "lens": len(layers), "attribution": n_pairs,
                   "exact": exact_work, "summary": summary_units(cal),
-                  "means": mean_units, "write": total_bytes},
+                  "means": mean_units, "write": total_bytes,
+                  "components": n_pairs if cal.component_positions else 0},
         "seconds": {"grid": grid_s, "lens": phases.get("lens", 0.0),
                     "attribution": phases.get("attribution", 0.0),
                     "exact": phases.get("exact", 0.0), "summary": summary_s,
-                    "means": means_s, "write": write_s},
+                    "means": means_s, "write": write_s, "components": comp_s},
         "bytes": {
             "neuron_op": sizes["neuron_op"] / n_op,
             "neuron_lens": sizes["neuron_lens"] / (n_op / ops),
@@ -575,7 +579,7 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     prompts = sum(cells.values())
     ops = len(config.operators)
     def s(phase: str, units: float) -> float:
-        fixed, per = cal.seconds[phase]
+        fixed, per = cal.seconds.get(phase, (0.0, 0.0))
         return fixed + per * units if units else 0.0
 
     fits = prompts * n_layers * d_mlp * 4 <= execution.activation_budget
@@ -597,6 +601,10 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     live = sum(live_share) * d_mlp  # live neurons x layers (averaged over operators)
     phases.append(Phase("matching", live * ops, "live neurons x ops", cal.matching_ratio * (
         live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values()))))
+    if config.component_positions:  # every head and MLP layer patched per pair
+        units = config.pairs_per_op * ops
+        phases.append(Phase("component effects", units, "pairs x ops",
+                            s("components", units)))
     units = summary_units(config)  # every run ends with one
     means = sum(config.mean_population_size(kind, cap, prompts)
                 for kind, _, cap in config.mean_passes())

@@ -19,7 +19,7 @@ CAL = Calibration(
     model="m", device="cpu", n_layers=4, d_mlp=100, gated=False,
     seconds={"grid": [1.0, 0.001], "lens": [0.0, 0.5], "attribution": [2.0, 0.01],
              "exact": [0.0, 1e-5], "summary": [3.0, 0.02], "means": [0.0, 0.0001],
-             "write": [0.0, 1e-7]},
+             "write": [0.0, 1e-7], "components": [1.0, 0.05]},
     bytes={"neuron_op": 300.0, "neuron_lens": 2000.0, "neuron_score": 200.0,
            "grid_row": 100.0, "grid_full_cell": 0.5, "grid_sketch_code": 0.8},
     rows_per_neuron_op=5.0, live_by_layer=[0.0, 1.0, 1.0, 0.5], matching_ratio=0.5,
@@ -45,6 +45,14 @@ def test_units_seconds_and_bytes_follow_the_request():
     live = (0 + 1 + 1 + 0.5) * 100  # live neurons over the four layers
     assert phases["matching"].units == live * 2
     assert phases["matching"].seconds == pytest.approx(0.5 * (live * 0.03 + 4 * 0.2))
+    # every head and MLP layer patched over 20 pairs of 2 operators
+    assert phases["component effects"].units == 40
+    assert phases["component effects"].seconds == pytest.approx(1.0 + 0.05 * 40)
+    none = estimate(CAL, ScienceConfig(**{**config.as_dict(), "component_positions": (),
+                                          "faithfulness_protocols": ("all-layers",)}),
+                    n_checkpoints=1, layers=None, limit=520, costs=COSTS,
+                    execution=ExecutionConfig(activation_budget=10**12))
+    assert "component effects" not in {p.name for p in none.phases}
     # 30 prompts x 3 seeds x 2 operators x 1 protocol (paper); its means average the
     # grid of all four operators, 1,000 prompts at most (250 per operator)
     assert phases["summary"].units == 30 * 3 * 2
