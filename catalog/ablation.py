@@ -106,8 +106,8 @@ def mean_population(tokenizer, table: PromptTable, config: ScienceConfig, kind: 
     four operators, invalid cells included (each operator after its own prefix; an
     operator the run does not measure gets the prefix it would have had). ``valid``: the
     run's own prompts. At most ``cap`` prompts (0: all), an equal seeded sample per
-    operator; the mean of 1,000 prompts has a standard error of 3% of the activations'
-    spread. Only tokens and prefixes are filled in: answers are not needed.
+    operator; the mean of 500 prompts (the default) has a standard error of 4.5% of the
+    activations' spread. Only tokens and prefixes are filled in: answers are not needed.
     """
     if kind not in POPULATIONS:
         raise ValueError(f"mean population must be one of {POPULATIONS}, got {kind!r}")

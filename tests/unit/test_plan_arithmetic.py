@@ -54,9 +54,9 @@ def test_units_seconds_and_bytes_follow_the_request():
                     execution=ExecutionConfig(activation_budget=10**12))
     assert "component effects" not in {p.name for p in none.phases}
     # 30 prompts x 3 seeds x 2 operators x 1 protocol (paper); its means average the
-    # grid of all four operators, 1,000 prompts at most (250 per operator)
+    # grid of all four operators, 500 prompts at most (125 per operator)
     assert phases["summary"].units == 30 * 3 * 2
-    assert phases["summary"].seconds == pytest.approx(3.0 + 0.02 * 180 + 0.0001 * 1000)
+    assert phases["summary"].seconds == pytest.approx(3.0 + 0.02 * 180 + 0.0001 * 500)
     both = estimate(CAL, ScienceConfig(**{**config.as_dict(), "mean_prompts": 0,
                                           "faithfulness_protocols": ("paper", "all-layers")}),
                     n_checkpoints=1, layers=None, limit=520, costs=COSTS,
