@@ -27,8 +27,11 @@ def main() -> None:
     p.add_argument("--shots", type=int, default=3)
     p.add_argument("--pairs", type=int, default=50)
     p.add_argument("--exact", default="top:50")
+    p.add_argument("--config-id", type=int, default=None,
+                   help="the stored config to read (default: the one the flags above make)")
     p.add_argument("--stored-protocols", default="paper,all-layers",
                    help="the protocols of the stored config (it is part of its hash)")
+    p.add_argument("--mean-prompts", type=int, default=None)
     p.add_argument("--protocols", default="paper")
     p.add_argument("--heads", default="auto")
     p.add_argument("--late-from", default="auto")
@@ -50,6 +53,9 @@ def main() -> None:
     lm = load_model(args.model)
     load_s = time.perf_counter() - t
     with store.connect(args.url) as conn:
+        if args.config_id is not None:
+            stored = ScienceConfig.from_dict(store.scalar(conn.execute(
+                "SELECT config FROM measure_config WHERE id = %s", (args.config_id,))))
         ids = register(conn, lm, stored)
         layers = sorted(store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                             config_id=ids.config_id))
@@ -59,7 +65,8 @@ def main() -> None:
             conn, ids, stored, layers, lm.model.cfg.d_mlp)
     variant = dataclasses.replace(
         stored, faithfulness_protocols=tuple(args.protocols.split(",")), heads_kept=args.heads,
-        late_from=args.late_from, ablate_context=args.context, mean_population=args.population)
+        late_from=args.late_from, ablate_context=args.context, mean_population=args.population,
+        mean_prompts=stored.mean_prompts if args.mean_prompts is None else args.mean_prompts)
     run = CheckpointRun(lm.model, lm.tokenizer, variant, layers=layers)
     t = time.perf_counter()
     run.prepare(progress=False)

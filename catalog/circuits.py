@@ -254,13 +254,22 @@ def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: C
     ks = sorted(set(mib_ks) | set(setup.counts))
     # the draws, in seed order, as rows of the union
     draws = np.concatenate([np.searchsorted(union, s) for s in setup.seeds])
-    values = {"ranked": [v[draws] for v in run(union, [plan_.ranked(k) for k in ks])],
-              "reversed": [v[draws] for v in run(union, [plan_.reversed(k) for k in sizes_mib])]}
+    # At the full width every kind keeps every neuron: one circuit, measured once (with
+    # the ranked ones). Ranked and reversed circuits share everything below the first
+    # pruned layer, so they run together and the early layers run once.
+    part = [k for k in sizes_mib if k < width]
+    got = [v[draws] for v in run(union, [plan_.ranked(k) for k in ks]
+                                 + [plan_.reversed(k) for k in part])]
+    ranked, rev = got[:len(ks)], dict(zip(part, got[len(ks):], strict=True))
+    full = ranked[ks.index(width)] if width in ks else None
     o = table.operators.index(op)
     per_seed = [run(s, [plan_.random(k, np.random.default_rng([setup.seed, 9, o, i, k]))
-                        for k in sizes_mib]) for i, s in enumerate(setup.seeds)]
-    values["random"] = [np.concatenate([got[j] for got in per_seed])
-                        for j in range(len(sizes_mib))]
+                        for k in part]) for i, s in enumerate(setup.seeds)]
+    rand = {k: np.concatenate([seed_values[j] for seed_values in per_seed])
+            for j, k in enumerate(part)}
+    values = {"ranked": ranked,
+              "reversed": [rev[k] if k in rev else full for k in sizes_mib],
+              "random": [rand[k] if k in rand else full for k in sizes_mib]}
     sizes = {"ranked": ks, "reversed": sizes_mib, "random": sizes_mib}
     boot = faithfulness.resamples(len(draws), setup.seed)
     m, e = model_v[draws], empty_v[draws]
