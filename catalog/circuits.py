@@ -66,7 +66,7 @@ def top_k_mask(effect: Float[np.ndarray, "n_layers d_mlp"], k: int) -> np.ndarra
 
 def circuit_sizes(d_mlp: int, fractions: tuple[float, ...]) -> list[int]:
     """Neurons per layer for each circuit fraction (at least 1, no duplicates)."""
-    return sorted({max(1, math.ceil(f * d_mlp)) for f in fractions})
+    return sorted(set(faithfulness.fraction_counts(d_mlp, fractions)))
 
 
 def heads_to_keep(n_layers: int, n_heads: int, setting: str) -> int:

@@ -127,8 +127,7 @@ def attribution(runner: PrefixRunner, clean: np.ndarray, cf: np.ndarray,
     out = np.zeros((n_layers, cfg.n_heads + 1, len(ROLES), len(clean)), dtype=np.float32)
     for pb in pair_batches(table, clean, cf, device):
         group = clean[pb.positions]
-        skip = runner.skip(int(table.op[group[0]]), pb.tokens.shape[1]) \
-            if len(set(table.op[group].tolist())) == 1 else 0
+        skip = runner.shared_skip(group, pb.tokens.shape[1])
         if skip:
             with torch.no_grad():
                 runner.run(group[:1], skip)  # the prefix cache, outside the graph
@@ -198,8 +197,7 @@ def exact(runner: PrefixRunner, clean: np.ndarray, cf: np.ndarray, cf_z: torch.T
     for pb in pair_batches(table, clean, cf, device):
         group = clean[pb.positions]
         op = int(table.op[group[0]])
-        skip = runner.skip(op, pb.tokens.shape[1]) \
-            if len(set(table.op[group].tolist())) == 1 else 0
+        skip = runner.shared_skip(group, pb.tokens.shape[1])
         got: dict[str, torch.Tensor] = {}
 
         def grab(act, hook, _got=got):

@@ -194,6 +194,12 @@ class PrefixRunner:
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
         return final_logits(model, resid)[:, 0]
 
+    def shared_skip(self, idx: np.ndarray, length: int) -> int:
+        """The prefix tokens that prompts ``idx`` (all ``length`` tokens long) share and can
+        read from the cache: their operator's, when they are all of one operator; else 0."""
+        ops = self.table.op[idx]
+        return self.skip(int(ops[0]), length) if (ops == ops[0]).all() else 0
+
     def prefix(self, op: int) -> TransformerLensKeyValueCache:
         """The clean keys and values of operator ``op``'s prefix (computed once)."""
         return self._prefix(op)

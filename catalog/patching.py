@@ -157,8 +157,7 @@ def exact_patching(
     for pb in pair_batches(table, clean, cf, device):
         group = clean[pb.positions]
         op = int(table.op[group[0]])
-        skip = runner.skip(op, pb.tokens.shape[1]) \
-            if len(set(table.op[group].tolist())) == 1 else 0
+        skip = runner.shared_skip(group, pb.tokens.shape[1])
         cache: dict[str, torch.Tensor] = {}
 
         def grab(act, hook, _cache=cache):
@@ -239,8 +238,7 @@ def attribution_patching(
         # prefix's keys and values are computed once (no gradient flows into them: the
         # derivative is taken at the last position, which they do not depend on)
         group = clean[pb.positions]
-        skip = runner.skip(int(table.op[group[0]]), pb.tokens.shape[1]) \
-            if len(set(table.op[group].tolist())) == 1 else 0
+        skip = runner.shared_skip(group, pb.tokens.shape[1])
         if skip:
             with torch.no_grad():
                 runner.run(group[:1], skip)  # builds the operator's prefix cache once
