@@ -30,12 +30,15 @@ from catalog.tokens import NumberTokens
 # 0.4.0: grid storage tiers (full_grids: full grids for the top set, sketches for the rest)
 # 0.5.0: circuits as the heuristics paper builds them (faithfulness protocols, component
 # effects, curve controls and areas, well-conditioned faithfulness statistics)
-CATALOG_VERSION = "0.5.0"
+# 0.6.0: labels under the value-permutation null (label_rule values, null_strata), each
+# cell set scored once (dedupe_heuristics), correctness needs a non-digit after the answer
+CATALOG_VERSION = "0.6.0"
 
 HEURISTIC_VARIANTS = ("paper", "code")
 BOTTOM_MODES = ("auto", "always", "never")
 PATCHING_METHODS = ("exact", "attribution")
-LABEL_RULES = ("significant", "paper")
+LABEL_RULES = ("values", "significant", "paper")
+NULL_STRATA = ("digits", "none")
 RANK_STATISTICS = ("trimmed", "median", "mean")
 RANK_SIGNS = ("abs", "signed")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -73,7 +76,9 @@ LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_stat
                   "circuit_counts": "none", "component_positions": [], "late_from": "auto",
                   "heads_kept": "auto", "circuit_ranking": "rank", "mean_population": "valid",
                   "mean_prompts": 0, "ablate_context": "prompt",
-                  "component_exact_heads": "all"}
+                  "component_exact_heads": "all",
+                  # before 0.6.0: every heuristic scored, duplicates of a cell set included
+                  "dedupe_heuristics": False, "null_strata": "digits"}
 
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -137,12 +142,21 @@ class ScienceConfig:
         0.6, "score from which a neuron implements a heuristic (paper: 0.6); knockouts and "
              "summaries use it, analysts may choose another in SQL")
     label_rule: str = _opt(
-        "significant", "when a neuron implements a heuristic: 'significant' (score >= "
-        "match_threshold AND p-value <= significance_level / heuristics scored) or 'paper' "
-        "(score >= match_threshold alone)", choices=LABEL_RULES, form=True)
+        "values", "when a neuron implements a heuristic: 'values' (score >= match_threshold "
+        "AND significant, family-wise over the neuron's heuristics, against maps whose "
+        "operand or result VALUES are permuted), 'significant' (the same against maps whose "
+        "CELLS are shuffled: the rule before 0.6.0) or 'paper' (score >= match_threshold "
+        "alone)", choices=LABEL_RULES, form=True)
     significance_level: float = _opt(
-        0.05, "family-wise error rate per neuron and operator of the 'significant' rule "
-              "(Bonferroni over the heuristics scored)")
+        0.05, "family-wise error rate per neuron and operator of the 'values' and "
+              "'significant' rules (Tarone-Bonferroni over the heuristics scored)")
+    null_strata: str = _opt(
+        "digits", "values the 'values' rule permutes among: digits (values with the same "
+        "number of digits: one- against two-digit operands is tokenisation, not arithmetic) "
+        "or none (all values of the operand or result)", choices=NULL_STRATA)
+    dedupe_heuristics: bool = _opt(
+        True, "score each cell set once, under its simplest name (the others are its "
+              "aliases); off: every heuristic, as before 0.6.0")
     families: tuple[str, ...] = _opt(
         HEURISTIC_FAMILIES, "heuristic families scored, comma-separated", kind="words")
     score_bottom: str = _opt("auto", "also score the bottom-k of each map: auto (gated MLPs "
@@ -267,6 +281,9 @@ class ScienceConfig:
             raise ValueError(f"rank_sign must be one of {RANK_SIGNS}, got {self.rank_sign!r}")
         if self.label_rule not in LABEL_RULES:
             raise ValueError(f"label_rule must be one of {LABEL_RULES}, got {self.label_rule!r}")
+        if self.null_strata not in NULL_STRATA:
+            raise ValueError(f"null_strata must be one of {NULL_STRATA}, got "
+                             f"{self.null_strata!r}")
         if not 0.0 < self.significance_level < 1.0:
             raise ValueError(f"significance_level must be in (0, 1), got "
                              f"{self.significance_level}")

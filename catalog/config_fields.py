@@ -15,6 +15,9 @@ from typing import Any
 
 from catalog.arith import OPERATORS
 
+BOOL_WORDS = {"on": True, "off": False, "true": True, "false": False, "yes": True,
+              "no": False, "1": True, "0": False}
+
 
 @dataclass(frozen=True)
 class FieldSpec:
@@ -24,7 +27,7 @@ class FieldSpec:
     flag: str
     default: Any
     help: str
-    kind: str  # int | float | str | operators | methods | words | floats
+    kind: str  # int | float | bool | str | operators | methods | words | floats
     choices: tuple | None
     form: bool
 
@@ -35,6 +38,11 @@ class FieldSpec:
                 return int(text)
             if self.kind == "float":
                 return float(text)
+            if self.kind == "bool":
+                word = text.strip().lower()
+                if word not in BOOL_WORDS:
+                    raise ValueError(f"expected one of {', '.join(BOOL_WORDS)}, got {text!r}")
+                return BOOL_WORDS[word]
             if self.kind == "operators":
                 ops = tuple(c for c in text if not c.isspace() and c != ",")
                 bad = [c for c in ops if c not in OPERATORS]
@@ -59,6 +67,8 @@ class FieldSpec:
         """How the value is written on a command line or in a form."""
         if self.kind == "operators":
             return "".join(value)
+        if self.kind == "bool":
+            return "on" if value else "off"
         if self.kind == "methods" and len(value) == 2:
             return "both"
         if isinstance(value, tuple):
@@ -69,7 +79,7 @@ class FieldSpec:
 def _kind(tp: Any, meta: dict) -> str:
     if "kind" in meta:
         return meta["kind"]
-    return {int: "int", float: "float", str: "str"}[tp]
+    return {int: "int", float: "float", str: "str", bool: "bool"}[tp]
 
 
 def specs(cls) -> list[FieldSpec]:

@@ -229,8 +229,13 @@ def run_grid(
     batch_size: int = 4096,
     progress: bool = False,
     reuse_prefix: bool = True,
+    continuing: np.ndarray | None = None,
 ) -> dict[int, Float[np.ndarray, "prompt d_mlp"]]:
     """Last-position MLP activations of ``layers`` for every prompt; sets ``table.correct``.
+
+    A prompt is correct when the greedy continuation is the result's tokens and, with
+    ``continuing`` (the ids of tokens that would extend a number: those starting with a
+    digit), the token after them is not one of those: ``0+2=22`` is not ``2``.
 
     With ``reuse_prefix`` an operator's shared prefix (few-shot text and solved examples,
     catalog.prompts) runs once, and every batch attends to its cached keys and values
@@ -255,8 +260,9 @@ def run_grid(
             caches[o] = prefix_cache(model, table.prefix_tokens[o])
         for start in range(0, len(idx_all), batch_size):
             idx = idx_all[start:start + batch_size]
-            seq = np.stack([np.concatenate([table.tokens[i][p:], table.result_tokens[i][:-1]])
-                            for i in idx])
+            answer = m if continuing is not None else m - 1  # the result tokens fed
+            seq = np.stack([np.concatenate([table.tokens[i][p:],
+                                            table.result_tokens[i][:answer]]) for i in idx])
             captured: dict[int, torch.Tensor] = {}
             last = length - 1 - p  # the prompt's last position in seq
 
@@ -271,9 +277,12 @@ def run_grid(
                 attention_mask=(torch.ones(seq.shape, dtype=torch.long, device=device)
                                 if p else None),
             )
-            pred = final_logits(model, resid[:, last:last + m]).argmax(-1).cpu()
+            pred = final_logits(model, resid[:, last:last + answer + 1]).argmax(-1).cpu()
             target = torch.from_numpy(np.stack([table.result_tokens[i] for i in idx]))
-            correct[idx] = (pred == target).all(dim=1).numpy()
+            ok = (pred[:, :m] == target).all(dim=1)
+            if continuing is not None:
+                ok &= ~torch.isin(pred[:, m], torch.as_tensor(continuing))
+            correct[idx] = ok.numpy()
             for layer in layers:
                 acts[layer][idx] = captured[layer].numpy()
             bar.update(1)

@@ -16,7 +16,7 @@ slow reference implementation in the tests and by knockouts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +37,9 @@ class Heuristic:
     family: str
     target: str
     params: tuple
+    # labels of other heuristics with the same cells on this grid (``dedupe``); not part
+    # of the heuristic's identity
+    aliases: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def key(self) -> str:
@@ -294,11 +297,60 @@ def value_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
 
 
 def partitions_for(cells: Cells, config: MeasureConfig) -> list[Partition]:
-    """Every partition of the config's families (all registered ones the config names)."""
+    """Every partition of the config's families (all registered ones the config names),
+    each cell set once (``dedupe``)."""
     out = []
     for name, build in FAMILIES.items():
         if name in config.families:
             out.extend(build(cells, config))
+    return dedupe(out) if config.dedupe_heuristics else out
+
+
+# Which name a cell set keeps when several heuristics select it: the simplest family
+# first, and within a family the first built (smaller moduli, narrower windows).
+SIMPLICITY = ("value", "range", "modulo", "pattern", "identical")
+
+
+def dedupe(partitions: list[Partition]) -> list[Partition]:
+    """Drop heuristics whose cell set another heuristic already has (scored on the same map
+    the same way), keeping the simplest name (``SIMPLICITY``) with the others as its
+    ``aliases``: on [0, 20) ``op1 in [10, 20)`` and the pattern ``.1.`` are one set, and
+    counting it twice would split one finding into two labels and inflate the correction.
+    Partitions keep their order; a partition left empty is dropped."""
+    rank = {f: i for i, f in enumerate(SIMPLICITY)}
+    order = sorted(range(len(partitions)),
+                   key=lambda i: rank.get(partitions[i].heuristics[0].family, len(rank)))
+    owner: dict[tuple, tuple[int, int]] = {}  # cell set -> (partition, heuristic) keeping it
+    drop: dict[int, set[int]] = {}
+    aliases: dict[tuple[int, int], list[str]] = {}
+    for pi in order:
+        part = partitions[pi]
+        cell_idx = np.argsort(part.labels, kind="stable")
+        bounds = np.searchsorted(part.labels[cell_idx], np.arange(len(part.heuristics) + 1))
+        for hi, h in enumerate(part.heuristics):
+            cells = cell_idx[bounds[hi]:bounds[hi + 1]]
+            sig = (h.direct, part.scoring, cells.tobytes())
+            if sig in owner:
+                drop.setdefault(pi, set()).add(hi)
+                aliases.setdefault(owner[sig], []).append(h.label)
+            else:
+                owner[sig] = (pi, hi)
+    out = []
+    for pi, part in enumerate(partitions):
+        gone = drop.get(pi, set())
+        hs = [replace(h, aliases=tuple(aliases.get((pi, hi), ())))
+              for hi, h in enumerate(part.heuristics)]
+        if not gone and not any(h.aliases for h in hs):
+            out.append(part)
+            continue
+        keep = np.array([hi not in gone for hi in range(len(hs))])
+        if not keep.any():
+            continue
+        new_id = np.full(len(hs), -1, dtype=np.int64)
+        new_id[keep] = np.arange(int(keep.sum()))
+        labels = np.where(part.labels >= 0, new_id[np.maximum(part.labels, 0)], -1)
+        out.append(Partition([h for h, k in zip(hs, keep, strict=True) if k], labels,
+                             part.sizes[keep], part.scoring))
     return out
 
 

@@ -483,10 +483,13 @@ def score_partitions(
         out.heuristics = heuristics
         return out
     neuron = torch.cat(rows_n).cpu().numpy().astype(np.int32)
-    score = torch.cat(rows_s).cpu().numpy().astype(np.float32)
+    score64 = torch.cat(rows_s).cpu().numpy()
+    score = score64.astype(np.float32)
     k = torch.cat(rows_k).cpu().numpy()
     draws = torch.cat(rows_d).cpu().numpy()
-    p_value = p_values(score, k, n_cells, draws)
+    # the overlap in cells from the float64 score, not the stored float32 one (whose
+    # rounding loses a whole cell when the count is near an integer)
+    p_value = p_values(score64, k, n_cells, draws)
     return Matches(
         neuron=neuron,
         op=np.full(len(neuron), op, dtype=np.int8),

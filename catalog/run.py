@@ -27,7 +27,9 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 
-from catalog import ablation, circuits, effects, knockouts
+from catalog import ablation, circuits, effects, enrichment, knockouts, nulls
+from catalog import effects as effects_mod
+from catalog.builtin.model import BUILTIN_NAME
 from catalog.components import ComponentEffects, component_effects, residual_lens
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import PrefixRunner, accuracy_by_operator, mlp_width, run_grid
@@ -37,9 +39,12 @@ from catalog.maps import kv_map
 from catalog.matching import Matches, multi_result_matches, score_partitions
 from catalog.patching import attribution_patching, exact_patching
 from catalog.prompts import PromptTable, build_prompts, sample_pairs
-from catalog.tokens import NumberTokens, detect_number_tokens, number_token_ids
+from catalog.tokens import NumberTokens, continuing_ids, detect_number_tokens, number_token_ids
 
 log = logging.getLogger(__name__)
+
+# maps per layer and operator that the relabelled-values control scores
+CONTROL_MAPS = 256
 
 
 @dataclass
@@ -70,6 +75,9 @@ class LayerResult:
     # op -> {"n_exact": neurons with exact effects, "spearman": attribution vs exact on them}
     patching: dict[str, dict]
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+    # op -> {"labelled", "n"}: the label rule on a sample of this layer's maps whose values
+    # are relabelled at random (a control that needs no untrained checkpoint)
+    label_control: dict[str, dict] = field(default_factory=dict)
 
     def effect(self, sign: str) -> np.ndarray:
         """What circuits order neurons by, largest first (catalog.effects.rank_key)."""
@@ -105,6 +113,10 @@ class Summary:
     components: dict[str, ComponentEffects] = field(default_factory=dict)  # op ->
     curves: list[circuits.CurveResult] = field(default_factory=list)  # protocol x operator
     residual_lens: dict[str, dict] = field(default_factory=dict)  # op -> per-layer lists
+    # labelled share of the top set against a random set and the layer (catalog.enrichment)
+    enrichment: list[dict] = field(default_factory=list)
+    # op -> heuristic key -> labels of the heuristics with the same cells (not scored)
+    aliases: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall time
 
 
@@ -223,11 +235,15 @@ class CheckpointRun:
         # over the budget, the first pass only judges correctness; each layer's grid is then
         # computed when that layer runs and dropped once it is done (release)
         capture = self.layers if self._all_fit() else []
+        # the built-in model is trained to emit the answer token and nothing after it
+        self._continuing = (None if self.model.cfg.model_name == BUILTIN_NAME
+                            else continuing_ids(self.tokenizer))
         self._acts = run_grid(self.model, self.table, capture,
-                              batch_size=self.execution.batch_size, progress=progress)
+                              batch_size=self.execution.batch_size, progress=progress,
+                              continuing=self._continuing)
         self.pairs = {op: sample_pairs(self.table, op, config.pairs_per_op, config.seed)
                       for op in config.operators}
-        self.cells, self.partitions, self.n_tests = {}, {}, {}
+        self.cells, self.partitions, self.n_tests, self.nulls = {}, {}, {}, {}
         for op in config.operators:
             idx = self.table.op_index(op)
             t = self.table
@@ -235,6 +251,13 @@ class CheckpointRun:
             self.partitions[op] = partitions_for(self.cells[op], config)
             self.n_tests[op] = n_tests(self.partitions[op], self._with_bottom(),
                                        self._multi_result(op))
+            if config.label_rule == "values":
+                self.nulls[op] = nulls.ValueNull.of(
+                    self.cells[op], self.partitions[op], config.null_strata, config.seed,
+                    config.pattern_top_k, self.n_tests[op], config.significance_level)
+                self.n_tests[op] = nulls.n_value_tests(self.nulls[op], self.partitions[op],
+                                                       self._with_bottom(),
+                                                       config.significance_level)
         self.number_ids = number_token_ids(self.tokenizer, min(self.numbers.limit, 10_000))
         self._prepared = True
         return self
@@ -267,7 +290,8 @@ class CheckpointRun:
         self._require_prepared()
         if layer not in self._acts:
             self._acts.update(run_grid(self.model, self.table, [layer],
-                                       batch_size=self.execution.batch_size))
+                                       batch_size=self.execution.batch_size,
+                                       continuing=self._continuing))
         return self._acts[layer]
 
     def release(self, layer: int) -> None:
@@ -306,7 +330,7 @@ class CheckpointRun:
         lens = clock.time("lens", logit_lens, model, layer, self.number_ids,
                           k=config.lens_top_k)
         answer_lens = clock.time("lens", lens_at, model, layer, table.answer)
-        parts, patching = [], {}
+        parts, patching, control = [], {}, {}
         for o, op in enumerate(config.operators):
             idx = table.op_index(op)
             k_map = acts[idx].T  # (d_mlp, cells)
@@ -319,12 +343,16 @@ class CheckpointRun:
             live = np.nonzero(~constant[:, o])[0]
             m = Matches.empty()
             if len(live):
-                m = Matches.concat(clock.time("matching", self._match, o, op, k_map[live],
-                                              kv_map(k_map[live], answer_lens[live][:, idx])))
+                kv = kv_map(k_map[live], answer_lens[live][:, idx])
+                m = Matches.concat(clock.time("matching", self._match, o, op, k_map[live], kv))
+                dev = self.model.cfg.device
+                m = clock.time("significance", nulls.label, m, config, self.n_tests[op],
+                               self.nulls.get(op), torch.as_tensor(k_map[live], device=dev),
+                               torch.as_tensor(kv, device=dev))
+                control[op] = clock.time("significance", self._label_control, layer, o, op,
+                                         k_map[live], kv)
                 m.neuron = live[m.neuron].astype(np.int32)
-            parts.append(m.label(config.match_threshold, config.label_rule,
-                                 config.significance_level, self.n_tests[op])
-                         .compact(config.scores_per_family))
+            parts.append(m)
         rank = effects.ranks(effects.rank_key(out["rank_value"], config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching
         return LayerResult(
@@ -337,7 +365,7 @@ class CheckpointRun:
             effect_log=out["log"], effect_median=out["median"], effect_trimmed=out["trimmed"],
             moved_share=out["moved"], is_exact=is_exact, rank_value=out["rank_value"],
             constant=constant, rank=rank, matches=Matches.concat(parts), patching=patching,
-            seconds=clock.seconds,
+            seconds=clock.seconds, label_control=control,
         )
 
     def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: dict,
@@ -391,6 +419,32 @@ class CheckpointRun:
                                    else ex.statistic(stat))
             facts["spearman"] = None if np.isnan(rho) else rho
         return facts
+
+    def _label_control(self, layer: int, o: int, op: str, k_map: np.ndarray,
+                       kv: np.ndarray) -> dict:
+        """The label rule on up to ``CONTROL_MAPS`` of the layer's live maps scored against
+        heuristics whose operand and result values are relabelled at random (within the
+        null's strata): how often maps of THIS model get labels for values they cannot be
+        about. The report shows it where the model has no untrained checkpoint."""
+        config = self.config
+        gen = np.random.default_rng([config.seed, layer, o, 1])
+        pick = np.sort(gen.choice(len(k_map), min(CONTROL_MAPS, len(k_map)), replace=False))
+        cells = nulls.relabelled(self.cells[op], config.null_strata, gen)
+        parts = partitions_for(cells, config)
+        m_tests = n_tests(parts, self._with_bottom(), self._multi_result(op))
+        null = None
+        if config.label_rule == "values":
+            null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+                                      config.pattern_top_k, m_tests, config.significance_level)
+            m_tests = nulls.n_value_tests(null, parts, self._with_bottom(),
+                                          config.significance_level)
+        dev = self.model.cfg.device
+        k_t = torch.as_tensor(k_map[pick], device=dev)
+        kv_t = torch.as_tensor(kv[pick], device=dev)
+        m = score_partitions(k_t, kv_t, parts, config.score_floor, self._with_bottom(),
+                             config.pattern_top_k, cells=cells)
+        m = nulls.label(m, config, m_tests, null, k_t, kv_t)
+        return {"labelled": int(len(np.unique(m.neuron[m.implements]))), "n": int(len(pick))}
 
     def _multi_result(self, op: str) -> bool:
         return op == "/" and "multi_result" in self.config.families
@@ -479,6 +533,14 @@ class CheckpointRun:
             n_excluded={op: int((correct_all & table.is_shot)[table.op_index(op)].sum())
                         for op in config.operators},
             components=comps, curves=curves, residual_lens=lens,
+            aliases={op: {h.key: list(h.aliases) for p in self.partitions[op]
+                          for h in p.heuristics if h.aliases} for op in config.operators},
+            enrichment=enrichment.enrichment(
+                {layer: effects_mod.ranks(np.nan_to_num(effects[layer], nan=-np.inf))
+                 for layer in layers},
+                {layer: enrichment.label_masks(matches[layer], d_mlp, len(config.operators))
+                 for layer in layers if layer in matches},
+                config.operators, config.top_set_fraction, config.seed),
             seconds={**seconds, "knockouts": time.perf_counter() - t},
         )
 

@@ -82,7 +82,9 @@ def p_values(score: np.ndarray, k: np.ndarray, n_cells: int,
     d = k.copy() if draws is None else np.broadcast_to(np.asarray(draws, dtype=np.int64),
                                                        k.shape)
     out = np.empty(len(score), dtype=np.float64)
-    x = np.floor(score * d + 1e-6).astype(np.int64)  # whole cells of the overlap
+    # whole cells of the overlap: float64 scores are count / draws to 1e-15, so a count
+    # of whole cells is recovered exactly; shared ties round down (conservative)
+    x = np.floor(score * d + 1e-9 * np.maximum(d, 1)).astype(np.int64)
     for kk, dd in set(zip(k.tolist(), d.tolist(), strict=True)):
         sel = (k == kk) & (d == dd)
         out[sel] = overlap_tail(n_cells, int(kk), int(dd))[np.clip(x[sel], 0, dd)]

@@ -94,3 +94,12 @@ def first_tokens(tokenizer, numbers: np.ndarray) -> np.ndarray:
 def number_token_ids(tokenizer, limit: int) -> np.ndarray:
     """Token id of each single-token number 0..limit (the logit lens's number axis)."""
     return np.array([encode_number(tokenizer, n)[0] for n in range(limit + 1)], dtype=np.int64)
+
+
+def continuing_ids(tokenizer) -> np.ndarray:
+    """Ids of the tokens that would extend a number written just before them: those whose
+    text starts with a digit. A prompt is answered correctly only if the token after the
+    answer is not one of them (catalog.grids.run_grid)."""
+    ids = np.arange(len(tokenizer))
+    texts = tokenizer.batch_decode([[int(i)] for i in ids])
+    return ids[np.array([t[:1].isdigit() for t in texts], dtype=bool)]

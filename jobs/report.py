@@ -30,7 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
-from jobs import report_circuits
+from jobs import report_circuits, report_labels
 from schema import store
 
 PAPER = {
@@ -68,6 +68,7 @@ class ReportData:
     grids: list[np.ndarray] = field(default_factory=list)  # their K maps
     sketch: list[bool] = field(default_factory=list)  # which of them are sketches
     circuits: report_circuits.CircuitData = field(default_factory=report_circuits.CircuitData)
+    labels: report_labels.LabelData = field(default_factory=report_labels.LabelData)
 
 
 def _share_se(k: int, n: int) -> tuple[float, float]:
@@ -159,6 +160,7 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
                                   config_id=config_id, layer=layer, neuron=neuron, op=op)
                   for op, layer, neuron, _, _ in data.top_neurons]
         data.circuits = report_circuits.gather(conn, *key)
+        data.labels = report_labels.gather(conn, *key, config)
         data.grids = [g.values for g in stored]
         data.sketch = [g.sketch for g in stored]
     return data
@@ -202,8 +204,8 @@ def markdown(d: ReportData) -> str:
         for op in ops:
             curve = d.faithfulness.get(op) or []
             out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
-    out += ["", f"## Top neurons that implement a heuristic (the paper: 91% of the top 200 "
-            f"per layer); top = rank < {d.top_n}", "",
+    out += report_labels.markdown(d.labels, ops, cfg.get("label_rule", "paper"))
+    out += ["", f"### Labels among the {d.top_n} neurons of highest rank per layer", "",
             "| op | top labelled | share ± SE | all labelled | share ± SE | families (top) |",
             "|---|---|---|---|---|---|"]
     for op in ops:
@@ -214,9 +216,7 @@ def markdown(d: ReportData) -> str:
         fam = ", ".join(f"{f} {k}" for f, k in sorted(d.top_by_family.get(op, {}).items()))
         out.append(f"| {op} | {tk}/{tn} | {_fmt(tp)} ± {_fmt(tse)} | {ak}/{an} | "
                    f"{_fmt(ap)} ± {_fmt(ase)} | {fam or '-'} |")
-    out += ["", "A share among the top neurons means something only beside the share among "
-            "all neurons (the base rate of labels in this catalog).", "",
-            "## Knockouts", ""]
+    out += ["", "## Knockouts", ""]
     for row in d.heuristic_knockouts[:10]:
         out.append(f"- `{row.get('op')}` {row.get('label')}: {row.get('n_neurons')} neurons "
                    f"zeroed; accuracy on the {row.get('n_associated')} prompts it is about / "
@@ -293,7 +293,8 @@ def numbers(d: ReportData) -> dict:
             "accuracy": d.accuracy, "layer_share": {op: {str(k): v for k, v in s.items()}
                                                     for op, s in d.layer_share.items()},
             "top_labelled": d.top_labelled, "all_labelled": d.all_labelled,
-            "top_by_family": d.top_by_family,
+            "top_by_family": d.top_by_family, "enrichment": d.labels.enrichment,
+            "label_control": d.labels.control, "untrained_labelled": d.labels.untrained,
             "circuits": [{k: v for k, v in row.items() if not k.endswith("_id")}
                          for row in d.circuits.summaries],
             "top_neurons": [list(map(lambda x: float(x) if isinstance(x, np.floating) else x, t))

@@ -87,6 +87,7 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.Laye
         lens_bottom_tokens=tokens(result.lens.bottom_ids),
         lens_bottom_values=result.lens.bottom_values,
         matches=result.matches, patching=_clean(result.patching),
+        label_control=result.label_control or None,
         layouts=[GridGeometry(g.side, g.valid) for g in run.grid_layouts()],
         full_top=run.config.full_grid_top())
 
@@ -116,6 +117,7 @@ def summary_dict(summary: Summary) -> dict:
         "layers": summary.layers, "n_correct": summary.n_correct, "n_pairs": summary.n_pairs,
         "n_excluded": summary.n_excluded,
         "residual_lens": summary.residual_lens,
+        "enrichment": summary.enrichment, "aliases": summary.aliases,
         "components": component_rows(summary),
         "curves": [c.as_dict() for c in summary.curves],
     })

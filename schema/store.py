@@ -118,6 +118,7 @@ class LayerRows:
     lens_bottom_values: np.ndarray
     matches: MatchArrays
     patching: dict | None = None  # op -> pairs used, neurons patched exactly, Spearman
+    label_control: dict | None = None  # op -> labels on relabelled-value maps (0021)
     layouts: list[GridGeometry] | None = None
     full_top: int | None = None
 
@@ -350,29 +351,35 @@ def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, 
         cur.execute("INSERT INTO neuron_score SELECT * FROM s_score")
         cur.execute(
             "INSERT INTO layer_result (checkpoint_id, config_id, layer, n_neurons, n_scores, "
-            "worker, seconds, patching) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "worker, seconds, patching, label_control) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
             "ON CONFLICT (checkpoint_id, config_id, layer) DO UPDATE SET "
             "n_neurons = EXCLUDED.n_neurons, n_scores = EXCLUDED.n_scores, "
             "worker = EXCLUDED.worker, seconds = EXCLUDED.seconds, "
-            "patching = EXCLUDED.patching, written_at = now()",
+            "patching = EXCLUDED.patching, label_control = EXCLUDED.label_control, "
+            "written_at = now()",
             (checkpoint_id, config_id, layer, d_mlp, len(rows.matches.score), worker, seconds,
-             None if rows.patching is None else json.dumps(rows.patching)))
+             None if rows.patching is None else json.dumps(rows.patching),
+             None if rows.label_control is None else json.dumps(rows.label_control)))
     return {"neuron_op": d_mlp * len(rows.ops), "neuron_grid": d_mlp * len(rows.ops),
             "neuron_lens": d_mlp, "neuron_score": len(rows.matches.score)}
 
 
 def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
     """(neuron, op index) -> (heuristic id, score, bottom, labelled) of its best heuristic:
-    the highest-scoring label if it has one, else its highest score."""
+    where it has labels the most specific one (the smallest set, then the higher score;
+    a "result = 8" detector is shown as that, not as "result in [0, 10)"), else its
+    highest score."""
     best: dict[tuple[int, int], tuple] = {}
+    order: dict[tuple[int, int], tuple] = {}
     m = rows.matches
-    for n, o, h, s, b, i in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.implements,
-                                strict=True):
+    for n, o, h, s, b, i, br in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
+                                    m.implements, m.base_rate, strict=True):
         k = (int(n), int(o))
-        cand = (ids[m.heuristics[h].key], float(s), bool(b), bool(i))
-        prev = best.get(k)
-        if prev is None or (cand[3], cand[1]) > (prev[3], prev[1]):
-            best[k] = cand
+        rank = (1, -float(np.nan_to_num(br, nan=1.0)), float(s)) if i else (0, float(s), 0.0)
+        if k not in order or rank > order[k]:
+            order[k] = rank
+            best[k] = (ids[m.heuristics[h].key], float(s), bool(b), bool(i))
     return best
 
 
@@ -380,7 +387,8 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
                   summary: dict) -> None:
     """Upsert a checkpoint summary (accuracy, faithfulness, knockouts, heuristic counts)."""
     cols = ("accuracy", "faithfulness", "heuristic_knockouts", "prompt_knockouts",
-            "n_heuristic_neurons", "n_correct", "n_pairs", "n_excluded", "residual_lens")
+            "n_heuristic_neurons", "n_correct", "n_pairs", "n_excluded", "residual_lens",
+            "enrichment", "aliases")
     conn.execute(
         f"INSERT INTO checkpoint_summary (checkpoint_id, config_id, layers, {', '.join(cols)}) "
         f"VALUES (%s, %s, %s, {', '.join(['%s'] * len(cols))}) "

@@ -223,6 +223,9 @@ class LayerResult(SQLModel, table=True):
     # op -> {"n_pairs", "n_exact", "spearman"}: pairs used, neurons patched exactly, and the
     # rank agreement of attribution with exact patching on those neurons
     patching: dict | None = Field(default=None, sa_column=Column(JSONB))
+    # op -> {"labelled", "n"}: the label rule on a sample of the layer's maps against
+    # relabelled values (catalog.run.CheckpointRun._label_control; migration 0021)
+    label_control: dict | None = Field(default=None, sa_column=Column(JSONB))
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
 
@@ -244,6 +247,11 @@ class CheckpointSummary(SQLModel, table=True):
     # op -> per layer: the answer's median rank, top-1 share and mean log-probability in
     # the residual stream at the last position (migration 0019)
     residual_lens: dict | None = Field(default=None, sa_column=Column(JSONB))
+    # labelled share of the top set against a random set of the layer, per layer, operator
+    # and family, with intervals and Fisher's exact test (catalog.enrichment; 0021)
+    enrichment: list | None = Field(default=None, sa_column=Column(JSONB))
+    # op -> heuristic key -> labels of heuristics with the same cells, scored once (0021)
+    aliases: dict | None = Field(default=None, sa_column=Column(JSONB))
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
 

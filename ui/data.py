@@ -65,7 +65,7 @@ def checkpoints(model_id: int) -> pd.DataFrame:
     """Checkpoints with stored results: step, weights hash, accuracy and faithfulness."""
     return query(
         "SELECT c.id AS checkpoint_id, c.step, s.config_id, c.duplicate_of_step, "
-        "left(c.weights_hash, 12) AS weights, s.accuracy, s.faithfulness "
+        "left(c.weights_hash, 12) AS weights, s.accuracy, s.faithfulness, s.enrichment "
         "FROM checkpoint c LEFT JOIN checkpoint_summary s ON s.checkpoint_id = c.id "
         "WHERE c.model_id = :m ORDER BY c.step", m=model_id)
 

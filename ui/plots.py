@@ -51,8 +51,14 @@ def evolution_lines(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     return fig
 
 
+# one colour per heuristic family in every chart
+FAMILY_COLORS = {"range": "#1f77b4", "modulo": "#ff7f0e", "pattern": "#2ca02c",
+                 "value": "#d62728", "identical": "#9467bd", "multi_result": "#8c564b"}
+
+
 def census_bars(df: pd.DataFrame) -> go.Figure:
     fig = px.bar(df, x="step", y="circuit_neurons", color="family", facet_col="op",
+                 color_discrete_map=FAMILY_COLORS,
                  title="Circuit neurons implementing each heuristic family")
     fig.update_xaxes(type="category")
     fig.update_layout(height=360, margin=dict(l=40, r=10, t=60, b=40))

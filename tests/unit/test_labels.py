@@ -1,5 +1,7 @@
-"""The label rule: noise is labelled at most at the configured rate, whatever the grid size
-and operator; dead and constant neurons never are; planted heuristics still are."""
+"""The cell label rule ('significant', the default before 0.6.0; the 'values' rule is
+tested in test_value_null.py): noise is labelled at most at the configured rate, whatever
+the grid size and operator; dead and constant neurons never are; planted heuristics still
+are."""
 
 import numpy as np
 import pytest
@@ -46,7 +48,7 @@ def labelled_neurons(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
 @pytest.mark.parametrize("op", OPERATORS)
 def test_noise_maps_are_labelled_at_most_at_the_configured_rate(op, hi):
     cells = cells_of(op, hi)
-    config = ScienceConfig(operand_hi=hi, significance_level=LEVEL)
+    config = ScienceConfig(operand_hi=hi, significance_level=LEVEL, label_rule="significant")
     rng = np.random.default_rng([hi, OPERATORS.index(op)])
     n = N_NOISE
     # scored in blocks of 250 maps: on the 90,000 cells of --hi 300 a block's sorted maps
@@ -70,7 +72,7 @@ def test_noise_maps_are_labelled_at_most_at_the_configured_rate(op, hi):
 @pytest.mark.parametrize("op", OPERATORS)
 def test_dead_and_constant_neurons_match_nothing(op):
     cells = cells_of(op, 30)
-    config = ScienceConfig(operand_hi=30)
+    config = ScienceConfig(operand_hi=30, label_rule="significant")
     rng = np.random.default_rng(3)
     c = len(cells.a)
     k_map = np.stack([np.zeros(c), np.full(c, 0.37), np.full(c, -1e-3)]).astype(np.float32)
@@ -92,7 +94,7 @@ def test_planted_neurons_are_still_labelled(op, hi):
     """Maps that are a heuristic's indicator plus noise of equal size are labelled with it;
     the result heuristics through the KV map."""
     cells = cells_of(op, hi)
-    config = ScienceConfig(operand_hi=hi)
+    config = ScienceConfig(operand_hi=hi, label_rule="significant")
     rng = np.random.default_rng(5)
     result_h = (Heuristic("modulo", "result", (5, 2)) if op != "/"
                 else Heuristic("range", "result", (0, 2)))

@@ -103,3 +103,34 @@ def test_knockouts_with_prefix_reuse_equal_full_forwards(pythia):
             (post_hook_name(layer), edit) for layer in range(n_layers)])
         want.append(int(logits[0, -1].argmax()) == table.answer[p])
     np.testing.assert_array_equal(got, np.array(want))
+
+
+def test_an_answer_must_end_where_the_result_ends(pythia):
+    """A model that always says the same digit gets 0+2=2 right by teacher forcing alone,
+    but it goes on to say 22: with the continuing tokens given, those prompts are wrong."""
+    import copy
+
+    import torch
+
+    from catalog.tokens import continuing_ids
+
+    model = copy.deepcopy(pythia.model)
+    tok = pythia.tokenizer
+    two = tok.encode("2", add_special_tokens=False)[0]
+    with torch.no_grad():
+        model.W_U.zero_()
+        model.b_U.fill_(-10.0)
+        model.b_U[two] = 10.0  # every position predicts "2"
+    config = ScienceConfig(operators=("+",), operand_hi=12)
+    numbers = detect_number_tokens(tok, prepend_bos=False)
+    table = build_prompts(tok, numbers, config)
+    is_two = table.result == 2
+    run_grid(model, table, [], batch_size=64)
+    assert table.correct[is_two].all() and not table.correct[~is_two].any()
+    cont = continuing_ids(tok)
+    assert two in cont and tok.encode(" =", add_special_tokens=False)[0] not in cont
+    run_grid(model, table, [], batch_size=64, continuing=cont)
+    assert not table.correct.any()
+    # with nothing counted as continuing a number, the answer alone decides again
+    run_grid(model, table, [], batch_size=64, continuing=cont[:0])
+    assert (table.correct == is_two).all()

@@ -32,8 +32,17 @@ def render() -> None:
                 if faith:
                     k, f = faith[len(faith) // 2]
                     row[f"faithfulness + (k={k})"] = f
+            for e in (ck.enrichment if isinstance(ck.enrichment, list) else []):
+                if e["layer"] == "all" and e["family"] == "any":
+                    row[f"labelled top / random {e['op']}"] = (
+                        f"{e['share_top']:.2f} / {e['share_random']:.2f}")
             rows.append(row)
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        if any(isinstance(e, list) and e for e in cks.get("enrichment", [])):
+            st.caption("labelled top / random: share of each layer's top set (by rank) that "
+                       "carries a heuristic label, beside a random set of as many other "
+                       "neurons of the same layer; the report gives intervals and the exact "
+                       "test (docs/method.md section 7)")
         report_button(model.name, cks)
     st.subheader("Jobs")
     jobs_panel()

@@ -1,0 +1,452 @@
+"""The value-permutation null: does a neuron's map single out the heuristic's VALUES?
+(docs/method.md section 7, "The label rule").
+
+The cell null (``catalog.significance``) asks whether a map's top cells fall on S_H more
+often than on a random set of as many cells. Real maps are never cell-wise random: a
+neuron that depends on op1 in an arbitrary way is constant along rows, and its top cells
+are whole rows that some residue class or digit pattern always contains. The value null
+asks the question the paper's claim needs: would the heuristic look as good if the
+operand (or result) VALUES were relabelled at random? It keeps the map whole and
+permutes which value each row, column or result class stands for.
+
+**The statistic.** A heuristic on one number x (op1, op2 or the result) is a set V of
+values. For k = |S_H| (K for pattern counting), the map's top-k cells (ties shared fairly,
+as in scoring) give each value g a share s_g, the fraction of its cells among them. The
+m = |V| values of highest share (extended through ties at the m-th) form U, and the
+statistic is X = |V ∩ U|: Algorithm 1 again, one level up, on values instead of cells.
+Shares, not counts, rank the values, so a value with more cells (a long diagonal of the
+result, a long row of ``-``) does not rise by its size when the map is a function of x.
+
+**The null and its exact tail.** Values are exchangeable within strata: by default
+values of the same digit count (one-digit against two-digit operands is a tokenisation
+fact, not arithmetic), and on grids where values own different numbers of cells also of
+the same size class (a factor of two), which keeps the share's noise comparable. Under
+that null V ∩ stratum is a uniform random subset of the stratum, so X is a sum of
+independent hypergeometric counts, one per stratum; its upper tail is exact
+(``value_tail``, checked against brute-force enumeration and Monte Carlo).
+
+**Both operands** (S_H = V_a x V_b: ranges and residues of both operands): the row test
+(op1 values, shares of rows) and the column test depend on independent permutations, so
+their p-values are independent under the null and combined by Fisher's method
+(p = u (1 - ln u), u their product), which stays valid for discrete p-values.
+**op1 = op2** is no product set: its p-value is Monte Carlo over permutations of rows
+and columns within strata (``identical_p``), with a fixed seed and enough permutations
+to reach the corrected level. **Multi-result** sets are picked as the values that cover
+the top cells, a choice that any relabelling reproduces: under this null their p-value
+is 1. Single values (``op1 = 7``) are tested like any set of one value: the smallest
+p-value they can reach is 1 / (values in the stratum), so they are labelled only where
+that beats the correction, which a grid of 300 values cannot reach.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from math import lgamma
+
+import numpy as np
+import torch
+
+from catalog.heuristics import Cells, Heuristic
+
+STRATA = ("digits", "none")
+SINGLE_TARGETS = ("op1", "op2", "result")
+
+
+def digit_count(x: np.ndarray) -> np.ndarray:
+    """Decimal digits of non-negative integers (0 has one)."""
+    x = np.asarray(x, dtype=np.int64)
+    out = np.ones(x.shape, dtype=np.int64)
+    for p in range(1, 19):
+        out += x >= 10 ** p
+    return out
+
+
+@dataclass(frozen=True)
+class ValueGroups:
+    """One operator's cells grouped by one number (op1, op2 or the result).
+
+    group: (cells,) index of each cell's value in ``values``; size: cells per value;
+    stratum: (values,) id of the stratum each value is permuted within."""
+
+    target: str
+    values: np.ndarray
+    group: np.ndarray
+    size: np.ndarray
+    stratum: np.ndarray
+
+    @classmethod
+    def of(cls, cells: Cells, target: str, strata: str = "digits") -> ValueGroups:
+        if strata not in STRATA:
+            raise ValueError(f"null strata must be one of {STRATA}, got {strata!r}")
+        values, group, size = np.unique(cells.values(target), return_inverse=True,
+                                        return_counts=True)
+        digits = digit_count(values) if strata == "digits" else np.zeros_like(values)
+        _, stratum = np.unique(digits, return_inverse=True)
+        return cls(target, values, group.astype(np.int64), size.astype(np.int64),
+                   stratum.astype(np.int64))
+
+    @property
+    def n_strata(self) -> int:
+        return int(self.stratum.max()) + 1
+
+    def stratum_sizes(self) -> np.ndarray:
+        return np.bincount(self.stratum, minlength=self.n_strata)
+
+    def members(self, h: Heuristic) -> np.ndarray:
+        """(values,) bool: the values of this number that h's set is made of (for a
+        heuristic of both operands, its condition on one of them)."""
+        v = self.values
+        if h.family == "multi_result":
+            return np.isin(v, np.array(h.params))
+        probe = Heuristic(h.family, "op1", h.params) if h.target in ("op1", "op2", "both",
+                                                                      "result") else h
+        return probe.contains(v, v, v)
+
+
+def _log_comb(a: int, b: int) -> float:
+    return lgamma(a + 1) - lgamma(b + 1) - lgamma(a - b + 1)
+
+
+def _hyper_pmf(n: int, u: int, m: int) -> np.ndarray:
+    """P(X = x), x = 0..m: overlap of a fixed m-subset with a random u-subset of n."""
+    out = np.zeros(m + 1)
+    for x in range(max(0, m - (n - u)), min(m, u) + 1):
+        out[x] = np.exp(_log_comb(u, x) + _log_comb(n - u, m - x) - _log_comb(n, m))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def value_tail(strata: tuple[tuple[int, int, int], ...]) -> np.ndarray:
+    """P(X >= x), x = 0..sum m_s, for X the sum over strata (n_s values, u_s of them in
+    the neuron's top set, m_s in the heuristic's) of independent hypergeometric
+    overlaps. Read-only; cached (the same layouts recur across neurons)."""
+    pmf = np.ones(1)
+    for n, u, m in strata:
+        if m == 0:
+            continue
+        pmf = np.convolve(pmf, _hyper_pmf(n, u, m))
+    tail = np.minimum(np.cumsum(pmf[::-1])[::-1], 1.0)
+    tail.flags.writeable = False
+    return tail
+
+
+def min_p(groups: ValueGroups, member: np.ndarray) -> float:
+    """The smallest p-value a heuristic made of ``member`` values can reach (its whole set
+    in the top set and nothing else there): what Tarone's correction counts."""
+    n_s = groups.stratum_sizes()
+    m_s = np.bincount(groups.stratum[member], minlength=len(n_s))
+    layout = tuple((int(n), int(m), int(m)) for n, m in zip(n_s, m_s, strict=True))
+    return float(value_tail(layout)[-1])
+
+
+def fisher(p1: np.ndarray | float, p2: np.ndarray | float) -> np.ndarray:
+    """Fisher's combination of two independent p-values: P(U1 U2 <= u) = u (1 - ln u)."""
+    u = np.clip(np.asarray(p1, dtype=np.float64) * np.asarray(p2, dtype=np.float64),
+                1e-300, 1.0)
+    return np.minimum(1.0, u * (1.0 - np.log(u)))
+
+
+def top_weights(maps: torch.Tensor, draws: int) -> torch.Tensor:
+    """(N, C) float64: 1 for each map's cells above its ``draws``-th largest value, the fair
+    share (draws - #greater) / #tied for cells equal to it, 0 below (catalog.matching)."""
+    c = maps.shape[1]
+    kth = torch.topk(maps, min(draws, c), dim=1).values[:, -1:]
+    greater = (maps > kth).sum(1, keepdim=True)
+    tied = (maps == kth).sum(1, keepdim=True)
+    frac = (draws - greater).double() / tied.double()
+    return torch.where(maps > kth, 1.0, torch.where(maps == kth, frac, 0.0)).double()
+
+
+def shares(weights: torch.Tensor, groups: ValueGroups) -> torch.Tensor:
+    """(N, values) share of each value's cells among the top cells."""
+    g = torch.as_tensor(groups.group, device=weights.device)
+    out = torch.zeros(weights.shape[0], len(groups.values), dtype=torch.float64,
+                      device=weights.device)
+    out.index_add_(1, g, weights)
+    return out / torch.as_tensor(groups.size, device=weights.device, dtype=torch.float64)
+
+
+def set_p_values(share: torch.Tensor, member: np.ndarray, groups: ValueGroups) -> np.ndarray:
+    """Exact p-value of X = |V ∩ U| per row: ``share`` (R, values) of each row's neuron,
+    ``member`` (R, values) bool its heuristic's values V."""
+    r = share.shape[0]
+    if r == 0:
+        return np.zeros(0)
+    member_t = torch.as_tensor(member, device=share.device)
+    m = member_t.sum(1)
+    desc = torch.sort(share, dim=1, descending=True).values
+    thr = desc.gather(1, (m - 1).clamp(min=0)[:, None])
+    top = share >= thr
+    x = (top & member_t).sum(1).cpu().numpy()
+    n_strata = groups.n_strata
+    onehot = torch.zeros(len(groups.values), n_strata, device=share.device)
+    onehot[torch.arange(len(groups.values)), torch.as_tensor(groups.stratum)] = 1.0
+    u_s = (top.float() @ onehot).long().cpu().numpy()
+    m_s = (member_t.float() @ onehot).long().cpu().numpy()
+    n_s = groups.stratum_sizes()
+    out = np.empty(r)
+    for i in range(r):
+        layout = tuple((int(n_s[s]), int(u_s[i, s]), int(m_s[i, s])) for s in range(n_strata)
+                       if m_s[i, s])
+        tail = value_tail(layout)
+        out[i] = tail[min(int(x[i]), len(tail) - 1)]
+    out[m.cpu().numpy() == 0] = 1.0
+    return out
+
+
+def identical_p(weights: torch.Tensor, cells: Cells, rows: ValueGroups, cols: ValueGroups,
+                permutations: int, seed: int) -> np.ndarray:
+    """Monte Carlo p-value of op1 = op2 per map (``weights`` (N, C) from ``top_weights``):
+    the top-cell weight on the diagonal against the weight on (pi(v), sigma(v)) for row and
+    column permutations within strata; (1 + #as large) / (1 + permutations)."""
+    n = weights.shape[0]
+    side_r, side_c = len(rows.values), len(cols.values)
+    dense = torch.zeros(n, side_r * side_c, dtype=torch.float64, device=weights.device)
+    flat = torch.as_tensor(rows.group * side_c + cols.group, device=weights.device)
+    dense[:, flat] = weights
+    common = np.intersect1d(rows.values, cols.values)
+    ri = np.searchsorted(rows.values, common)
+    ci = np.searchsorted(cols.values, common)
+    observed = dense[:, torch.as_tensor(ri * side_c + ci)].sum(1)
+    gen = np.random.default_rng(seed)
+    exceed = torch.zeros(n, dtype=torch.long)
+    for start in range(0, permutations, 4096):
+        b = min(4096, permutations - start)
+        perm_r = _strata_permutations(rows.stratum, b, gen)[:, ri]
+        perm_c = _strata_permutations(cols.stratum, b, gen)[:, ci]
+        idx = torch.as_tensor(perm_r * side_c + perm_c).reshape(-1)  # (b x |common|)
+        null = dense[:, idx].view(n, b, -1).sum(2)
+        exceed += (null >= observed[:, None] - 1e-9).sum(1)
+    return ((1 + exceed.double()) / (1 + permutations)).cpu().numpy()
+
+
+def _strata_permutations(stratum: np.ndarray, b: int, gen: np.random.Generator) -> np.ndarray:
+    """(b, n) permutations of 0..n-1 that map each index within its stratum."""
+    n = len(stratum)
+    out = np.tile(np.arange(n), (b, 1))
+    for s in np.unique(stratum):
+        idx = np.nonzero(stratum == s)[0]
+        out[:, idx] = idx[np.argsort(gen.random((b, len(idx))), axis=1)]
+    return out
+
+
+def relabelled(cells: Cells, strata: str, gen: np.random.Generator) -> Cells:
+    """The same cells with op1, op2 and result values each permuted at random within the
+    null's strata (``ValueGroups``): heuristics built on them are about values the maps
+    never saw, so any label they get is a false one (the relabelled-values control)."""
+    out = {}
+    for t in SINGLE_TARGETS:
+        g = ValueGroups.of(cells, t, strata)
+        perm = _strata_permutations(g.stratum, 1, gen)[0]
+        out[t] = g.values[perm][g.group]
+    return Cells(cells.op, out["op1"], out["op2"], out["result"], cells.lo, cells.hi)
+
+
+def tarone(min_ps: np.ndarray, level: float) -> int:
+    """Tarone's refinement of Bonferroni: the smallest K with at most K tests able to reach
+    level / K (a test whose smallest possible p-value is above it can never be rejected,
+    so it need not be paid for). Labelling at p <= level / K keeps the family-wise error
+    at most ``level``."""
+    p = np.sort(np.asarray(min_ps, dtype=np.float64))
+    for k in range(1, len(p) + 1):
+        if int(np.searchsorted(p, level / k, side="right")) <= k:
+            return k
+    return max(len(p), 1)
+
+
+@dataclass
+class ValueNull:
+    """The value null of one operator's grid: its value groups, and the draws (k, or K
+    for pattern counting) of each heuristic scored on it."""
+
+    cells: Cells
+    groups: dict[str, ValueGroups]
+    draws: dict[str, int]
+    seed: int
+    permutations: int  # Monte Carlo draws for op1 = op2
+    _member: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, cells: Cells, partitions: list, strata: str, seed: int, pattern_top_k: int,
+           n_tests: int, level: float) -> ValueNull:
+        n_cells = len(cells.a)
+        draws = {}
+        for part in partitions:
+            for h, k in zip(part.heuristics, part.sizes, strict=True):
+                draws[h.key] = int(k) if part.scoring == "topk" else min(pattern_top_k, n_cells)
+        # enough permutations that the Monte Carlo p-value can reach level / n_tests
+        b = int(min(1_000_000, max(1_000, np.ceil(2 * n_tests / level))))
+        return cls(cells, {t: ValueGroups.of(cells, t, strata) for t in SINGLE_TARGETS},
+                   draws, seed, b)
+
+    def member(self, h: Heuristic, target: str) -> np.ndarray:
+        key = (h.key, target)
+        if key not in self._member:
+            self._member[key] = self.groups[target].members(h)
+        return self._member[key]
+
+    def min_p(self, h: Heuristic) -> float:
+        """The smallest p-value heuristic h can get under this null (Tarone)."""
+        if h.family == "multi_result":
+            return 1.0
+        if h.family == "identical":
+            return 1.0 / (1 + self.permutations)
+        if h.target == "both":
+            return float(fisher(min_p(self.groups["op1"], self.member(h, "op1")),
+                                min_p(self.groups["op2"], self.member(h, "op2"))))
+        return min_p(self.groups[h.target], self.member(h, h.target))
+
+    def p_values(self, k_map: torch.Tensor, kv_map: torch.Tensor, heuristics: list[Heuristic],
+                 neuron: np.ndarray, heuristic: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+        """Exact (or, for op1 = op2, Monte Carlo) p-value of each row (neuron index into the
+        maps, heuristic index into ``heuristics``, bottom-k or not) under the value null."""
+        out = np.ones(len(neuron))
+        if not len(neuron):
+            return out
+        direct = np.array([h.direct for h in heuristics], dtype=bool)[heuristic]
+        draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
+        key = (draws * 2 + direct) * 2 + bottom.astype(np.int64)
+        for kv in np.unique(key[draws > 0]):
+            rows = np.nonzero(key == kv)[0]
+            d, is_direct, is_bottom = int(kv // 4), bool(kv // 2 % 2), bool(kv % 2)
+            neurons = np.unique(neuron[rows])
+            side = (kv_map if is_direct else k_map)[torch.as_tensor(neurons)]
+            weights = top_weights(-side if is_bottom else side, d)
+            pos = np.searchsorted(neurons, neuron[rows])
+            hs = [heuristics[i] for i in heuristic[rows]]
+            out[rows] = np.maximum(self._rows_p(weights, pos, hs),
+                                   self._conditional_p(weights, pos, hs))
+        return out
+
+    def cell_member(self, h: Heuristic) -> np.ndarray:
+        key = (h.key, "cells")
+        if key not in self._member:
+            c = self.cells
+            self._member[key] = h.contains(c.a, c.b, c.result)
+        return self._member[key]
+
+    def _conditional_p(self, weights: torch.Tensor, pos: np.ndarray,
+                       hs: list[Heuristic]) -> np.ndarray:
+        """The other numbers held fixed: an operand heuristic must beat maps shuffled within
+        each result (a function of the result has no operand structure of its own), a
+        result heuristic maps shuffled within each op1 row and within each op2 column.
+        The largest of these p-values and the value null's is the row's p-value (an
+        intersection-union test, valid under each null)."""
+        out = np.zeros(len(hs))
+        direct = np.array([h.direct for h in hs])
+        for conds, sel in ((("result",), ~direct), (("op1", "op2"), direct)):
+            idx = np.nonzero(sel & np.array([h.family != "multi_result" for h in hs]))[0]
+            if not len(idx):
+                continue
+            member = np.stack([self.cell_member(hs[i]) for i in idx])
+            w = weights[torch.as_tensor(pos[idx])]
+            for t in conds:
+                out[idx] = np.maximum(out[idx], within_class_p(w, member, self.groups[t]))
+        return out
+
+    def _rows_p(self, weights: torch.Tensor, pos: np.ndarray, hs: list[Heuristic]) -> np.ndarray:
+        out = np.ones(len(hs))
+        target = np.array([h.target if h.family != "identical" else "identical" for h in hs])
+        fam = np.array([h.family for h in hs])
+        cache: dict[str, torch.Tensor] = {}
+
+        def share_of(t: str) -> torch.Tensor:
+            if t not in cache:
+                cache[t] = shares(weights, self.groups[t])
+            return cache[t]
+
+        def single(sel: np.ndarray, t: str) -> np.ndarray:
+            member = np.stack([self.member(hs[i], t) for i in sel])
+            return set_p_values(share_of(t)[torch.as_tensor(pos[sel])], member, self.groups[t])
+
+        for t in SINGLE_TARGETS:
+            sel = np.nonzero((target == t) & (fam != "multi_result"))[0]
+            if len(sel):
+                out[sel] = single(sel, t)
+        sel = np.nonzero(target == "both")[0]
+        if len(sel):
+            out[sel] = fisher(single(sel, "op1"), single(sel, "op2"))
+        sel = np.nonzero(target == "identical")[0]
+        if len(sel):
+            out[sel] = identical_p(weights[torch.as_tensor(pos[sel])], self.cells,
+                                   self.groups["op1"], self.groups["op2"], self.permutations,
+                                   self.seed)
+        return out
+
+
+def n_value_tests(null: ValueNull, partitions: list, with_bottom: bool, level: float) -> int:
+    """The correction's K for one operator under the value null (``tarone``): every
+    heuristic scored, twice when the bottom-k is scored too."""
+    min_ps = [null.min_p(h) for part in partitions for h in part.heuristics]
+    return tarone(np.array(min_ps * (2 if with_bottom else 1)), level)
+
+
+def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
+                 threshold: float, level: float, n_tests: int, per_family: int):
+    """The 'values' label rule on one operator's rows (``catalog.matching.Matches``, neuron
+    indices into the maps): rows scoring at least ``threshold`` get their value-null
+    p-value and are labelled where it is at most level / n_tests; then the rows to store
+    are chosen (``Matches.compact``) and the kept rows below the threshold get theirs too,
+    so every stored score carries its p-value under the rule used."""
+    cand = np.nonzero(m.score >= threshold)[0]
+    p = np.full(len(m), np.nan)
+    p[cand] = null.p_values(k_map, kv_map, m.heuristics, m.neuron[cand], m.heuristic[cand],
+                            m.bottom[cand])
+    m.p_value = p
+    m.implements = (m.score >= threshold) & (np.nan_to_num(p, nan=2.0) <= level / n_tests)
+    m = m.compact(per_family)
+    rest = np.nonzero(np.isnan(m.p_value))[0]
+    m.p_value[rest] = null.p_values(k_map, kv_map, m.heuristics, m.neuron[rest],
+                                    m.heuristic[rest], m.bottom[rest])
+    return m
+
+
+def within_class_p(weights: torch.Tensor, member: np.ndarray, classes: ValueGroups) -> np.ndarray:
+    """P-value of each row's top-cell weight on its set (``member`` (R, C) bool) when the
+    map is shuffled within each class of cells (cells with the same value of one number).
+
+    Each class keeps its top-cell weight w_c; its share on the set is a draw without
+    replacement of the set's s_c cells of the class, so the total T is a sum of
+    independent bounded terms with known means and variances. The tail is bounded by the
+    smaller of Hoeffding's and Bernstein's inequalities: an upper bound on the exact tail,
+    so the test stays valid (conservative where the bound is loose)."""
+    dev = weights.device
+    g = torch.as_tensor(classes.group, device=dev)
+    n_cls = len(classes.values)
+    mem = torch.as_tensor(member, device=dev, dtype=torch.float64)
+    t_obs = (weights * mem).sum(1)
+    w_c = torch.zeros(len(weights), n_cls, dtype=torch.float64, device=dev).index_add_(
+        1, g, weights)
+    s_c = torch.zeros(len(weights), n_cls, dtype=torch.float64, device=dev).index_add_(1, g, mem)
+    n_c = torch.as_tensor(classes.size, device=dev, dtype=torch.float64)[None, :]
+    mu = (s_c * w_c / n_c).sum(1)
+    q = w_c / n_c
+    var = (s_c * q * (1 - q) * (n_c - s_c) / (n_c - 1).clamp(min=1)).sum(1)
+    r = torch.minimum(torch.minimum(s_c, n_c - s_c),
+                      torch.minimum(torch.ceil(w_c - 1e-9), torch.ceil(n_c - w_c - 1e-9)))
+    r = r.clamp(min=0)
+    dev_t = (t_obs - mu - 1e-9 * (1 + t_obs)).clamp(min=0)
+    hoeffding = torch.exp(-2 * dev_t ** 2 / (r ** 2).sum(1).clamp(min=1e-12))
+    bernstein = torch.exp(-dev_t ** 2 / (2 * (var + r.max(1).values * dev_t / 3)).clamp(min=1e-12))
+    # Chernoff with each class's draws dominated by a binomial (Hoeffding 1963: sampling
+    # without replacement is dominated in convex order by sampling with it; a draw in
+    # [0, 1] of mean q by a Bernoulli(q)): any lambda > 0 gives a valid bound, the least
+    # over a grid is taken. Tight where big classes make the range terms above useless.
+    lam = torch.logspace(-3, 1.5, 48, dtype=torch.float64, device=dev)
+    log_mgf = torch.stack([(s_c * torch.log1p(q * torch.expm1(x))).sum(1) for x in lam], 1)
+    chernoff = torch.exp((log_mgf - lam[None, :] * t_obs[:, None]).min(1).values)
+    p = torch.minimum(torch.minimum(hoeffding, bernstein), chernoff)
+    return torch.where(dev_t > 0, p, torch.ones_like(p)).clamp(max=1.0).cpu().numpy()
+
+
+def label(m, config, n_tests: int, null: ValueNull | None, k_map: torch.Tensor,
+          kv_map: torch.Tensor):
+    """Apply the config's label rule to one operator's rows (neuron indices into the maps)
+    and keep the rows to store: the one place CheckpointRun and the tests label."""
+    if config.label_rule == "values":
+        assert null is not None, "the values rule needs the operator's ValueNull"
+        return label_values(m, null, k_map, kv_map, config.match_threshold,
+                            config.significance_level, n_tests, config.scores_per_family)
+    return m.label(config.match_threshold, config.label_rule, config.significance_level,
+                   n_tests).compact(config.scores_per_family)
