@@ -53,7 +53,11 @@ def main(runs=3, neurons=512, sample=8, hi=100):
     tie_rows = [{**{k: v for k, v in row.items() if k not in ties},
                  **over_runs([r[1][i] for r in per_run], ties)}
                 for i, row in enumerate(per_run[0][1])]
-    save("matching", {"runs": runs, "rows": rows, "tie_heavy": tie_rows,
+    rule_runs = [label_rule_cost(neurons=4864, hi=30) for _ in range(runs)]
+    rule_keys = ("scoring_s", "cell_rule_s", "value_rule_s", "value_rule_added_share")
+    rule = {**{k: v for k, v in rule_runs[0].items() if k not in rule_keys},
+            **over_runs(rule_runs, rule_keys)}
+    save("matching", {"runs": runs, "rows": rows, "tie_heavy": tie_rows, "label_rule": rule,
                       "threads": torch.get_num_threads()})
 
 
@@ -128,6 +132,55 @@ def tie_heavy(neurons=512, hi=100):
                     "speedup": old_s / new_s,
                     "checkpoint_run_s": run_s + (new_s if len(live) else 0.0)})
     return out
+
+
+def label_rule_cost(neurons=4864, hi=30):
+    """What the label rule adds to a layer's matching: one Qwen2.5-0.5B-wide layer (4,864
+    neurons), `+` on [0, hi), top and bottom scored as for a gated model. The maps are a
+    mix like a real layer's: a third random functions of op1 or of the result (plus
+    noise), a third planted residues and ranges (plus noise), a third noise. Scoring alone
+    (the matching phase before labels), then the cell rule ('significant') and the value
+    rule ('values', the default) on the scored rows."""
+    from catalog import nulls
+    from catalog.heuristics import n_tests
+    from catalog.matching import Matches
+
+    cells = cells_for("+", hi)
+    config = MeasureConfig(operand_hi=hi)
+    parts = partitions_for(cells, config)
+    rng = np.random.default_rng(0)
+    c = len(cells.a)
+    third = neurons // 3
+    f = rng.standard_normal((third, hi))
+    structured = np.where(np.arange(third)[:, None] % 2 == 0, f[:, cells.a],
+                          rng.standard_normal((third, cells.result.max() + 1))[:, cells.result])
+    planted = ((cells.a[None, :] % (2 + np.arange(third)[:, None] % 5) == 0)
+               | ((cells.b[None, :] // 10) == (np.arange(third)[:, None] % 3))).astype(float)
+    maps = np.concatenate([structured, planted, np.zeros((neurons - 2 * third, c))])
+    maps = torch.from_numpy((maps + 0.3 * rng.standard_normal((neurons, c))).astype(np.float32))
+    kv = maps * torch.from_numpy(rng.standard_normal(c).astype(np.float32) * 0.1 + 1.0)
+    m_tests = n_tests(parts, True, False)
+    null = nulls.ValueNull.of(cells, parts, config.null_strata, 0, config.pattern_top_k,
+                              m_tests, config.significance_level)
+    k_values = nulls.n_value_tests(null, parts, True, config.significance_level)
+
+    def score():
+        return score_partitions(maps, kv, parts, config.score_floor, True, cells=cells)
+
+    score_s, m = timed(score)
+    cell = MeasureConfig(operand_hi=hi, label_rule="significant")
+
+    def copy(m):
+        return Matches(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.heuristics,
+                       m.base_rate, m.p_value.copy(), m.implements.copy())
+    cell_s, cm = timed(lambda: nulls.label(copy(m), cell, m_tests, None, maps, kv))
+    value_s, vm = timed(lambda: nulls.label(copy(m), config, k_values, null, maps, kv))
+    return {"neurons": neurons, "cells": c, "heuristics": sum(len(p.heuristics) for p in parts),
+            "rows_scored": len(m),
+            "labelled_cell_rule": int(len(np.unique(cm.neuron[cm.implements]))),
+            "labelled_value_rule": int(len(np.unique(vm.neuron[vm.implements]))),
+            "scoring_s": score_s, "cell_rule_s": cell_s, "value_rule_s": value_s,
+            "value_rule_added_share": value_s / score_s}
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ from catalog.heuristics import Cells, Heuristic
 
 STRATA = ("digits", "none")
 SINGLE_TARGETS = ("op1", "op2", "result")
+# value-test p-values above this are not raised by the conditional tests (never labelled)
+CONDITIONAL_FROM = 0.05
 
 
 def digit_count(x: np.ndarray) -> np.ndarray:
@@ -147,11 +149,13 @@ def fisher(p1: np.ndarray | float, p2: np.ndarray | float) -> np.ndarray:
     return np.minimum(1.0, u * (1.0 - np.log(u)))
 
 
-def top_weights(maps: torch.Tensor, draws: int) -> torch.Tensor:
-    """(N, C) float64: 1 for each map's cells above its ``draws``-th largest value, the fair
-    share (draws - #greater) / #tied for cells equal to it, 0 below (catalog.matching)."""
+def top_weights(maps: torch.Tensor, draws: int, kth: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, C) float64: 1 for each map's cells above its ``draws``-th largest value (``kth``,
+    (N, 1), where known), the fair share (draws - #greater) / #tied for cells equal to it,
+    0 below (catalog.matching)."""
     c = maps.shape[1]
-    kth = torch.topk(maps, min(draws, c), dim=1).values[:, -1:]
+    if kth is None:
+        kth = torch.topk(maps, min(draws, c), dim=1).values[:, -1:]
     greater = (maps > kth).sum(1, keepdim=True)
     tied = (maps == kth).sum(1, keepdim=True)
     frac = (draws - greater).double() / tied.double()
@@ -185,12 +189,21 @@ def set_p_values(share: torch.Tensor, member: np.ndarray, groups: ValueGroups) -
     u_s = (top.float() @ onehot).long().cpu().numpy()
     m_s = (member_t.float() @ onehot).long().cpu().numpy()
     n_s = groups.stratum_sizes()
+    # rows with the same layout share one tail: one convolution per distinct layout, the
+    # layout (u_s, m_s of every stratum) and x packed into one integer per row
+    base = len(groups.values) + 1
+    code = np.zeros(r, dtype=np.int64)
+    for col in np.concatenate([u_s, m_s], axis=1).T:
+        code = code * base + col
+    order = np.argsort(code, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, code[order][1:] != code[order][:-1], True])
     out = np.empty(r)
-    for i in range(r):
-        layout = tuple((int(n_s[s]), int(u_s[i, s]), int(m_s[i, s])) for s in range(n_strata)
-                       if m_s[i, s])
-        tail = value_tail(layout)
-        out[i] = tail[min(int(x[i]), len(tail) - 1)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        rows = order[lo:hi]
+        i = rows[0]
+        tail = value_tail(tuple((int(n_s[t]), int(u_s[i, t]), int(m_s[i, t]))
+                                for t in range(n_strata) if m_s[i, t]))
+        out[rows] = tail[np.minimum(x[rows], len(tail) - 1)]
     out[m.cpu().numpy() == 0] = 1.0
     return out
 
@@ -298,25 +311,44 @@ class ValueNull:
         return min_p(self.groups[h.target], self.member(h, h.target))
 
     def p_values(self, k_map: torch.Tensor, kv_map: torch.Tensor, heuristics: list[Heuristic],
-                 neuron: np.ndarray, heuristic: np.ndarray, bottom: np.ndarray) -> np.ndarray:
-        """Exact (or, for op1 = op2, Monte Carlo) p-value of each row (neuron index into the
-        maps, heuristic index into ``heuristics``, bottom-k or not) under the value null."""
+                 neuron: np.ndarray, heuristic: np.ndarray, bottom: np.ndarray,
+                 score: np.ndarray) -> np.ndarray:
+        """P-value of each row (neuron index into the maps, heuristic index into
+        ``heuristics``, bottom-k or not, its score) under the value null: the value test's
+        exact (for op1 = op2, Monte Carlo) p-value, raised to the conditional tests' bound
+        where the value test is below ``CONDITIONAL_FROM`` (above it the row is far from any
+        label, and the others could only raise it further)."""
         out = np.ones(len(neuron))
         if not len(neuron):
             return out
         direct = np.array([h.direct for h in heuristics], dtype=bool)[heuristic]
         draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
         key = (draws * 2 + direct) * 2 + bottom.astype(np.int64)
+        # each map sorted once; a group's k-th value is then one column
+        used = np.unique(neuron)
+        used_t = torch.as_tensor(used)
+        ordered = {False: torch.sort(k_map[used_t], dim=1, descending=True).values}
+        ordered[True] = (ordered[False] if kv_map is k_map
+                         else torch.sort(kv_map[used_t], dim=1, descending=True).values)
         for kv in np.unique(key[draws > 0]):
             rows = np.nonzero(key == kv)[0]
             d, is_direct, is_bottom = int(kv // 4), bool(kv // 2 % 2), bool(kv % 2)
             neurons = np.unique(neuron[rows])
+            at = torch.as_tensor(np.searchsorted(used, neurons))
             side = (kv_map if is_direct else k_map)[torch.as_tensor(neurons)]
-            weights = top_weights(-side if is_bottom else side, d)
+            srt = ordered[is_direct][at]
+            c = srt.shape[1]
+            kth = (-srt[:, c - d] if is_bottom else srt[:, d - 1])[:, None]
+            weights = top_weights(-side if is_bottom else side, d, kth)
             pos = np.searchsorted(neurons, neuron[rows])
             hs = [heuristics[i] for i in heuristic[rows]]
-            out[rows] = np.maximum(self._rows_p(weights, pos, hs),
-                                   self._conditional_p(weights, pos, hs))
+            p = self._rows_p(weights, pos, hs)
+            near = np.nonzero(p <= CONDITIONAL_FROM)[0]
+            if len(near):
+                counts = score[rows[near]].astype(np.float64) * d
+                p[near] = np.maximum(p[near], self._conditional_p(
+                    weights, pos[near], [hs[i] for i in near], counts))
+            out[rows] = p
         return out
 
     def cell_member(self, h: Heuristic) -> np.ndarray:
@@ -326,23 +358,40 @@ class ValueNull:
             self._member[key] = h.contains(c.a, c.b, c.result)
         return self._member[key]
 
-    def _conditional_p(self, weights: torch.Tensor, pos: np.ndarray,
-                       hs: list[Heuristic]) -> np.ndarray:
+    def _conditional_p(self, weights: torch.Tensor, pos: np.ndarray, hs: list[Heuristic],
+                       counts: np.ndarray) -> np.ndarray:
         """The other numbers held fixed: an operand heuristic must beat maps shuffled within
         each result (a function of the result has no operand structure of its own), a
         result heuristic maps shuffled within each op1 row and within each op2 column.
-        The largest of these p-values and the value null's is the row's p-value (an
-        intersection-union test, valid under each null)."""
+        ``counts``: each row's top-cell weight on its set (score x draws). The largest of
+        these p-values and the value null's is the row's p-value (an intersection-union
+        test, valid under each null)."""
         out = np.zeros(len(hs))
         direct = np.array([h.direct for h in hs])
-        for conds, sel in ((("result",), ~direct), (("op1", "op2"), direct)):
-            idx = np.nonzero(sel & np.array([h.family != "multi_result" for h in hs]))[0]
+        multi = np.array([h.family == "multi_result" for h in hs])
+        for conds, sel in ((("result",), ~direct & ~multi), (("op1", "op2"), direct & ~multi)):
+            idx = np.nonzero(sel)[0]
             if not len(idx):
                 continue
-            member = np.stack([self.cell_member(hs[i]) for i in idx])
-            w = weights[torch.as_tensor(pos[idx])]
+            keys = [hs[i].key for i in idx]
+            uniq = list(dict.fromkeys(keys))
+            where = {k: j for j, k in enumerate(uniq)}
+            first = {hs[i].key: hs[i] for i in idx}
+            h_of = torch.as_tensor([where[k] for k in keys])
+            members = torch.as_tensor(np.stack([self.cell_member(first[k]) for k in uniq]),
+                                      dtype=torch.float64, device=weights.device)
             for t in conds:
-                out[idx] = np.maximum(out[idx], within_class_p(w, member, self.groups[t]))
+                classes = self.groups[t]
+                g = torch.as_tensor(classes.group, device=weights.device)
+                n_cls = len(classes.values)
+                w_c = torch.zeros(len(weights), n_cls, dtype=torch.float64,
+                                  device=weights.device).index_add_(1, g, weights)
+                s_c = torch.zeros(len(uniq), n_cls, dtype=torch.float64,
+                                  device=weights.device).index_add_(1, g, members)
+                p = within_class_tail(w_c[torch.as_tensor(pos[idx])], s_c[h_of],
+                                      torch.as_tensor(classes.size, dtype=torch.float64),
+                                      torch.as_tensor(counts[idx]))
+                out[idx] = np.maximum(out[idx], p)
         return out
 
     def _rows_p(self, weights: torch.Tensor, pos: np.ndarray, hs: list[Heuristic]) -> np.ndarray:
@@ -357,7 +406,12 @@ class ValueNull:
             return cache[t]
 
         def single(sel: np.ndarray, t: str) -> np.ndarray:
-            member = np.stack([self.member(hs[i], t) for i in sel])
+            keys = [hs[i].key for i in sel]
+            uniq = list(dict.fromkeys(keys))
+            index = {k: j for j, k in enumerate(uniq)}
+            first = {hs[i].key: hs[i] for i in sel}
+            table = np.stack([self.member(first[k], t) for k in uniq])
+            member = table[np.array([index[k] for k in keys])]
             return set_p_values(share_of(t)[torch.as_tensor(pos[sel])], member, self.groups[t])
 
         for t in SINGLE_TARGETS:
@@ -386,56 +440,66 @@ def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
                  threshold: float, level: float, n_tests: int, per_family: int):
     """The 'values' label rule on one operator's rows (``catalog.matching.Matches``, neuron
     indices into the maps): rows scoring at least ``threshold`` get their value-null
-    p-value and are labelled where it is at most level / n_tests; then the rows to store
-    are chosen (``Matches.compact``) and the kept rows below the threshold get theirs too,
-    so every stored score carries its p-value under the rule used."""
-    cand = np.nonzero(m.score >= threshold)[0]
-    p = np.full(len(m), np.nan)
-    p[cand] = null.p_values(k_map, kv_map, m.heuristics, m.neuron[cand], m.heuristic[cand],
-                            m.bottom[cand])
-    m.p_value = p
-    m.implements = (m.score >= threshold) & (np.nan_to_num(p, nan=2.0) <= level / n_tests)
-    m = m.compact(per_family)
-    rest = np.nonzero(np.isnan(m.p_value))[0]
-    m.p_value[rest] = null.p_values(k_map, kv_map, m.heuristics, m.neuron[rest],
-                                    m.heuristic[rest], m.bottom[rest])
-    return m
+    p-value and are labelled where it is at most level / n_tests, and the rows to store are
+    chosen (``Matches.compact``); every stored score carries its p-value under the rule."""
+    # the rows that could be stored: every row that could be labelled, and the best rows
+    # of each family (Matches.compact keeps them whatever the labels): one pass over them
+    m.implements = m.score >= threshold
+    keep = m.compact(per_family)
+    p = null.p_values(k_map, kv_map, keep.heuristics, keep.neuron, keep.heuristic, keep.bottom,
+                      keep.score)
+    keep.p_value = p
+    keep.implements = (keep.score >= threshold) & (p <= level / n_tests)
+    return keep.compact(per_family)
 
 
 def within_class_p(weights: torch.Tensor, member: np.ndarray, classes: ValueGroups) -> np.ndarray:
     """P-value of each row's top-cell weight on its set (``member`` (R, C) bool) when the
-    map is shuffled within each class of cells (cells with the same value of one number).
-
-    Each class keeps its top-cell weight w_c; its share on the set is a draw without
-    replacement of the set's s_c cells of the class, so the total T is a sum of
-    independent bounded terms with known means and variances. The tail is bounded by the
-    smaller of Hoeffding's and Bernstein's inequalities: an upper bound on the exact tail,
-    so the test stays valid (conservative where the bound is loose)."""
+    map is shuffled within each class of cells (cells with the same value of one number);
+    see ``within_class_tail``."""
     dev = weights.device
     g = torch.as_tensor(classes.group, device=dev)
     n_cls = len(classes.values)
     mem = torch.as_tensor(member, device=dev, dtype=torch.float64)
-    t_obs = (weights * mem).sum(1)
     w_c = torch.zeros(len(weights), n_cls, dtype=torch.float64, device=dev).index_add_(
         1, g, weights)
     s_c = torch.zeros(len(weights), n_cls, dtype=torch.float64, device=dev).index_add_(1, g, mem)
-    n_c = torch.as_tensor(classes.size, device=dev, dtype=torch.float64)[None, :]
-    mu = (s_c * w_c / n_c).sum(1)
-    q = w_c / n_c
+    return within_class_tail(w_c, s_c, torch.as_tensor(classes.size, dtype=torch.float64),
+                             (weights * mem).sum(1))
+
+
+def within_class_tail(w_c: torch.Tensor, s_c: torch.Tensor, n_c: torch.Tensor,
+                      t_obs: torch.Tensor) -> np.ndarray:
+    """Upper bound on P(T >= t_obs) per row, T the top-cell weight on a set when the map is
+    shuffled within classes: class c (n_c cells) keeps its top-cell weight w_c, and the
+    set's s_c cells of it draw their share without replacement, so T is a sum of
+    independent bounded terms with known means and variances. The least of Hoeffding's and
+    Bernstein's inequalities and a Chernoff bound (each class's draws dominated in convex
+    order by a binomial, Hoeffding 1963; lambda by a few Newton steps, any lambda being
+    valid): an upper bound on the exact tail, so the test stays valid."""
+    n_c = n_c.to(w_c.device)[None, :]
+    t_obs = t_obs.to(w_c.device).double()
+    q = (w_c / n_c).clamp(0.0, 1.0)
+    mu = (s_c * q).sum(1)
     var = (s_c * q * (1 - q) * (n_c - s_c) / (n_c - 1).clamp(min=1)).sum(1)
     r = torch.minimum(torch.minimum(s_c, n_c - s_c),
                       torch.minimum(torch.ceil(w_c - 1e-9), torch.ceil(n_c - w_c - 1e-9)))
     r = r.clamp(min=0)
-    dev_t = (t_obs - mu - 1e-9 * (1 + t_obs)).clamp(min=0)
+    dev_t = (t_obs - mu - 1e-6 * (1 + t_obs)).clamp(min=0)
     hoeffding = torch.exp(-2 * dev_t ** 2 / (r ** 2).sum(1).clamp(min=1e-12))
-    bernstein = torch.exp(-dev_t ** 2 / (2 * (var + r.max(1).values * dev_t / 3)).clamp(min=1e-12))
-    # Chernoff with each class's draws dominated by a binomial (Hoeffding 1963: sampling
-    # without replacement is dominated in convex order by sampling with it; a draw in
-    # [0, 1] of mean q by a Bernoulli(q)): any lambda > 0 gives a valid bound, the least
-    # over a grid is taken. Tight where big classes make the range terms above useless.
-    lam = torch.logspace(-3, 1.5, 48, dtype=torch.float64, device=dev)
-    log_mgf = torch.stack([(s_c * torch.log1p(q * torch.expm1(x))).sum(1) for x in lam], 1)
-    chernoff = torch.exp((log_mgf - lam[None, :] * t_obs[:, None]).min(1).values)
+    bernstein = torch.exp(-dev_t ** 2 / (2 * (var + r.max(1).values * dev_t / 3))
+                          .clamp(min=1e-12))
+    # Chernoff: min over lambda > 0 of sum_c s_c log(1 - q + q e^lambda) - lambda t
+    t = (t_obs - 1e-6 * (1 + t_obs))[:, None]
+    lam = torch.ones_like(t)
+    for _ in range(12):
+        e = torch.exp(lam)
+        denom = 1 - q + q * e
+        grad = (s_c * q * e / denom).sum(1, keepdim=True) - t
+        hess = (s_c * q * (1 - q) * e / denom ** 2).sum(1, keepdim=True).clamp(min=1e-12)
+        lam = (lam - grad / hess).clamp(1e-6, 50.0)
+    log_bound = (s_c * torch.log1p(q * torch.expm1(lam))).sum(1) - lam[:, 0] * t[:, 0]
+    chernoff = torch.exp(log_bound.clamp(max=0.0))
     p = torch.minimum(torch.minimum(hoeffding, bernstein), chernoff)
     return torch.where(dev_t > 0, p, torch.ones_like(p)).clamp(max=1.0).cpu().numpy()
 

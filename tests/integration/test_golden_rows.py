@@ -34,8 +34,9 @@ GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
 # Every score >= the floor was stored then (scores_per_family 0), and every grid in full
 # (full_grids all; golden_rows compares the decoded codes).
 # Circuits before 0.5.0: every measured layer pruned (the all-layers protocol), one draw
-# of 200 prompts, six sizes, no component effects.
-PAPER = dict(rank_statistic="mean", rank_sign="signed", label_rule="paper",
+# of 200 prompts, six sizes, no component effects. Before 0.6.0 every heuristic was
+# scored, duplicates of a cell set included.
+PAPER = dict(dedupe_heuristics=False, rank_statistic="mean", rank_sign="signed", label_rule="paper",
              families=("range", "modulo", "pattern", "identical", "multi_result"),
              scores_per_family=0, full_grids="all", faithfulness_protocols=("all-layers",),
              faithfulness_prompts=200, faithfulness_seeds=1,
@@ -44,7 +45,8 @@ FLAGS = ["--hi", "12", "--pairs", "8", "--rank-by", "mean", "--rank-sign", "sign
          "--label-rule", "paper", "--families", "range,modulo,pattern,identical,multi_result",
          "--scores-per-family", "0", "--full-grids", "all", "--protocols", "all-layers",
          "--faithfulness-prompts", "200", "--faithfulness-seeds", "1",
-         "--circuit-fractions", "0.01,0.02,0.05,0.1,0.2,0.5", "--component-positions", "none"]
+         "--circuit-fractions", "0.01,0.02,0.05,0.1,0.2,0.5", "--component-positions", "none",
+         "--dedupe-heuristics", "off"]
 CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, **PAPER)
 STEP = 300
 

@@ -103,15 +103,16 @@ def test_a_stored_config_keeps_the_rules_it_was_measured_with():
     old = {k: v for k, v in MeasureConfig().as_dict().items()
            if k not in ("shots", "shot_separator", "exact", "rank_statistic", "rank_sign",
                         "label_rule", "significance_level", "families",
-                        "scores_per_family", "dtype")}
+                        "scores_per_family", "dtype", "dedupe_heuristics", "null_strata")}
     old["batch_size"] = 4096  # configs before the execution split carried it
     cfg = MeasureConfig.from_dict(old)
     assert (cfg.label_rule, cfg.rank_statistic, cfg.rank_sign, cfg.exact, cfg.shots) == (
         "paper", "mean", "signed", "all", 0)
     assert "value" not in cfg.families
     assert (cfg.scores_per_family, cfg.dtype) == (0, "float32")  # every score was stored
+    assert not cfg.dedupe_heuristics  # every heuristic was scored before 0.6.0
     new = MeasureConfig()
     assert new.scores_per_family == 1
-    assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("significant", "trimmed",
-                                                                   "abs")
+    assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("values", "trimmed", "abs")
+    assert new.dedupe_heuristics
     assert "value" in new.families
