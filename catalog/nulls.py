@@ -323,33 +323,73 @@ class ValueNull:
             return out
         direct = np.array([h.direct for h in heuristics], dtype=bool)[heuristic]
         draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
-        key = (draws * 2 + direct) * 2 + bottom.astype(np.int64)
-        # each map sorted once; a group's k-th value is then one column
-        used = np.unique(neuron)
-        used_t = torch.as_tensor(used)
-        ordered = {False: torch.sort(k_map[used_t], dim=1, descending=True).values}
-        ordered[True] = (ordered[False] if kv_map is k_map
-                         else torch.sort(kv_map[used_t], dim=1, descending=True).values)
-        for kv in np.unique(key[draws > 0]):
-            rows = np.nonzero(key == kv)[0]
-            d, is_direct, is_bottom = int(kv // 4), bool(kv // 2 % 2), bool(kv % 2)
-            neurons = np.unique(neuron[rows])
-            at = torch.as_tensor(np.searchsorted(used, neurons))
-            side = (kv_map if is_direct else k_map)[torch.as_tensor(neurons)]
-            srt = ordered[is_direct][at]
-            c = srt.shape[1]
-            kth = (-srt[:, c - d] if is_bottom else srt[:, d - 1])[:, None]
-            weights = top_weights(-side if is_bottom else side, d, kth)
-            pos = np.searchsorted(neurons, neuron[rows])
-            hs = [heuristics[i] for i in heuristic[rows]]
-            p = self._rows_p(weights, pos, hs)
-            near = np.nonzero(p <= CONDITIONAL_FROM)[0]
-            if len(near):
-                counts = score[rows[near]].astype(np.float64) * d
-                p[near] = np.maximum(p[near], self._conditional_p(
-                    weights, pos[near], [hs[i] for i in near], counts))
-            out[rows] = p
+        side_key = direct.astype(np.int64) * 2 + bottom.astype(np.int64)
+        for sk in np.unique(side_key[draws > 0]):
+            is_direct, is_bottom = bool(sk // 2), bool(sk % 2)
+            on_side = np.nonzero((side_key == sk) & (draws > 0))[0]
+            neurons = np.unique(neuron[on_side])
+            maps = (kv_map if is_direct else k_map)[torch.as_tensor(neurons)]
+            maps = -maps if is_bottom else maps
+            for d, rows, sums, dense in self._top_sums(maps, on_side, draws):
+                pos = np.searchsorted(neurons, neuron[rows])
+                hs = [heuristics[i] for i in heuristic[rows]]
+                p = self._rows_p(sums, pos, hs, dense)
+                near = np.nonzero(p <= CONDITIONAL_FROM)[0]
+                if len(near):
+                    counts = score[rows[near]].astype(np.float64) * d
+                    p[near] = np.maximum(p[near], self._conditional_p(
+                        sums, pos[near], [hs[i] for i in near], counts))
+                out[rows] = p
         return out
+
+    def _top_sums(self, maps: torch.Tensor, rows: np.ndarray, draws: np.ndarray):
+        """For each draws value d of ``rows`` (ascending): (d, its rows, target -> (neurons,
+        values) top-cell weight per value, a function giving the (neurons, cells) weights of
+        some neurons). One walk down each map's sorted cells: the counts per value grow
+        segment by segment, so each d costs a segment, not a pass over every cell. Maps
+        whose d-th value is tied are recounted with the fair share of ties (``top_weights``)."""
+        n, c = maps.shape
+        order = torch.from_numpy(np.argsort(-maps.cpu().numpy(), axis=1, kind="stable")).to(
+            maps.device)
+        vals = maps.gather(1, order)
+        gid = {t: torch.as_tensor(g.group, device=maps.device) for t, g in self.groups.items()}
+        hist = {t: torch.zeros(n, len(g.values), dtype=torch.float64, device=maps.device)
+                for t, g in self.groups.items()}
+        prev = 0
+        for d in np.unique(draws[rows]).tolist():
+            seg = order[:, prev:d]
+            for t in hist:
+                hist[t].scatter_add_(1, gid[t][seg], torch.ones(seg.shape, dtype=torch.float64,
+                                                                device=maps.device))
+            prev = d
+            kth = vals[:, d - 1]
+            tied = torch.zeros(n, dtype=torch.bool, device=maps.device)
+            if d < c:
+                tied |= vals[:, d] == kth
+            if d > 1:
+                tied |= vals[:, d - 2] == kth
+            sums = hist
+            if bool(tied.any()):
+                idx = torch.nonzero(tied)[:, 0]
+                w = top_weights(maps[idx], d, kth[idx, None])
+                sums = {t: h.clone() for t, h in hist.items()}
+                for t in sums:
+                    fixed = torch.zeros(len(idx), sums[t].shape[1], dtype=torch.float64,
+                                        device=maps.device).index_add_(1, gid[t], w)
+                    sums[t][idx] = fixed
+
+            def dense(pos: np.ndarray, _d: int = d) -> torch.Tensor:
+                return top_weights(maps[torch.as_tensor(pos)], _d)
+            yield d, rows[draws[rows] == d], sums, dense
+
+    def class_counts(self, h: Heuristic, t: str) -> np.ndarray:
+        """(values of t,) how many of h's cells have each value of number t."""
+        key = (h.key, "classes", t)
+        if key not in self._member:
+            g = self.groups[t]
+            self._member[key] = np.bincount(g.group[self.cell_member(h)],
+                                            minlength=len(g.values)).astype(np.float64)
+        return self._member[key]
 
     def cell_member(self, h: Heuristic) -> np.ndarray:
         key = (h.key, "cells")
@@ -358,8 +398,8 @@ class ValueNull:
             self._member[key] = h.contains(c.a, c.b, c.result)
         return self._member[key]
 
-    def _conditional_p(self, weights: torch.Tensor, pos: np.ndarray, hs: list[Heuristic],
-                       counts: np.ndarray) -> np.ndarray:
+    def _conditional_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray,
+                       hs: list[Heuristic], counts: np.ndarray) -> np.ndarray:
         """The other numbers held fixed: an operand heuristic must beat maps shuffled within
         each result (a function of the result has no operand structure of its own), a
         result heuristic maps shuffled within each op1 row and within each op2 column.
@@ -378,32 +418,25 @@ class ValueNull:
             where = {k: j for j, k in enumerate(uniq)}
             first = {hs[i].key: hs[i] for i in idx}
             h_of = torch.as_tensor([where[k] for k in keys])
-            members = torch.as_tensor(np.stack([self.cell_member(first[k]) for k in uniq]),
-                                      dtype=torch.float64, device=weights.device)
             for t in conds:
                 classes = self.groups[t]
-                g = torch.as_tensor(classes.group, device=weights.device)
-                n_cls = len(classes.values)
-                w_c = torch.zeros(len(weights), n_cls, dtype=torch.float64,
-                                  device=weights.device).index_add_(1, g, weights)
-                s_c = torch.zeros(len(uniq), n_cls, dtype=torch.float64,
-                                  device=weights.device).index_add_(1, g, members)
-                p = within_class_tail(w_c[torch.as_tensor(pos[idx])], s_c[h_of],
+                s_c = torch.as_tensor(np.stack([self.class_counts(first[k], t) for k in uniq]),
+                                      device=sums[t].device)
+                p = within_class_tail(sums[t][torch.as_tensor(pos[idx])], s_c[h_of.to(s_c.device)],
                                       torch.as_tensor(classes.size, dtype=torch.float64),
                                       torch.as_tensor(counts[idx]))
                 out[idx] = np.maximum(out[idx], p)
         return out
 
-    def _rows_p(self, weights: torch.Tensor, pos: np.ndarray, hs: list[Heuristic]) -> np.ndarray:
+    def _rows_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, hs: list[Heuristic],
+                dense) -> np.ndarray:
         out = np.ones(len(hs))
         target = np.array([h.target if h.family != "identical" else "identical" for h in hs])
         fam = np.array([h.family for h in hs])
-        cache: dict[str, torch.Tensor] = {}
 
         def share_of(t: str) -> torch.Tensor:
-            if t not in cache:
-                cache[t] = shares(weights, self.groups[t])
-            return cache[t]
+            size = torch.as_tensor(self.groups[t].size, dtype=torch.float64)
+            return sums[t] / size.to(sums[t].device)
 
         def single(sel: np.ndarray, t: str) -> np.ndarray:
             keys = [hs[i].key for i in sel]
@@ -423,7 +456,7 @@ class ValueNull:
             out[sel] = fisher(single(sel, "op1"), single(sel, "op2"))
         sel = np.nonzero(target == "identical")[0]
         if len(sel):
-            out[sel] = identical_p(weights[torch.as_tensor(pos[sel])], self.cells,
+            out[sel] = identical_p(dense(pos[sel]), self.cells,
                                    self.groups["op1"], self.groups["op2"], self.permutations,
                                    self.seed)
         return out

@@ -21,13 +21,17 @@ class LabelData:
     untrained: dict[str, tuple[int, int]] = field(default_factory=dict)
     untrained_step: int | None = None
     top_set_fraction: float = 0.05
+    # op -> heuristic key -> labels of the heuristics with the same cells, scored once
+    aliases: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def gather(conn, model_id: int, checkpoint_id: int, config_id: int, config: dict) -> LabelData:
     d = LabelData(top_set_fraction=float(config.get("top_set_fraction", 0.05)))
-    row = conn.execute("SELECT enrichment FROM checkpoint_summary WHERE checkpoint_id = %s "
-                       "AND config_id = %s", (checkpoint_id, config_id)).fetchone()
+    row = conn.execute("SELECT enrichment, aliases FROM checkpoint_summary "
+                       "WHERE checkpoint_id = %s AND config_id = %s",
+                       (checkpoint_id, config_id)).fetchone()
     d.enrichment = (row[0] if row else None) or []
+    d.aliases = (row[1] if row else None) or {}
     for (control,) in conn.execute(
             "SELECT label_control FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
             "AND label_control IS NOT NULL", (checkpoint_id, config_id)):
@@ -122,4 +126,13 @@ def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:
     out += ["", "A label rate means something only beside these: a rule that labels the "
             "untrained model or the relabelled maps as often as the trained one does not "
             "tell heuristics from structure."]
+    if any(d.aliases.get(op) for op in ops):
+        out.append("")
+    for op in ops:
+        same = d.aliases.get(op) or {}
+        if same:
+            n = sum(len(v) for v in same.values())
+            examples = "; ".join(f"`{k}` also {', '.join(v)}" for k, v in list(same.items())[:4])
+            out.append(f"- `{op}`: {n} heuristics have the cells of another on this grid and "
+                       f"are scored once, under the simpler name ({examples})")
     return out
