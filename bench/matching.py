@@ -164,8 +164,11 @@ def label_rule_cost(neurons=4864, hi=30):
                               m_tests, config.significance_level)
     k_values = nulls.n_value_tests(null, parts, True, config.significance_level)
 
+    orders: dict = {}
+
     def score():
-        return score_partitions(maps, kv, parts, config.score_floor, True, cells=cells)
+        return score_partitions(maps, kv, parts, config.score_floor, True, cells=cells,
+                                orders=orders)
 
     score_s, m = timed(score)
     cell = MeasureConfig(operand_hi=hi, label_rule="significant")
@@ -174,7 +177,7 @@ def label_rule_cost(neurons=4864, hi=30):
         return Matches(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.heuristics,
                        m.base_rate, m.p_value.copy(), m.implements.copy())
     cell_s, cm = timed(lambda: nulls.label(copy(m), cell, m_tests, None, maps, kv))
-    value_s, vm = timed(lambda: nulls.label(copy(m), config, k_values, null, maps, kv))
+    value_s, vm = timed(lambda: nulls.label(copy(m), config, k_values, null, maps, kv, orders))
     return {"neurons": neurons, "cells": c, "heuristics": sum(len(p.heuristics) for p in parts),
             "rows_scored": len(m),
             "labelled_cell_rule": int(len(np.unique(cm.neuron[cm.implements]))),

@@ -420,6 +420,7 @@ def score_partitions(
     pattern_top_k: int = 100,
     cells: Cells | None = None,
     op: int = 0,
+    orders: dict | None = None,
 ) -> Matches:
     """Score every neuron against every partition's heuristics; keep scores >= floor.
 
@@ -427,7 +428,8 @@ def score_partitions(
     ``with_bottom`` the bottom-k of each map (top-k of its negation) is scored too
     and the larger of the two is kept. With ``cells``, heuristics of one number
     (op1, op2, result) take the faster ``value_group_scores`` path. ``op`` is the
-    operator's index, written into every row.
+    operator's index, written into every row. ``orders``, where given, receives each
+    side's descending sort order, keyed (direct, bottom): the label rule reuses them.
     """
     sides = [(k_map, kv_map)] + ([(-k_map, -kv_map)] if with_bottom else [])
     best: list[torch.Tensor | None] = [None] * len(partitions)
@@ -436,6 +438,10 @@ def score_partitions(
     for k_side, kv_side in sides:
         sorted_maps = {False: SortedMaps.of(k_side)}
         sorted_maps[True] = sorted_maps[False] if same else SortedMaps.of(kv_side)
+        if orders is not None:
+            bottom = k_side is not k_map
+            orders[(False, bottom)] = sorted_maps[False].order
+            orders[(True, bottom)] = sorted_maps[True].order
         scores: dict[int, torch.Tensor] = {}
         groups: dict[tuple[bool, str], list[int]] = {}
         for i, part in enumerate(partitions):

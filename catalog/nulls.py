@@ -312,45 +312,63 @@ class ValueNull:
 
     def p_values(self, k_map: torch.Tensor, kv_map: torch.Tensor, heuristics: list[Heuristic],
                  neuron: np.ndarray, heuristic: np.ndarray, bottom: np.ndarray,
-                 score: np.ndarray) -> np.ndarray:
+                 score: np.ndarray, orders: dict | None = None,
+                 threshold: float = 0.0) -> np.ndarray:
         """P-value of each row (neuron index into the maps, heuristic index into
         ``heuristics``, bottom-k or not, its score) under the value null: the value test's
         exact (for op1 = op2, Monte Carlo) p-value, raised to the conditional tests' bound
-        where the value test is below ``CONDITIONAL_FROM`` (above it the row is far from any
-        label, and the others could only raise it further)."""
+        where the value test is below ``CONDITIONAL_FROM`` and the score reaches ``threshold``
+        (other rows can never be labelled, and the other tests could only raise their
+        p-value). ``orders``: each side's
+        descending sort order of every map, keyed (direct, bottom), where the scoring has
+        them (``score_partitions``)."""
         out = np.ones(len(neuron))
         if not len(neuron):
             return out
         direct = np.array([h.direct for h in heuristics], dtype=bool)[heuristic]
         draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
         side_key = direct.astype(np.int64) * 2 + bottom.astype(np.int64)
+        pending: list[tuple] = []  # the conditional tests, computed together at the end
         for sk in np.unique(side_key[draws > 0]):
             is_direct, is_bottom = bool(sk // 2), bool(sk % 2)
             on_side = np.nonzero((side_key == sk) & (draws > 0))[0]
             neurons = np.unique(neuron[on_side])
             maps = (kv_map if is_direct else k_map)[torch.as_tensor(neurons)]
             maps = -maps if is_bottom else maps
-            for d, rows, sums, dense in self._top_sums(maps, on_side, draws):
+            order = None
+            if orders is not None and (is_direct, is_bottom) in orders:
+                order = orders[(is_direct, is_bottom)][torch.as_tensor(neurons)]
+            for d, rows, sums, dense in self._top_sums(maps, on_side, draws, order):
                 pos = np.searchsorted(neurons, neuron[rows])
                 hs = [heuristics[i] for i in heuristic[rows]]
                 p = self._rows_p(sums, pos, hs, dense)
-                near = np.nonzero(p <= CONDITIONAL_FROM)[0]
+                near = np.nonzero((p <= CONDITIONAL_FROM) & (score[rows] >= threshold))[0]
                 if len(near):
                     counts = score[rows[near]].astype(np.float64) * d
-                    p[near] = np.maximum(p[near], self._conditional_p(
-                        sums, pos[near], [hs[i] for i in near], counts))
+                    pending += self._conditional_p(sums, pos[near], [hs[i] for i in near],
+                                                   counts, rows[near])
                 out[rows] = p
+        for t in {t for t, *_ in pending}:
+            parts = [x for x in pending if x[0] == t]
+            p = within_class_tail(torch.cat([x[2] for x in parts]),
+                                  torch.cat([x[3] for x in parts]),
+                                  torch.as_tensor(self.groups[t].size, dtype=torch.float64),
+                                  torch.as_tensor(np.concatenate([x[4] for x in parts])))
+            rows = np.concatenate([x[1] for x in parts])
+            np.maximum.at(out, rows, p)
         return out
 
-    def _top_sums(self, maps: torch.Tensor, rows: np.ndarray, draws: np.ndarray):
+    def _top_sums(self, maps: torch.Tensor, rows: np.ndarray, draws: np.ndarray,
+                  order: torch.Tensor | None = None):
         """For each draws value d of ``rows`` (ascending): (d, its rows, target -> (neurons,
         values) top-cell weight per value, a function giving the (neurons, cells) weights of
         some neurons). One walk down each map's sorted cells: the counts per value grow
         segment by segment, so each d costs a segment, not a pass over every cell. Maps
         whose d-th value is tied are recounted with the fair share of ties (``top_weights``)."""
         n, c = maps.shape
-        order = torch.from_numpy(np.argsort(-maps.cpu().numpy(), axis=1, kind="stable")).to(
-            maps.device)
+        if order is None:
+            order = torch.from_numpy(np.argsort(-maps.cpu().numpy(), axis=1,
+                                                kind="stable")).to(maps.device)
         vals = maps.gather(1, order)
         gid = {t: torch.as_tensor(g.group, device=maps.device) for t, g in self.groups.items()}
         hist = {t: torch.zeros(n, len(g.values), dtype=torch.float64, device=maps.device)
@@ -399,33 +417,31 @@ class ValueNull:
         return self._member[key]
 
     def _conditional_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray,
-                       hs: list[Heuristic], counts: np.ndarray) -> np.ndarray:
+                       hs: list[Heuristic], counts: np.ndarray, rows: np.ndarray) -> list:
         """The other numbers held fixed: an operand heuristic must beat maps shuffled within
         each result (a function of the result has no operand structure of its own), a
         result heuristic maps shuffled within each op1 row and within each op2 column.
         ``counts``: each row's top-cell weight on its set (score x draws). The largest of
         these p-values and the value null's is the row's p-value (an intersection-union
-        test, valid under each null)."""
-        out = np.zeros(len(hs))
+        test, valid under each null). Returns the tests to compute, (number, rows, class
+        weights, class counts, counts), for ``within_class_tail``."""
+        out = []
         direct = np.array([h.direct for h in hs])
         multi = np.array([h.family == "multi_result" for h in hs])
         for conds, sel in ((("result",), ~direct & ~multi), (("op1", "op2"), direct & ~multi)):
             idx = np.nonzero(sel)[0]
             if not len(idx):
                 continue
-            keys = [hs[i].key for i in idx]
+            keys = [id(hs[i]) for i in idx]  # rows share the heuristic objects of their list
             uniq = list(dict.fromkeys(keys))
             where = {k: j for j, k in enumerate(uniq)}
-            first = {hs[i].key: hs[i] for i in idx}
+            first = {id(hs[i]): hs[i] for i in idx}
             h_of = torch.as_tensor([where[k] for k in keys])
             for t in conds:
-                classes = self.groups[t]
                 s_c = torch.as_tensor(np.stack([self.class_counts(first[k], t) for k in uniq]),
                                       device=sums[t].device)
-                p = within_class_tail(sums[t][torch.as_tensor(pos[idx])], s_c[h_of.to(s_c.device)],
-                                      torch.as_tensor(classes.size, dtype=torch.float64),
-                                      torch.as_tensor(counts[idx]))
-                out[idx] = np.maximum(out[idx], p)
+                out.append((t, rows[idx], sums[t][torch.as_tensor(pos[idx])],
+                            s_c[h_of.to(s_c.device)], counts[idx]))
         return out
 
     def _rows_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, hs: list[Heuristic],
@@ -439,10 +455,10 @@ class ValueNull:
             return sums[t] / size.to(sums[t].device)
 
         def single(sel: np.ndarray, t: str) -> np.ndarray:
-            keys = [hs[i].key for i in sel]
+            keys = [id(hs[i]) for i in sel]  # rows share the heuristic objects of their list
             uniq = list(dict.fromkeys(keys))
             index = {k: j for j, k in enumerate(uniq)}
-            first = {hs[i].key: hs[i] for i in sel}
+            first = {id(hs[i]): hs[i] for i in sel}
             table = np.stack([self.member(first[k], t) for k in uniq])
             member = table[np.array([index[k] for k in keys])]
             return set_p_values(share_of(t)[torch.as_tensor(pos[sel])], member, self.groups[t])
@@ -470,7 +486,8 @@ def n_value_tests(null: ValueNull, partitions: list, with_bottom: bool, level: f
 
 
 def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
-                 threshold: float, level: float, n_tests: int, per_family: int):
+                 threshold: float, level: float, n_tests: int, per_family: int,
+                 orders: dict | None = None):
     """The 'values' label rule on one operator's rows (``catalog.matching.Matches``, neuron
     indices into the maps): rows scoring at least ``threshold`` get their value-null
     p-value and are labelled where it is at most level / n_tests, and the rows to store are
@@ -480,7 +497,7 @@ def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
     m.implements = m.score >= threshold
     keep = m.compact(per_family)
     p = null.p_values(k_map, kv_map, keep.heuristics, keep.neuron, keep.heuristic, keep.bottom,
-                      keep.score)
+                      keep.score, orders, threshold)
     keep.p_value = p
     keep.implements = (keep.score >= threshold) & (p <= level / n_tests)
     return keep.compact(per_family)
@@ -525,7 +542,7 @@ def within_class_tail(w_c: torch.Tensor, s_c: torch.Tensor, n_c: torch.Tensor,
     # Chernoff: min over lambda > 0 of sum_c s_c log(1 - q + q e^lambda) - lambda t
     t = (t_obs - 1e-6 * (1 + t_obs))[:, None]
     lam = torch.ones_like(t)
-    for _ in range(12):
+    for _ in range(8):
         e = torch.exp(lam)
         denom = 1 - q + q * e
         grad = (s_c * q * e / denom).sum(1, keepdim=True) - t
@@ -538,12 +555,13 @@ def within_class_tail(w_c: torch.Tensor, s_c: torch.Tensor, n_c: torch.Tensor,
 
 
 def label(m, config, n_tests: int, null: ValueNull | None, k_map: torch.Tensor,
-          kv_map: torch.Tensor):
+          kv_map: torch.Tensor, orders: dict | None = None):
     """Apply the config's label rule to one operator's rows (neuron indices into the maps)
     and keep the rows to store: the one place CheckpointRun and the tests label."""
     if config.label_rule == "values":
         assert null is not None, "the values rule needs the operator's ValueNull"
         return label_values(m, null, k_map, kv_map, config.match_threshold,
-                            config.significance_level, n_tests, config.scores_per_family)
+                            config.significance_level, n_tests, config.scores_per_family,
+                            orders)
     return m.label(config.match_threshold, config.label_rule, config.significance_level,
                    n_tests).compact(config.scores_per_family)

@@ -244,6 +244,7 @@ class CheckpointRun:
         self.pairs = {op: sample_pairs(self.table, op, config.pairs_per_op, config.seed)
                       for op in config.operators}
         self.cells, self.partitions, self.n_tests, self.nulls = {}, {}, {}, {}
+        self._control: dict[str, tuple] = {}  # op -> the relabelled-values control's setup
         for op in config.operators:
             idx = self.table.op_index(op)
             t = self.table
@@ -344,11 +345,13 @@ class CheckpointRun:
             m = Matches.empty()
             if len(live):
                 kv = kv_map(k_map[live], answer_lens[live][:, idx])
-                m = Matches.concat(clock.time("matching", self._match, o, op, k_map[live], kv))
+                orders: dict = {}
+                m = Matches.concat(clock.time("matching", self._match, o, op, k_map[live], kv,
+                                              orders))
                 dev = self.model.cfg.device
                 m = clock.time("significance", nulls.label, m, config, self.n_tests[op],
                                self.nulls.get(op), torch.as_tensor(k_map[live], device=dev),
-                               torch.as_tensor(kv, device=dev))
+                               torch.as_tensor(kv, device=dev), orders)
                 control[op] = clock.time("significance", self._label_control, layer, o, op,
                                          k_map[live], kv)
                 m.neuron = live[m.neuron].astype(np.int32)
@@ -429,32 +432,42 @@ class CheckpointRun:
         config = self.config
         gen = np.random.default_rng([config.seed, layer, o, 1])
         pick = np.sort(gen.choice(len(k_map), min(CONTROL_MAPS, len(k_map)), replace=False))
-        cells = nulls.relabelled(self.cells[op], config.null_strata, gen)
-        parts = partitions_for(cells, config)
-        m_tests = n_tests(parts, self._with_bottom(), self._multi_result(op))
-        null = None
-        if config.label_rule == "values":
-            null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
-                                      config.pattern_top_k, m_tests, config.significance_level)
-            m_tests = nulls.n_value_tests(null, parts, self._with_bottom(),
+        if op not in self._control:  # one relabelling per operator, for every layer
+            cells = nulls.relabelled(self.cells[op], config.null_strata,
+                                     np.random.default_rng([config.seed, o, 1]))
+            parts = partitions_for(cells, config)
+            m_tests = n_tests(parts, self._with_bottom(), self._multi_result(op))
+            null = None
+            if config.label_rule == "values":
+                null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+                                          config.pattern_top_k, m_tests,
                                           config.significance_level)
+                m_tests = nulls.n_value_tests(null, parts, self._with_bottom(),
+                                              config.significance_level)
+            self._control[op] = (cells, parts, null, m_tests)
+        cells, parts, null, m_tests = self._control[op]
         dev = self.model.cfg.device
         k_t = torch.as_tensor(k_map[pick], device=dev)
         kv_t = torch.as_tensor(kv[pick], device=dev)
+        orders: dict = {}
         m = score_partitions(k_t, kv_t, parts, config.score_floor, self._with_bottom(),
-                             config.pattern_top_k, cells=cells)
-        m = nulls.label(m, config, m_tests, null, k_t, kv_t)
+                             config.pattern_top_k, cells=cells, orders=orders)
+        m = nulls.label(m, config, m_tests, null, k_t, kv_t, orders)
         return {"labelled": int(len(np.unique(m.neuron[m.implements]))), "n": int(len(pick))}
 
     def _multi_result(self, op: str) -> bool:
         return op == "/" and "multi_result" in self.config.families
 
-    def _match(self, o: int, op: str, k_map: np.ndarray, kv: np.ndarray) -> list[Matches]:
+    def _match(self, o: int, op: str, k_map: np.ndarray, kv: np.ndarray,
+               orders: dict | None = None) -> list[Matches]:
+        """Scores of the live maps of one operator; ``orders`` receives each side's sort
+        order (the label rule reuses them)."""
         config, dev = self.config, self.model.cfg.device
         idx = self.table.op_index(op)
         out = [score_partitions(torch.as_tensor(k_map, device=dev), torch.as_tensor(kv, device=dev),
                                 self.partitions[op], config.score_floor, self._with_bottom(),
-                                config.pattern_top_k, cells=self.cells[op], op=o)]
+                                config.pattern_top_k, cells=self.cells[op], op=o,
+                                orders=orders)]
         if self._multi_result(op):
             out.append(multi_result_matches(torch.as_tensor(kv), self.table.result[idx],
                                             top=config.multi_result_top,

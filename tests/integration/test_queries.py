@@ -22,7 +22,7 @@ CIRCUIT_K = 20
 def queries() -> dict[str, str]:
     text = DOC.read_text()
     found = dict(re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", text, flags=re.S))
-    assert len(found) == 12, sorted(found)
+    assert len(found) == 13, sorted(found)
     return found
 
 
@@ -378,3 +378,35 @@ def test_circuit_persistence_equals_the_shares_computed_from_stored_rankings(see
         assert got[(step, op)][2] == pytest.approx(shared / len(final), rel=1e-6)
     assert all(share == 1 for (step, _), (_, _, share) in got.items() if step == last)
     assert any(share < 1 for (step, _), (_, _, share) in got.items() if step != last)
+
+
+def test_label_enrichment_equals_the_top_sets_of_the_library_and_the_summary(seeded, direct):
+    """The view's top set (the config's top_set_fraction of each layer by rank) and its
+    labels equal those of the library's own run, and the summary's per-layer rows agree."""
+    import math
+
+    with store.connect(seeded) as conn:
+        got = {(step, layer, op): (n_top, k_top, n_layer, k_layer)
+               for step, layer, op, n_top, k_top, n_layer, k_layer in conn.execute(
+                   "SELECT step, layer, op, n_top, labelled_top, n_layer, labelled_layer "
+                   "FROM label_enrichment")}
+        summary = {step: rows for step, rows in conn.execute(
+            "SELECT c.step, s.enrichment FROM checkpoint_summary s "
+            "JOIN checkpoint c ON c.id = s.checkpoint_id")}
+    want = {}
+    for step, result in direct.items():
+        for layer, lr in result.layers.items():
+            width = lr.rank.shape[0]
+            n_top = max(1, math.ceil(SEED_CONFIG.top_set_fraction * width))
+            for o, op in enumerate(SEED_CONFIG.operators):
+                labelled = set(lr.matches.neurons_matching(o).tolist())
+                top = set(np.nonzero(lr.rank[:, o] < n_top)[0].tolist())
+                want[(step, layer, op)] = (n_top, len(top & labelled), width, len(labelled))
+    assert got == want and len(got) > 4
+    assert any(v[3] for v in want.values())  # some labels to compare
+    for step, rows in summary.items():
+        for r in rows or []:
+            if r["layer"] != "all" and r["family"] == "any":
+                n_top, k_top, n_layer, k_layer = got[(step, r["layer"], r["op"])]
+                assert (r["n_top"], r["labelled_top"], r["n_layer"], r["labelled_layer"]) == (
+                    n_top, k_top, n_layer, k_layer)
