@@ -51,8 +51,6 @@ from catalog.heuristics import Cells, Heuristic
 
 STRATA = ("digits", "none")
 SINGLE_TARGETS = ("op1", "op2", "result")
-# value-test p-values above this are not raised by the conditional tests (never labelled)
-CONDITIONAL_FROM = 0.05
 
 
 def digit_count(x: np.ndarray) -> np.ndarray:
@@ -313,13 +311,13 @@ class ValueNull:
     def p_values(self, k_map: torch.Tensor, kv_map: torch.Tensor, heuristics: list[Heuristic],
                  neuron: np.ndarray, heuristic: np.ndarray, bottom: np.ndarray,
                  score: np.ndarray, orders: dict | None = None,
-                 threshold: float = 0.0) -> np.ndarray:
+                 threshold: float = 0.0, decide_at: float = 1.0) -> np.ndarray:
         """P-value of each row (neuron index into the maps, heuristic index into
         ``heuristics``, bottom-k or not, its score) under the value null: the value test's
         exact (for op1 = op2, Monte Carlo) p-value, raised to the conditional tests' bound
-        where the value test is below ``CONDITIONAL_FROM`` and the score reaches ``threshold``
-        (other rows can never be labelled, and the other tests could only raise their
-        p-value). ``orders``: each side's
+        where they decide a label: the value test at most ``decide_at`` (the corrected
+        level) and the score at least ``threshold``. Elsewhere the row is not labelled
+        whatever they say, and they could only raise its p-value. ``orders``: each side's
         descending sort order of every map, keyed (direct, bottom), where the scoring has
         them (``score_partitions``)."""
         out = np.ones(len(neuron))
@@ -342,7 +340,7 @@ class ValueNull:
                 pos = np.searchsorted(neurons, neuron[rows])
                 hs = [heuristics[i] for i in heuristic[rows]]
                 p = self._rows_p(sums, pos, hs, dense)
-                near = np.nonzero((p <= CONDITIONAL_FROM) & (score[rows] >= threshold))[0]
+                near = np.nonzero((p <= decide_at) & (score[rows] >= threshold))[0]
                 if len(near):
                     counts = score[rows[near]].astype(np.float64) * d
                     pending += self._conditional_p(sums, pos[near], [hs[i] for i in near],
@@ -497,7 +495,7 @@ def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
     m.implements = m.score >= threshold
     keep = m.compact(per_family)
     p = null.p_values(k_map, kv_map, keep.heuristics, keep.neuron, keep.heuristic, keep.bottom,
-                      keep.score, orders, threshold)
+                      keep.score, orders, threshold, level / n_tests)
     keep.p_value = p
     keep.implements = (keep.score >= threshold) & (p <= level / n_tests)
     return keep.compact(per_family)
