@@ -502,9 +502,13 @@ class ValueNull:
 
 def n_value_tests(null: ValueNull, partitions: list, with_bottom: bool, level: float) -> int:
     """The correction's K for one operator under the value null (``tarone``): every
-    heuristic scored, twice when the bottom-k is scored too."""
+    heuristic scored, twice when the bottom-k is scored too. Sets the null's Monte Carlo
+    permutations for op1 = op2 to the fewest that can reach level / K (its smallest
+    p-value, 1 / (1 + permutations), is then still within the level K counts)."""
     min_ps = [null.min_p(h) for part in partitions for h in part.heuristics]
-    return tarone(np.array(min_ps * (2 if with_bottom else 1)), level)
+    k = tarone(np.array(min_ps * (2 if with_bottom else 1)), level)
+    null.permutations = int(min(null.permutations, max(1_000, np.ceil(k / level))))
+    return k
 
 
 def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
