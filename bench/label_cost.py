@@ -4,7 +4,9 @@ Qwen2.5-Coder-0.5B-Instruct (the GGUF that `ncat fetch qwen2.5-coder-0.5b` bring
 [0, 30), 3 solved examples: the grid pass, then per layer the matching phase of a
 checkpoint run (scoring every live map, top and bottom: the model's MLP is gated) and,
 timed apart on the same rows, the 'values' label rule with its relabelled-values control
-and the cell rule. The issue's target: the values rule adds at most 50% to matching.
+and the cell rule; and, for comparison, the matching phase of catalog 0.5.0 (every
+heuristic scored, duplicates of a cell set included, then the cell rule). The target:
+the values rule adds at most 50% to matching.
 
 Run: .venv/bin/python bench/label_cost.py [--hi 30] [--layers 0,1,...]
 """
@@ -29,11 +31,14 @@ def main() -> None:
     parser.add_argument("--layers", default=None)
     args = parser.parse_args()
 
+    import dataclasses
+
     from catalog import nulls
     from catalog.config import ScienceConfig
+    from catalog.heuristics import n_tests, partitions_for
     from catalog.lens import lens_at
     from catalog.maps import kv_map
-    from catalog.matching import Matches
+    from catalog.matching import Matches, score_partitions
     from catalog.run import CheckpointRun, constant_maps
     from catalog.sources import load_model
 
@@ -45,6 +50,8 @@ def main() -> None:
     layers = None if args.layers is None else [int(x) for x in args.layers.split(",")]
     run = CheckpointRun(lm.model, lm.tokenizer, config, layers=layers).prepare()
     idx = run.table.op_index("+")
+    old_parts = partitions_for(run.cells["+"], dataclasses.replace(config,
+                                                                  dedupe_heuristics=False))
     rows = []
     for layer in run.layers:
         k_all = run.activations(layer)[idx].T
@@ -70,16 +77,28 @@ def main() -> None:
         cells = nulls.label(copy(), cells_rule, m_cells(run), None, torch.as_tensor(k_map),
                             torch.as_tensor(kv))
         cell_s = time.perf_counter() - t
+        # the matching phase of catalog 0.5.0: every heuristic (duplicates of a cell set
+        # included) scored, then the cell rule
+        t = time.perf_counter()
+        old = score_partitions(torch.as_tensor(k_map), torch.as_tensor(kv), old_parts,
+                               config.score_floor, run._with_bottom(), config.pattern_top_k,
+                               cells=run.cells["+"])
+        old.label(config.match_threshold, "significant", config.significance_level,
+                  n_tests(old_parts, run._with_bottom(), False)).compact(
+                      config.scores_per_family)
+        before_s = time.perf_counter() - t
         row = {"layer": layer, "live": int(len(live)), "rows_scored": len(m),
                "matching_s": match_s, "values_rule_s": rule_s, "control_s": control_s,
-               "cell_rule_s": cell_s,
+               "cell_rule_s": cell_s, "matching_0_5_0_s": before_s,
                "labelled_values": int(len(np.unique(values.neuron[values.implements]))),
                "labelled_cells": int(len(np.unique(cells.neuron[cells.implements])))}
         rows.append(row)
         print(row, flush=True)
     total = {k: sum(r[k] for r in rows) for k in ("matching_s", "values_rule_s", "control_s",
-                                                  "cell_rule_s")}
+                                                  "cell_rule_s", "matching_0_5_0_s")}
     total["added_share"] = (total["values_rule_s"] + total["control_s"]) / total["matching_s"]
+    total["against_0_5_0"] = (total["matching_s"] + total["values_rule_s"]
+                              + total["control_s"]) / total["matching_0_5_0_s"] - 1
     save("label_cost", {"model": MODEL, "hi": args.hi, "shots": args.shots, "layers": rows,
                         "total": total, "threads": torch.get_num_threads()})
 

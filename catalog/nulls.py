@@ -36,6 +36,15 @@ the top cells, a choice that any relabelling reproduces: under this null their p
 is 1. Single values (``op1 = 7``) are tested like any set of one value: the smallest
 p-value they can reach is 1 / (values in the stratum), so they are labelled only where
 that beats the correction, which a grid of 300 values cannot reach.
+
+**The other numbers held fixed** (``within_class_tail``). A map that is a function of the
+result has operand structure only through the result (on `+`, big sums live in big-op1
+rows); one that is a function of op1 has result structure only through op1. So an operand
+heuristic must also beat the map shuffled within each result, and a result heuristic the
+map shuffled within each op1 row and within each op2 column; those tails are bounded
+(Hoeffding, Bernstein, Chernoff). A row's p-value is the largest of its tests (an
+intersection-union test, valid under each null), corrected per neuron by Tarone's
+refinement of Bonferroni (``tarone``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from catalog.tokens import NumberTokens, continuing_ids, detect_number_tokens, n
 log = logging.getLogger(__name__)
 
 # maps per layer and operator that the relabelled-values control scores
-CONTROL_MAPS = 256
+CONTROL_MAPS = 128
 
 
 @dataclass
