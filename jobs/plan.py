@@ -62,11 +62,12 @@ TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 PLANNER_VERSION = 3  # 3: grids coded with 2-D prediction (fewer bytes per cell)
 # the config fields that decide the grid-only costs (heuristics, matching)
 GRID_FIELDS = ("operand_lo", "operand_hi", "operators", "families", "heuristic_variant",
-               "score_floor", "pattern_top_k", "multi_result_top")
+               "score_floor", "pattern_top_k", "multi_result_top", "dedupe_heuristics")
 COST_FIELDS = ("template", "few_shot", "shots", "shot_separator", "operators", "dtype",
                "families", "heuristic_variant", "score_bottom", "lens_top_k",
                "scores_per_family", "label_rule", "rank_statistic", "full_grids",
-               "significance_level", "match_threshold", "score_floor")
+               "significance_level", "match_threshold", "score_floor", "null_strata",
+               "dedupe_heuristics")
 
 
 @dataclass

@@ -88,6 +88,7 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.Laye
         lens_bottom_values=result.lens.bottom_values,
         matches=result.matches, patching=_clean(result.patching),
         label_control=result.label_control or None,
+        best_label="score" if run.config.label_rule == "paper" else "specific",
         layouts=[GridGeometry(g.side, g.valid) for g in run.grid_layouts()],
         full_top=run.config.full_grid_top())
 

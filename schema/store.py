@@ -119,6 +119,9 @@ class LayerRows:
     matches: MatchArrays
     patching: dict | None = None  # op -> pairs used, neurons patched exactly, Spearman
     label_control: dict | None = None  # op -> labels on relabelled-value maps (0021)
+    # which label is shown: "specific" (the smallest labelled set, since 0.6.0) or "score"
+    # (the highest-scoring label: the paper rule's, whose labels are scores alone)
+    best_label: str = "specific"
     layouts: list[GridGeometry] | None = None
     full_top: int | None = None
 
@@ -368,15 +371,17 @@ def write_layer(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, 
 def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
     """(neuron, op index) -> (heuristic id, score, bottom, labelled) of its best heuristic:
     where it has labels the most specific one (the smallest set, then the higher score;
-    a "result = 8" detector is shown as that, not as "result in [0, 10)"), else its
-    highest score."""
+    a "result = 8" detector is shown as that, not as "result in [0, 10)"), or with
+    ``rows.best_label == "score"`` the highest-scoring one; else its highest score."""
+    specific = getattr(rows, "best_label", "specific") == "specific"
     best: dict[tuple[int, int], tuple] = {}
     order: dict[tuple[int, int], tuple] = {}
     m = rows.matches
     for n, o, h, s, b, i, br in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
                                     m.implements, m.base_rate, strict=True):
         k = (int(n), int(o))
-        rank = (1, -float(np.nan_to_num(br, nan=1.0)), float(s)) if i else (0, float(s), 0.0)
+        size = -float(np.nan_to_num(br, nan=1.0)) if specific else 0.0
+        rank = (1, size, float(s)) if i else (0, float(s), 0.0)
         if k not in order or rank > order[k]:
             order[k] = rank
             best[k] = (ids[m.heuristics[h].key], float(s), bool(b), bool(i))
