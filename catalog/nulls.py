@@ -169,15 +169,6 @@ def top_weights(maps: torch.Tensor, draws: int, kth: torch.Tensor | None = None)
     return torch.where(maps > kth, 1.0, torch.where(maps == kth, frac, 0.0)).double()
 
 
-def shares(weights: torch.Tensor, groups: ValueGroups) -> torch.Tensor:
-    """(N, values) share of each value's cells among the top cells."""
-    g = torch.as_tensor(groups.group, device=weights.device)
-    out = torch.zeros(weights.shape[0], len(groups.values), dtype=torch.float64,
-                      device=weights.device)
-    out.index_add_(1, g, weights)
-    return out / torch.as_tensor(groups.size, device=weights.device, dtype=torch.float64)
-
-
 def set_p_values(share: torch.Tensor, member: np.ndarray, groups: ValueGroups) -> np.ndarray:
     """Exact p-value of X = |V ∩ U| per row: ``share`` (R, values) of each row's neuron,
     ``member`` (R, values) bool its heuristic's values V."""
@@ -536,21 +527,6 @@ def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
     keep.p_value = p
     keep.implements = (keep.score >= threshold) & (p <= level / n_tests)
     return keep.compact(per_family)
-
-
-def within_class_p(weights: torch.Tensor, member: np.ndarray, classes: ValueGroups) -> np.ndarray:
-    """P-value of each row's top-cell weight on its set (``member`` (R, C) bool) when the
-    map is shuffled within each class of cells (cells with the same value of one number);
-    see ``within_class_tail``."""
-    dev = weights.device
-    g = torch.as_tensor(classes.group, device=dev)
-    n_cls = len(classes.values)
-    mem = torch.as_tensor(member, device=dev, dtype=torch.float64)
-    w_c = torch.zeros(len(weights), n_cls, dtype=torch.float64, device=dev).index_add_(
-        1, g, weights)
-    s_c = torch.zeros(len(weights), n_cls, dtype=torch.float64, device=dev).index_add_(1, g, mem)
-    return within_class_tail(w_c, s_c, torch.as_tensor(classes.size, dtype=torch.float64),
-                             (weights * mem).sum(1))
 
 
 def within_class_tail(w_c: torch.Tensor, s_c: torch.Tensor, n_c: torch.Tensor,

@@ -5,42 +5,22 @@ are."""
 
 import numpy as np
 import pytest
-import torch
+from labelling import cells_of, labelled
 
-from catalog.arith import OPERATORS, apply_op, is_valid
+from catalog.arith import OPERATORS
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic, n_tests, partitions_for
-from catalog.matching import Matches, multi_result_matches, score_partitions
-from catalog.prompts import UNLIMITED
+from catalog.heuristics import Cells, Heuristic
+from catalog.matching import Matches
 from catalog.run import constant_maps
 
 N_NOISE = 1000
 LEVEL = 0.05
 
 
-def cells_of(op: str, hi: int) -> Cells:
-    a, b = np.meshgrid(np.arange(hi), np.arange(hi), indexing="ij")
-    a, b = a.ravel(), b.ravel()
-    ok = is_valid(op, a, b, UNLIMITED)  # a digit tokenizer: every cell of the grid
-    return Cells(op, a[ok], b[ok], apply_op(op, a[ok], b[ok]), 0, hi)
-
-
 def labelled_neurons(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
                      config: ScienceConfig, with_bottom: bool = True) -> tuple[set, Matches]:
     """Score maps the way CheckpointRun does and apply the config's label rule."""
-    parts = partitions_for(cells, config)
-    multi = op == "/" and "multi_result" in config.families
-    k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
-    found = [score_partitions(k_t, kv_t, parts, config.score_floor, with_bottom,
-                              config.pattern_top_k, cells=cells)]
-    if multi:
-        found.append(multi_result_matches(kv_t, cells.result, top=config.multi_result_top,
-                                          floor=config.score_floor))
-    m = Matches.concat(found)
-    constant = np.nonzero(constant_maps(k_map))[0]
-    m = m.without_neurons(constant).label(config.match_threshold, config.label_rule,
-                                          config.significance_level,
-                                          n_tests(parts, with_bottom, multi))
+    m = labelled(op, cells, k_map, kv, config, with_bottom)
     return set(m.neuron[m.implements].tolist()), m
 
 

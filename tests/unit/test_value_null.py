@@ -7,43 +7,14 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from labelling import cells_of, labelled
 
 from catalog import nulls
-from catalog.arith import OPERATORS, apply_op, is_valid
+from catalog.arith import OPERATORS
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic, n_tests, partitions_for
-from catalog.matching import Matches, multi_result_matches, score_partitions
-from catalog.prompts import UNLIMITED
+from catalog.heuristics import Cells, Heuristic, partitions_for
 
 LEVEL = 0.05
-
-
-def cells_of(op: str, hi: int) -> Cells:
-    a, b = np.meshgrid(np.arange(hi), np.arange(hi), indexing="ij")
-    a, b = a.ravel(), b.ravel()
-    ok = is_valid(op, a, b, UNLIMITED)
-    return Cells(op, a[ok], b[ok], apply_op(op, a[ok], b[ok]), 0, hi)
-
-
-def labelled(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray, config: ScienceConfig,
-             with_bottom: bool = True) -> Matches:
-    """Score and label maps the way CheckpointRun does (catalog.nulls.label)."""
-    parts = partitions_for(cells, config)
-    multi = op == "/" and "multi_result" in config.families
-    k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
-    found = [score_partitions(k_t, kv_t, parts, config.score_floor, with_bottom,
-                              config.pattern_top_k, cells=cells)]
-    if multi:
-        found.append(multi_result_matches(kv_t, cells.result, top=config.multi_result_top,
-                                          floor=config.score_floor))
-    m = Matches.concat(found)
-    m_tests = n_tests(parts, with_bottom, multi)
-    null = None
-    if config.label_rule == "values":
-        null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
-                                  config.pattern_top_k, m_tests, config.significance_level)
-        m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
-    return nulls.label(m, config, m_tests, null, k_t, kv_t)
 
 
 def structured_maps(kind: str, cells: Cells, n: int, rng) -> np.ndarray:
@@ -189,7 +160,13 @@ def test_the_within_class_bound_is_above_the_exact_shuffle_tail():
     member = (cells.a >= 6)
     for _ in range(5):
         w = (rng.random(len(cells.a)) < 0.3 + 0.4 * member).astype(np.float64)
-        bound = nulls.within_class_p(torch.as_tensor(w[None, :]), member[None, :], classes)[0]
+        w_c = np.bincount(classes.group, weights=w, minlength=len(classes.values))
+        s_c = np.bincount(classes.group, weights=member.astype(float),
+                          minlength=len(classes.values))
+        bound = nulls.within_class_tail(torch.as_tensor(w_c[None, :]),
+                                        torch.as_tensor(s_c[None, :]),
+                                        torch.as_tensor(classes.size, dtype=torch.float64),
+                                        torch.as_tensor([(w * member).sum()]))[0]
         t_obs = (w * member).sum()
         b = 20_000
         null = np.zeros(b)

@@ -1,0 +1,42 @@
+"""Scoring and labelling maps the way CheckpointRun does, for the label-rule tests."""
+
+import numpy as np
+import torch
+
+from catalog import nulls
+from catalog.arith import apply_op, is_valid
+from catalog.config import ScienceConfig
+from catalog.heuristics import Cells, n_tests, partitions_for
+from catalog.matching import Matches, multi_result_matches, score_partitions
+from catalog.prompts import UNLIMITED
+from catalog.run import constant_maps
+
+
+def cells_of(op: str, hi: int) -> Cells:
+    """Every cell of the [0, hi) grid that is valid for a digit tokenizer."""
+    a, b = np.meshgrid(np.arange(hi), np.arange(hi), indexing="ij")
+    a, b = a.ravel(), b.ravel()
+    ok = is_valid(op, a, b, UNLIMITED)
+    return Cells(op, a[ok], b[ok], apply_op(op, a[ok], b[ok]), 0, hi)
+
+
+def labelled(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray, config: ScienceConfig,
+             with_bottom: bool = True) -> Matches:
+    """Score the maps, leave out constant ones, apply the config's label rule
+    (catalog.nulls.label) and keep the rows to store."""
+    parts = partitions_for(cells, config)
+    multi = op == "/" and "multi_result" in config.families
+    k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
+    found = [score_partitions(k_t, kv_t, parts, config.score_floor, with_bottom,
+                              config.pattern_top_k, cells=cells)]
+    if multi:
+        found.append(multi_result_matches(kv_t, cells.result, top=config.multi_result_top,
+                                          floor=config.score_floor))
+    m = Matches.concat(found).without_neurons(np.nonzero(constant_maps(k_map))[0])
+    m_tests = n_tests(parts, with_bottom, multi)
+    null = None
+    if config.label_rule == "values":
+        null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+                                  config.pattern_top_k, m_tests, config.significance_level)
+        m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
+    return nulls.label(m, config, m_tests, null, k_t, kv_t)
