@@ -20,7 +20,7 @@ def main() -> None:
     url, model = sys.argv[1], sys.argv[2]
     step = int(sys.argv[3]) if len(sys.argv) > 3 else None
     config_id = int(sys.argv[4]) if len(sys.argv) > 4 else None
-    from jobs.report import gather
+    from reports.report import gather
 
     d = gather(url, model, step, config_id=config_id).circuits
     print("| op | protocol | built | NL model / empty | F at ~1% | F at ~10% | F, every "
@@ -54,7 +54,7 @@ def main() -> None:
 
 
 def _span(layers: list[int]) -> str:
-    from jobs.report_circuits import _layers
+    from reports.circuits import _layers
 
     return _layers(layers) if layers else "none"
 

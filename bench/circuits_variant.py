@@ -42,9 +42,8 @@ def main() -> None:
     from catalog.config import ScienceConfig
     from catalog.run import CheckpointRun
     from catalog.sources import load_model
-    from jobs.runner import stored_effects_and_matches
-    from jobs.store_results import register
-    from schema import store
+    from jobs.store_results import register, stored_digests
+    from schema import reads, store
 
     t = time.perf_counter()
     stored = ScienceConfig(operators=tuple(args.ops), operand_hi=args.hi, shots=args.shots,
@@ -57,12 +56,11 @@ def main() -> None:
             stored = ScienceConfig.from_dict(store.scalar(conn.execute(
                 "SELECT config FROM measure_config WHERE id = %s", (args.config_id,))))
         ids = register(conn, lm, stored)
-        layers = sorted(store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
+        layers = sorted(reads.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                             config_id=ids.config_id))
         if not layers:
             raise SystemExit(f"nothing stored for {args.model} under that config at {args.url}")
-        effects, matches, attribution = stored_effects_and_matches(
-            conn, ids, stored, layers, lm.model.cfg.d_mlp)
+        digests = stored_digests(conn, ids, stored, layers, lm.model.cfg.d_mlp)
     variant = dataclasses.replace(
         stored, faithfulness_protocols=tuple(args.protocols.split(",")), heads_kept=args.heads,
         late_from=args.late_from, ablate_context=args.context, mean_population=args.population,
@@ -72,7 +70,7 @@ def main() -> None:
     run.prepare(progress=False)
     prepare_s = time.perf_counter() - t
     t = time.perf_counter()
-    summary = run.summarize(effects, matches, attribution=attribution)
+    summary = run.summarize_digests(digests)
     summary_s = time.perf_counter() - t
     out = {"load_s": round(load_s, 1), "prepare_s": round(prepare_s, 1),
            "summary_s": round(summary_s, 1),

@@ -16,9 +16,9 @@ import uuid
 import numpy as np
 
 from schema import store
+from schema.database import resolve_database_url
 from schema.engine import migrate
 from schema.quantize import quantize_rows
-from schema.settings import resolve_database_url
 
 from _common import ROOT, over_runs, runs_option, save
 

@@ -40,7 +40,7 @@ def _fresh(server: str) -> str:
 def _write(url: str, lm, config, run, rows_by_layer: dict, raw: bool) -> dict:
     """Write every layer's grids (and the rows they hang off) and measure neuron_grid."""
     from jobs.store_results import register, write_layouts
-    from schema import store
+    from schema import reads, store
     from schema.quantize import quantize_rows
 
     with store.connect(url, autocommit=True) as conn:
@@ -67,7 +67,7 @@ def _write(url: str, lm, config, run, rows_by_layer: dict, raw: bool) -> dict:
         by_tier = {bool(s): (int(c), float(b)) for s, c, b in conn.execute(
             "SELECT sketch, count(*), avg(pg_column_size(q)) FROM neuron_grid GROUP BY sketch"
         ).fetchall()}
-        total = store.table_bytes(conn, "neuron_grid")
+        total = reads.table_bytes(conn, "neuron_grid")
     return {"neurons": n_neurons, "bytes": total, "bytes_per_neuron": round(total / n_neurons),
             "write_s": round(seconds, 2),
             "full_rows": by_tier.get(False, (0, 0.0))[0],
@@ -85,7 +85,7 @@ def main() -> None:
     from catalog.sources import load_model
     from jobs.store_results import layer_rows
     from schema import store
-    from schema.settings import resolve_database_url
+    from schema.database import resolve_database_url
 
     cfg = builtin.TrainConfig()
     builtin.train(cfg)  # cached after the first time

@@ -38,7 +38,8 @@ def main() -> None:
     from catalog.heuristics import n_tests, partitions_for
     from catalog.lens import lens_at
     from catalog.maps import kv_map
-    from catalog.matching import Matches, score_partitions
+    from catalog.matches import Matches
+    from catalog.matching import score_partitions
     from catalog.run import CheckpointRun, constant_maps
     from catalog.sources import load_model
 
@@ -81,10 +82,10 @@ def main() -> None:
         # included) scored, then the cell rule
         t = time.perf_counter()
         old = score_partitions(torch.as_tensor(k_map), torch.as_tensor(kv), old_parts,
-                               config.score_floor, run._with_bottom(), config.pattern_top_k,
+                               config.score_floor, run.with_bottom, config.pattern_top_k,
                                cells=run.cells["+"])
         old.label(config.match_threshold, "significant", config.significance_level,
-                  n_tests(old_parts, run._with_bottom(), False)).compact(
+                  n_tests(old_parts, run.with_bottom, False)).compact(
                       config.scores_per_family)
         before_s = time.perf_counter() - t
         row = {"layer": layer, "live": int(len(live)), "rows_scored": len(m),
@@ -105,7 +106,7 @@ def main() -> None:
 
 def m_cells(run) -> int:
     from catalog.heuristics import n_tests
-    return n_tests(run.partitions["+"], run._with_bottom(), False)
+    return n_tests(run.partitions["+"], run.with_bottom, False)
 
 
 if __name__ == "__main__":

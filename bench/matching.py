@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from catalog.arith import apply_op, is_valid
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, partitions_for
-from catalog.matching import reference_score, score_partitions
+from catalog.matching import score_partitions
 
 from _common import over_runs, runs_option, save, timed
-from reference import per_neuron_scores
+from reference import per_neuron_scores, reference_score
 
 
 def cells_for(op, hi):
@@ -65,7 +65,7 @@ def one_run(neurons, sample, hi):
     rows = []
     for op in ("+", "/"):
         cells = cells_for(op, hi)
-        parts = partitions_for(cells, MeasureConfig(operand_hi=hi))
+        parts = partitions_for(cells, ScienceConfig(operand_hi=hi))
         members = [h.contains(cells.a, cells.b, cells.result) for p in parts for h in p.heuristics]
         maps = torch.from_numpy(np.random.default_rng(0).standard_normal(
             (neurons, len(cells.a))).astype(np.float32))
@@ -96,7 +96,7 @@ def tie_heavy(neurons=512, hi=100):
     from catalog.run import constant_maps
 
     cells = cells_for("+", hi)
-    parts = partitions_for(cells, MeasureConfig(operand_hi=hi))
+    parts = partitions_for(cells, ScienceConfig(operand_hi=hi))
     c = len(cells.a)
     rng = np.random.default_rng(0)
     kinds = {
@@ -143,10 +143,10 @@ def label_rule_cost(neurons=4864, hi=30):
     rule ('values', the default) on the scored rows."""
     from catalog import nulls
     from catalog.heuristics import n_tests
-    from catalog.matching import Matches
+    from catalog.matches import Matches
 
     cells = cells_for("+", hi)
-    config = MeasureConfig(operand_hi=hi)
+    config = ScienceConfig(operand_hi=hi)
     parts = partitions_for(cells, config)
     rng = np.random.default_rng(0)
     c = len(cells.a)
@@ -171,7 +171,7 @@ def label_rule_cost(neurons=4864, hi=30):
                                 orders=orders)
 
     score_s, m = timed(score)
-    cell = MeasureConfig(operand_hi=hi, label_rule="significant")
+    cell = ScienceConfig(operand_hi=hi, label_rule="significant")
 
     def copy(m):
         return Matches(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.heuristics,

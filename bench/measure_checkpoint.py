@@ -20,7 +20,7 @@ def main(hi: int = 100, model: str = "builtin", runs: int = 5):
     import torch
 
     from catalog import builtin
-    from catalog.config import MeasureConfig
+    from catalog.config import ScienceConfig
     from catalog.sources import load_model
 
     if model == "builtin":
@@ -28,7 +28,7 @@ def main(hi: int = 100, model: str = "builtin", runs: int = 5):
         lm = load_model("builtin")
     else:
         lm = load_model(offline_pythia(), 1000)
-    config = MeasureConfig(operand_hi=hi, pairs_per_op=100)
+    config = ScienceConfig(operand_hi=hi, pairs_per_op=100)
     per_run = []
     for _ in range(runs):  # only the last run's results are kept: one run's worth of memory
         prep = layers = None
@@ -52,16 +52,16 @@ def measure_once(lm, config):
     t0 = time.perf_counter()
     prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
     phases["prepare (prompts, grid pass, pairs)"] = time.perf_counter() - t0
-    layers = {}
-    for layer in range(lm.model.cfg.n_layers):
-        t = time.perf_counter()
-        layers[layer] = prep.run_layer(layer)
-        phases[f"layer {layer}"] = time.perf_counter() - t
-    t = time.perf_counter()
-    prep.summarize({k: v.effect(prep.config.rank_sign) for k, v in layers.items()},
-                   {k: v.matches for k, v in layers.items()},
-                   attribution={k: v.attribution_score() for k, v in layers.items()})
-    phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
+    mark = [time.perf_counter()]
+
+    def lap(result) -> None:  # each layer's wall time, from the end of the one before
+        now = time.perf_counter()
+        phases[f"layer {result.layer}"] = now - mark[0]
+        mark[0] = now
+
+    out = prep.run_all(on_layer=lap, keep=True)
+    layers = out.results
+    phases["summary (faithfulness, knockouts)"] = out.summary_seconds
     phases["total"] = time.perf_counter() - t0
     return prep, layers, phases
 

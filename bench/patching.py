@@ -13,7 +13,7 @@ from _common import offline_pythia, over_runs, runs_option, save, timed  # first
 def bench(name, lm, layers, hi, pairs, runs):
     import torch
 
-    from catalog.config import MeasureConfig
+    from catalog.config import ScienceConfig
     from catalog.patching import exact_patching
     from catalog.prompts import sample_pairs
     from catalog.run import CheckpointRun
@@ -22,7 +22,7 @@ def bench(name, lm, layers, hi, pairs, runs):
 
     torch.set_num_threads(torch.get_num_threads())
     prep = CheckpointRun(lm.model, lm.tokenizer,
-                         MeasureConfig(operand_hi=hi, pairs_per_op=pairs), layers=layers).prepare()
+                         ScienceConfig(operand_hi=hi, pairs_per_op=pairs), layers=layers).prepare()
     prep.table.correct[:] = True  # pairs from every prompt: the random model answers little
     clean, cf = sample_pairs(prep.table, "+", pairs, seed=0)
     max_diff = scale = 0.0

@@ -28,22 +28,21 @@ TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 
 
 def _measure(server: str, lm, config) -> tuple[float, int]:
-    from jobs.plan import scratch_url
     from jobs.store_results import catalog_checkpoint
-    from schema import store
-    from schema.engine import migrate
+    from schema import reads, store
+    from schema.engine import migrate, scratch_url
 
     url = scratch_url(server, f"ncat_acc_{uuid.uuid4().hex[:8]}")
     migrate(url)
     try:
         with store.connect(url) as conn:
-            base = sum(store.table_bytes(conn, t) for t in TABLES)
+            base = sum(reads.table_bytes(conn, t) for t in TABLES)
         t = time.perf_counter()
         catalog_checkpoint(url, lm, config)
         seconds = time.perf_counter() - t
         with store.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
-            return seconds, sum(store.table_bytes(conn, t) for t in TABLES) - base
+            return seconds, sum(reads.table_bytes(conn, t) for t in TABLES) - base
     finally:
         store.drop_database(url)
 
@@ -57,7 +56,7 @@ def main() -> None:
     from catalog.config import ScienceConfig
     from catalog.sources import load_model
     from jobs.plan import plan_request
-    from schema.settings import resolve_database_url
+    from schema.database import resolve_database_url
 
     server = resolve_database_url()
     cfg = builtin.TrainConfig()

@@ -29,7 +29,7 @@ def main() -> None:
 
     from catalog.config import ExecutionConfig, ScienceConfig
     from jobs.plan import plan_request
-    from schema.settings import resolve_database_url
+    from schema.database import resolve_database_url
 
     repo = offline_pythia()
     plan = plan_request(resolve_database_url(), repo, "1000", ScienceConfig(operand_hi=args.hi),

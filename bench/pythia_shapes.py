@@ -112,26 +112,27 @@ def measure(shape: str, args) -> dict:
     n_prompts = len(run.table)
     one_pass = bool(run.held_layers)
     layer_phases: dict[str, float] = {}
-    effects, matches, attribution, exact_rows = {}, {}, {}, 0
-    flop_exact = 0.0
+    tally = {"exact_rows": 0.0, "flop_exact": 0.0, "mark": time.perf_counter()}
     per_layer_flop = 2 * (4 * cfg.d_model**2 + 2 * cfg.d_model * cfg.d_mlp)
     unembed_flop = 2 * cfg.d_model * cfg.d_vocab
-    for layer in run.layers:
-        t = time.perf_counter()
-        result = run.run_layer(layer)
+
+    def account(result) -> None:
         _sync(device)
         for k, v in result.seconds.items():
             layer_phases[k] = layer_phases.get(k, 0.0) + v
-        effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
-        attribution[layer] = result.attribution_score()
         rows = sum(f["n_exact"] * f["n_pairs"] for f in result.patching.values())
-        exact_rows += rows
-        flop_exact += rows * ((cfg.n_layers - layer - 1) * per_layer_flop + unembed_flop)
-        run.release(layer)
-        print(f"{shape} layer {layer}: {time.perf_counter() - t:.1f} s", flush=True)
+        tally["exact_rows"] += rows
+        tally["flop_exact"] += rows * ((cfg.n_layers - result.layer - 1) * per_layer_flop
+                                       + unembed_flop)
+        now = time.perf_counter()
+        print(f"{shape} layer {result.layer}: {now - tally['mark']:.1f} s", flush=True)
+        tally["mark"] = now
+
+    driven = run.run_all(on_layer=account, summary=False)
+    exact_rows, flop_exact = int(tally["exact_rows"]), tally["flop_exact"]
     peak["layers"] = _peak_gib(device)
     t = time.perf_counter()
-    run.summarize(effects, matches, attribution=attribution)
+    run.summarize_digests(driven.digests)
     phases["summary (faithfulness, knockouts)"] = time.perf_counter() - t
     peak["summary"] = _peak_gib(device)
     n_pairs = {op: int(len(run.pairs[op][0])) for op in config.operators}

@@ -15,16 +15,16 @@ import uuid
 from pathlib import Path
 
 from catalog import builtin
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.sources import load_model
 from jobs.store_results import catalog_checkpoint
 from schema import store
+from schema.database import resolve_database_url
 from schema.engine import migrate
-from schema.settings import resolve_database_url
 
 from _common import ROOT, over_runs, runs_option, save
 
-CONFIG = MeasureConfig(operand_hi=100)
+CONFIG = ScienceConfig(operand_hi=100)
 
 
 def fresh_db(server: str) -> str:

@@ -51,11 +51,11 @@ def main() -> None:
     from catalog.run import CheckpointRun
     from catalog.settings import get_settings
     from catalog.sources import load_model
-    from jobs.report import report
-    from jobs.store_results import register, store_layer, summary_dict, write_layouts
+    from jobs.store_results import layer_rows, register, summary_dict, write_layouts
+    from reports.report import report
     from schema import store
+    from schema.database import resolve_database_url
     from schema.engine import migrate
-    from schema.settings import resolve_database_url
 
     phases: dict[str, float] = {}
     t = time.perf_counter()
@@ -81,29 +81,32 @@ def main() -> None:
         time.perf_counter() - t
     layer_s = []
     per_phase: dict[str, float] = {}
-    effects, matches, attribution = {}, {}, {}
     with store.connect(url) as conn:
         ids = register(conn, lm, config)
         write_layouts(conn, run, ids)
-        for layer in run.layers:
-            t = time.perf_counter()
-            result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
-            effects[layer], matches[layer] = result.effect(config.rank_sign), result.matches
-            attribution[layer] = result.attribution_score()
-            layer_s.append(time.perf_counter() - t)
+        mark = [time.perf_counter()]
+
+        def write(result) -> None:
+            store.write_layer(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                              config_id=ids.config_id,
+                              rows=layer_rows(result, run, lm.tokenizer),
+                              worker=socket.gethostname())
+            now = time.perf_counter()
+            layer_s.append(now - mark[0])
+            mark[0] = now
             result_seconds = dict(result.seconds)
             for k, v in result_seconds.items():
                 per_phase[k] = per_phase.get(k, 0.0) + v
             result_seconds["compute+write"] = layer_s[-1]
             per_phase["write"] = per_phase.get("write", 0.0) + layer_s[-1] - sum(
                 result.seconds.values())
-            del result
-            run.release(layer)
-            print(f"layer {layer}: {layer_s[-1]:.1f} s "
+            print(f"layer {result.layer}: {layer_s[-1]:.1f} s "
                   + " ".join(f"{k} {v:.1f}" for k, v in result_seconds.items()), flush=True)
+
+        driven = run.run_all(on_layer=write, summary=False)
         phases["layers (lens, patching, matching, write), all"] = sum(layer_s)
         t = time.perf_counter()
-        summ = run.summarize(effects, matches, attribution=attribution)
+        summ = run.summarize_digests(driven.digests)
         with conn.transaction():
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                 summary=summary_dict(summ))

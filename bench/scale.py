@@ -11,8 +11,8 @@ import time
 import uuid
 
 from schema import store
+from schema.database import resolve_database_url
 from schema.engine import migrate
-from schema.settings import resolve_database_url
 
 from _common import over_runs, save
 

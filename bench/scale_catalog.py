@@ -318,10 +318,9 @@ def reads_of_kept(url: str, cold: bool = False) -> None:
 
 
 def main(rows: int = 4 * 786_432) -> None:
-    from jobs.plan import scratch_url
-    from schema import store
-    from schema.engine import migrate
-    from schema.settings import resolve_database_url
+    from schema import reads, store
+    from schema.database import resolve_database_url
+    from schema.engine import migrate, scratch_url
 
     per_ck = N_LAYERS * D_MLP * len(OPS)
     n_ck = max(3, rows // per_ck)
@@ -378,7 +377,7 @@ def main(rows: int = 4 * 786_432) -> None:
             conn.execute("ANALYZE")
             out["rows"] = {t: store.scalar(conn.execute(f"SELECT count(*) FROM {t}"))
                            for t in tables}
-            out["bytes"] = {t: store.table_bytes(conn, t) for t in tables}
+            out["bytes"] = {t: reads.table_bytes(conn, t) for t in tables}
             n_op = out["rows"]["neuron_op"]
             per_row = {t: round(out["bytes"][t] / n_op) for t in tables}
             out["bytes_per_neuron_op_row"] = per_row

@@ -41,7 +41,7 @@ def catalog_into(url: str, checkpoints: str, extra: list[str]) -> dict:
 
 
 def _sizes(url: str, seconds: float) -> dict:
-    from schema import store
+    from schema import reads, store
 
     with store.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
@@ -49,7 +49,7 @@ def _sizes(url: str, seconds: float) -> dict:
         out = {"catalog_s": round(seconds, 1), "neuron_op_rows": n_op}
         for table in TABLES:
             rows = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-            size = store.table_bytes(conn, table)
+            size = reads.table_bytes(conn, table)
             out[table] = {"rows": rows, "bytes": size,
                           "rows_per_neuron_op": round(rows / n_op, 2),
                           "bytes_per_neuron_op": round(size / n_op, 1)}
@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from catalog import builtin
-    from schema.settings import resolve_database_url
+    from schema.database import resolve_database_url
 
     builtin.train(builtin.TrainConfig())  # cached after the first time
     server = resolve_database_url().rsplit("/", 1)[0]

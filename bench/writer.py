@@ -12,13 +12,13 @@ import uuid
 import torch
 
 from catalog import builtin
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.run import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import store
+from schema.database import resolve_database_url
 from schema.engine import migrate
-from schema.settings import resolve_database_url
 
 from _common import over_runs, runs_option, save
 
@@ -36,7 +36,7 @@ def plain_copy(conn, ids, rows):
 def main(runs: int = 5):
     builtin.train(builtin.TrainConfig())
     lm = load_model("builtin")
-    config = MeasureConfig(operand_hi=100)
+    config = ScienceConfig(operand_hi=100)
     prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
     layer = prep.run_layer(1)
     rows = layer_rows(layer, prep, lm.tokenizer)

@@ -16,7 +16,6 @@ import importlib
 _EXPORTS = {
     "ScienceConfig": "catalog.config",
     "ExecutionConfig": "catalog.config",
-    "MeasureConfig": "catalog.config",
     "Settings": "catalog.settings",
     "CheckpointRun": "catalog.run",
     "CheckpointResult": "catalog.run",

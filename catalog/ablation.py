@@ -34,9 +34,10 @@ from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.utilities import get_act_name
 
 from catalog.arith import OPERATORS, apply_op, is_valid
-from catalog.config import CONTEXTS, POPULATIONS, ScienceConfig
+from catalog.config import ScienceConfig
 from catalog.grids import PrefixRunner, expand_cache, final_logits, mlp_width, post_hook_name
 from catalog.prompts import UNLIMITED, PromptTable, operator_prefix, tokenize_prompts
+from catalog.vocab import CONTEXTS, POPULATIONS
 
 
 def z_hook_name(layer: int) -> str:

@@ -43,8 +43,8 @@ from transformer_lens import HookedTransformer
 from catalog import ablation, faithfulness
 from catalog.ablation import Circuit
 from catalog.components import ComponentEffects
-from catalog.config import PROTOCOLS
 from catalog.prompts import PromptTable
+from catalog.vocab import PROTOCOLS
 
 LATE_SHARE = 0.1
 # model_analysis_consts.py of technion-cs-nlp/llm-arithmetic-heuristics

@@ -36,10 +36,10 @@ from transformer_lens.utilities import get_act_name
 
 from catalog import effects
 from catalog.ablation import z_hook_name
-from catalog.config import ROLES
 from catalog.grids import PrefixRunner, final_logits
 from catalog.patching import effect_from_logprobs, log_effect, pair_batches
 from catalog.prompts import PromptTable
+from catalog.vocab import ROLES
 
 
 def mlp_out_name(layer: int) -> str:

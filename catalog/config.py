@@ -22,7 +22,27 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from catalog.arith import OPERATORS
+from catalog.config_checks import check_science
 from catalog.tokens import NumberTokens
+from catalog.vocab import (
+    BOTTOM_MODES,
+    CONTEXTS,
+    DTYPES,
+    HEURISTIC_FAMILIES,
+    HEURISTIC_VARIANTS,
+    LABEL_RULES,
+    LEGACY_EXECUTION_KEYS,
+    LEGACY_SCIENCE,
+    MIB_FRACTIONS,
+    NULL_STRATA,
+    OP_WORDS,
+    PATCHING_METHODS,
+    POPULATIONS,
+    RANK_SIGNS,
+    RANK_STATISTICS,
+    RANKINGS,
+    TEMPLATES,
+)
 
 # 0.2.0: labels with the significance rule, constant neurons without rows, robust ranking,
 # the value family, prompts tokenized as prefix + prompt (docs/method.md)
@@ -33,53 +53,6 @@ from catalog.tokens import NumberTokens
 # 0.6.0: labels under the value-permutation null (label_rule values, null_strata), each
 # cell set scored once (dedupe_heuristics), correctness needs a non-digit after the answer
 CATALOG_VERSION = "0.6.0"
-
-HEURISTIC_VARIANTS = ("paper", "code")
-BOTTOM_MODES = ("auto", "always", "never")
-PATCHING_METHODS = ("exact", "attribution")
-LABEL_RULES = ("values", "significant", "paper")
-NULL_STRATA = ("digits", "none")
-RANK_STATISTICS = ("trimmed", "median", "mean")
-RANK_SIGNS = ("abs", "signed")
-DTYPES = ("float32", "bfloat16", "float16")
-# Named templates: --template NAME stores the text. {op_word} writes the operator as a word.
-TEMPLATES = {
-    "bare": "{a}{op}{b}=",
-    "spaced": "{a} {op} {b} =",
-    "qa": "Q: How much is {a} {op_word} {b}? A:",
-    "question": "What is {a} {op_word} {b}? Answer:",
-}
-OP_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "divided by"}
-HEURISTIC_FAMILIES = ("range", "modulo", "pattern", "identical", "value", "multi_result")
-# circuits and faithfulness (catalog.circuits, catalog.ablation; docs/method.md section 6)
-PROTOCOLS = ("paper", "all-layers", "counterfactual")
-RANKINGS = ("auto", "attribution", "rank")
-CONTEXTS = ("prompt", "all")
-POPULATIONS = ("grid", "valid")
-# prompt positions that component effects patch: the last token of the first operand, of
-# the operator and of the second operand, and the last position
-ROLES = ("op1", "op", "op2", "last")
-MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-# keys that configs stored before the split carried; they never changed a number
-LEGACY_EXECUTION_KEYS = ("batch_size", "patch_chunk")
-# What configs stored before these fields existed meant: the paper's rules, no shots.
-LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_statistic": "mean",
-                  "rank_sign": "signed", "label_rule": "paper", "significance_level": 0.05,
-                  "families": ["range", "modulo", "pattern", "identical", "multi_result"],
-                  # before 0.3.0 every score >= the floor was stored, in float32
-                  "scores_per_family": 0, "dtype": "float32",
-                  # before 0.4.0 every grid was stored at full resolution
-                  "full_grids": "all",
-                  # before 0.5.0: the all-layers protocol only, one draw of prompts, no
-                  # component effects
-                  "faithfulness_protocols": ["all-layers"], "faithfulness_seeds": 1,
-                  "circuit_counts": "none", "component_positions": [], "late_from": "auto",
-                  "heads_kept": "auto", "circuit_ranking": "rank", "mean_population": "valid",
-                  "mean_prompts": 0, "ablate_context": "prompt",
-                  "component_exact_heads": "all",
-                  # before 0.6.0: every heuristic scored, duplicates of a cell set included
-                  "dedupe_heuristics": False, "null_strata": "digits"}
-
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
     """A config field with its help text; ``form`` puts it on the explorer's job form."""
@@ -221,137 +194,7 @@ class ScienceConfig:
                                      "(/ only)")
 
     def __post_init__(self) -> None:
-        # tuples keep the config hashable and its JSON stable, even if lists were passed
-        for name in ("operators", "patching", "circuit_fractions", "families",
-                     "faithfulness_protocols", "component_positions"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.component_positions == ("none",):  # how a command line says "no positions"
-            object.__setattr__(self, "component_positions", ())
-        if not self.operators:
-            raise ValueError("operators is empty; choose at least one of + - * /")
-        for op in self.operators:
-            if op not in OPERATORS:
-                raise ValueError(f"unknown operator {op!r} in operators; choose from + - * /")
-        if len(set(self.operators)) != len(self.operators):
-            raise ValueError(f"operators has duplicates: {self.operators}")
-        if self.operand_lo < 0:
-            raise ValueError(f"operand_lo must be >= 0, got {self.operand_lo}")
-        if self.operand_hi <= self.operand_lo + 1:
-            raise ValueError(
-                f"operand range [{self.operand_lo}, {self.operand_hi}) is empty or a single "
-                "number; operand_hi must exceed operand_lo + 1"
-            )
-        if self.template in TEMPLATES:
-            object.__setattr__(self, "template", TEMPLATES[self.template])
-        for key in ("{a}", "{b}"):
-            if key not in self.template:
-                raise ValueError(f"template {self.template!r} lacks {key}")
-        if "{op}" not in self.template and "{op_word}" not in self.template:
-            raise ValueError(f"template {self.template!r} lacks {{op}} or {{op_word}}")
-        try:
-            self.template.format(a=1, b=2, op="+", op_word="plus")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"template {self.template!r} has an unknown placeholder or a "
-                             f"stray brace ({exc}); use {{a}}, {{b}}, {{op}}, {{op_word}}, "
-                             "and {{ }} for literal braces") from None
-        if self.shots < 0:
-            raise ValueError(f"shots must be >= 0, got {self.shots}")
-        if self.pairs_per_op < 1:
-            raise ValueError(f"pairs_per_op must be >= 1, got {self.pairs_per_op}")
-        if not self.patching or any(m not in PATCHING_METHODS for m in self.patching):
-            raise ValueError(
-                f"patching must be a non-empty subset of {PATCHING_METHODS}, got {self.patching}"
-            )
-        if self.exact == "none":  # attribution only
-            if self.patching == ("exact",):
-                raise ValueError("exact is 'none' and patching is 'exact': nothing to measure; "
-                                 "use --patching attribution or both")
-            object.__setattr__(self, "patching", ("attribution",))
-        elif "exact" not in self.patching:
-            object.__setattr__(self, "exact", "none")
-        self.exact_top()  # validates the form
-        self.full_grid_top()
-        if self.exact.startswith("top:") and "attribution" not in self.patching:
-            raise ValueError(f"exact {self.exact!r} picks neurons by |attribution|; use "
-                             "--patching both")
-        if self.rank_statistic not in RANK_STATISTICS:
-            raise ValueError(f"rank_statistic must be one of {RANK_STATISTICS}, "
-                             f"got {self.rank_statistic!r}")
-        if self.rank_sign not in RANK_SIGNS:
-            raise ValueError(f"rank_sign must be one of {RANK_SIGNS}, got {self.rank_sign!r}")
-        if self.label_rule not in LABEL_RULES:
-            raise ValueError(f"label_rule must be one of {LABEL_RULES}, got {self.label_rule!r}")
-        if self.null_strata not in NULL_STRATA:
-            raise ValueError(f"null_strata must be one of {NULL_STRATA}, got "
-                             f"{self.null_strata!r}")
-        if not 0.0 < self.significance_level < 1.0:
-            raise ValueError(f"significance_level must be in (0, 1), got "
-                             f"{self.significance_level}")
-        bad = [f for f in self.families if f not in HEURISTIC_FAMILIES]
-        if bad or not self.families:
-            raise ValueError(f"families {list(self.families)} must be a non-empty subset of "
-                             f"{HEURISTIC_FAMILIES}")
-        if self.heuristic_variant not in HEURISTIC_VARIANTS:
-            raise ValueError(
-                f"heuristic_variant must be one of {HEURISTIC_VARIANTS}, "
-                f"got {self.heuristic_variant!r}"
-            )
-        if self.score_bottom not in BOTTOM_MODES:
-            raise ValueError(
-                f"score_bottom must be one of {BOTTOM_MODES}, got {self.score_bottom!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.scores_per_family < 0:
-            raise ValueError(f"scores_per_family must be >= 0, got {self.scores_per_family}")
-        for name in ("score_floor", "match_threshold"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
-        if not 0 < self.top_set_fraction <= 1:
-            raise ValueError(f"top_set_fraction must be in (0, 1], got {self.top_set_fraction}")
-        if not self.circuit_fractions or any(not 0 < f <= 1 for f in self.circuit_fractions):
-            raise ValueError(f"circuit_fractions must be in (0, 1], got {self.circuit_fractions}")
-        self._check_circuits()
-        for name in ("lens_top_k", "faithfulness_prompts", "knockout_neurons", "pattern_top_k",
-                     "multi_result_top", "faithfulness_seeds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-    def _check_circuits(self) -> None:
-        bad = [p for p in self.faithfulness_protocols if p not in PROTOCOLS]
-        if bad or not self.faithfulness_protocols:
-            raise ValueError(f"faithfulness_protocols {list(self.faithfulness_protocols)} must "
-                             f"be a non-empty subset of {PROTOCOLS}")
-        if len(set(self.faithfulness_protocols)) != len(self.faithfulness_protocols):
-            raise ValueError(f"faithfulness_protocols has duplicates: "
-                             f"{list(self.faithfulness_protocols)}")
-        bad = [p for p in self.component_positions if p not in ROLES]
-        if bad:
-            raise ValueError(f"component_positions {bad} unknown; choose from {ROLES}")
-        v = self.component_exact_heads
-        if v not in ("auto", "all") and not v.isdigit():
-            raise ValueError(f"component_exact_heads must be auto, all or a whole number, "
-                             f"got {v!r}")
-        for name in ("late_from", "heads_kept"):
-            v = getattr(self, name)
-            if v != "auto" and not (v.isdigit() and (name == "late_from" or int(v) >= 1)):
-                raise ValueError(f"{name} must be auto or a whole number"
-                                 f"{'' if name == 'late_from' else ' >= 1'}, got {v!r}")
-        for name, allowed in (("circuit_ranking", RANKINGS), ("ablate_context", CONTEXTS),
-                              ("mean_population", POPULATIONS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.mean_prompts < 0:
-            raise ValueError(f"mean_prompts must be >= 0, got {self.mean_prompts}")
-        self.counts(1)  # validates the form
-        paper_like = [p for p in self.faithfulness_protocols if p != "all-layers"]
-        if paper_like and not self.component_positions:
-            raise ValueError(f"protocols {paper_like} pick heads and the first heuristics layer "
-                             "from component effects; give component_positions (e.g. last)")
-        if paper_like and self.circuit_ranking == "attribution" \
-                and "attribution" not in self.patching:
-            raise ValueError("circuit_ranking 'attribution' ranks neurons by attribution "
-                             "patching; use --patching both or --circuit-ranking rank")
+        check_science(self)  # normalises in place (tuples, named templates) and validates
 
     def counts(self, width: int) -> list[int]:
         """The extra circuit sizes of ``circuit_counts`` for layers of ``width`` neurons
@@ -401,6 +244,13 @@ class ScienceConfig:
         import torch
 
         return getattr(torch, self.dtype)
+
+    def scores_bottom(self, gated_mlp: bool) -> bool:
+        """Whether the bottom of each map is scored too: ``score_bottom`` always or never,
+        or (auto) for gated MLPs, whose activations are signed."""
+        if self.score_bottom == "auto":
+            return bool(gated_mlp)
+        return self.score_bottom == "always"
 
     def exact_top(self) -> int | None:
         """N of ``exact = top:N``; None for all or none (ValueError if malformed)."""
@@ -475,10 +325,6 @@ class ScienceConfig:
         if self.heuristic_variant == "paper":
             return (2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 15)
         return tuple(range(2, 11))
-
-
-# The former name: every stored config is a ScienceConfig.
-MeasureConfig = ScienceConfig
 
 
 @dataclass(frozen=True)

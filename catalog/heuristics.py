@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 
 TARGETS = ("op1", "op2", "both", "result")
 
@@ -136,7 +136,7 @@ class Cells:
         return {"op1": self.a, "op2": self.b, "result": self.result}[target]
 
 
-FamilyBuilder = Callable[[Cells, MeasureConfig], list[Partition]]
+FamilyBuilder = Callable[[Cells, ScienceConfig], list[Partition]]
 FAMILIES: dict[str, FamilyBuilder] = {}
 
 
@@ -189,7 +189,7 @@ def result_range_widths(op: str) -> tuple[int, ...]:
 
 
 @register_family("range")
-def range_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+def range_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """Operand windows [s, s+w) that tile [lo, hi); overlapping result windows."""
     out = []
     span = cells.hi - cells.lo
@@ -219,7 +219,7 @@ def range_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
 
 
 @register_family("modulo")
-def modulo_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+def modulo_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """x = m (mod n) for op1, op2, both operands and the result (not for /)."""
     out = []
     targets = ("op1", "op2", "both") + (("result",) if cells.op != "/" else ())
@@ -241,7 +241,7 @@ PATTERN_SHAPES = ((2,), (1,), (1, 2), (0, 2))
 
 
 @register_family("pattern")
-def pattern_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+def pattern_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """Digit patterns with wildcards, e.g. ``..3``, ``.2.``, ``1.3`` (not for / results)."""
     out = []
     scoring = "count" if config.heuristic_variant == "code" else "topk"
@@ -272,7 +272,7 @@ def pattern_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
 
 
 @register_family("identical")
-def identical_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+def identical_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """op1 = op2."""
     labels = np.where(cells.a == cells.b, 0, -1)
     p = _partition(cells, labels, [Heuristic("identical", "both", ())])
@@ -285,7 +285,7 @@ VALUE_LIMIT = 1000
 
 
 @register_family("value")
-def value_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
+def value_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """One number: op1 = v, op2 = v, result = v (v < 1000, at least two cells)."""
     out = []
     for target in ("op1", "op2", "result"):
@@ -296,7 +296,7 @@ def value_partitions(cells: Cells, config: MeasureConfig) -> list[Partition]:
     return [p for p in out if p is not None]
 
 
-def partitions_for(cells: Cells, config: MeasureConfig) -> list[Partition]:
+def partitions_for(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """Every partition of the config's families (all registered ones the config names),
     each cell set once (``dedupe``)."""
     out = []

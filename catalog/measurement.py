@@ -8,7 +8,6 @@ driver of ``catalog.run.CheckpointRun``, which ``ncat catalog`` and the workers 
 
 from __future__ import annotations
 
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from catalog.config import ExecutionConfig, ScienceConfig
@@ -30,13 +29,6 @@ def measure(
     """Measure every neuron of ``layers`` (default all) and the summary over those layers."""
     run = CheckpointRun(model, tokenizer, config or ScienceConfig(),
                         execution or ExecutionConfig(), layers).prepare(progress=progress)
-    results = {}
-    for layer in tqdm(run.layers, desc="layers", disable=not progress, unit="layer"):
-        results[layer] = run.run_layer(layer)
-    summ = None
-    if summary:
-        summ = run.summarize({k: v.effect(run.config.rank_sign) for k, v in results.items()},
-                             {k: v.matches for k, v in results.items()},
-                             attribution={k: v.attribution_score() for k, v in results.items()})
-    return CheckpointResult(run.config, run.numbers, run.table, results, summ,
+    out = run.run_all(keep=True, summary=summary, progress=progress)
+    return CheckpointResult(run.config, run.numbers, run.table, out.results, out.summary,
                             run.provenance(provenance))

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catalog.arith import apply_op, is_valid
-from catalog.config import OP_WORDS, ROLES, MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.tokens import NumberTokens, encode_number
+from catalog.vocab import OP_WORDS, ROLES
 
 # Digit-level tokenizers have no single-token limit on results.
 UNLIMITED = 10**12
@@ -118,7 +119,7 @@ class PromptTable:
         return out.reshape(values.shape[:-1] + (self.side, self.side))
 
 
-def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> PromptTable:
+def build_prompts(tokenizer, numbers: NumberTokens, config: ScienceConfig) -> PromptTable:
     """Tokenize every valid prompt of ``config`` for this tokenizer.
 
     Raises ValueError if the operand range needs numbers the tokenizer cannot write
@@ -180,7 +181,7 @@ def build_prompts(tokenizer, numbers: NumberTokens, config: MeasureConfig) -> Pr
     )
 
 
-def operator_prefix(tokenizer, numbers: NumberTokens, config: MeasureConfig, position: int,
+def operator_prefix(tokenizer, numbers: NumberTokens, config: ScienceConfig, position: int,
                     op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The shared prefix of operator ``op`` (BOS where the model uses one, ``few_shot``,
@@ -213,7 +214,7 @@ def _spans(template: str, a: int, op: str, b: int) -> tuple[str, dict[str, tuple
     return text, spans
 
 
-def tokenize_prompts(tokenizer, config: MeasureConfig, ops: list[str], a: np.ndarray,
+def tokenize_prompts(tokenizer, config: ScienceConfig, ops: list[str], a: np.ndarray,
                      b: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
     """Token ids of the prompts (a, op, b) without prefix, and the position of each of
     ``ROLES`` in them ((n, 4) int64): the token holding an operand's or the operator's last

@@ -7,7 +7,8 @@ lives in ``catalog`` because that is the one package every other layer may impor
 and it imports nothing heavier than pydantic, so the worker's parent process and the
 job commands stay free of torch.
 
-The README's configuration table lists the same variables (a test keeps them equal).
+The configuration table of docs/deployment.md lists the same variables (a test keeps them
+equal).
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""Jobs: the command line now; Celery workers and enqueueing come with the store."""
+"""Jobs: the queue (enqueue, Celery workers, the reconciler), the planner, and the ``ncat``
+command line that drives everything."""

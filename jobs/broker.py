@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 from catalog.settings import Settings, get_settings
-from schema.settings import port_open
+from schema.database import port_open
 
 log = logging.getLogger(__name__)
+
+RUN_LAYER = "ncat.run_layer"  # the one task name: compute and store one (job, layer)
 
 
 def _free_port() -> int:

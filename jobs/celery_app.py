@@ -18,7 +18,12 @@ from __future__ import annotations
 from celery import Celery
 
 from catalog.settings import Settings, get_settings
-from jobs.broker import resolve_redis_url
+from jobs.broker import RUN_LAYER, resolve_redis_url
+
+
+def send_layer(app: Celery, job_id: int, layer: int, queue: str | None = None) -> None:
+    """Send the run-layer task of (job, layer): every sender of a layer goes through here."""
+    app.send_task(RUN_LAYER, args=[job_id, layer], queue=queue or queue_name())
 
 
 def queue_name() -> str:

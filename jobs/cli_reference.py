@@ -1,7 +1,7 @@
-"""The README's command-line reference, generated from the parser itself.
+"""The command-line reference (docs/cli.md), generated from the parser itself.
 
-`python -m jobs.cli_reference --write` rewrites the README section between the markers;
-a test fails when the README and the parser disagree.
+`python -m jobs.cli_reference --write` rewrites the section between the markers; a test
+fails when the page and the parser disagree.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from jobs.cli import build_parser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
 
 
@@ -35,8 +35,8 @@ def section(text: str) -> str:
 
 
 def write() -> None:
-    text = README.read_text()
-    README.write_text(text[:text.index(START) + len(START)] + "\n\n" + reference() + "\n\n"
+    text = DOC.read_text()
+    DOC.write_text(text[:text.index(START) + len(START)] + "\n\n" + reference() + "\n\n"
                       + text[text.index(END):])
 
 

@@ -35,7 +35,7 @@ def demo_settings(settings: Settings | None = None) -> Settings:
     """The demo's settings: a database and a broker found or started (embedded fallbacks),
     and its own queue unless NCAT_QUEUE names one."""
     from jobs.broker import resolve_redis_url
-    from schema.settings import resolve_database_url, with_driver
+    from schema.database import resolve_database_url, with_driver
 
     s = settings or get_settings()
     url = with_driver(s.database_url) if s.database_url else resolve_database_url(s)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from catalog.config import CATALOG_VERSION, ScienceConfig
 from schema import jobs as jobdb
-from schema import store
+from schema import reads, store
 from schema.jobs import Status
 from schema.store import scalar
 
@@ -68,7 +68,8 @@ def parse_checkpoints(model: str, spec: str | list | None) -> list[int | None]:
     return out
 
 
-def plan(model: str, checkpoints, config: ScienceConfig, layers: list[int] | None) -> list[Planned]:
+def validate_request(model: str, checkpoints, config: ScienceConfig,
+                     layers: list[int] | None) -> list[Planned]:
     """Validate a request completely; raises EnqueueError naming what is wrong."""
     # imported here: loading transformer_lens takes seconds, and status, cancel and retry
     # (which share this module) need none of it
@@ -125,7 +126,7 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
     ``send(job_id, layer)`` queues one task; by default through Celery.
     """
     config = config or ScienceConfig()
-    planned = plan(model, checkpoints, config, layers)
+    planned = validate_request(model, checkpoints, config, layers)
     send = send or _celery_send
     results, to_send = [], []
     with store.connect(url) as conn, conn.transaction():
@@ -134,7 +135,7 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
                                         catalog_version=CATALOG_VERSION)
         for p in planned:
             key = job_key(p.model, p.step, config, p.layers)
-            have = None if force else store.find_stored(
+            have = None if force else reads.find_stored(
                 conn, model_name=p.model, step=p.step, config_hash=config.config_hash())
             done = have is not None and have.covers(p.layers)
             job_id = jobdb.insert_job(conn, key=key, model=p.model, step=p.step,
@@ -175,7 +176,7 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
     config_hash = config.config_hash()
     where = f"{model} step {step}" if step is not None else model
     with store.connect(url) as conn, conn.transaction():
-        have = store.find_stored(conn, model_name=model, step=step, config_hash=config_hash)
+        have = reads.find_stored(conn, model_name=model, step=step, config_hash=config_hash)
         if have is None or layer not in have.layers:
             raise EnqueueError(f"layer {layer} of {where} is not stored under this config; "
                                "catalog it first (ncat enqueue or ncat catalog)")
@@ -215,19 +216,19 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
 
 
 def _celery_send(job_id: int, layer: int) -> None:
-    from jobs.celery_app import queue_name
+    from jobs.celery_app import send_layer
 
-    _app().send_task("ncat.run_layer", args=[job_id, layer], queue=queue_name())
+    send_layer(_app(), job_id, layer)
 
 
 def celery_sender(settings):
     """A ``send(job_id, layer)`` through the broker and queue of ``settings``."""
-    from jobs.celery_app import make_app
+    from jobs.celery_app import make_app, send_layer
 
     app = make_app(settings)
 
     def send(job_id: int, layer: int) -> None:
-        app.send_task("ncat.run_layer", args=[job_id, layer], queue=settings.ncat_queue)
+        send_layer(app, job_id, layer, settings.ncat_queue)
 
     return send
 

@@ -30,7 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from catalog.settings import Settings, get_settings
+from jobs.broker import RUN_LAYER
 from jobs.locks import LOCK_NAMESPACE, RECONCILE_KEY, SUMMARY_SLOT, layer_lock_key
+from schema import jobs as jobdb
 from schema import store
 from schema.jobs import Status
 
@@ -76,7 +78,7 @@ def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
             if msg.get("properties", {}).get("body_encoding") == "base64":
                 body = base64.b64decode(body)
             args = json.loads(body)[0]
-            if msg.get("headers", {}).get("task") == "ncat.run_layer" and len(args) == 2:
+            if msg.get("headers", {}).get("task") == RUN_LAYER and len(args) == 2:
                 out.add((int(args[0]), int(args[1])))
         except (ValueError, KeyError, IndexError, TypeError):
             continue
@@ -120,19 +122,12 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
             if status == Status.RUNNING and resends + 1 >= s.ncat_max_attempts:
                 error = (f"layer {layer} was lost {resends + 1} times while running (last on "
                          f"{worker}); the reconciler gave up (`ncat retry` tries again)")
-                conn.execute("UPDATE job_layer SET status = %s, error = %s, finished_at = now() "
-                             "WHERE job_id = %s AND layer = %s",
-                             (Status.FAILED, error, job_id, layer))
-                conn.execute("UPDATE job SET status = %s, error = %s, failed_layer = %s, "
-                             "updated_at = now(), finished_at = now() WHERE id = %s",
-                             (Status.FAILED, error, layer, job_id))
+                jobdb.fail_layer(conn, job_id, layer, error)
                 failed_jobs.add(job_id)
                 actions.append(Action(job_id, layer, "failed", {"lost": resends + 1,
                                                                 "started": attempts}))
                 continue
-            conn.execute("UPDATE job_layer SET status = %s, sent_at = now(), "
-                         "resends = resends + 1 WHERE job_id = %s AND layer = %s",
-                         (Status.QUEUED, job_id, layer))
+            jobdb.resend_layer(conn, job_id, layer)
             to_send.append((job_id, layer))
             actions.append(Action(job_id, layer, "resent", {
                 "was": status, "quiet_seconds": quiet_s, "worker": worker,
@@ -147,8 +142,7 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
         for job_id, status, quiet, first in finals:
             if layer_lock_key(job_id, SUMMARY_SLOT) in held or quiet < s.ncat_stale_seconds:
                 continue
-            conn.execute("UPDATE job SET status = %s, updated_at = now() WHERE id = %s",
-                         (Status.RUNNING, job_id))
+            jobdb.resume_summary(conn, job_id)
             to_send.append((job_id, first))
             actions.append(Action(job_id, None, "summary_resumed",
                                   {"was": status, "quiet_seconds": round(float(quiet), 1)}))

@@ -16,14 +16,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from enum import StrEnum
 
-import numpy as np
 import psycopg
 
+from catalog.results import LayerDigest
 from catalog.settings import Settings, get_settings
+from jobs import store_results
 from jobs.locks import layer_lock_key, summary_lock_key
 from schema import jobs as jobdb
-from schema import store
+from schema import reads, store
 from schema.jobs import JobRow, Status
 from schema.sketch import GridGeometry
 
@@ -40,7 +42,7 @@ class _Loaded:
     lm: object
     run: object
     ids: object
-    results: dict[int, tuple[np.ndarray, object]]
+    results: dict[int, LayerDigest]
 
 
 _CURRENT: _Loaded | None = None
@@ -65,7 +67,6 @@ def _loaded(conn, job: JobRow) -> _Loaded:
     from catalog.config import ScienceConfig
     from catalog.run import CheckpointRun
     from catalog.sources import load_model
-    from jobs.store_results import register, write_layouts
 
     config = ScienceConfig.from_dict(jobdb.job_config(conn, job.config_id))
     key = (job.model_name, job.step, job.device, config.config_hash())
@@ -76,10 +77,23 @@ def _loaded(conn, job: JobRow) -> _Loaded:
                         dtype=config.torch_dtype(), cache_root=settings.builtin_root)
         run = CheckpointRun(lm.model, lm.tokenizer, config, execution_for(job, settings),
                             layers=None).prepare()
-        ids = register(conn, lm, config)
-        write_layouts(conn, run, ids)
+        ids = store_results.register(conn, lm, config)
+        store_results.write_layouts(conn, run, ids)
         _CURRENT = _Loaded(key, lm, run, ids, {})
     return _CURRENT
+
+
+class Outcome(StrEnum):
+    """What one delivery of a layer did."""
+
+    UNKNOWN_JOB = "unknown job"
+    SKIPPED = "skipped"  # the job is done, failed or cancelled
+    BUSY = "busy"  # another session holds the layer: the task is to be sent again later
+    ALREADY_DONE = "already done"
+    COMPUTED = "computed"
+    ALREADY_STORED = "already stored"
+    FULL_GRIDS = "full grids"
+    FAILED = "failed"
 
 
 class Transient(Exception):
@@ -123,8 +137,8 @@ class Heartbeat(threading.Thread):
         self.stopped.set()
 
 
-def process_layer(url: str, job_id: int, layer: int, worker: str) -> str:
-    """Compute and store one layer of a job; returns what happened (for logs and tests).
+def process_layer(url: str, job_id: int, layer: int, worker: str) -> Outcome:
+    """Compute and store one layer of a job; returns what happened.
 
     Raises Transient when the database connection dropped: the layer was put back in the
     queue through a fresh connection (or will be by the reconciler if the database is
@@ -138,16 +152,17 @@ def process_layer(url: str, job_id: int, layer: int, worker: str) -> str:
         return _after_lost_connection(url, job_id, layer, message)
 
 
-def _process(url: str, job_id: int, layer: int, worker: str) -> str:
+def _process(url: str, job_id: int, layer: int, worker: str) -> Outcome:
     with store.connect(url, autocommit=True) as conn:
         job = jobdb.load_job(conn, job_id)
         if job is None:
-            return "unknown job"
+            return Outcome.UNKNOWN_JOB
         if job.status in (Status.CANCELLED, Status.FAILED, Status.DONE):
-            return f"skipped ({job.status})"
+            log.info("job %s is %s: layer %s skipped", job_id, job.status, layer)
+            return Outcome.SKIPPED
         key = layer_lock_key(job_id, layer)
         if not store.scalar(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
-            return "busy"  # another session holds the layer: the task is sent again later
+            return Outcome.BUSY  # another session holds the layer: the task is sent again later
         try:
             with Heartbeat(url, job_id, layer, get_settings().ncat_heartbeat_seconds):
                 return _process_locked(conn, url, job, layer, worker)
@@ -156,7 +171,7 @@ def _process(url: str, job_id: int, layer: int, worker: str) -> str:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
-def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> str:
+def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> Outcome:
     """Through a fresh connection: the layer back to queued, or its job failed once the
     layer has used up its attempts. Raises Transient to have the task sent again."""
     s = get_settings()
@@ -170,12 +185,9 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> s
                 raise Transient(message, retry_in=5.0)
             if lost >= s.ncat_max_attempts:
                 error = f"{message} (lost {lost} times; NCAT_MAX_ATTEMPTS {s.ncat_max_attempts})"
-                jobdb.finish_layer(conn, job_id, layer, Status.FAILED, error=error)
-                jobdb.fail_job(conn, job_id, error, layer)
-                return "failed"
-            conn.execute("UPDATE job_layer SET status = %s, error = %s, sent_at = now(), "
-                         "resends = resends + 1 WHERE job_id = %s AND layer = %s AND status = %s",
-                         (Status.QUEUED, message[:4000], job_id, layer, Status.RUNNING))
+                jobdb.fail_layer(conn, job_id, layer, error)
+                return Outcome.FAILED
+            jobdb.resend_layer(conn, job_id, layer, error=message, only_running=True)
     except psycopg.Error as exc:
         log.warning("job %s layer %s: database still unreachable (%s); the reconciler will "
                     "send the layer again", job_id, layer, exc)
@@ -183,43 +195,41 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> s
     raise Transient(message, retry_in=min(5.0 * 2 ** max(lost - 1, 0), 300.0))
 
 
-def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> str:
-    from jobs.store_results import store_layer
-
+def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> Outcome:
     if jobdb.layer_status(conn, job.id, layer) == Status.DONE:
         finalize_if_complete(conn, url, job.id)  # a retried job whose final step never ran
-        return "already done"
+        return Outcome.ALREADY_DONE
     jobdb.start_layer(conn, job.id, layer, worker)
     try:
         here = _loaded(conn, job)
         jobdb.set_checkpoint(conn, job.id, here.ids.checkpoint_id)
-        stored = store.stored_layers(conn, checkpoint_id=here.ids.checkpoint_id,
+        stored = reads.stored_layers(conn, checkpoint_id=here.ids.checkpoint_id,
                                      config_id=here.ids.config_id)
         if job.grid_neurons is not None:
             outcome = _fill_full_grids(conn, here, job, layer, stored)
         elif job.force or layer not in stored:
-            result = store_layer(conn, here.run, here.ids, layer, here.lm.tokenizer, worker)
+            result = store_results.store_layer(conn, here.run, here.ids, layer,
+                                               here.lm.tokenizer, worker)
             here.run.release(layer)
-            here.results[layer] = (result.effect(here.run.config.rank_sign), result.matches,
-                                   result.attribution_score())
-            outcome = "computed"
+            here.results[layer] = result.digest(here.run.config.rank_sign)
+            outcome = Outcome.COMPUTED
         else:
-            outcome = "already stored"
+            outcome = Outcome.ALREADY_STORED
     except TRANSIENT:
         raise
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         log.exception("job %s layer %s failed", job.id, layer)
         with store.connect(url, autocommit=True) as fresh:  # conn may be what failed
-            jobdb.finish_layer(fresh, job.id, layer, Status.FAILED, error=message)
-            jobdb.fail_job(fresh, job.id, message, layer)
-        return "failed"
+            jobdb.fail_layer(fresh, job.id, layer, message)
+        return Outcome.FAILED
     jobdb.finish_layer(conn, job.id, layer, Status.DONE)
     finalize_if_complete(conn, url, job.id)
     return outcome
 
 
-def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int, stored: list[int]) -> str:
+def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int,
+                     stored: list[int]) -> Outcome:
     """A full-grid job: the layer's grid pass, and the full grids of the job's neurons
     written over their sketches. The layer must be stored (its sketches exist)."""
     if layer not in stored:
@@ -240,7 +250,8 @@ def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int, stored: list[
                                config_id=here.ids.config_id, layer=layer, neurons=neurons,
                                ops=ops, grids=grids, layouts=layouts)
     run.release(layer)
-    return f"full grids ({n} rows)"
+    log.info("job %s layer %s: full grids of %d neurons written", job.id, layer, n)
+    return Outcome.FULL_GRIDS
 
 
 def finalize_if_complete(conn, url: str, job_id: int) -> bool:
@@ -275,51 +286,16 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
 
 def _summarize(conn, job: JobRow) -> None:
     """Checkpoint summary from the layers' results (any worker may have written them)."""
-    from jobs.store_results import summary_dict
-
     here = _loaded(conn, job)
     layers = sorted(job.layers)
     if set(layers) <= set(here.results):
-        effects = {layer: here.results[layer][0] for layer in layers}
-        matches = {layer: here.results[layer][1] for layer in layers}
-        attribution = {layer: here.results[layer][2] for layer in layers}
+        digests = {layer: here.results[layer] for layer in layers}
     else:
-        effects, matches, attribution = stored_effects_and_matches(
-            conn, here.ids, here.run.config, layers, here.lm.model.cfg.d_mlp)
-    summary = here.run.summarize(effects, matches, attribution=attribution)
+        digests = store_results.stored_digests(conn, here.ids, here.run.config, layers,
+                                 here.lm.model.cfg.d_mlp)
+    summary = here.run.summarize_digests(digests)
     with conn.transaction():
         store.write_summary(conn, checkpoint_id=here.ids.checkpoint_id,
-                            config_id=here.ids.config_id, summary=summary_dict(summary))
+                            config_id=here.ids.config_id,
+                            summary=store_results.summary_dict(summary))
     store.refresh_views(conn, here.ids.model_id, here.ids.checkpoint_id, here.ids.config_id)
-
-
-def stored_effects_and_matches(conn, ids, config, layers: list[int], d_mlp: int):
-    """Rank keys (d_mlp, n_ops; largest first), the labels (Matches) and the attribution
-    scores (mean + std; None without attribution) of ``layers``: what the summary uses,
-    read back from the store."""
-    from catalog.effects import rank_key
-    from catalog.heuristics import Heuristic
-    from catalog.matching import Matches
-
-    ops = list(config.operators)
-    def column(name: str) -> dict[int, np.ndarray]:
-        out = {layer: np.full((d_mlp, len(ops)), np.nan, dtype=np.float32) for layer in layers}
-        for layer, neuron, op, value in store.layer_effects(conn, ids=ids, column=name):
-            if layer in out:
-                out[layer][neuron, ops.index(op)] = np.nan if value is None else value
-        return out
-
-    values = column("rank_value")
-    attribution: dict[int, np.ndarray | None] = {layer: None for layer in layers}
-    if "attribution" in config.patching:
-        mean, std = column("effect_attr"), column("effect_attr_std")
-        attribution = {layer: mean[layer] + std[layer] for layer in layers}
-    records: dict[int, list] = {layer: [] for layer in layers}
-    for (layer, neuron, op, score, bottom, family, target, params, base,
-         p) in store.stored_labels(conn, ids=ids):
-        if layer in records:
-            records[layer].append((neuron, ops.index(op), Heuristic(family, target,
-                                                                   tuple(params)),
-                                   score, bottom, base, p, True))
-    return ({layer: rank_key(v, config.rank_sign) for layer, v in values.items()},
-            {layer: Matches.from_records(rs) for layer, rs in records.items()}, attribution)

@@ -2,9 +2,9 @@
 
 ``catalog`` knows nothing of the database and ``schema`` nothing of catalog's internals;
 this module converts between them (a ``LayerResult`` into the writer's ``LayerRows``,
-a ``Summary`` into the summary row) and runs one checkpoint without a queue
-(``catalog_checkpoint``, used by ``ncat catalog``). The Celery worker (``jobs.runner``)
-uses the same functions.
+a ``Summary`` into the summary row, stored layers back into ``LayerDigest``s) and runs
+one checkpoint without a queue (``catalog_checkpoint``, used by ``ncat catalog``). The
+Celery worker (``jobs.runner``) uses the same functions.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ import numpy as np
 import psycopg
 
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
-from catalog.run import CheckpointRun, LayerResult, Summary
+from catalog.effects import rank_key
+from catalog.heuristics import Heuristic
+from catalog.matches import Matches
+from catalog.run import CheckpointRun, LayerDigest, LayerResult, Summary
 from catalog.sources import LoadedModel
-from schema import store
+from schema import reads, rows, store
 from schema.sketch import GridGeometry
 
 
@@ -54,7 +57,7 @@ def write_layouts(conn: psycopg.Connection, run: CheckpointRun, ids: CatalogIds)
                                      side=g.side, valid=g.valid, answer_index=g.answer_index)
 
 
-def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.LayerRows:
+def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> rows.LayerRows:
     """Convert one catalog LayerResult into the store's plain arrays."""
     table, ops = run.table, list(run.config.operators)
     nan = np.full_like(result.max_act, np.nan)
@@ -79,7 +82,7 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> store.Laye
     def tokens(ids):
         return [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids]
 
-    return store.LayerRows(
+    return rows.LayerRows(
         layer=result.layer, ops=ops, stats=stats, op_accuracy=accuracy,
         grids=[result.acts[table.op_index(op)].T for op in ops],
         lens_numbers=result.lens.numbers,
@@ -132,7 +135,7 @@ COMPONENT_STATS = ("effect_exact", "effect_exact_std", "effect_attr", "effect_at
 def component_rows(summary: Summary) -> list[dict]:
     """component_effect rows of a Summary: one per operator, layer, head (-1: the whole
     MLP layer) and prompt position."""
-    from catalog.config import ROLES
+    from catalog.vocab import ROLES
 
     rows = []
     for op, ce in summary.components.items():
@@ -177,29 +180,49 @@ def catalog_checkpoint(
         ids = register(conn, lm, config)
         run.prepare(progress=progress)
         write_layouts(conn, run, ids)
-        effects, matches, attribution = {}, {}, {}
-        done = sorted(set(store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
+        done = sorted(set(reads.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                               config_id=ids.config_id)) & set(run.layers)) \
             if resume else []
-        if done:
-            from jobs.runner import stored_effects_and_matches
-
-            effects, matches, attribution = stored_effects_and_matches(
-                conn, ids, config, done, lm.model.cfg.d_mlp)
-            if on_resume is not None:
-                on_resume(done)
-        for layer in (x for x in run.layers if x not in done):
-            # keep what the summary needs, not the layer's activations
-            result = store_layer(conn, run, ids, layer, lm.tokenizer, socket.gethostname())
-            effects[layer] = result.effect(config.rank_sign)
-            matches[layer] = result.matches
-            attribution[layer] = result.attribution_score()
-            del result
-            run.release(layer)
-        if effects:
-            summ = run.summarize(effects, matches, attribution=attribution)
+        digests = stored_digests(conn, ids, config, done, lm.model.cfg.d_mlp) if done else {}
+        if done and on_resume is not None:
+            on_resume(done)
+        host = socket.gethostname()
+        out = run.run_all(done=digests, measure=lambda layer: store_layer(
+            conn, run, ids, layer, lm.tokenizer, host))
+        if out.summary is not None:
             with conn.transaction():
                 store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
-                                    config_id=ids.config_id, summary=summary_dict(summ))
+                                    config_id=ids.config_id, summary=summary_dict(out.summary))
                 store.refresh_views(conn, ids.model_id, ids.checkpoint_id, ids.config_id)
     return ids
+
+
+def stored_digests(conn: psycopg.Connection, ids: CatalogIds, config: ScienceConfig,
+                   layers: list[int], d_mlp: int) -> dict[int, LayerDigest]:
+    """What the summary needs of stored ``layers``, read back from the store: rank keys
+    (d_mlp, n_ops; largest first), the labels (Matches) and the attribution scores (mean
+    + std; None without attribution)."""
+    ops = list(config.operators)
+
+    def column(name: str) -> dict[int, np.ndarray]:
+        out = {layer: np.full((d_mlp, len(ops)), np.nan, dtype=np.float32) for layer in layers}
+        for layer, neuron, op, value in reads.layer_effects(conn, ids=ids, column=name):
+            if layer in out:
+                out[layer][neuron, ops.index(op)] = np.nan if value is None else value
+        return out
+
+    values = column("rank_value")
+    attribution: dict[int, np.ndarray | None] = {layer: None for layer in layers}
+    if "attribution" in config.patching:
+        mean, std = column("effect_attr"), column("effect_attr_std")
+        attribution = {layer: mean[layer] + std[layer] for layer in layers}
+    records: dict[int, list] = {layer: [] for layer in layers}
+    for (layer, neuron, op, score, bottom, family, target, params, base,
+         p) in reads.stored_labels(conn, ids=ids):
+        if layer in records:
+            records[layer].append((neuron, ops.index(op),
+                                   Heuristic(family, target, tuple(params)),
+                                   score, bottom, base, p, True))
+    return {layer: LayerDigest(rank_key(values[layer], config.rank_sign),
+                               Matches.from_records(records[layer]), attribution[layer])
+            for layer in layers}

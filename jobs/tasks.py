@@ -6,7 +6,8 @@ import logging
 
 from celery.signals import worker_process_init, worker_ready
 
-from jobs.celery_app import app
+from jobs.broker import RUN_LAYER
+from jobs.celery_app import app, send_layer
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def _start_reconciler(sender=None, **_) -> None:
     settings = get_settings()
 
     def send(job_id: int, layer: int) -> None:
-        app.send_task("ncat.run_layer", args=[job_id, layer], queue=queue_name())
+        send_layer(app, job_id, layer)
 
     global _RECONCILER
     _RECONCILER = Reconciler(_db_url(), send, resolve_redis_url(settings), queue_name(),
@@ -47,12 +48,12 @@ _RECONCILER = None
 
 
 def _db_url() -> str:
-    from schema.settings import resolve_database_url
+    from schema.database import resolve_database_url
 
     return resolve_database_url()
 
 
-@app.task(name="ncat.run_layer", bind=True, max_retries=None)
+@app.task(name=RUN_LAYER, bind=True, max_retries=None)
 def run_layer(self, job_id: int, layer: int) -> str:
     """Compute and store one layer of one job (and, if it is the last, the summary).
 
@@ -60,7 +61,7 @@ def run_layer(self, job_id: int, layer: int) -> str:
     NCAT_BUSY_RETRY_SECONDS, never dropped: if that session dies, the layer still runs.
     """
     from catalog.settings import get_settings
-    from jobs.runner import Transient, process_layer
+    from jobs.runner import Outcome, Transient, process_layer
 
     try:
         outcome = process_layer(_db_url(), job_id, layer,
@@ -68,6 +69,6 @@ def run_layer(self, job_id: int, layer: int) -> str:
     except Transient as exc:  # the database connection dropped: the layer is queued again
         raise self.retry(countdown=exc.retry_in) from None
     log.info("job %s layer %s: %s", job_id, layer, outcome)
-    if outcome == "busy":
+    if outcome is Outcome.BUSY:
         raise self.retry(countdown=get_settings().ncat_busy_retry_seconds)
     return outcome

@@ -1,4 +1,4 @@
-"""Alembic environment: the URL from schema.settings, metadata from schema.tables."""
+"""Alembic environment: the URL from schema.database, metadata from schema.tables."""
 
 import re
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from schema.settings import resolve_database_url
+from schema.database import resolve_database_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ class DatabaseUnreachable(ConnectionError):
 
 
 def make_engine(url: str | None = None, **kwargs) -> Engine:
-    """Engine for ``url`` (default: schema.settings' resolution), creating the database."""
+    """Engine for ``url`` (default: schema.database' resolution), creating the database."""
     url = url or resolve_database_url()
     wait_for(url)
     ensure_database(url)
@@ -116,3 +116,9 @@ def require_current(url: str) -> str:
         raise SchemaBehind(f"the catalog database {shown} {state}, this code needs {want}: "
                            "run `ncat migrate` (with the same --database-url)")
     return url
+
+
+def scratch_url(url: str, database: str) -> str:
+    """``url`` with another database name; the host, port and query (an embedded
+    server's unix-socket ``?host=/path``) stay as they are."""
+    return make_url(url).set(database=database).render_as_string(hide_password=False)

@@ -26,6 +26,7 @@ class Status(StrEnum):
 
 
 ACTIVE = (Status.QUEUED, Status.RUNNING, Status.SUMMARIZING)
+ERROR_CHARS = 4000  # a stored error is cut to this many characters
 FINISHED = (Status.DONE, Status.FAILED, Status.CANCELLED)
 
 
@@ -75,8 +76,30 @@ def start_layer(conn: psycopg.Connection, job_id: int, layer: int, worker: str) 
 def finish_layer(conn: psycopg.Connection, job_id: int, layer: int, status: Status,
                  error: str | None = None) -> None:
     conn.execute("UPDATE job_layer SET status = %s, finished_at = now(), error = %s "
-                 "WHERE job_id = %s AND layer = %s", (status, error, job_id, layer))
+                 "WHERE job_id = %s AND layer = %s",
+                 (status, None if error is None else error[:ERROR_CHARS], job_id, layer))
     conn.execute("UPDATE job SET updated_at = now() WHERE id = %s", (job_id,))
+
+
+def fail_layer(conn: psycopg.Connection, job_id: int, layer: int, error: str) -> None:
+    """The layer failed with ``error``, and so did its job; stored layers stay."""
+    finish_layer(conn, job_id, layer, Status.FAILED, error=error)
+    fail_job(conn, job_id, error, layer)
+
+
+def resend_layer(conn: psycopg.Connection, job_id: int, layer: int, *,
+                 error: str | None = None, only_running: bool = False) -> bool:
+    """The layer back to queued, to be sent again: ``resends`` counts one more loss since
+    a person last queued it (the reconciler and a worker that lost its connection both
+    come here). With ``only_running``, only a layer still marked running; True if the row
+    changed."""
+    cond = "AND status = %s" if only_running else ""
+    params: tuple = (Status.QUEUED, None if error is None else error[:ERROR_CHARS],
+                     job_id, layer) + ((Status.RUNNING,) if only_running else ())
+    return conn.execute(
+        "UPDATE job_layer SET status = %s, error = coalesce(%s, error), sent_at = now(), "
+        f"resends = resends + 1 WHERE job_id = %s AND layer = %s {cond} RETURNING layer",
+        params).fetchone() is not None
 
 
 def set_checkpoint(conn: psycopg.Connection, job_id: int, checkpoint_id: int) -> None:
@@ -87,7 +110,7 @@ def fail_job(conn: psycopg.Connection, job_id: int, error: str, layer: int | Non
     """Mark a job failed with the error and the layer it failed on; stored layers stay."""
     conn.execute("UPDATE job SET status = %s, error = %s, failed_layer = %s, "
                  "updated_at = now(), finished_at = now() WHERE id = %s",
-                 (Status.FAILED, error[:4000], layer, job_id))
+                 (Status.FAILED, error[:ERROR_CHARS], layer, job_id))
 
 
 def claim_summary(conn: psycopg.Connection, job_id: int) -> bool:

@@ -271,23 +271,3 @@ def decode_cells(data: bytes, codec: int, sketch: bool, scale: float, vmin: floa
     cols = np.full(side, np.nan, dtype=np.float32)
     cols[geometry.group_ids("col")] = codes[nb + nr:]
     return StoredGrid(out.reshape(side, side), True, block, rows, cols)
-
-
-def sketch_reference(grid: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Slow reference of a sketch from a (side, side) grid with NaN for invalid cells:
-    per-cell block means, row means and column means (NaN where a group is empty)."""
-    side = grid.shape[0]
-    out = np.full_like(grid, np.nan)
-    for i in range(0, side, block):
-        for j in range(0, side, block):
-            tile = grid[i:i + block, j:j + block]
-            if np.isfinite(tile).any():
-                m = np.nanmean(tile)
-                out[i:i + block, j:j + block] = np.where(np.isfinite(tile), m, np.nan)
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            rows, cols = np.nanmean(grid, axis=1), np.nanmean(grid, axis=0)
-    return out, rows, cols

@@ -1,4 +1,4 @@
-"""Writing measurements to PostgreSQL, and reading grids back.
+"""Writing measurements to PostgreSQL; the connection helpers every module uses.
 
 The bulk writer takes one layer's measurements as plain arrays (``LayerRows``; jobs
 converts what ``catalog.measure`` returns) and writes them in ONE transaction: COPY
@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import psycopg
 
-from catalog.maps import kv_map
 from schema.quantize import quantize_rows
+from schema.rows import HeuristicLike, LayerRows
 from schema.sketch import (
     CODEC_ZSTD,
     GridGeometry,
-    StoredGrid,
-    decode_cells,
     encode_full,
     encode_sketches,
 )
@@ -33,6 +29,8 @@ from schema.sketch import (
 NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
                   "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
                   "effect_trimmed", "moved_share", "rank_value", "is_exact", "constant")
+
+
 KEY = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
 
 
@@ -57,80 +55,6 @@ def scalar(cursor: psycopg.Cursor):
     if row is None:
         raise LookupError("the query returned no row")
     return row[0]
-
-
-class HeuristicLike(Protocol):
-    """What the writer reads of a heuristic (``catalog.heuristics.Heuristic`` is one)."""
-
-    @property
-    def key(self) -> str: ...
-    @property
-    def family(self) -> str: ...
-    @property
-    def target(self) -> str: ...
-    @property
-    def params(self) -> tuple: ...
-    @property
-    def label(self) -> str: ...
-
-
-class MatchArrays(Protocol):
-    """One layer's heuristic scores as parallel arrays (``catalog.matching.Matches`` is
-    one): neuron, op (index into ``LayerRows.ops``), heuristic (index into
-    ``heuristics``), score, bottom."""
-
-    neuron: np.ndarray
-    op: np.ndarray
-    heuristic: np.ndarray
-    score: np.ndarray
-    bottom: np.ndarray
-    heuristics: Sequence[HeuristicLike]
-    base_rate: np.ndarray  # |S_H| / cells per row (NaN: not defined)
-    p_value: np.ndarray  # exact p-value per row (NaN: not defined)
-    implements: np.ndarray  # the label rule's verdict per row
-
-
-@dataclass
-class LayerRows:
-    """One layer's measurements as plain arrays.
-
-    ops: operator symbols, the order of every ``op`` axis.
-    stats: NEURON_OP_COLS -> (d_mlp, n_ops) arrays (NaN = not measured).
-    op_accuracy: (n_ops,) the model's accuracy on each operator.
-    grids: one (d_mlp, n_cells_of_op) float32 array per operator (valid cells in the
-        grid layout's order).
-    layouts: per operator, the grid's geometry (side and valid mask), which sketches need.
-    full_top: grids stored in full per operator: those of rank < full_top; None: all
-        (schema.sketch; every other grid is stored as a sketch).
-    lens_numbers: (d_mlp, n_numbers); lens top/bottom tokens (strings) and values (d_mlp, k).
-    matches: the layer's heuristic scores, one entry per stored score.
-    """
-
-    layer: int
-    ops: list[str]
-    stats: dict[str, np.ndarray]
-    op_accuracy: np.ndarray
-    grids: list[np.ndarray]
-    lens_numbers: np.ndarray
-    lens_top_tokens: list[list[str]]
-    lens_top_values: np.ndarray
-    lens_bottom_tokens: list[list[str]]
-    lens_bottom_values: np.ndarray
-    matches: MatchArrays
-    patching: dict | None = None  # op -> pairs used, neurons patched exactly, Spearman
-    label_control: dict | None = None  # op -> labels on relabelled-value maps (0021)
-    # which label is shown: "specific" (the smallest labelled set, since 0.6.0) or "score"
-    # (the highest-scoring label: the paper rule's, whose labels are scores alone)
-    best_label: str = "specific"
-    layouts: list[GridGeometry] | None = None
-    full_top: int | None = None
-
-    @property
-    def d_mlp(self) -> int:
-        return self.stats["rank"].shape[0]
-
-
-# ------------------------------------------------------------------ entities
 
 
 def upsert_model(conn: psycopg.Connection, *, info: dict) -> int:
@@ -199,9 +123,6 @@ def upsert_heuristics(conn: psycopg.Connection, *,
     got = conn.execute("SELECT key, id FROM heuristic WHERE key = ANY(%s)",
                        ([r.key for r in rows],)).fetchall()
     return dict(got)
-
-
-# ------------------------------------------------------------------ the layer writer
 
 
 def _f(x) -> float | None:
@@ -409,9 +330,13 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
 _POINT_COLS = ("circuit", "metric", "k", "fraction", "mib", "paper", "mean_ratio",
                "mean_ratio_se", "ratio_of_means", "ratio_of_means_se", "median_ratio", "n",
                "n_small")
+
+
 _CURVE_COLS = ("late_from", "late_source", "pruned", "whole", "heads", "n_heads_kept",
                "n_prompts", "n_unique", "seeds", "context", "population", "ranking",
                "baselines", "areas")
+
+
 _COMPONENT_COLS = ("layer", "head", "position", "n_pairs", "effect_exact", "effect_exact_std",
                    "effect_attr", "effect_attr_std", "effect_log", "effect_median",
                    "effect_trimmed", "moved_share", "rank_value", "is_exact")
@@ -471,123 +396,3 @@ def refresh_views(conn: psycopg.Connection, model_id: int | None = None,
                                        (model_id, checkpoint_id, config_id))))
     conn.execute("SELECT refresh_catalog_views(%s)", (model_id,))
     return "rebuilt"
-
-
-def table_bytes(conn: psycopg.Connection, table: str) -> int:
-    """Bytes on disk of a table with its indexes and TOAST, all partitions included."""
-    row = conn.execute("SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint "
-                       "FROM pg_partition_tree(%s::regclass)", (table,)).fetchone()
-    return int(row[0]) if row else 0
-
-
-def stored_layers(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int) -> list[int]:
-    return [r[0] for r in conn.execute(
-        "SELECT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
-        "ORDER BY layer", (checkpoint_id, config_id)).fetchall()]
-
-
-@dataclass
-class Stored:
-    """What the catalog already holds of one (model, step, config), found by name."""
-
-    checkpoint_id: int
-    n_layers: int
-    layers: list[int]
-    summary: bool
-
-    def covers(self, layers: list[int] | None = None) -> bool:
-        """True when every one of ``layers`` (default: all) is stored, and the checkpoint
-        summary too where they are all the model's layers (only then is one computed)."""
-        every = set(range(self.n_layers))
-        want = every if layers is None else set(layers)
-        return want <= set(self.layers) and (self.summary or want != every)
-
-
-def find_stored(conn: psycopg.Connection, *, model_name: str, step: int | None,
-                config_hash: str) -> Stored | None:
-    """The stored layers of a checkpoint under a config, without loading any weights.
-
-    ``model_name`` is the canonical name (``catalog.sources.canonical_name``); a step of
-    None means the model's only weights. None when the checkpoint was never stored.
-    """
-    row = conn.execute(
-        "SELECT c.id, m.n_layers, (SELECT id FROM measure_config WHERE config_hash = %s) "
-        "FROM checkpoint c JOIN model m ON m.id = c.model_id "
-        "WHERE m.name = %s AND c.step IS NOT DISTINCT FROM %s",
-        (config_hash, model_name, step)).fetchone()
-    if row is None:
-        return None
-    checkpoint_id, n_layers, config_id = row
-    if config_id is None:
-        return Stored(checkpoint_id, n_layers, [], False)
-    summary = conn.execute("SELECT 1 FROM checkpoint_summary WHERE checkpoint_id = %s AND "
-                           "config_id = %s", (checkpoint_id, config_id)).fetchone()
-    return Stored(checkpoint_id, n_layers, stored_layers(
-        conn, checkpoint_id=checkpoint_id, config_id=config_id), summary is not None)
-
-
-# ------------------------------------------------------------------ reads
-
-
-def read_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
-              layer: int, neuron: int, op: str, kv: bool = False) -> StoredGrid:
-    """One stored activation grid (full or sketch; schema.sketch), op1 on axis 0.
-
-    With ``kv``, the KV map: each cell times the neuron's lens value of the cell's answer
-    (for a sketch, each cell's block mean times that cell's lens value).
-    """
-    row = conn.execute(
-        "SELECT g.q, g.codec, g.sketch, g.scale, g.vmin, l.side, l.valid, l.answer_index "
-        "FROM neuron_grid g JOIN model m ON m.id = g.model_id "
-        "JOIN grid_layout l ON l.config_id = g.config_id AND l.op = g.op "
-        "AND l.number_limit = m.number_limit "
-        "WHERE g.model_id = %s AND g.checkpoint_id = %s AND g.config_id = %s AND g.layer = %s "
-        "AND g.neuron = %s AND g.op = %s",
-        (model_id, checkpoint_id, config_id, layer, neuron, op)).fetchone()
-    if row is None:
-        raise KeyError(f"no grid for model {model_id}, checkpoint {checkpoint_id}, config "
-                       f"{config_id}, layer {layer}, neuron {neuron}, op {op!r}")
-    q, codec, sketch, scale, vmin, side, valid, answer_index = row
-    geometry = GridGeometry.from_packed(side, valid)
-    grid = decode_cells(q, codec, sketch, scale, vmin, geometry)
-    if kv:
-        lens = np.array(scalar(conn.execute(
-            "SELECT numbers FROM neuron_lens WHERE model_id = %s AND checkpoint_id = %s "
-            "AND config_id = %s AND layer = %s AND neuron = %s",
-            (model_id, checkpoint_id, config_id, layer, neuron))),
-            dtype=np.float32)
-        flat = grid.values.reshape(-1)
-        flat[geometry.valid] = kv_map(flat[geometry.valid],
-                                      lens[np.frombuffer(answer_index, dtype=np.int32)])
-        grid.row_means = grid.col_means = None  # those are of the K map
-    return grid
-
-
-def get_grid(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int, config_id: int,
-             layer: int, neuron: int, op: str, kv: bool = False) -> np.ndarray:
-    """One activation grid as a (side, side) float32 array, op1 on axis 0, NaN where invalid
-    (a sketch's cells hold their block's mean: ``read_grid`` says which it is)."""
-    return read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id, config_id=config_id,
-                     layer=layer, neuron=neuron, op=op, kv=kv).values
-
-
-def layer_effects(conn: psycopg.Connection, *, ids, column: str) -> list[tuple]:
-    """(layer, neuron, op, value) of one effect column for a checkpoint under a config."""
-    if column not in ("effect_exact", "effect_attr", "effect_attr_std", "rank_value"):
-        raise ValueError(f"column must be effect_exact, effect_attr, effect_attr_std or "
-                         f"rank_value, got {column!r}")
-    return conn.execute(
-        f"SELECT layer, neuron, op, {column} FROM neuron_op WHERE model_id = %s "
-        "AND checkpoint_id = %s AND config_id = %s",
-        (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall()
-
-
-def stored_labels(conn: psycopg.Connection, *, ids) -> list[tuple]:
-    """(layer, neuron, op, score, bottom, family, target, params, base_rate, p_value) of
-    every label (``implements``) of a checkpoint under a config, in a stable order."""
-    return conn.execute(
-        "SELECT s.layer, s.neuron, s.op, s.score, s.bottom, h.family, h.target, h.params, "
-        "s.base_rate, s.p_value FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
-        "WHERE s.model_id = %s AND s.checkpoint_id = %s AND s.config_id = %s "
-        "AND s.implements ORDER BY s.layer, s.neuron, s.op, h.key",
-        (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall()

@@ -7,7 +7,8 @@ from catalog import nulls
 from catalog.arith import apply_op, is_valid
 from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, n_tests, partitions_for
-from catalog.matching import Matches, multi_result_matches, score_partitions
+from catalog.matches import Matches
+from catalog.matching import multi_result_matches, score_partitions
 from catalog.prompts import UNLIMITED
 from catalog.run import constant_maps
 

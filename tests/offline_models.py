@@ -113,7 +113,7 @@ def pythia_shaped(shape: str, device: str = "cpu", seed: int = 0):
 
     from transformers import AutoTokenizer, GPTNeoXForCausalLM
 
-    from catalog.sources import _from_hf_model
+    from catalog.sources import from_hf_model
 
     tokenizer = number_tokenizer(pad_to=PYTHIA_VOCAB)
     config = pythia_like_config(len(tokenizer), PYTHIA_SHAPES[shape])
@@ -122,7 +122,7 @@ def pythia_shaped(shape: str, device: str = "cpu", seed: int = 0):
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save_pretrained(folder)  # TransformerLens reloads it by its path
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = _from_hf_model(hf_model, tokenizer, f"random Pythia-{shape} shape", device,
+        model = from_hf_model(hf_model, tokenizer, f"random Pythia-{shape} shape", device,
                                torch.float32)
     del hf_model
     return model, tokenizer

@@ -113,3 +113,34 @@ def reference_activations(model, tokens):
     n = model.cfg.n_layers
     return (torch.stack([cache[post_hook_name(x)][0] for x in range(n)]),
             torch.stack([cache[z_hook_name(x)][0] for x in range(n)]))
+
+
+def reference_score(values: np.ndarray, member: np.ndarray, k: int | None = None) -> float:
+    """Algorithm 1 for one neuron and one heuristic, written plainly ."""
+    if k is None:
+        k = int(member.sum())
+    kth = np.sort(values)[::-1][k - 1]
+    greater = values > kth
+    tied = values == kth
+    share = (k - greater.sum()) / tied.sum()
+    return float(((greater & member).sum() + (tied & member).sum() * share) / k)
+
+
+def sketch_reference(grid: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slow reference of a sketch from a (side, side) grid with NaN for invalid cells:
+    per-cell block means, row means and column means (NaN where a group is empty)."""
+    side = grid.shape[0]
+    out = np.full_like(grid, np.nan)
+    for i in range(0, side, block):
+        for j in range(0, side, block):
+            tile = grid[i:i + block, j:j + block]
+            if np.isfinite(tile).any():
+                m = np.nanmean(tile)
+                out[i:i + block, j:j + block] = np.where(np.isfinite(tile), m, np.nan)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            rows, cols = np.nanmean(grid, axis=1), np.nanmean(grid, axis=0)
+    return out, rows, cols

@@ -1,10 +1,13 @@
-"""The shell lines that README.md and docs/queries.md show, as a reader would type them."""
+"""The shell lines that README.md and the pages of docs/ show, as a reader would type them."""
 
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "queries.md"]
+# in the order a reader meets them (the README's links), then every other page
+_READING_ORDER = ["store.md", "jobs.md", "explorer.md", "queries.md"]
+DOCS = [ROOT / "README.md"] + [ROOT / "docs" / name for name in _READING_ORDER] + sorted(
+    p for p in (ROOT / "docs").glob("*.md") if p.name not in _READING_ORDER)
 
 
 def shell_lines(path: Path) -> list[str]:

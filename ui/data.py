@@ -15,9 +15,9 @@ import streamlit as st
 from sqlalchemy import create_engine, text
 
 from catalog.settings import get_settings
-from schema import console, store
+from schema import console, reads, store
 from schema import jobs as jobdb
-from schema.settings import resolve_database_url, with_driver
+from schema.database import resolve_database_url, with_driver
 from schema.sketch import StoredGrid
 
 TTL = 5  # seconds a query result is reused
@@ -179,7 +179,7 @@ def stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op,
     """A grid as stored: full, or a sketch (schema.sketch); None if there is none."""
     with store.connect(database_url()) as conn:
         try:
-            return store.read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
+            return reads.read_stored_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
                                    config_id=config_id, layer=layer, neuron=neuron, op=op,
                                    kv=kv)
         except KeyError:
@@ -287,8 +287,8 @@ def run_console(sql: str, row_cap: int | None = None) -> console.ConsoleResult:
 @st.cache_data(ttl=TTL)
 def circuits(model_id: int, checkpoint_id: int, config_id: int):
     """Component effects, circuit curves and the residual lens of one checkpoint
-    (jobs.report_circuits.CircuitData)."""
-    from jobs.report_circuits import gather
+    (reports.circuits.CircuitData)."""
+    from reports.circuits import gather
     from schema import store
 
     with store.connect(database_url()) as conn:

@@ -63,7 +63,7 @@ def execution_from(args) -> ExecutionConfig:
 
 
 def database_url(args) -> str:
-    from schema.settings import resolve_database_url, with_driver
+    from schema.database import resolve_database_url, with_driver
 
     return with_driver(args.database_url) if args.database_url else resolve_database_url()
 

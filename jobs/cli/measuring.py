@@ -129,9 +129,9 @@ def cmd_measure(args) -> int:
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
     from catalog.sources import ModelSourceError, load_model
-    from jobs.enqueue import plan
+    from jobs.enqueue import validate_request
     from jobs.store_results import catalog_checkpoint
-    from schema import store
+    from schema import reads, store
     from schema.engine import SchemaBehind, require_current
 
     try:
@@ -140,12 +140,12 @@ def cmd_catalog(args) -> int:
         url = require_current(database_url(args))  # reads only: is the schema current?
         # every checkpoint, layer and the operand range checked (metadata and tokenizer,
         # weights' files readable) before anything is written
-        planned = plan(args.model, args.checkpoints, config, layers)
+        planned = validate_request(args.model, args.checkpoints, config, layers)
         for p in planned:
             name, step = p.model, p.step
             if not args.force:
                 with store.connect(url) as conn:
-                    have = store.find_stored(conn, model_name=name, step=step,
+                    have = reads.find_stored(conn, model_name=name, step=step,
                                              config_hash=config.config_hash())
                 if have and have.covers(layers):
                     print(f"{name} step {step}: already in the catalog (--force recomputes)")

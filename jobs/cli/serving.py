@@ -54,7 +54,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from jobs.report import ReportError, report
+    from reports.report import ReportError, report
     from schema.engine import SchemaBehind, require_current
 
     try:
@@ -112,7 +112,7 @@ def cmd_stop(args) -> int:
     set and nothing answered on the local ports)."""
     from catalog.settings import get_settings
     from jobs.broker import stop_embedded_redis
-    from schema.settings import stop_embedded_in
+    from schema.database import stop_embedded_in
 
     home = get_settings().ncat_home
     pg = stop_embedded_in(home / "pgdata")

@@ -14,8 +14,8 @@ from catalog.builtin import model_name
 from catalog.sources import load_model
 from jobs import enqueue as enq
 from jobs.store_results import catalog_checkpoint
+from schema.database import Settings, resolve_database_url
 from schema.engine import migrate
-from schema.settings import Settings, resolve_database_url
 
 from helpers import SEED_CONFIG, SEED_STEPS, drop_database, new_database_url
 from tiny_model import TINY
@@ -27,7 +27,7 @@ def redis_url(tmp_path_factory):
     import os
 
     from jobs.broker import start_embedded_redis
-    from schema.settings import port_open
+    from schema.database import port_open
 
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]

@@ -5,11 +5,11 @@ import uuid
 
 from sqlalchemy.engine import make_url
 
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from schema import store
 
 SEED_STEPS = (64, 128, 300)
-SEED_CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40)
+SEED_CONFIG = ScienceConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40)
 
 
 def as_role(url: str, role: str) -> str:
@@ -56,3 +56,56 @@ def all_done(url):
 def count(url, sql, args=()):
     with store.connect(url) as conn:
         return conn.execute(sql, args).fetchone()[0]
+
+
+def dump(url):
+    """Every row of the four neuron tables, in key order (equal dumps: equal catalogs)."""
+    with store.connect(url) as conn:
+        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {t}").fetchall()
+                for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
+
+
+# the columns that make a catalog's numbers (not ids or times), for comparing two
+# databases that were written separately
+CHECKSUMS = {
+    "neuron_op": "n.layer, n.neuron, n.op, n.max_act, n.mean_act, n.density, n.effect_exact, "
+                 "n.effect_attr, n.effect_log, n.rank, n.rank_value, n.best_score, "
+                 "n.is_exact, n.constant",
+    "neuron_score": "n.layer, n.neuron, n.op, n.heuristic_id, n.score, n.bottom, n.p_value, "
+                    "n.implements",
+    "neuron_grid": "n.layer, n.neuron, n.op, encode(n.q, 'hex'), n.scale, n.vmin",
+    "neuron_lens": "n.layer, n.neuron, n.numbers, n.top_tokens, n.top_values",
+}
+
+
+def checksums(url: str) -> dict:
+    """(table, step, config hash) -> (rows, md5 of the rows in key order), plus the
+    summaries and layer results."""
+    out = {}
+    with store.connect(url) as conn:
+        for table, cols in CHECKSUMS.items():
+            key = "n.layer, n.neuron" + (", n.op" if "n.op" in cols else "")
+            if table == "neuron_score":
+                cols = cols.replace("n.heuristic_id", "h.key")
+                join, key = "JOIN heuristic h ON h.id = n.heuristic_id", key + ", h.key, n.bottom"
+            else:
+                join = ""
+            for step, config, rows, digest in conn.execute(
+                    f"SELECT c.step, m.config_hash, count(*), "
+                    f"md5(string_agg(row({cols})::text, '|' ORDER BY {key})) FROM {table} n "
+                    f"JOIN checkpoint c ON c.id = n.checkpoint_id "
+                    f"JOIN measure_config m ON m.id = n.config_id {join} GROUP BY 1, 2"):
+                out[(table, step, config)] = (rows, digest)
+        for step, config, rows, digest in conn.execute(
+                "SELECT c.step, m.config_hash, count(*), md5(string_agg(row(s.accuracy, "
+                "s.faithfulness, s.heuristic_knockouts, s.prompt_knockouts, "
+                "s.n_heuristic_neurons)::text, '|')) FROM checkpoint_summary s "
+                "JOIN checkpoint c ON c.id = s.checkpoint_id "
+                "JOIN measure_config m ON m.id = s.config_id GROUP BY 1, 2"):
+            out[("checkpoint_summary", step, config)] = (rows, digest)
+        for step, config, rows, layers in conn.execute(
+                "SELECT c.step, m.config_hash, count(*), array_agg(r.layer ORDER BY r.layer) "
+                "FROM layer_result r JOIN checkpoint c ON c.id = r.checkpoint_id "
+                "JOIN measure_config m ON m.id = r.config_id GROUP BY 1, 2"):
+            out[("layer_result", step, config)] = (rows, layers)
+    return out

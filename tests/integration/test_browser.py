@@ -109,7 +109,7 @@ def test_a_sketch_is_drawn_and_compute_full_grid_fills_it_in(queue, tiny_builtin
     from catalog.run import CheckpointRun
     from catalog.sources import load_model
     from jobs.store_results import catalog_checkpoint
-    from schema import store
+    from schema import reads, store
     from ui.views.common import neuron_link
 
     cfg, root = tiny_builtin
@@ -173,8 +173,10 @@ def test_a_sketch_is_drawn_and_compute_full_grid_fills_it_in(queue, tiny_builtin
     acts = run.activations(layer)
     with store.connect(queue.url) as conn:
         for op in config.operators:
-            got = store.read_grid(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
-                                  config_id=ids.config_id, layer=layer, neuron=neuron, op=op)
+            got = reads.read_stored_grid(conn, model_id=ids.model_id,
+                                         checkpoint_id=ids.checkpoint_id,
+                                         config_id=ids.config_id, layer=layer, neuron=neuron,
+                                         op=op)
             want = run.table.to_grid(acts[run.table.op_index(op), neuron], op)
             assert not got.sketch
             assert np.array_equal(np.isnan(got.values), np.isnan(want))

@@ -25,14 +25,14 @@ import psutil
 import pytest
 
 from catalog.builtin import model_name
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.sources import load_model
 from jobs import enqueue as enq
 from jobs.store_results import catalog_checkpoint
 from schema import store
 from schema.engine import migrate
 
-from helpers import drop_database, new_database_url, statuses
+from helpers import checksums, drop_database, new_database_url, statuses
 from tiny_model import TINY
 
 # recovery is bounded in seconds, and the reconciler's timings are short
@@ -44,54 +44,11 @@ RECOVERY_BOUND = 90  # seconds from the failure to every job done
 STALE = 4.0
 
 # one config per failure, so each failure has jobs of its own (and a clean reference)
-CONFIGS = {name: MeasureConfig(operand_hi=12, pairs_per_op=pairs, faithfulness_prompts=30)
+CONFIGS = {name: ScienceConfig(operand_hi=12, pairs_per_op=pairs, faithfulness_prompts=30)
            for name, pairs in (("child mid-layer", 6), ("child in summary", 7),
                                ("worker parent", 8), ("database backend", 9),
                                ("redis restarted empty", 10))}
 STEPS = {"redis restarted empty": "64,128,300"}  # more messages than workers: some wait
-
-CHECKSUMS = {
-    "neuron_op": "n.layer, n.neuron, n.op, n.max_act, n.mean_act, n.density, n.effect_exact, "
-                 "n.effect_attr, n.effect_log, n.rank, n.rank_value, n.best_score, "
-                 "n.is_exact, n.constant",
-    "neuron_score": "n.layer, n.neuron, n.op, n.heuristic_id, n.score, n.bottom, n.p_value, "
-                    "n.implements",
-    "neuron_grid": "n.layer, n.neuron, n.op, encode(n.q, 'hex'), n.scale, n.vmin",
-    "neuron_lens": "n.layer, n.neuron, n.numbers, n.top_tokens, n.top_values",
-}
-
-
-def checksums(url: str) -> dict:
-    """(table, step, config hash) -> (rows, md5 of the rows in key order), plus the
-    summaries and layer results."""
-    out = {}
-    with store.connect(url) as conn:
-        for table, cols in CHECKSUMS.items():
-            key = "n.layer, n.neuron" + (", n.op" if "n.op" in cols else "")
-            if table == "neuron_score":
-                cols = cols.replace("n.heuristic_id", "h.key")
-                join, key = "JOIN heuristic h ON h.id = n.heuristic_id", key + ", h.key, n.bottom"
-            else:
-                join = ""
-            for step, config, rows, digest in conn.execute(
-                    f"SELECT c.step, m.config_hash, count(*), "
-                    f"md5(string_agg(row({cols})::text, '|' ORDER BY {key})) FROM {table} n "
-                    f"JOIN checkpoint c ON c.id = n.checkpoint_id "
-                    f"JOIN measure_config m ON m.id = n.config_id {join} GROUP BY 1, 2"):
-                out[(table, step, config)] = (rows, digest)
-        for step, config, rows, digest in conn.execute(
-                "SELECT c.step, m.config_hash, count(*), md5(string_agg(row(s.accuracy, "
-                "s.faithfulness, s.heuristic_knockouts, s.prompt_knockouts, "
-                "s.n_heuristic_neurons)::text, '|')) FROM checkpoint_summary s "
-                "JOIN checkpoint c ON c.id = s.checkpoint_id "
-                "JOIN measure_config m ON m.id = s.config_id GROUP BY 1, 2"):
-            out[("checkpoint_summary", step, config)] = (rows, digest)
-        for step, config, rows, layers in conn.execute(
-                "SELECT c.step, m.config_hash, count(*), array_agg(r.layer ORDER BY r.layer) "
-                "FROM layer_result r JOIN checkpoint c ON c.id = r.checkpoint_id "
-                "JOIN measure_config m ON m.id = r.config_id GROUP BY 1, 2"):
-            out[("layer_result", step, config)] = (rows, layers)
-    return out
 
 
 class Redis:

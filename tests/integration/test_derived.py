@@ -257,3 +257,50 @@ def test_label_histogram_answers_thresholds_on_its_grid_like_the_raw_scores(conn
     assert store.scalar(conn.execute(
         "SELECT count(*) FROM neuron_score WHERE model_id = %s AND implements "
         "AND score = 0.6::real", (model,))) > 0  # the grid's edges were exercised
+
+
+def _census_from_rows(conn, model: int, k: float) -> dict:
+    """(step, op, family) -> circuit neurons (rank < k) labelled with a heuristic of the
+    family, counted in Python from the raw rows."""
+    rank = {(ck, layer, neuron, op): r for ck, layer, neuron, op, r in conn.execute(
+        "SELECT checkpoint_id, layer, neuron, op, rank FROM neuron_op WHERE model_id = %s",
+        (model,)).fetchall()}
+    step = dict(conn.execute("SELECT id, step FROM checkpoint WHERE model_id = %s",
+                             (model,)).fetchall())
+    members: dict = {}
+    for ck, layer, neuron, op, family in conn.execute(
+            "SELECT s.checkpoint_id, s.layer, s.neuron, s.op, h.family FROM neuron_score s "
+            "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.model_id = %s AND s.implements",
+            (model,)).fetchall():
+        if rank[(ck, layer, neuron, op)] < k:
+            members.setdefault((step[ck], op, family), set()).add((layer, neuron))
+    return {key: len(v) for key, v in members.items()}
+
+
+def test_a_changed_setting_takes_effect_after_refresh_catalog_views(conn):
+    """docs/queries.md: after `UPDATE catalog_setting ...`, `SELECT refresh_catalog_views()`
+    rebuilds every model's derived rows under the new setting."""
+    rng = random.Random(7)
+    model, (config,), cks = _setup(conn, "settings")
+    labels = _labels(rng)
+    for step in STEPS:
+        _write(conn, model, config, cks[step], step, range(N_LAYERS), labels, rng)
+        store.refresh_views(conn, model, cks[step], config)
+
+    def census() -> dict:
+        return {(step, op, family): n for step, op, family, n in conn.execute(
+            "SELECT step, op, family, circuit_neurons FROM heuristic_census "
+            "WHERE model_id = %s", (model,)).fetchall()}
+
+    k = store.scalar(conn.execute("SELECT value FROM catalog_setting WHERE key = 'circuit_k'"))
+    before = census()
+    assert before == _census_from_rows(conn, model, k)
+    try:
+        conn.execute("UPDATE catalog_setting SET value = 5 WHERE key = 'circuit_k'")
+        assert census() == before  # the derived rows keep the old size until the refresh
+        conn.execute("SELECT refresh_catalog_views()")
+        after = census()
+        assert after == _census_from_rows(conn, model, 5) and after != before
+        assert sum(after.values()) < sum(before.values())
+    finally:
+        conn.execute("UPDATE catalog_setting SET value = %s WHERE key = 'circuit_k'", (k,))

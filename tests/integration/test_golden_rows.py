@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from catalog import builtin
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from jobs import enqueue as enq
 from jobs.cli import main
 
@@ -47,7 +47,7 @@ FLAGS = ["--hi", "12", "--pairs", "8", "--rank-by", "mean", "--rank-sign", "sign
          "--faithfulness-prompts", "200", "--faithfulness-seeds", "1",
          "--circuit-fractions", "0.01,0.02,0.05,0.1,0.2,0.5", "--component-positions", "none",
          "--dedupe-heuristics", "off"]
-CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, **PAPER)
+CONFIG = ScienceConfig(operand_hi=12, pairs_per_op=8, **PAPER)
 STEP = 300
 
 

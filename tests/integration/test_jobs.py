@@ -9,23 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.measurement import measure
 from catalog.sources import load_model
 from jobs import enqueue as enq
-from schema import store
+from schema import reads, store
 
-from helpers import all_done, count, statuses, wait_until
+from helpers import all_done, count, dump, statuses, wait_until
 from tiny_model import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = MeasureConfig(operand_hi=12, pairs_per_op=8, faithfulness_prompts=20)
-
-
-def dump(url):
-    with store.connect(url) as conn:
-        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {t}").fetchall()
-                for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
+CONFIG = ScienceConfig(operand_hi=12, pairs_per_op=8, faithfulness_prompts=20)
 
 
 def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
@@ -61,8 +55,8 @@ def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
                     (n, op, k, np.float32(s)) for n, op, k, s in want}
                 ids = conn.execute("SELECT model_id, config_id FROM neuron_op "
                                    "WHERE checkpoint_id = %s LIMIT 1", (ck,)).fetchone()
-                grid = store.get_grid(conn, model_id=ids[0], checkpoint_id=ck, config_id=ids[1],
-                                      layer=layer, neuron=7, op="*")
+                grid = reads.read_grid_values(conn, model_id=ids[0], checkpoint_id=ck,
+                                              config_id=ids[1], layer=layer, neuron=7, op="*")
                 exact_grid = direct.table.to_grid(
                     lr.acts[direct.table.op_index("*"), 7], "*")
                 span = np.nanmax(exact_grid) - np.nanmin(exact_grid)
@@ -75,7 +69,7 @@ def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
 
 
 def test_crash_mid_job_then_a_new_worker_completes_it(queue):
-    config = MeasureConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=30)
+    config = ScienceConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=30)
     (job,) = enq.enqueue(queue.url, queue.name, "300", config)
     worker = queue.start_worker("first")
     wait_until(lambda: count(queue.url, "SELECT count(*) FROM job_layer WHERE status = "
@@ -143,7 +137,7 @@ def test_work_already_in_the_catalog_is_not_computed_again(queue, capsys):
     assert count(queue.url, written.replace("count(*), ", "")) == before
     assert count(queue.url, "SELECT count(*) FROM layer_result") == 2
 
-    config = MeasureConfig(operand_hi=12, pairs_per_op=8)
+    config = ScienceConfig(operand_hi=12, pairs_per_op=8)
     jobs = enq.enqueue(queue.url, queue.name, "128,300", config, layers=[0])
     assert [(j.created, j.stored) for j in jobs] == [(True, True), (True, True)]
     assert all(s.status == "done" and s.layers_done == 1 for s in statuses(queue.url).values())
@@ -192,7 +186,7 @@ BAD = [
     (dict(checkpoints="-5"), "must be >= 0"),
     (dict(layers=[]), "layer set is empty"),
     (dict(layers=[0, 7]), r"layers \[7\] do not exist"),
-    (dict(config=MeasureConfig(operand_hi=1200)), "single-token limit 999"),
+    (dict(config=ScienceConfig(operand_hi=1200)), "single-token limit 999"),
     (dict(model="./nowhere/model"), "does not exist"),
     (dict(model="/tmp/x.gguf"), "does not exist"),
     (dict(model="gpt2", checkpoints="100"), "has no training checkpoints"),

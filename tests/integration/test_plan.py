@@ -20,7 +20,7 @@ from catalog.config import ScienceConfig
 from catalog.sources import load_model
 from jobs.plan import plan_request
 from jobs.store_results import catalog_checkpoint
-from schema import store
+from schema import reads, store
 
 from helpers import drop_database, new_database_url
 
@@ -34,13 +34,13 @@ def _measure(pg_server, lm, config) -> tuple[float, dict[str, int]]:
     migrate(url)
     try:
         with store.connect(url) as conn:
-            base = {t: store.table_bytes(conn, t) for t in TABLES}
+            base = {t: reads.table_bytes(conn, t) for t in TABLES}
         t = time.perf_counter()
         catalog_checkpoint(url, lm, config)
         seconds = time.perf_counter() - t
         with store.connect(url, autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
-            return seconds, {t: store.table_bytes(conn, t) - base[t] for t in TABLES}
+            return seconds, {t: reads.table_bytes(conn, t) - base[t] for t in TABLES}
     finally:
         drop_database(url)
 

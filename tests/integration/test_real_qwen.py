@@ -15,7 +15,7 @@ from schema import store
 
 pytestmark = pytest.mark.real_model
 MODEL = "qwen2.5-coder-0.5b"
-# The README's "Real models" commands, run here as written (with this test's database and
+# docs/real-models.md's commands, run here as written (with this test's database and
 # output folder); tests/unit/test_readme.py keeps the two lists equal.
 COMMANDS = [
     "ncat fetch qwen2.5-coder-0.5b",

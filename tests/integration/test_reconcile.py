@@ -128,7 +128,7 @@ def test_the_embedded_redis_keeps_an_append_only_file_and_ncat_stop_stops_it(tmp
     import redis
 
     from jobs.broker import start_embedded_redis, stop_embedded_redis
-    from schema.settings import port_open
+    from schema.database import port_open
 
     url = start_embedded_redis(tmp_path)
     try:

@@ -8,7 +8,7 @@ import numpy as np
 
 from catalog.builtin import model_name
 from jobs.cli import main
-from jobs.report import gather, markdown
+from reports.report import gather, markdown
 from schema import store
 
 from helpers import SEED_STEPS

@@ -9,17 +9,17 @@ import pytest
 from alembic import command
 from sqlalchemy.engine import make_url
 
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.run import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
-from schema import store
+from schema import reads, store
+from schema.database import Settings, resolve_database_url
 from schema.engine import alembic_config, migrate
 from schema.quantize import dequantize, max_error, quantize_rows
-from schema.settings import Settings, resolve_database_url
-from schema.sketch import sketch_reference
 
-from helpers import as_role, drop_database, new_database_url, reader_url
+from helpers import as_role, drop_database, dump, new_database_url, reader_url
+from reference import sketch_reference
 
 TABLES = {"model", "checkpoint", "measure_config", "grid_layout", "heuristic", "job",
           "layer_result", "checkpoint_summary", "neuron_op", "neuron_grid", "neuron_lens",
@@ -102,15 +102,9 @@ def layer_data(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
     # [0, 40): two cells per sketch block (a side of 32 or less is always stored in full)
-    config = MeasureConfig(operand_hi=40, pairs_per_op=10)
+    config = ScienceConfig(operand_hi=40, pairs_per_op=10)
     prep = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
     return lm, config, prep, prep.run_layer(1)
-
-
-def dump(url):
-    with store.connect(url) as conn:
-        return {t: conn.execute(f"SELECT * FROM {t} ORDER BY {t}").fetchall()
-                for t in ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")}
 
 
 def write(url, lm, config, prep, result, rows=None):
@@ -142,7 +136,7 @@ def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
     assert dump(db) == first
     table = prep.table
     with store.connect(db) as conn:
-        assert store.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
+        assert reads.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                    config_id=ids.config_id) == [1]
         # tiers: the top 20 per operator by rank in full, the rest as sketches
         tiers = dict(((r[0], r[1]), r[2]) for r in conn.execute(
@@ -157,7 +151,7 @@ def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
             o = config.operators.index(op)
             order = np.argsort(result.rank[:, o])
             for neuron, sketch in ((int(order[3]), False), (int(order[top + 5]), True)):
-                got = store.read_grid(conn, model_id=ids.model_id,
+                got = reads.read_stored_grid(conn, model_id=ids.model_id,
                                       checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                       layer=1, neuron=neuron, op=op)
                 assert got.sketch == sketch
@@ -176,7 +170,7 @@ def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
                 assert np.nanmax(np.abs(grid - want)) <= step
                 if sketch:
                     continue
-                kv = store.get_grid(conn, model_id=ids.model_id,
+                kv = reads.read_grid_values(conn, model_id=ids.model_id,
                                     checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                     layer=1, neuron=neuron, op=op, kv=True)
                 want_kv = table.to_grid(result.kv(table.op_index(op))[neuron], op)
@@ -279,7 +273,7 @@ def free_port() -> int:
 
 def test_embedded_fallback_when_no_server_answers(tmp_path, monkeypatch, capsys):
     from jobs.cli import main
-    from schema.settings import embedded_running
+    from schema.database import embedded_running
 
     monkeypatch.setenv("NCAT_HOME", str(tmp_path))
     port = free_port()  # nothing listens here
@@ -296,7 +290,7 @@ def test_embedded_fallback_when_no_server_answers(tmp_path, monkeypatch, capsys)
         assert "embedded PostgreSQL in" in capsys.readouterr().out
         assert embedded_running(tmp_path / "pgdata") is None
     finally:  # tests stop what they start: no server outlives the suite
-        from schema.settings import stop_embedded
+        from schema.database import stop_embedded
 
         stop_embedded()
     assert embedded_running(tmp_path / "pgdata") is None

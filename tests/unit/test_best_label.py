@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from catalog.heuristics import Heuristic
-from catalog.matching import Matches
+from catalog.matches import Matches
 from schema.store import _best_per_neuron_op
 
 

@@ -14,13 +14,14 @@ from catalog import ablation, circuits, faithfulness, knockouts
 from catalog.ablation import Circuit
 from catalog.builtin.vocab import builtin_tokenizer
 from catalog.components import component_effects
-from catalog.config import ROLES, MeasureConfig, ScienceConfig
+from catalog.config import ScienceConfig
 from catalog.heuristics import Heuristic
 from catalog.patching import effect_from_logprobs
 from catalog.prompts import build_prompts, sample_pairs
 from catalog.run import CheckpointRun
 from catalog.sources import load_model
 from catalog.tokens import detect_number_tokens
+from catalog.vocab import ROLES
 
 # ------------------------------------------------------------------ statistics by hand
 
@@ -114,7 +115,7 @@ def trained(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
     prep = CheckpointRun(lm.model, lm.tokenizer,
-                         MeasureConfig(operators=("+", "-"), operand_hi=20)).prepare()
+                         ScienceConfig(operators=("+", "-"), operand_hi=20)).prepare()
     prep.table.correct[:] = True
     return lm, prep
 

@@ -107,10 +107,10 @@ def test_every_commands_help_prints(capsys):
 
 
 def test_readme_cli_reference_matches_the_parser():
-    from jobs.cli_reference import README, reference, section
+    from jobs.cli_reference import DOC, reference, section
 
-    assert section(README.read_text()) == reference().strip(), (
-        "README's command-line reference is stale: run python -m jobs.cli_reference --write")
+    assert section(DOC.read_text()) == reference().strip(), (
+        "docs/cli.md is stale: run python -m jobs.cli_reference --write")
 
 
 def test_a_bad_explorer_port_stops_only_the_explorer(monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 from catalog import enrichment
 from catalog.heuristics import Heuristic
-from catalog.matching import Matches
+from catalog.matches import Matches
 
 
 def test_wilson_interval_known_values():

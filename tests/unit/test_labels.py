@@ -10,7 +10,7 @@ from labelling import cells_of, labelled
 from catalog.arith import OPERATORS
 from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, Heuristic
-from catalog.matching import Matches
+from catalog.matches import Matches
 from catalog.run import constant_maps
 
 N_NOISE = 1000

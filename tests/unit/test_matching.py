@@ -10,16 +10,17 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from catalog import matching, nulls
 from catalog.arith import OPERATORS, apply_op, is_valid
 from catalog.builtin import builtin_tokenizer, builtin_vocab
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, Heuristic, partitions_for, register_family
 from catalog.matching import (
     SortedMaps,
     multi_result_matches,
     partition_scores,
-    reference_score,
     score_partitions,
 )
 from catalog.run import CheckpointRun
+
+from reference import reference_score
 
 
 def grid_cells(op: str, hi: int, lo: int = 0, limit: int = 999) -> Cells:
@@ -112,7 +113,7 @@ def planted_model() -> HookedTransformer:
 @pytest.fixture(scope="module")
 def planted_run():
     model = planted_model()
-    config = MeasureConfig(operators=("+",), operand_hi=SIDE, pairs_per_op=4, score_floor=0.0,
+    config = ScienceConfig(operators=("+",), operand_hi=SIDE, pairs_per_op=4, score_floor=0.0,
                            patching=("exact",))
     return CheckpointRun(model, builtin_tokenizer(), config, layers=[1]).prepare()
 
@@ -161,7 +162,7 @@ def test_the_layer_scores_only_live_neurons_and_keeps_their_numbers(planted_run,
     k_map = planted_layer.acts[idx].T
     whole = score_partitions(torch.from_numpy(k_map),
                              torch.from_numpy(planted_layer.kv(idx)),
-                             planted_run.partitions["+"], 0.0, planted_run._with_bottom(),
+                             planted_run.partitions["+"], 0.0, planted_run.with_bottom,
                              planted_run.config.pattern_top_k, cells=planted_run.cells["+"])
     c = planted_run.config
     whole = nulls.label(whole.without_neurons(np.nonzero(planted_layer.constant[:, 0])[0]), c,
@@ -226,7 +227,7 @@ def test_vectorised_scores_equal_algorithm_1(op, ties, monkeypatch):
     real = matching._around_mode
     monkeypatch.setattr(matching, "_around_mode", lambda sm, *a: calls.append(len(sm.values))
                         or real(sm, *a))
-    for part in partitions_for(cells, MeasureConfig(operand_hi=30)):
+    for part in partitions_for(cells, ScienceConfig(operand_hi=30)):
         fast = partition_scores(sm, part).numpy()
         for j, h in enumerate(part.heuristics):
             member = h.contains(cells.a, cells.b, cells.result)
@@ -256,7 +257,7 @@ def test_grouped_fast_path_equals_reference(op, variant):
     sparse = tie_maps("sparse", (3, len(cells.a)), rng)
     maps = torch.from_numpy(np.concatenate([cont, tied, sparse]).astype(np.float32))
     kv = torch.from_numpy(rng.standard_normal(maps.shape).astype(np.float32))
-    config = MeasureConfig(operand_hi=30, heuristic_variant=variant)
+    config = ScienceConfig(operand_hi=30, heuristic_variant=variant)
     parts = partitions_for(cells, config)
     rows = score_partitions(maps, kv, parts, floor=0.0, with_bottom=True, pattern_top_k=40,
                             cells=cells)
@@ -310,7 +311,7 @@ def test_count_variant_equals_reference_with_fixed_k(kind):
     cells = grid_cells("+", 30)
     maps = torch.from_numpy(tie_maps(kind, (4, len(cells.a)), np.random.default_rng(1))
                             .astype(np.float32))
-    parts = [p for p in partitions_for(cells, MeasureConfig(operand_hi=30,
+    parts = [p for p in partitions_for(cells, ScienceConfig(operand_hi=30,
                                                             heuristic_variant="code"))
              if p.scoring == "count"]
     assert parts
@@ -327,7 +328,7 @@ def test_ties_share_fairly_instead_of_favouring_cell_order():
     cells = grid_cells("+", 30)
     flat = torch.zeros(1, len(cells.a))
     sm = SortedMaps.of(flat)
-    for part in partitions_for(cells, MeasureConfig(operand_hi=30)):
+    for part in partitions_for(cells, ScienceConfig(operand_hi=30)):
         scores = partition_scores(sm, part).numpy()[0]
         # a flat map matches every heuristic only at the base rate |S_H| / |cells|
         np.testing.assert_allclose(scores, part.sizes / len(cells.a), rtol=1e-12)
@@ -337,7 +338,7 @@ def test_bottom_k_is_kept_when_larger():
     cells = grid_cells("+", 30)
     member = Heuristic("range", "op1", (10, 10)).contains(cells.a, cells.b, cells.result)
     k_map = torch.from_numpy(np.where(member, -1.0, 0.0)[None].astype(np.float32))
-    parts = partitions_for(cells, MeasureConfig(operand_hi=30))
+    parts = partitions_for(cells, ScienceConfig(operand_hi=30))
     rows = score_partitions(k_map, k_map, parts, floor=0.9, with_bottom=True)
     keys = {rows.heuristics[h].key: (s, b) for h, s, b in
             zip(rows.heuristic, rows.score, rows.bottom, strict=True)}

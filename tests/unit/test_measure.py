@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from catalog.config import MeasureConfig
-from catalog.matching import reference_score
+from catalog.config import ScienceConfig
 from catalog.measurement import measure
 from catalog.sources import load_model
 from catalog.tokens import number_token_ids
 
 from offline_models import write_llama_gguf
+from reference import reference_score
 
-CONFIG = MeasureConfig(operand_hi=20, pairs_per_op=10, faithfulness_prompts=50)
+CONFIG = ScienceConfig(operand_hi=20, pairs_per_op=10, faithfulness_prompts=50)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_bad_layers_are_refused(tiny):
 
 def test_digit_level_model_answers_are_judged_on_the_greedy_continuation(tmp_path):
     lm = load_model(str(write_llama_gguf(tmp_path / "tiny.gguf")))
-    config = MeasureConfig(operators=("+", "*"), operand_hi=12, pairs_per_op=5,
+    config = ScienceConfig(operators=("+", "*"), operand_hi=12, pairs_per_op=5,
                            faithfulness_prompts=20)
     res = measure(lm.model, lm.tokenizer, config, progress=False)
     table = res.table
@@ -174,7 +174,7 @@ def test_digit_level_model_answers_are_judged_on_the_greedy_continuation(tmp_pat
         assert bool(table.correct[j]) == ok
     # a gated MLP can go negative, so its bottom-k is scored: some kept rows are bottom
     # scores, each equal to Algorithm 1 on the negated map and above the top-k score
-    from catalog.matching import reference_score
+    from reference import reference_score
 
     lr = res.layers[1]
     m = lr.matches
@@ -229,7 +229,7 @@ def test_bfloat16_forward_passes_keep_the_ranking_of_effects(tiny_builtin, tiny)
 
 def test_a_summary_of_some_layers_says_what_it_pruned_and_kept_whole(tiny):
     lm, _ = tiny
-    config = MeasureConfig(operators=("+",), operand_hi=12, pairs_per_op=6,
+    config = ScienceConfig(operators=("+",), operand_hi=12, pairs_per_op=6,
                            faithfulness_prompts=10, faithfulness_seeds=1,
                            faithfulness_protocols=("paper", "all-layers"), late_from="0")
     res = measure(lm.model, lm.tokenizer, config, layers=[1], progress=False)

@@ -6,7 +6,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from catalog.builtin import builtin_model_config, builtin_tokenizer
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.grids import post_hook_name
 from catalog.patching import (
     attribution_patching,
@@ -33,7 +33,7 @@ def test_effect_metric_on_hand_computed_numbers():
 
 def check_exact_equals_naive(model, tokenizer, layers, hi):
     model = model.to(torch.float64)
-    config = MeasureConfig(operand_hi=hi, pairs_per_op=6)
+    config = ScienceConfig(operand_hi=hi, pairs_per_op=6)
     prep = CheckpointRun(model, tokenizer, config, layers=layers).prepare()
     prep.table.correct[:] = True  # random / tiny models answer little; any pairs will do
     for op in ("+", "/"):
@@ -72,7 +72,7 @@ def test_attribution_is_the_first_order_term_of_exact_patching(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root, dtype=torch.float64)
     prep = CheckpointRun(lm.model, lm.tokenizer,
-                         MeasureConfig(operand_hi=20, pairs_per_op=20)).prepare()
+                         ScienceConfig(operand_hi=20, pairs_per_op=20)).prepare()
     prep.table.correct[:] = True
     clean, cf = sample_pairs(prep.table, "+", 20, seed=0)
     eps = 1e-6
@@ -100,7 +100,7 @@ def test_tiered_patching_equals_exact_on_the_exact_set(tiny_builtin):
 
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
-    full_cfg = MeasureConfig(operand_hi=20, pairs_per_op=16)
+    full_cfg = ScienceConfig(operand_hi=20, pairs_per_op=16)
     tier_cfg = dataclasses.replace(full_cfg, exact="top:7")
     full = CheckpointRun(lm.model, lm.tokenizer, full_cfg, layers=[0, 1]).prepare()
     tier = CheckpointRun(lm.model, lm.tokenizer, tier_cfg, layers=[0, 1]).prepare()
@@ -164,7 +164,7 @@ def test_exact_effects_do_not_see_the_full_forwards_rounding(monkeypatch):
     from catalog import grids
 
     model = _bf16_builtin()
-    config = MeasureConfig(operand_hi=15, pairs_per_op=12, dtype="bfloat16")
+    config = ScienceConfig(operand_hi=15, pairs_per_op=12, dtype="bfloat16")
     run = CheckpointRun(model, builtin_tokenizer(), config).prepare()
     run.table.correct[:] = True
     clean, cf = sample_pairs(run.table, "+", 12, seed=1)

@@ -4,16 +4,9 @@ counts for a request and the seconds and bytes it derives from them."""
 import pytest
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from jobs.plan import (
-    Calibration,
-    GridCosts,
-    estimate,
-    exact_row_macs,
-    grid_cells,
-    scratch_url,
-    shape_macs,
-    sketch_codes,
-)
+from jobs.costs import Calibration, GridCosts, exact_row_macs, grid_cells, shape_macs, sketch_codes
+from jobs.plan import estimate
+from schema.engine import scratch_url
 
 CAL = Calibration(
     model="m", device="cpu", n_layers=4, d_mlp=100, gated=False,

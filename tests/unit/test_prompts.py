@@ -5,7 +5,7 @@ import pytest
 
 from catalog.arith import apply_op, is_valid
 from catalog.builtin import builtin_tokenizer
-from catalog.config import MeasureConfig
+from catalog.config import ScienceConfig
 from catalog.prompts import build_prompts, sample_pairs
 from catalog.tokens import detect_number_tokens, encode_number
 
@@ -35,7 +35,7 @@ def test_token_limit_detected_from_real_tokenizers():
 
 def test_prompt_counts_follow_the_limit():
     tok = number_tokenizer(15)
-    cfg = MeasureConfig(operand_hi=10)
+    cfg = ScienceConfig(operand_hi=10)
     table = build_prompts(tok, detect_number_tokens(tok, prepend_bos=False), cfg)
     counts = {op: len(table.op_index(op)) for op in cfg.operators}
     # a, b in 0..9, limit 15: six + cells have a + b >= 16; 48 * cells have a * b > 15
@@ -49,7 +49,7 @@ def test_prompt_counts_follow_the_limit():
 
 def test_bos_and_few_shot_template():
     tok = builtin_tokenizer()
-    cfg = MeasureConfig(operators=("+",), operand_hi=3, few_shot="1+1=2 ", template="{a}{op}{b}=")
+    cfg = ScienceConfig(operators=("+",), operand_hi=3, few_shot="1+1=2 ", template="{a}{op}{b}=")
     table = build_prompts(tok, detect_number_tokens(tok), cfg)
     ids = tok("1+1=2 2+1=", add_special_tokens=False)["input_ids"]
     last = [t for t in table.tokens if t[-4:].tolist() == ids[-4:]][0]
@@ -59,12 +59,12 @@ def test_bos_and_few_shot_template():
 def test_operand_range_beyond_limit_is_refused():
     tok = number_tokenizer(520)
     with pytest.raises(ValueError, match="single-token limit 520; use operand_hi <= 521"):
-        build_prompts(tok, detect_number_tokens(tok), MeasureConfig(operand_hi=600))
+        build_prompts(tok, detect_number_tokens(tok), ScienceConfig(operand_hi=600))
 
 
 def test_pairs_are_seeded_and_cross_operator():
     tok = builtin_tokenizer()
-    table = build_prompts(tok, detect_number_tokens(tok), MeasureConfig(operand_hi=30))
+    table = build_prompts(tok, detect_number_tokens(tok), ScienceConfig(operand_hi=30))
     table.correct = np.ones(len(table), dtype=bool)
     table.correct[::7] = False
     clean, cf = sample_pairs(table, "+", 100, seed=3)
@@ -91,27 +91,27 @@ def test_config_validation_names_the_field():
         ({"dtype": "float64"}, "dtype must be one of"),
     ]:
         with pytest.raises(ValueError, match=msg):
-            MeasureConfig(**kwargs)
-    a, b = MeasureConfig(operators=["+", "-"]), MeasureConfig(operators=("+", "-"))
-    assert a.config_hash() == b.config_hash() != MeasureConfig().config_hash()
-    assert MeasureConfig.from_dict(a.as_dict()) == a
+            ScienceConfig(**kwargs)
+    a, b = ScienceConfig(operators=["+", "-"]), ScienceConfig(operators=("+", "-"))
+    assert a.config_hash() == b.config_hash() != ScienceConfig().config_hash()
+    assert ScienceConfig.from_dict(a.as_dict()) == a
 
 
 def test_a_stored_config_keeps_the_rules_it_was_measured_with():
     """A config stored before labels, robust ranking, shots and the value family existed
     meant the paper's rules; reading it back must not switch it to today's defaults."""
-    old = {k: v for k, v in MeasureConfig().as_dict().items()
+    old = {k: v for k, v in ScienceConfig().as_dict().items()
            if k not in ("shots", "shot_separator", "exact", "rank_statistic", "rank_sign",
                         "label_rule", "significance_level", "families",
                         "scores_per_family", "dtype", "dedupe_heuristics", "null_strata")}
     old["batch_size"] = 4096  # configs before the execution split carried it
-    cfg = MeasureConfig.from_dict(old)
+    cfg = ScienceConfig.from_dict(old)
     assert (cfg.label_rule, cfg.rank_statistic, cfg.rank_sign, cfg.exact, cfg.shots) == (
         "paper", "mean", "signed", "all", 0)
     assert "value" not in cfg.families
     assert (cfg.scores_per_family, cfg.dtype) == (0, "float32")  # every score was stored
     assert not cfg.dedupe_heuristics  # every heuristic was scored before 0.6.0
-    new = MeasureConfig()
+    new = ScienceConfig()
     assert new.scores_per_family == 1
     assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("values", "trimmed", "abs")
     assert new.dedupe_heuristics

@@ -5,7 +5,7 @@ through TransformerLens with full weight processing equals transformers."""
 import pytest
 import torch
 
-from catalog.sources import _from_hf_model
+from catalog.sources import from_hf_model
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -23,7 +23,7 @@ def test_qwen2_logits_equal_transformers(tied):
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.5)
     assert hf.model.layers[0].self_attn.q_proj.bias is not None
-    model = _from_hf_model(hf, None, "random Qwen2", "cpu", torch.float32)
+    model = from_hf_model(hf, None, "random Qwen2", "cpu", torch.float32)
     assert model.cfg.n_key_value_heads == 2 and model.cfg.gated_mlp
     tokens = torch.randint(0, 300, (4, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

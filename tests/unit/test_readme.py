@@ -1,5 +1,5 @@
 """The documentation cannot drift from the code: every `ncat` command shown in the README and
-the analyst's guide parses with the real command line, the scripts it names exist, and the
+the pages of docs/ parses with the real command line, the scripts it names exist, and the
 README's Python example runs."""
 
 import re
@@ -16,8 +16,35 @@ def ncat_commands() -> list[str]:
     return [line for path in DOCS for line in shell_lines(path) if line.startswith("ncat ")]
 
 
-def test_the_docs_show_commands():
-    assert len(ncat_commands()) >= 12
+def test_the_docs_show_the_workflow_commands():
+    shown = {shlex.split(line)[1] for line in ncat_commands()}
+    assert shown >= {"migrate", "catalog", "export", "worker", "enqueue", "status", "cancel",
+                     "retry", "explore"}
+
+
+def test_every_docs_page_is_linked_and_every_link_resolves():
+    """The README links every page of docs/; each relative link of the README and of the
+    pages names a file that exists (anchors aside)."""
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    readme = (ROOT / "README.md").read_text()
+    assert [p for p in pages if f"](docs/{p}" not in readme] == []
+    broken = []
+    for doc in [ROOT / "README.md", *((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            path = target.split("#")[0]
+            if path and not path.startswith(("http://", "https://")) \
+                    and not (doc.parent / path).exists():
+                broken.append(f"{doc.name}: {target}")
+    assert broken == []
+
+
+def test_the_layout_page_lists_every_module():
+    text = (ROOT / "docs" / "layout.md").read_text()
+    listed = set(re.findall(r"`((?:catalog|schema|reports|jobs|ui)/[\w/]+\.py)`", text))
+    modules = {str(p.relative_to(ROOT)) for layer in ("catalog", "schema", "reports", "jobs",
+                                                      "ui") for p in (ROOT / layer).rglob("*.py")}
+    assert sorted(modules - listed) == []  # every module is on the page
+    assert sorted(listed - modules) == []  # and the page names none that is gone
 
 
 @pytest.mark.parametrize("line", ncat_commands())
@@ -46,13 +73,19 @@ def test_readme_python_example_runs():
     result = scope["result"]
     assert set(result.layers) == {0, 1} and result.summary is not None
     assert scope["layer"].effect_exact.shape == (512, 4)
+    # the label and score its comment shows
+    shown = re.search(r'row_heuristic\(0\).label, layer.matches.score\[0\]  # "([^"]+)", ([\d.]+)',
+                      code)
+    matches = scope["layer"].matches
+    assert matches.row_heuristic(0).label == shown[1]
+    assert float(matches.score[0]) == pytest.approx(float(shown[2]), abs=0.005)
 
 
 def test_readme_configuration_table_lists_every_setting_with_its_default():
     from catalog.settings import Settings
 
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Configuration", 1)[1].split("\n### ", 1)[0]
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", section, flags=re.M))
     assert set(rows) == {name.upper() for name in Settings.model_fields}
     for name, field in Settings.model_fields.items():
@@ -62,7 +95,7 @@ def test_readme_configuration_table_lists_every_setting_with_its_default():
 
 
 def test_readme_real_model_commands_are_the_real_model_tests():
-    """The README's real-model commands (a console block: they fetch 491 MB and take
+    """docs/real-models.md's commands (a console block: they fetch 491 MB and take
     minutes) are run as written by the opt-in tests/integration/test_real_qwen.py."""
     import re
     import sys
@@ -70,7 +103,7 @@ def test_readme_real_model_commands_are_the_real_model_tests():
     sys.path.insert(0, str(ROOT / "tests" / "integration"))
     from test_real_qwen import COMMANDS
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "real-models.md").read_text()
     blocks = re.findall(r"```console\n(.*?)```", text, flags=re.S)
     shown = [line[2:].strip() for b in blocks for line in b.splitlines()
              if line.startswith("$ ncat ")]

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from catalog.matching import reference_score
 from catalog.significance import base_rate, overlap_tail, p_values
+
+from reference import reference_score
 
 
 def tail_by_counting(n: int, k: int, x: int) -> float:

@@ -17,8 +17,9 @@ from schema.sketch import (
     decode_cells,
     encode_full,
     encode_sketches,
-    sketch_reference,
 )
+
+from reference import sketch_reference
 
 
 def _geometry(side: int, kind: str, rng) -> GridGeometry:

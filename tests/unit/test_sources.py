@@ -85,8 +85,19 @@ def test_local_directory_and_gguf(tmp_path):
     assert gguf.info.source == "gguf" and gguf.info.gated_mlp
     assert gguf.info.digit_level and gguf.info.number_limit == 9
     assert (gguf.info.n_layers, gguf.info.d_model, gguf.info.d_mlp) == (2, 64, 128)
-    logits = gguf.model(torch.tensor([[1, 5, 6]]))
-    assert logits.shape == (1, 3, gguf.info.d_vocab) and torch.isfinite(logits).all()
+    tokens = torch.tensor([[1, 5, 6, 14, 7]])
+    logits = gguf.model(tokens)
+    assert logits.shape == (1, 5, gguf.info.d_vocab)
+    # the converted model predicts what transformers' own model of the file predicts: the
+    # same distributions (the unembedding is centred, so logits move by a constant)
+    from transformers import AutoModelForCausalLM
+
+    path = tmp_path / "tiny.gguf"
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name,
+                                              dtype=torch.float32)
+    with torch.no_grad():
+        want = hf(tokens).logits.log_softmax(-1)
+    assert torch.allclose(logits.log_softmax(-1), want, atol=1e-4)
 
 
 @pytest.mark.parametrize("name, checkpoint, message", [
@@ -111,6 +122,8 @@ def test_directory_without_config_and_checkpoint_on_local(tmp_path):
 
 def test_gguf_and_known_models_are_inspected_without_loading_weights(tmp_path, monkeypatch):
     """Validation (ncat enqueue) reads a GGUF file's metadata and tokenizer only."""
+    import dataclasses
+
     import catalog.sources as sources
     from catalog import registry
     from catalog.sources import ModelSourceError, inspect_model
@@ -120,7 +133,10 @@ def test_gguf_and_known_models_are_inspected_without_loading_weights(tmp_path, m
     def no_load(*args, **kwargs):
         raise AssertionError("inspect loaded the weights")
 
-    monkeypatch.setattr(sources, "_load_gguf", no_load)
+    # the registered sources' loaders: what load_model would call
+    for name in ("gguf", "known"):
+        monkeypatch.setitem(sources.SOURCES, name,
+                            dataclasses.replace(sources.SOURCES[name], load=no_load))
     shape = inspect_model(str(path))
     assert shape.n_layers == 2 and shape.numbers.digit_level
     # a known model: not fetched yet is a clear error naming the fetch command

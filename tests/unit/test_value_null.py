@@ -9,7 +9,7 @@ import pytest
 import torch
 from labelling import cells_of, labelled
 
-from catalog import nulls
+from catalog import tails
 from catalog.arith import OPERATORS
 from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, Heuristic, partitions_for
@@ -21,7 +21,7 @@ def structured_maps(kind: str, cells: Cells, n: int, rng) -> np.ndarray:
     """Maps that compute no arithmetic: a random function of op1, of op2, of the result
     value, or of the result's magnitude (its number of digits), plus a little noise."""
     x = {"op1": cells.a, "op2": cells.b, "result": cells.result,
-         "magnitude": nulls.digit_count(cells.result)}[kind]
+         "magnitude": tails.digit_count(cells.result)}[kind]
     _, inv = np.unique(x, return_inverse=True)
     f = rng.standard_normal((n, inv.max() + 1))
     return (f[:, inv] + 0.1 * rng.standard_normal((n, len(cells.a)))).astype(np.float32)
@@ -120,14 +120,14 @@ def test_the_exact_tail_equals_enumeration_on_a_small_grid():
     rng = np.random.default_rng(0)
     values = np.array([1, 4, 7, 12, 15, 18, 33])  # strata: one digit (3), two digits (4)
     cells = Cells("+", values, np.zeros_like(values), values, 0, 40)
-    groups = nulls.ValueGroups.of(cells, "op1")
+    groups = tails.ValueGroups.of(cells, "op1")
     assert groups.n_strata == 2
     for trial in range(40):
         share = rng.integers(0, 4, len(values)).astype(np.float64)  # ties included
         member = rng.random(len(values)) < 0.5
         if not member.any():
             continue
-        got = nulls.set_p_values(torch.as_tensor(share[None, :]), member[None, :], groups)[0]
+        got = tails.set_p_values(torch.as_tensor(share[None, :]), member[None, :], groups)[0]
         assert got == pytest.approx(_brute_force_tail(share, member, groups.stratum),
                                     abs=1e-12), trial
 
@@ -135,15 +135,15 @@ def test_the_exact_tail_equals_enumeration_on_a_small_grid():
 def test_the_exact_tail_equals_monte_carlo_on_a_larger_grid():
     rng = np.random.default_rng(1)
     cells = cells_of("+", 60)
-    groups = nulls.ValueGroups.of(cells, "op1")
+    groups = tails.ValueGroups.of(cells, "op1")
     share = rng.random(60) + (np.arange(60) % 7 == 3) * 0.25  # residue 3 (mod 7) lifted
     member = np.arange(60) % 7 == 3
-    exact = nulls.set_p_values(torch.as_tensor(share[None, :]), member[None, :], groups)[0]
+    exact = tails.set_p_values(torch.as_tensor(share[None, :]), member[None, :], groups)[0]
     m = int(member.sum())
     top = share >= np.sort(share)[::-1][m - 1]
     x_obs = int((top & member).sum())
     b = 200_000
-    perms = nulls._strata_permutations(groups.stratum, b, np.random.default_rng(2))
+    perms = tails.strata_permutations(groups.stratum, b, np.random.default_rng(2))
     x = (top[None, :] & member[perms]).sum(1)
     mc = float((x >= x_obs).mean())
     se = np.sqrt(mc * (1 - mc) / b)
@@ -155,7 +155,7 @@ def test_the_within_class_bound_is_above_the_exact_shuffle_tail():
     """The conditional test's Hoeffding/Bernstein bound is an upper bound: never below the
     Monte Carlo tail of shuffling the map within each result."""
     cells = cells_of("+", 12)
-    classes = nulls.ValueGroups.of(cells, "result")
+    classes = tails.ValueGroups.of(cells, "result")
     rng = np.random.default_rng(4)
     member = (cells.a >= 6)
     for _ in range(5):
@@ -163,7 +163,7 @@ def test_the_within_class_bound_is_above_the_exact_shuffle_tail():
         w_c = np.bincount(classes.group, weights=w, minlength=len(classes.values))
         s_c = np.bincount(classes.group, weights=member.astype(float),
                           minlength=len(classes.values))
-        bound = nulls.within_class_tail(torch.as_tensor(w_c[None, :]),
+        bound = tails.within_class_tail(torch.as_tensor(w_c[None, :]),
                                         torch.as_tensor(s_c[None, :]),
                                         torch.as_tensor(classes.size, dtype=torch.float64),
                                         torch.as_tensor([(w * member).sum()]))[0]
@@ -180,8 +180,8 @@ def test_the_within_class_bound_is_above_the_exact_shuffle_tail():
 
 
 def test_tarone_counts_only_tests_that_can_reach_the_level():
-    assert nulls.tarone(np.array([1e-9] * 10 + [0.5] * 1000), 0.05) == 10
-    assert nulls.tarone(np.array([1e-9] * 30), 0.05) == 30
+    assert tails.tarone(np.array([1e-9] * 10 + [0.5] * 1000), 0.05) == 10
+    assert tails.tarone(np.array([1e-9] * 30), 0.05) == 30
 
 
 def test_duplicate_cell_sets_are_scored_once_under_the_simplest_name():
@@ -204,14 +204,14 @@ def test_the_sequential_monte_carlo_of_op1_eq_op2_is_valid_and_stops_early():
     """On maps with no diagonal structure the p-value is uniform or above it (at most ~5%
     below 0.05) and most maps stop after a block; a planted diagonal runs to the end."""
     cells = cells_of("+", 30)
-    rows, cols = nulls.ValueGroups.of(cells, "op1"), nulls.ValueGroups.of(cells, "op2")
+    rows, cols = tails.ValueGroups.of(cells, "op1"), tails.ValueGroups.of(cells, "op2")
     rng = np.random.default_rng(8)
     maps = torch.as_tensor(structured_maps("op1", cells, 300, rng), dtype=torch.float64)
     diag = torch.as_tensor(cells.a == cells.b, dtype=torch.float64)
     maps = torch.cat([maps, diag[None, :] + 0.1 * torch.randn(1, len(cells.a),
                                                               dtype=torch.float64)])
-    weights = nulls.top_weights(maps, 30)
-    p = nulls.identical_p(weights, cells, rows, cols, 20_000, seed=0)
+    weights = tails.top_weights(maps, 30)
+    p = tails.identical_p(weights, cells, rows, cols, 20_000, seed=0)
     null_p = p[:300]
     assert (null_p <= 0.05).mean() <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 300)
     assert np.median(null_p) > 0.2

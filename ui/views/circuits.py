@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from jobs import report_circuits as rc
+from reports import circuits as rc
 from ui import data
 from ui.views.common import pick_model_checkpoint_config, require_catalog
 

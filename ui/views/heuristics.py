@@ -5,7 +5,8 @@ from __future__ import annotations
 import plotly.express as px
 import streamlit as st
 
-from ui import data, plots
+from reports import plots
+from ui import data
 from ui.views.common import pick_model_checkpoint_config, require_catalog
 
 

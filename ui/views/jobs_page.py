@@ -86,27 +86,38 @@ def _config(values: dict) -> ScienceConfig:
 
 def show_estimate(model: str, checkpoints: str, values: dict, device: str,
                   calibrate: bool = True) -> None:
-    """The request's cost (jobs.plan), as ``ncat plan`` prints it. Without ``calibrate``
-    only a cached calibration is used (queueing never loads the model)."""
+    """The request's cost (jobs.plan), as ``ncat plan`` prints it. With ``calibrate`` it is
+    computed in a child process (a first estimate for a model and device loads the model
+    and runs two scratch catalogs: none of that stays in the explorer); without, only a
+    cached calibration is used (queueing never loads the model)."""
     from jobs.enqueue import EnqueueError
-    from jobs.plan import plan_request
+    from jobs.plan import estimate_in_child, plan_request
 
+    device = device.strip() or "cpu"
     try:
-        with st.spinner("Estimating (a first estimate for this model and device calibrates "
-                        "it: two short runs)..."):
+        if calibrate:
+            with st.spinner("Estimating (a first estimate for this model and device "
+                            "calibrates it: two short runs)..."):
+                text = estimate_in_child(data.database_url(), model.strip(),
+                                         checkpoints.strip() or None, _config(values), device)
+        else:
             p = plan_request(data.database_url(), model.strip(), checkpoints.strip() or None,
-                             _config(values), execution=ExecutionConfig(
-                                 device=device.strip() or "cpu"),
-                             calibrate_if_missing=calibrate)
+                             _config(values), execution=ExecutionConfig(device=device),
+                             calibrate_if_missing=False)
+            if p is None:
+                st.caption("No cost estimate yet for this model and device: use Estimate "
+                           "cost.")
+                return
+            text = p.render()
     except (EnqueueError, ValueError) as exc:
         if calibrate:  # on Queue, the request's own errors are shown by queue()
             st.error(str(exc))
         return
-    if p is None:
-        st.caption("No cost estimate yet for this model and device: use Estimate cost.")
+    except RuntimeError as exc:
+        st.error(str(exc))
         return
     st.markdown("**Cost estimate**")
-    st.code(p.render(), language=None)
+    st.code(text, language=None)
 
 
 def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ui import data, plots
+from reports import plots
+from ui import data
 from ui.views.common import require_catalog
 
 KEYS = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")

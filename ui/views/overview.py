@@ -75,7 +75,7 @@ def report_button(model: str, cks: pd.DataFrame) -> None:
         import tempfile
         from pathlib import Path
 
-        from jobs.report import ReportError, report
+        from reports.report import ReportError, report
 
         try:
             with tempfile.TemporaryDirectory() as tmp:

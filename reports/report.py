@@ -10,7 +10,7 @@ errors, and base rates where a share could arise by chance:
   operator (the paper: late layers carry it);
 - where the answer is computed (component effects, the residual stream's logit lens) and
   each faithfulness protocol's curve with its controls, areas and warnings
-  (``jobs.report_circuits``);
+  (``reports.circuits``);
 - the share of the top neurons (``rank < top_n`` per layer and operator) labelled with a
   heuristic, overall and per family, beside the same share among all measured neurons
   (the paper: 91% of the top 200 per layer of Llama3-8B);
@@ -30,8 +30,9 @@ import numpy as np
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
-from jobs import report_circuits, report_labels
-from schema import store
+from reports import circuits as report_circuits
+from reports import labels as report_labels
+from schema import reads, store
 
 PAPER = {
     "top_share": 0.91,
@@ -156,7 +157,7 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
             "WHERE n.model_id = %s AND n.checkpoint_id = %s AND n.config_id = %s "
             "ORDER BY abs(n.rank_value) DESC NULLS LAST, n.layer, n.neuron, n.op LIMIT %s",
             key + (n_maps,)))
-        stored = [store.read_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
+        stored = [reads.read_stored_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
                                   config_id=config_id, layer=layer, neuron=neuron, op=op)
                   for op, layer, neuron, _, _ in data.top_neurons]
         data.circuits = report_circuits.gather(conn, *key)
@@ -241,7 +242,7 @@ def markdown(d: ReportData) -> str:
 
 
 def _figures(d: ReportData) -> list[go.Figure]:
-    from ui.plots import heatmap
+    from reports.plots import heatmap
 
     ops = list(d.config["operators"])
     figs = []

@@ -1,0 +1,119 @@
+"""Hugging Face models in memory: their conversion into a weight-processed
+``HookedTransformer``, their config and tokenizer read without weights, and a check that
+a folder's safetensors files are whole. Every transformers-backed source uses these."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformer_lens import HookedTransformer
+from transformer_lens import loading_from_pretrained as tl_loading
+
+from catalog.sources.base import ModelShape, ModelSourceError
+from catalog.tokens import detect_number_tokens
+
+# Config attributes that TransformerLens 3.x reads under names recent transformers
+# configs may lack, by architecture: the old name and how to find its value. A GPT-2
+# config built in code and saved has n_positions only (the hub's gpt2 config.json has
+# n_ctx too).
+_TL_ALIASES: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "GPT2LMHeadModel": {"n_ctx": lambda c: getattr(c, "n_positions", None)},
+}
+
+
+def from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTransformer:
+    """Convert a loaded Hugging Face causal LM into a weight-processed HookedTransformer.
+
+    TransformerLens derives its config from the model's config, saved into a folder of
+    a neutral name: from a folder whose path holds "llama" or "gemma" it takes the
+    architecture from the name and reads no config (a local ``~/models/Llama-3.2-1B``
+    crashed). Names it reads that the config lacks are filled in (``_TL_ALIASES``). The
+    weights come from ``hf_model``; nothing is downloaded. An architecture it cannot
+    convert is a ModelSourceError naming it and the model (``shown``).
+    """
+    config = hf_model.config
+    if not config.architectures:  # GGUF configs do not record it
+        config.architectures = [type(hf_model).__name__]
+    arch = config.architectures[0]
+    for old, find in _TL_ALIASES.get(arch, {}).items():
+        if not hasattr(config, old) and (value := find(config)) is not None:
+            setattr(config, old, value)
+    with tempfile.TemporaryDirectory() as tmp:
+        neutral = str(Path(tmp) / "model")
+        config.save_pretrained(neutral)
+        try:
+            cfg = tl_loading.get_pretrained_model_config(
+                neutral, fold_ln=True, device=device, dtype=dtype)
+            state_dict = tl_loading.get_pretrained_state_dict(neutral, cfg, hf_model,
+                                                              dtype=dtype)
+        except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
+            from importlib.metadata import version
+
+            raise ModelSourceError(
+                f"TransformerLens {version('transformer-lens')} cannot convert the {arch} "
+                f"model {shown!r}: {exc} (it converts Llama, Mistral, Qwen2, GPT-2, "
+                "GPT-NeoX/Pythia, GPT-J, GPT-Neo, OPT, Bloom and others; see its model "
+                "table)") from exc
+        # built while the folder exists: without a tokenizer, TransformerLens looks there
+        model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+    model.cfg.model_name = shown
+    model.load_and_process_state_dict(
+        state_dict, fold_ln=True, center_writing_weights=True, center_unembed=True)
+    model.to(device)
+    model.eval()
+    return model
+
+
+def inspect_hf(target: str, revision: str | None) -> ModelShape:
+    """Layers and number tokens from a Hugging Face config and tokenizer (no weights)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        hf_cfg = AutoConfig.from_pretrained(target, revision=revision)
+        tok = AutoTokenizer.from_pretrained(target, revision=revision)
+    except Exception as exc:
+        where = f" at revision {revision}" if revision else ""
+        raise ModelSourceError(f"cannot read {target}{where}: {type(exc).__name__}: "
+                               f"{exc}") from exc
+    n_layers = getattr(hf_cfg, "num_hidden_layers", None) or hf_cfg.n_layer
+    # TransformerLens prepends BOS for most architectures, not for GPT-NeoX (Pythia)
+    prepend = hf_cfg.model_type != "gpt_neox"
+    return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend))
+
+
+def check_weight_files(folder: Path) -> None:
+    """Raise ModelSourceError unless every safetensors file of ``folder`` (and every shard
+    its index names) is whole: the header parses and the file is exactly as long as the
+    header says. Reads headers only."""
+    import json
+    import struct
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError) as exc:
+            raise ModelSourceError(f"{index} is not a safetensors index: {exc}") from None
+        missing = sorted(x for x in shards if not (folder / x).exists())
+        if missing:
+            raise ModelSourceError(f"{folder}: the index names weight files that are missing: "
+                                   f"{', '.join(missing)}")
+    for path in sorted(folder.glob("*.safetensors")):
+        size = path.stat().st_size
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    raise ValueError(f"a header of {n} bytes in a file of {size}")
+                header = json.loads(f.read(n))
+            end = max((int(t["data_offsets"][1]) for k, t in header.items()
+                       if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, struct.error) as exc:
+            raise ModelSourceError(f"weight file {path} is not valid safetensors ({exc}); "
+                                   "is it truncated?") from None
+        if size != 8 + n + end:
+            raise ModelSourceError(f"weight file {path} holds {size:,} bytes but its header "
+                                   f"describes {8 + n + end:,}: it is truncated or damaged")

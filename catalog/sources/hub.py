@@ -1,0 +1,149 @@
+"""A TransformerLens / Hugging Face hub name (``EleutherAI/pythia-14m``), with a
+training checkpoint given as a step (Pythia revisions ``step{N}``). With
+``HF_HUB_OFFLINE=1`` the same code reads the local Hugging Face cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformer_lens import HookedTransformer
+from transformer_lens import loading_from_pretrained as tl_loading
+
+from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
+from catalog.sources.hf import inspect_hf
+from catalog.weights import weights_hash
+
+
+def _official_name(name: str) -> str:
+    try:
+        return tl_loading.get_official_model_name(name)
+    except ValueError:
+        raise ModelSourceError(
+            f"unknown model {name!r}: it is not the built-in model ('builtin'), not an "
+            "existing local directory or .gguf file, and not a TransformerLens model name "
+            "(e.g. 'EleutherAI/pythia-14m', 'gpt2')") from None
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def cached_revisions(official: str) -> list[str]:
+    """Revisions of ``official`` in the local Hugging Face cache (its refs)."""
+    from huggingface_hub import constants
+
+    refs = Path(constants.HF_HUB_CACHE) / f"models--{official.replace('/', '--')}" / "refs"
+    return sorted(p.name for p in refs.iterdir() if p.is_file()) if refs.is_dir() else []
+
+
+def _revision_kwargs(revision: str | None) -> dict[str, Any]:
+    return {"revision": revision} if revision else {}
+
+
+def _cached_snapshot(official: str, revision: str | None) -> str | None:
+    """The local folder of ``official`` at ``revision`` (default main) in the Hugging Face
+    cache, or None when it is not cached."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(official, revision=revision or "main", local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached (or an unusable cache entry): use the hub
+        return None
+
+
+def _cached_steps(official: str) -> list[int]:
+    return sorted(int(r[4:]) for r in cached_revisions(official)
+                  if r.startswith("step") and r[4:].isdigit())
+
+
+def _published_steps(official: str) -> list[int] | None:
+    try:
+        labels, label_type = tl_loading.get_checkpoint_labels(official)
+    except ValueError:
+        return None
+    return list(labels) if label_type == "step" else None
+
+
+def _hub_checkpoints(name: str, **_) -> list[int] | None:
+    """The published training steps; offline (HF_HUB_OFFLINE), those the cache holds."""
+    official = _official_name(name)
+    published = _published_steps(official)
+    if published is None or not _hub_offline():
+        return published
+    cached = set(_cached_steps(official))
+    return [s for s in published if s in cached]
+
+
+def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
+              **_) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    official = _official_name(name)
+    revision = _hub_revision(official, checkpoint)
+    # From the cached snapshot's folder when there is one: TransformerLens reloads the
+    # tokenizer by its name_or_path without a revision, which fails for a cache that holds
+    # only refs/stepN (no refs/main) while offline.
+    source = _cached_snapshot(official, revision) or official
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, **({} if source != official else {"revision": revision}))
+        tok = tokenizer or AutoTokenizer.from_pretrained(
+            source, **({} if source != official else {"revision": revision}))
+    except Exception as exc:
+        where = f" at revision {revision}" if revision else ""
+        raise ModelSourceError(
+            f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
+    whash = weights_hash(hf_model.state_dict())
+    # The checkpoint's own HF model is passed in, so TransformerLens converts exactly
+    # these weights (its config is the same at every revision).
+    try:
+        model = HookedTransformer.from_pretrained(
+            official, hf_model=hf_model, tokenizer=tok, device=device, dtype=dtype,
+            fold_ln=True, center_writing_weights=True, center_unembed=True,
+            **_revision_kwargs(revision))  # its config at this revision
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(
+            f"cannot convert {official} at {revision or 'main'}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''} (cached revisions: "
+            f"{cached_revisions(official)})") from exc
+    model.eval()
+    info = model_info(official, "hub", checkpoint, revision, whash, model, tok)
+    return LoadedModel(model, tok, info)
+
+
+def _hub_revision(target: str, checkpoint: int | None) -> str | None:
+    if checkpoint is None:
+        return None
+    labels = _published_steps(target)
+    if labels is None:
+        raise ModelSourceError(f"{target} has no training checkpoints; got checkpoint "
+                               f"{checkpoint}")
+    if checkpoint in labels and _hub_offline() and checkpoint not in _cached_steps(target):
+        cached = _cached_steps(target)
+        raise ModelSourceError(
+            f"checkpoint step {checkpoint} of {target} is not in the offline Hugging Face "
+            f"cache (HF_HUB_OFFLINE is set); cached steps: "
+            f"{cached if cached else 'none'} (revisions {cached_revisions(target)})")
+    if checkpoint not in labels:
+        near = sorted(sorted(labels, key=lambda s: abs(s - checkpoint))[:5])
+        raise ModelSourceError(f"checkpoint step {checkpoint} does not exist for {target}; "
+                               f"nearest published steps: {near} ({len(labels)} in all, "
+                               f"{labels[0]}..{labels[-1]})")
+    return f"step{checkpoint}"
+
+
+def _inspect_hub(name, checkpoint, **_) -> ModelShape:
+    target = _official_name(name)
+    return inspect_hf(target, _hub_revision(target, checkpoint))
+
+
+def _canonical_hub(name, **_) -> str:
+    return _official_name(name)
+
+
+SOURCE = Source("hub", lambda name: True, _load_hub, _hub_checkpoints, _inspect_hub,
+                _canonical_hub)

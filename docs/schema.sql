@@ -1,0 +1,1122 @@
+-- The catalog's schema at the migrations' head, written by `python -m schema.dump --write`
+-- from a database migrated to head (tests check that it is current). Read it; do not run it:
+-- the migrations are what build a database.
+CREATE TABLE alembic_version (
+    version_num character varying(32) NOT NULL,
+    CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
+);
+-- grants on alembic_version: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE catalog_setting (
+    key character varying(64) NOT NULL,
+    value double precision NOT NULL,
+    CONSTRAINT catalog_setting_pkey PRIMARY KEY (key)
+);
+-- grants on catalog_setting: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE checkpoint (
+    id integer DEFAULT nextval('checkpoint_id_seq'::regclass) NOT NULL,
+    model_id integer NOT NULL,
+    step bigint,
+    revision text,
+    weights_hash character varying(64) NOT NULL,
+    duplicate_of_step bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT checkpoint_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT checkpoint_pkey PRIMARY KEY (id),
+    CONSTRAINT uq_checkpoint_model_step UNIQUE NULLS NOT DISTINCT (model_id, step)
+);
+-- grants on checkpoint: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE checkpoint_overlap (
+    model text,
+    step bigint,
+    config_id integer,
+    final_pairs bigint,
+    present bigint,
+    share double precision,
+    model_id integer,
+    checkpoint_id integer
+);
+-- grants on checkpoint_overlap: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE checkpoint_summary (
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    accuracy jsonb NOT NULL,
+    faithfulness jsonb NOT NULL,
+    heuristic_knockouts jsonb NOT NULL,
+    prompt_knockouts jsonb NOT NULL,
+    n_heuristic_neurons jsonb NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL,
+    layers integer[],
+    n_correct jsonb,
+    n_pairs jsonb,
+    n_excluded jsonb,
+    residual_lens jsonb,
+    enrichment jsonb,
+    aliases jsonb,
+    CONSTRAINT checkpoint_summary_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT checkpoint_summary_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT checkpoint_summary_pkey PRIMARY KEY (checkpoint_id, config_id)
+);
+-- grants on checkpoint_summary: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE circuit_point (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    op character varying(1) NOT NULL,
+    protocol character varying(16) NOT NULL,
+    circuit character varying(8) NOT NULL,
+    metric character varying(12) NOT NULL,
+    k integer NOT NULL,
+    fraction real NOT NULL,
+    mib boolean NOT NULL,
+    paper boolean NOT NULL,
+    mean_ratio real,
+    mean_ratio_se real,
+    ratio_of_means real,
+    ratio_of_means_se real,
+    median_ratio real,
+    n integer NOT NULL,
+    n_small integer NOT NULL,
+    CONSTRAINT circuit_point_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT circuit_point_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT circuit_point_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT circuit_point_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, op, protocol, circuit, metric, k)
+);
+-- grants on circuit_point: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE circuit_summary (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    op character varying(1) NOT NULL,
+    protocol character varying(16) NOT NULL,
+    late_from smallint,
+    late_source character varying(8),
+    pruned smallint[] NOT NULL,
+    whole smallint[] NOT NULL,
+    heads jsonb NOT NULL,
+    n_heads_kept integer NOT NULL,
+    n_prompts integer NOT NULL,
+    n_unique integer NOT NULL,
+    seeds smallint NOT NULL,
+    context character varying(8) NOT NULL,
+    population character varying(8),
+    ranking character varying(16) NOT NULL,
+    baselines jsonb NOT NULL,
+    areas jsonb NOT NULL,
+    CONSTRAINT circuit_summary_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT circuit_summary_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT circuit_summary_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT circuit_summary_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, op, protocol)
+);
+-- grants on circuit_summary: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE component_effect (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    op character varying(1) NOT NULL,
+    layer smallint NOT NULL,
+    head smallint NOT NULL,
+    position character varying(8) NOT NULL,
+    n_pairs integer NOT NULL,
+    effect_exact real,
+    effect_exact_std real,
+    effect_attr real,
+    effect_attr_std real,
+    effect_log real,
+    effect_median real,
+    effect_trimmed real,
+    moved_share real,
+    rank_value real,
+    is_exact boolean NOT NULL,
+    CONSTRAINT component_effect_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT component_effect_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT component_effect_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT component_effect_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, op, layer, head, "position")
+);
+-- grants on component_effect: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE derived_layer (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    written_at timestamp with time zone NOT NULL,
+    CONSTRAINT derived_layer_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT derived_layer_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT derived_layer_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT derived_layer_pkey PRIMARY KEY (checkpoint_id, config_id, layer)
+);
+-- grants on derived_layer: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE emergence_histogram (
+    model text NOT NULL,
+    model_id integer NOT NULL,
+    config_id integer NOT NULL,
+    op character varying(1) NOT NULL,
+    family character varying(32) NOT NULL,
+    emergence_step bigint,
+    pairs bigint NOT NULL
+);
+-- grants on emergence_histogram: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE emergence_run (
+    model_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    neuron integer NOT NULL,
+    op character varying(1) NOT NULL,
+    heuristic_id integer NOT NULL,
+    emergence_step bigint,
+    CONSTRAINT emergence_run_pkey PRIMARY KEY (model_id, config_id, layer, neuron, op, heuristic_id)
+);
+-- grants on emergence_run: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE grid_layout (
+    config_id integer NOT NULL,
+    number_limit integer NOT NULL,
+    op character varying(1) NOT NULL,
+    lo integer NOT NULL,
+    side integer NOT NULL,
+    n_cells integer NOT NULL,
+    valid bytea NOT NULL,
+    answer_index bytea NOT NULL,
+    CONSTRAINT grid_layout_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT grid_layout_pkey PRIMARY KEY (config_id, number_limit, op)
+);
+-- grants on grid_layout: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE heuristic (
+    id integer DEFAULT nextval('heuristic_id_seq'::regclass) NOT NULL,
+    key text NOT NULL,
+    family character varying(32) NOT NULL,
+    target character varying(8) NOT NULL,
+    params jsonb NOT NULL,
+    label text NOT NULL,
+    CONSTRAINT heuristic_key_key UNIQUE (key),
+    CONSTRAINT heuristic_pkey PRIMARY KEY (id)
+);
+-- grants on heuristic: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE heuristic_census (
+    model text,
+    step bigint,
+    config_id integer,
+    op character varying(1),
+    family character varying(32),
+    circuit_neurons bigint,
+    model_id integer,
+    checkpoint_id integer
+);
+-- grants on heuristic_census: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE job (
+    id integer DEFAULT nextval('job_id_seq'::regclass) NOT NULL,
+    job_key character varying(64) NOT NULL,
+    model_name text NOT NULL,
+    step bigint,
+    config_id integer NOT NULL,
+    layers integer[] NOT NULL,
+    device character varying(32) NOT NULL,
+    force boolean NOT NULL,
+    status character varying(16) NOT NULL,
+    checkpoint_id integer,
+    error text,
+    failed_layer integer,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    grid_neurons integer[],
+    CONSTRAINT job_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE SET NULL,
+    CONSTRAINT job_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT job_job_key_key UNIQUE (job_key),
+    CONSTRAINT job_pkey PRIMARY KEY (id)
+);
+-- grants on job: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE job_layer (
+    job_id integer NOT NULL,
+    layer smallint NOT NULL,
+    status character varying(16) NOT NULL,
+    worker text,
+    attempts integer NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    error text,
+    heartbeat_at timestamp with time zone,
+    sent_at timestamp with time zone,
+    resends integer DEFAULT 0 NOT NULL,
+    CONSTRAINT job_layer_job_id_fkey FOREIGN KEY (job_id) REFERENCES job(id) ON DELETE CASCADE,
+    CONSTRAINT job_layer_pkey PRIMARY KEY (job_id, layer)
+);
+-- grants on job_layer: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE label_histogram (
+    model text,
+    step bigint,
+    config_id integer,
+    op character varying(1),
+    family character varying(32),
+    score_from numeric,
+    p_decade smallint,
+    labels bigint,
+    base_rate_sum double precision,
+    base_rates bigint,
+    model_id integer,
+    checkpoint_id integer
+);
+-- grants on label_histogram: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE layer_result (
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    n_neurons integer NOT NULL,
+    n_scores integer NOT NULL,
+    worker text,
+    seconds double precision,
+    written_at timestamp with time zone DEFAULT now() NOT NULL,
+    patching jsonb,
+    label_control jsonb,
+    CONSTRAINT layer_result_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT layer_result_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT layer_result_pkey PRIMARY KEY (checkpoint_id, config_id, layer)
+);
+-- grants on layer_result: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE measure_config (
+    id integer DEFAULT nextval('measure_config_id_seq'::regclass) NOT NULL,
+    config_hash character varying(64) NOT NULL,
+    config jsonb NOT NULL,
+    operators character varying(8) NOT NULL,
+    operand_lo integer NOT NULL,
+    operand_hi integer NOT NULL,
+    template text NOT NULL,
+    pairs_per_op integer NOT NULL,
+    seed integer NOT NULL,
+    heuristic_variant character varying(16) NOT NULL,
+    catalog_version character varying(32) NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT measure_config_config_hash_key UNIQUE (config_hash),
+    CONSTRAINT measure_config_pkey PRIMARY KEY (id)
+);
+-- grants on measure_config: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE model (
+    id integer DEFAULT nextval('model_id_seq'::regclass) NOT NULL,
+    name text NOT NULL,
+    source character varying(16) NOT NULL,
+    n_layers integer NOT NULL,
+    d_model integer NOT NULL,
+    d_mlp integer NOT NULL,
+    d_vocab integer NOT NULL,
+    act_fn text NOT NULL,
+    gated_mlp boolean NOT NULL,
+    number_limit integer NOT NULL,
+    digit_level boolean NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT model_name_key UNIQUE (name),
+    CONSTRAINT model_pkey PRIMARY KEY (id)
+);
+-- grants on model: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE neuron_grid (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    neuron integer NOT NULL,
+    op character varying(1) NOT NULL,
+    q bytea NOT NULL,
+    scale real NOT NULL,
+    vmin real NOT NULL,
+    codec smallint DEFAULT '0'::smallint NOT NULL,
+    sketch boolean DEFAULT false NOT NULL,
+    CONSTRAINT neuron_grid_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
+) PARTITION BY HASH (model_id);
+-- grants on neuron_grid: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE neuron_lens (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    neuron integer NOT NULL,
+    numbers real[] NOT NULL,
+    top_tokens text[] NOT NULL,
+    top_values real[] NOT NULL,
+    bottom_tokens text[] NOT NULL,
+    bottom_values real[] NOT NULL,
+    CONSTRAINT neuron_lens_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron)
+) PARTITION BY HASH (model_id);
+-- grants on neuron_lens: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE neuron_op (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    neuron integer NOT NULL,
+    op character varying(1) NOT NULL,
+    max_act real NOT NULL,
+    mean_act real NOT NULL,
+    density real NOT NULL,
+    effect_exact real,
+    effect_exact_std real,
+    effect_attr real,
+    effect_attr_std real,
+    rank integer NOT NULL,
+    op_accuracy real NOT NULL,
+    best_heuristic_id integer,
+    best_score real,
+    effect_log real,
+    effect_median real,
+    effect_trimmed real,
+    moved_share real,
+    rank_value real,
+    is_exact boolean,
+    constant boolean,
+    best_bottom boolean,
+    labelled boolean,
+    CONSTRAINT neuron_op_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
+) PARTITION BY HASH (model_id);
+-- grants on neuron_op: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE neuron_score (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    neuron integer NOT NULL,
+    op character varying(1) NOT NULL,
+    heuristic_id integer NOT NULL,
+    score real NOT NULL,
+    bottom boolean NOT NULL,
+    base_rate real,
+    p_value double precision,
+    implements boolean,
+    CONSTRAINT neuron_score_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op, heuristic_id)
+) PARTITION BY HASH (model_id);
+-- grants on neuron_score: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE reconcile_event (
+    id bigint DEFAULT nextval('reconcile_event_id_seq'::regclass) NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    job_id integer NOT NULL,
+    layer smallint,
+    action character varying(32) NOT NULL,
+    detail jsonb,
+    CONSTRAINT reconcile_event_job_id_fkey FOREIGN KEY (job_id) REFERENCES job(id) ON DELETE CASCADE,
+    CONSTRAINT reconcile_event_pkey PRIMARY KEY (id)
+);
+-- grants on reconcile_event: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+-- indexes
+CREATE UNIQUE INDEX alembic_version_pkc ON public.alembic_version USING btree (version_num);
+CREATE UNIQUE INDEX catalog_setting_pkey ON public.catalog_setting USING btree (key);
+CREATE UNIQUE INDEX checkpoint_pkey ON public.checkpoint USING btree (id);
+CREATE INDEX ix_checkpoint_model_id ON public.checkpoint USING btree (model_id);
+CREATE INDEX ix_checkpoint_weights_hash ON public.checkpoint USING btree (weights_hash);
+CREATE UNIQUE INDEX uq_checkpoint_model_step ON public.checkpoint USING btree (model_id, step) NULLS NOT DISTINCT;
+CREATE INDEX ix_checkpoint_overlap_checkpoint ON public.checkpoint_overlap USING btree (model_id, config_id, checkpoint_id);
+CREATE INDEX ix_checkpoint_overlap_model_id ON public.checkpoint_overlap USING btree (model_id);
+CREATE UNIQUE INDEX checkpoint_summary_pkey ON public.checkpoint_summary USING btree (checkpoint_id, config_id);
+CREATE UNIQUE INDEX circuit_point_pkey ON public.circuit_point USING btree (model_id, checkpoint_id, config_id, op, protocol, circuit, metric, k);
+CREATE UNIQUE INDEX circuit_summary_pkey ON public.circuit_summary USING btree (model_id, checkpoint_id, config_id, op, protocol);
+CREATE UNIQUE INDEX component_effect_pkey ON public.component_effect USING btree (model_id, checkpoint_id, config_id, op, layer, head, "position");
+CREATE UNIQUE INDEX derived_layer_pkey ON public.derived_layer USING btree (checkpoint_id, config_id, layer);
+CREATE INDEX ix_derived_layer_model ON public.derived_layer USING btree (model_id, config_id, layer);
+CREATE INDEX ix_emergence_histogram_model ON public.emergence_histogram USING btree (model, op);
+CREATE UNIQUE INDEX ux_emergence_histogram ON public.emergence_histogram USING btree (model_id, config_id, op, family, emergence_step) NULLS NOT DISTINCT;
+CREATE UNIQUE INDEX emergence_run_pkey ON public.emergence_run USING btree (model_id, config_id, layer, neuron, op, heuristic_id);
+CREATE INDEX ix_emergence_run_op ON public.emergence_run USING btree (model_id, op, emergence_step);
+CREATE UNIQUE INDEX grid_layout_pkey ON public.grid_layout USING btree (config_id, number_limit, op);
+CREATE UNIQUE INDEX heuristic_key_key ON public.heuristic USING btree (key);
+CREATE UNIQUE INDEX heuristic_pkey ON public.heuristic USING btree (id);
+CREATE INDEX ix_heuristic_family ON public.heuristic USING btree (family);
+CREATE INDEX ix_heuristic_census_checkpoint ON public.heuristic_census USING btree (model_id, checkpoint_id, config_id);
+CREATE INDEX ix_heuristic_census_model ON public.heuristic_census USING btree (model, step, op);
+CREATE INDEX ix_heuristic_census_model_id ON public.heuristic_census USING btree (model_id);
+CREATE INDEX ix_job_status ON public.job USING btree (status);
+CREATE UNIQUE INDEX job_job_key_key ON public.job USING btree (job_key);
+CREATE UNIQUE INDEX job_pkey ON public.job USING btree (id);
+CREATE UNIQUE INDEX job_layer_pkey ON public.job_layer USING btree (job_id, layer);
+CREATE INDEX ix_label_histogram_checkpoint ON public.label_histogram USING btree (model_id, checkpoint_id);
+CREATE INDEX ix_label_histogram_model ON public.label_histogram USING btree (model, step);
+CREATE UNIQUE INDEX layer_result_pkey ON public.layer_result USING btree (checkpoint_id, config_id, layer);
+CREATE UNIQUE INDEX measure_config_config_hash_key ON public.measure_config USING btree (config_hash);
+CREATE UNIQUE INDEX measure_config_pkey ON public.measure_config USING btree (id);
+CREATE UNIQUE INDEX model_name_key ON public.model USING btree (name);
+CREATE UNIQUE INDEX model_pkey ON public.model USING btree (id);
+CREATE UNIQUE INDEX neuron_grid_pkey ON ONLY public.neuron_grid USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
+CREATE UNIQUE INDEX neuron_lens_pkey ON ONLY public.neuron_lens USING btree (model_id, checkpoint_id, config_id, layer, neuron);
+CREATE INDEX ix_neuron_op_effect_size ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, abs(rank_value) DESC NULLS LAST);
+CREATE INDEX ix_neuron_op_neuron ON ONLY public.neuron_op USING btree (model_id, layer, neuron, op);
+CREATE INDEX ix_neuron_op_rank ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op, rank);
+CREATE INDEX ix_neuron_op_rank_order ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, rank);
+CREATE INDEX ix_neuron_op_score_order ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, best_score DESC NULLS LAST, layer, neuron, op);
+CREATE UNIQUE INDEX neuron_op_pkey ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
+CREATE INDEX ix_neuron_score_checkpoint_heuristic ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, heuristic_id, score);
+CREATE INDEX ix_neuron_score_label ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, heuristic_id, op, score) WHERE implements;
+CREATE UNIQUE INDEX neuron_score_pkey ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, config_id, layer, neuron, op, heuristic_id);
+CREATE INDEX ix_reconcile_event_job ON public.reconcile_event USING btree (job_id, at);
+CREATE UNIQUE INDEX reconcile_event_pkey ON public.reconcile_event USING btree (id);
+
+CREATE VIEW circuit_curve AS
+ SELECT m.name AS model,
+    c.step,
+    p.config_id,
+    p.op,
+    p.protocol,
+    p.circuit,
+    p.metric,
+    p.k,
+    p.fraction,
+    p.mib,
+    p.paper,
+    p.mean_ratio,
+    p.mean_ratio_se,
+    p.ratio_of_means,
+    p.ratio_of_means_se,
+    p.median_ratio,
+    p.n,
+    p.n_small,
+    s.late_from,
+    s.late_source,
+    s.pruned,
+    s.whole,
+    s.n_heads_kept,
+    s.ranking,
+    p.model_id,
+    p.checkpoint_id
+   FROM circuit_point p
+     JOIN circuit_summary s USING (model_id, checkpoint_id, config_id, op, protocol)
+     JOIN checkpoint c ON c.id = p.checkpoint_id
+     JOIN model m ON m.id = p.model_id;
+-- grants on circuit_curve: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW circuit_neurons AS
+ SELECT m.name AS model,
+    c.step,
+    n.layer,
+    n.neuron,
+    n.op,
+    n.config_id,
+    n.rank,
+    n.effect_exact,
+    n.effect_attr,
+    h.label AS best_heuristic,
+    n.best_score,
+    n.model_id,
+    n.checkpoint_id,
+    n.rank_value,
+    n.is_exact,
+    n.best_bottom,
+    n.labelled
+   FROM neuron_op n
+     JOIN checkpoint c ON c.id = n.checkpoint_id
+     JOIN model m ON m.id = n.model_id
+     LEFT JOIN heuristic h ON h.id = n.best_heuristic_id
+  WHERE n.rank < (( SELECT ceil(catalog_setting.value)::integer AS ceil
+           FROM catalog_setting
+          WHERE catalog_setting.key::text = 'circuit_k'::text));
+-- grants on circuit_neurons: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW circuit_persistence AS
+ WITH ranked AS (
+         SELECT n.model_id,
+            n.checkpoint_id,
+            n.config_id,
+            n.op,
+            n.layer,
+            n.neuron,
+            row_number() OVER (PARTITION BY n.model_id, n.checkpoint_id, n.config_id, n.op, n.layer ORDER BY (
+                CASE
+                    WHEN s_1.ranking::text = 'attribution'::text THEN - (n.effect_attr + n.effect_attr_std)
+                    ELSE n.rank::real
+                END), n.neuron) AS "position"
+           FROM neuron_op n
+             JOIN circuit_summary s_1 ON s_1.model_id = n.model_id AND s_1.checkpoint_id = n.checkpoint_id AND s_1.config_id = n.config_id AND s_1.op::text = n.op::text AND s_1.protocol::text = 'paper'::text AND (n.layer = ANY (s_1.pruned))
+        ), circuit AS (
+         SELECT ranked.model_id,
+            ranked.checkpoint_id,
+            ranked.config_id,
+            ranked.op,
+            ranked.layer,
+            ranked.neuron,
+            ranked."position"
+           FROM ranked
+          WHERE ranked."position"::double precision <= (( SELECT catalog_setting.value
+                   FROM catalog_setting
+                  WHERE catalog_setting.key::text = 'circuit_k'::text))
+        ), final AS (
+         SELECT DISTINCT ON (s_1.model_id, s_1.config_id, s_1.op) s_1.model_id,
+            s_1.config_id,
+            s_1.op,
+            s_1.checkpoint_id
+           FROM circuit_summary s_1
+             JOIN checkpoint c_1 ON c_1.id = s_1.checkpoint_id
+          WHERE s_1.protocol::text = 'paper'::text
+          ORDER BY s_1.model_id, s_1.config_id, s_1.op, c_1.step DESC NULLS LAST
+        )
+ SELECT m.name AS model,
+    c.step,
+    s.config_id,
+    s.op,
+    count(f.*) AS n_final,
+    count(e.*) AS n_shared,
+    count(e.*)::real / NULLIF(count(f.*), 0)::double precision AS share,
+    s.model_id,
+    s.checkpoint_id
+   FROM circuit_summary s
+     JOIN final fin ON fin.model_id = s.model_id AND fin.config_id = s.config_id AND fin.op::text = s.op::text
+     JOIN circuit f ON f.model_id = fin.model_id AND f.checkpoint_id = fin.checkpoint_id AND f.config_id = fin.config_id AND f.op::text = fin.op::text
+     LEFT JOIN circuit e ON e.model_id = s.model_id AND e.checkpoint_id = s.checkpoint_id AND e.config_id = s.config_id AND e.op::text = s.op::text AND e.layer = f.layer AND e.neuron = f.neuron
+     JOIN checkpoint c ON c.id = s.checkpoint_id
+     JOIN model m ON m.id = s.model_id
+  WHERE s.protocol::text = 'paper'::text
+  GROUP BY m.name, c.step, s.config_id, s.op, s.model_id, s.checkpoint_id;
+-- grants on circuit_persistence: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW component_effects AS
+ SELECT m.name AS model,
+    c.step,
+    e.config_id,
+    e.op,
+    e.layer,
+        CASE
+            WHEN e.head < 0 THEN 'MLP'::text
+            ELSE 'H'::text || e.head
+        END AS component,
+    e.head,
+    e."position",
+    e.n_pairs,
+    e.effect_exact,
+    e.effect_exact_std,
+    e.effect_attr,
+    e.effect_attr_std,
+    e.effect_log,
+    e.effect_median,
+    e.effect_trimmed,
+    e.moved_share,
+    e.rank_value,
+    e.is_exact,
+    e.model_id,
+    e.checkpoint_id
+   FROM component_effect e
+     JOIN checkpoint c ON c.id = e.checkpoint_id
+     JOIN model m ON m.id = e.model_id;
+-- grants on component_effects: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW heuristic_emergence AS
+ SELECT m.name AS model,
+    r.layer,
+    r.neuron,
+    r.op,
+    r.config_id,
+    h.label AS heuristic,
+    h.family,
+    r.emergence_step,
+        CASE
+            WHEN r.emergence_step IS NULL THEN 1::bigint
+            ELSE (cardinality(ls.steps) - width_bucket(r.emergence_step, ls.steps) + 1)::bigint
+        END AS checkpoints_held,
+    r.model_id,
+    r.heuristic_id
+   FROM emergence_run r
+     JOIN model m ON m.id = r.model_id
+     LEFT JOIN heuristic h ON h.id = r.heuristic_id
+     LEFT JOIN ( SELECT d.model_id,
+            d.config_id,
+            d.layer,
+            array_agg(c.step ORDER BY c.step) FILTER (WHERE c.step IS NOT NULL) AS steps
+           FROM derived_layer d
+             JOIN checkpoint c ON c.id = d.checkpoint_id
+          GROUP BY d.model_id, d.config_id, d.layer) ls ON ls.model_id = r.model_id AND ls.config_id = r.config_id AND ls.layer = r.layer;
+-- grants on heuristic_emergence: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW label_enrichment AS
+ WITH labelled AS (
+         SELECT DISTINCT neuron_score.model_id,
+            neuron_score.checkpoint_id,
+            neuron_score.config_id,
+            neuron_score.layer,
+            neuron_score.neuron,
+            neuron_score.op
+           FROM neuron_score
+          WHERE neuron_score.implements
+        ), neurons AS (
+         SELECT n.model_id,
+            n.checkpoint_id,
+            n.config_id,
+            n.layer,
+            n.op,
+            n.neuron,
+            n.rank,
+            l.neuron IS NOT NULL AS labelled,
+            GREATEST(1::double precision, ceil(COALESCE((mc.config ->> 'top_set_fraction'::text)::double precision, 0.05::double precision) * count(*) OVER (PARTITION BY n.model_id, n.checkpoint_id, n.config_id, n.layer, n.op)::double precision))::integer AS n_top
+           FROM neuron_op n
+             JOIN measure_config mc ON mc.id = n.config_id
+             LEFT JOIN labelled l ON l.model_id = n.model_id AND l.checkpoint_id = n.checkpoint_id AND l.config_id = n.config_id AND l.layer = n.layer AND l.neuron = n.neuron AND l.op::text = n.op::text
+        ), counted AS (
+         SELECT neurons.model_id,
+            neurons.checkpoint_id,
+            neurons.config_id,
+            neurons.layer,
+            neurons.op,
+            count(*) AS n_layer,
+            count(*) FILTER (WHERE neurons.rank < neurons.n_top) AS n_top,
+            count(*) FILTER (WHERE neurons.rank < neurons.n_top AND neurons.labelled) AS labelled_top,
+            count(*) FILTER (WHERE neurons.labelled) AS labelled_layer
+           FROM neurons
+          GROUP BY neurons.model_id, neurons.checkpoint_id, neurons.config_id, neurons.layer, neurons.op
+        )
+ SELECT m.name AS model,
+    c.step,
+    k.config_id,
+    k.layer,
+    k.op,
+    k.n_top,
+    k.labelled_top,
+    k.labelled_top::double precision / NULLIF(k.n_top, 0)::double precision AS share_top,
+    wilson_low(k.labelled_top, k.n_top) AS share_top_low,
+    wilson_high(k.labelled_top, k.n_top) AS share_top_high,
+    k.n_layer - k.n_top AS n_rest,
+    k.labelled_layer - k.labelled_top AS labelled_rest,
+    (k.labelled_layer - k.labelled_top)::double precision / NULLIF(k.n_layer - k.n_top, 0)::double precision AS share_rest,
+    wilson_low(k.labelled_layer - k.labelled_top, k.n_layer - k.n_top) AS share_rest_low,
+    wilson_high(k.labelled_layer - k.labelled_top, k.n_layer - k.n_top) AS share_rest_high,
+    k.n_layer,
+    k.labelled_layer,
+    k.labelled_layer::double precision / NULLIF(k.n_layer, 0)::double precision AS share_layer,
+    k.model_id,
+    k.checkpoint_id
+   FROM counted k
+     JOIN model m ON m.id = k.model_id
+     JOIN checkpoint c ON c.id = k.checkpoint_id;
+-- grants on label_enrichment: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW neuron_evolution AS
+ SELECT m.name AS model,
+    c.step,
+    n.layer,
+    n.neuron,
+    n.op,
+    n.config_id,
+    n.effect_exact,
+    n.effect_attr,
+    n.rank,
+    n.max_act,
+    n.density,
+    h.label AS best_heuristic,
+    h.family AS best_family,
+    n.best_score,
+    n.model_id,
+    n.checkpoint_id,
+    n.rank_value,
+    n.effect_trimmed,
+    n.effect_median,
+    n.moved_share,
+    n.is_exact,
+    n.constant,
+    n.best_bottom,
+    n.labelled
+   FROM neuron_op n
+     JOIN checkpoint c ON c.id = n.checkpoint_id
+     JOIN model m ON m.id = n.model_id
+     LEFT JOIN heuristic h ON h.id = n.best_heuristic_id;
+-- grants on neuron_evolution: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE OR REPLACE FUNCTION public.emergence_histogram_track()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+    BEGIN
+      -- each branch names only the transition tables its trigger defines
+      IF TG_OP = 'INSERT' THEN
+      INSERT INTO emergence_histogram AS e (model, model_id, config_id, op, family, emergence_step, pairs)
+      SELECT coalesce(m.name, ''), d.model_id, d.config_id, d.op, d.family,
+             d.emergence_step, d.n
+      FROM (SELECT r.model_id, r.config_id, r.op, h.family, r.emergence_step,
+                   sum(r.d) AS n
+            FROM (SELECT model_id, config_id, op, heuristic_id, emergence_step, 1 AS d FROM new_runs) r JOIN heuristic h ON h.id = r.heuristic_id
+            GROUP BY r.model_id, r.config_id, r.op, h.family, r.emergence_step
+            HAVING sum(r.d) <> 0) d
+      LEFT JOIN model m ON m.id = d.model_id
+      ON CONFLICT (model_id, config_id, op, family, emergence_step) DO UPDATE SET pairs = e.pairs + EXCLUDED.pairs;
+      DELETE FROM emergence_histogram e
+      WHERE e.pairs = 0 AND e.model_id IN (SELECT DISTINCT r.model_id FROM (SELECT model_id, config_id, op, heuristic_id, emergence_step, 1 AS d FROM new_runs) r);
+      ELSIF TG_OP = 'DELETE' THEN
+      INSERT INTO emergence_histogram AS e (model, model_id, config_id, op, family, emergence_step, pairs)
+      SELECT coalesce(m.name, ''), d.model_id, d.config_id, d.op, d.family,
+             d.emergence_step, d.n
+      FROM (SELECT r.model_id, r.config_id, r.op, h.family, r.emergence_step,
+                   sum(r.d) AS n
+            FROM (SELECT model_id, config_id, op, heuristic_id, emergence_step, -1 AS d FROM old_runs) r JOIN heuristic h ON h.id = r.heuristic_id
+            GROUP BY r.model_id, r.config_id, r.op, h.family, r.emergence_step
+            HAVING sum(r.d) <> 0) d
+      LEFT JOIN model m ON m.id = d.model_id
+      ON CONFLICT (model_id, config_id, op, family, emergence_step) DO UPDATE SET pairs = e.pairs + EXCLUDED.pairs;
+      DELETE FROM emergence_histogram e
+      WHERE e.pairs = 0 AND e.model_id IN (SELECT DISTINCT r.model_id FROM (SELECT model_id, config_id, op, heuristic_id, emergence_step, -1 AS d FROM old_runs) r);
+      ELSIF TG_OP = 'UPDATE' THEN
+      INSERT INTO emergence_histogram AS e (model, model_id, config_id, op, family, emergence_step, pairs)
+      SELECT coalesce(m.name, ''), d.model_id, d.config_id, d.op, d.family,
+             d.emergence_step, d.n
+      FROM (SELECT r.model_id, r.config_id, r.op, h.family, r.emergence_step,
+                   sum(r.d) AS n
+            FROM (SELECT model_id, config_id, op, heuristic_id, emergence_step, 1 AS d FROM new_runs UNION ALL SELECT model_id, config_id, op, heuristic_id, emergence_step, -1 AS d FROM old_runs) r JOIN heuristic h ON h.id = r.heuristic_id
+            GROUP BY r.model_id, r.config_id, r.op, h.family, r.emergence_step
+            HAVING sum(r.d) <> 0) d
+      LEFT JOIN model m ON m.id = d.model_id
+      ON CONFLICT (model_id, config_id, op, family, emergence_step) DO UPDATE SET pairs = e.pairs + EXCLUDED.pairs;
+      DELETE FROM emergence_histogram e
+      WHERE e.pairs = 0 AND e.model_id IN (SELECT DISTINCT r.model_id FROM (SELECT model_id, config_id, op, heuristic_id, emergence_step, 1 AS d FROM new_runs UNION ALL SELECT model_id, config_id, op, heuristic_id, emergence_step, -1 AS d FROM old_runs) r);
+      ELSE  -- TRUNCATE
+        DELETE FROM emergence_histogram;
+      END IF;
+      RETURN NULL;
+    END $function$;
+
+CREATE OR REPLACE FUNCTION public.p_decade(p double precision)
+ RETURNS smallint
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+      SELECT (CASE WHEN p < 1e-15 THEN -16  -- pooled (NULL stays NULL)
+              ELSE width_bucket(p, ARRAY[1e-16, 1e-15, 1e-14, 1e-13, 1e-12, 1e-11, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1e0]::float8[]) - 17 END)::smallint
+    $function$;
+
+CREATE OR REPLACE FUNCTION public.refresh_catalog_views(p_model integer DEFAULT NULL::integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET jit TO 'off'
+AS $function$
+    BEGIN
+      -- one refresher per model at a time (all models: every refresher waits)
+      PERFORM pg_advisory_xact_lock(20260009, coalesce(p_model, 0));
+      DELETE FROM heuristic_census WHERE p_model IS NULL OR model_id = p_model;
+      INSERT INTO heuristic_census 
+        SELECT m.name AS model, c.step, n.config_id, n.op, h.family,
+               count(DISTINCT (n.layer, n.neuron)) AS circuit_neurons,
+               n.model_id, n.checkpoint_id
+        FROM neuron_op n
+        JOIN neuron_score s ON s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id
+             AND s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron
+             AND s.op = n.op
+        JOIN heuristic h ON h.id = s.heuristic_id
+        JOIN checkpoint c ON c.id = n.checkpoint_id
+        JOIN model m ON m.id = n.model_id
+        WHERE n.rank < (SELECT value FROM catalog_setting WHERE key = 'circuit_k') AND coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold')) AND (p_model IS NULL OR n.model_id = p_model) AND (p_model IS NULL OR s.model_id = p_model)
+        GROUP BY m.name, c.step, n.config_id, n.op, h.family, n.model_id, n.checkpoint_id;
+      DELETE FROM checkpoint_overlap WHERE p_model IS NULL OR model_id = p_model;
+      INSERT INTO checkpoint_overlap 
+        WITH ck AS (
+            SELECT DISTINCT c.model_id, lr.config_id, c.id AS checkpoint_id, c.step
+            FROM layer_result lr JOIN checkpoint c ON c.id = lr.checkpoint_id
+            WHERE (p_model IS NULL OR c.model_id = p_model)),
+        final AS (
+            SELECT DISTINCT ON (model_id, config_id) model_id, config_id, checkpoint_id
+            FROM ck ORDER BY model_id, config_id, step DESC NULLS FIRST),
+        final_pairs AS (
+            SELECT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id
+            FROM neuron_score s
+            JOIN final f ON f.model_id = s.model_id AND f.config_id = s.config_id
+                        AND f.checkpoint_id = s.checkpoint_id
+            JOIN neuron_op n ON n.model_id = s.model_id AND n.checkpoint_id = s.checkpoint_id
+                 AND n.config_id = s.config_id AND n.layer = s.layer AND n.neuron = s.neuron
+                 AND n.op = s.op
+            WHERE coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold')) AND n.rank < (SELECT value FROM catalog_setting WHERE key = 'circuit_k') AND (p_model IS NULL OR s.model_id = p_model)
+                  AND (p_model IS NULL OR n.model_id = p_model)),
+        totals AS (
+            SELECT model_id, config_id, count(*) AS n FROM final_pairs
+            GROUP BY model_id, config_id),
+        present AS (
+            SELECT s.model_id, s.config_id, s.checkpoint_id, count(*) AS n
+            FROM final_pairs fp
+            JOIN neuron_score s ON s.model_id = fp.model_id AND s.config_id = fp.config_id
+                 AND s.layer = fp.layer AND s.neuron = fp.neuron AND s.op = fp.op
+                 AND s.heuristic_id = fp.heuristic_id
+            WHERE coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold')) AND (p_model IS NULL OR s.model_id = p_model)
+            GROUP BY s.model_id, s.config_id, s.checkpoint_id)
+        SELECT m.name AS model, ck.step, ck.config_id, t.n AS final_pairs,
+               coalesce(p.n, 0) AS present,
+               coalesce(p.n, 0)::real / nullif(t.n, 0) AS share,
+               ck.model_id, ck.checkpoint_id
+        FROM ck
+        JOIN totals t ON t.model_id = ck.model_id AND t.config_id = ck.config_id
+        LEFT JOIN present p ON p.model_id = ck.model_id AND p.config_id = ck.config_id
+                           AND p.checkpoint_id = ck.checkpoint_id
+        JOIN model m ON m.id = ck.model_id;
+      DELETE FROM emergence_run WHERE p_model IS NULL OR model_id = p_model;
+      INSERT INTO emergence_run (model_id, config_id, layer, neuron, op, heuristic_id,
+                                 emergence_step)
+      SELECT model_id, config_id, layer, neuron, op, heuristic_id, emergence_step
+      FROM (
+        WITH ck AS (
+            SELECT c.model_id, lr.config_id, lr.layer, c.id AS checkpoint_id, c.step,
+                   row_number() OVER (PARTITION BY c.model_id, lr.config_id, lr.layer
+                                      ORDER BY c.step DESC NULLS FIRST) AS rn
+            FROM layer_result lr JOIN checkpoint c ON c.id = lr.checkpoint_id
+            WHERE (p_model IS NULL OR c.model_id = p_model)),
+        held AS (
+            SELECT s.model_id, s.config_id, s.layer, s.neuron, s.op, s.heuristic_id,
+                   ck.step, ck.rn,
+                   row_number() OVER (PARTITION BY s.model_id, s.config_id, s.layer,
+                                      s.neuron, s.op, s.heuristic_id ORDER BY ck.rn) AS k
+            FROM neuron_score s
+            JOIN ck ON ck.checkpoint_id = s.checkpoint_id AND ck.config_id = s.config_id
+                   AND ck.layer = s.layer
+            WHERE coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold')) AND (p_model IS NULL OR s.model_id = p_model)),
+        runs AS (
+            SELECT model_id, config_id, layer, neuron, op, heuristic_id,
+                   min(step) AS emergence_step, count(*) AS checkpoints_held
+            FROM held WHERE rn = k
+            GROUP BY model_id, config_id, layer, neuron, op, heuristic_id)
+        SELECT m.name AS model, r.layer, r.neuron, r.op, r.config_id, h.label AS heuristic,
+               h.family, r.emergence_step, r.checkpoints_held, r.model_id, r.heuristic_id
+        FROM runs r
+        JOIN model m ON m.id = r.model_id
+        JOIN heuristic h ON h.id = r.heuristic_id) e;
+      DELETE FROM label_histogram WHERE p_model IS NULL OR model_id = p_model;
+      INSERT INTO label_histogram 
+    SELECT m.name AS model, c.step, s.config_id, s.op, h.family,
+           score_bin(s.score) AS score_from, p_decade(s.p_value) AS p_decade,
+           count(*) AS labels, sum(s.base_rate::float8) AS base_rate_sum,
+           count(s.base_rate) AS base_rates, s.model_id, s.checkpoint_id
+    FROM neuron_score s
+    JOIN heuristic h ON h.id = s.heuristic_id
+    JOIN checkpoint c ON c.id = s.checkpoint_id
+    JOIN model m ON m.id = s.model_id
+    WHERE coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold')) AND (p_model IS NULL OR s.model_id = p_model)
+    GROUP BY m.name, c.step, s.config_id, s.op, h.family, score_bin(s.score),
+             p_decade(s.p_value), s.model_id, s.checkpoint_id;
+      DELETE FROM derived_layer WHERE p_model IS NULL OR model_id = p_model;
+      INSERT INTO derived_layer (model_id, checkpoint_id, config_id, layer, written_at)
+      SELECT c.model_id, lr.checkpoint_id, lr.config_id, lr.layer, lr.written_at
+      FROM layer_result lr JOIN checkpoint c ON c.id = lr.checkpoint_id
+      WHERE (p_model IS NULL OR c.model_id = p_model);
+    END $function$;
+
+CREATE OR REPLACE FUNCTION public.refresh_checkpoint_views(p_model integer, p_checkpoint integer, p_config integer)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET jit TO 'off'
+ SET work_mem TO '256MB'
+ SET enable_mergejoin TO 'off'
+ SET enable_nestloop TO 'on'
+AS $function$
+    DECLARE
+      v_step bigint;
+      v_final integer;
+      v_new smallint[];
+      v_top smallint[];
+      v_mid smallint[];
+      v_k integer;
+      v_count bigint;
+    BEGIN
+      -- one refresher per model at a time (the full rebuild takes the same lock)
+      PERFORM pg_advisory_xact_lock(20260009, p_model);
+      SELECT step INTO v_step FROM checkpoint WHERE id = p_checkpoint AND model_id = p_model;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION 'checkpoint % is not a checkpoint of model %', p_checkpoint, p_model;
+      END IF;
+      -- this checkpoint's layers written since they were last folded in
+      SELECT coalesce(array_agg(lr.layer ORDER BY lr.layer), '{}') INTO v_new
+      FROM layer_result lr
+      LEFT JOIN derived_layer d ON d.checkpoint_id = lr.checkpoint_id
+           AND d.config_id = lr.config_id AND d.layer = lr.layer
+      WHERE lr.checkpoint_id = p_checkpoint AND lr.config_id = p_config
+        AND d.written_at IS DISTINCT FROM lr.written_at;
+      IF cardinality(v_new) = 0 THEN
+        RETURN 'nothing new';
+      END IF;
+      -- a layer written again changes labels already folded in; a model without steps has
+      -- one checkpoint: both are rebuilt whole
+      IF v_step IS NULL
+         OR EXISTS (SELECT 1 FROM derived_layer d WHERE d.checkpoint_id = p_checkpoint
+                    AND d.config_id = p_config AND d.layer = ANY (v_new))
+         OR EXISTS (SELECT 1 FROM derived_layer d JOIN checkpoint c ON c.id = d.checkpoint_id
+                    WHERE d.model_id = p_model AND c.step IS NULL) THEN
+        PERFORM refresh_catalog_views(p_model);
+        RETURN 'rebuilt';
+      END IF;
+
+      DELETE FROM heuristic_census
+      WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
+      v_k := (SELECT ceil(value)::integer FROM catalog_setting WHERE key = 'circuit_k');
+      EXECUTE $q$INSERT INTO heuristic_census 
+    SELECT m.name AS model, c.step, n.config_id, n.op, h.family,
+           count(DISTINCT (n.layer, n.neuron)) AS circuit_neurons,
+           n.model_id, n.checkpoint_id
+    FROM neuron_op n
+    JOIN neuron_score s ON s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id
+         AND s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron
+         AND s.op = n.op
+    JOIN heuristic h ON h.id = s.heuristic_id
+    JOIN checkpoint c ON c.id = n.checkpoint_id
+    JOIN model m ON m.id = n.model_id
+    WHERE n.rank < $4 AND coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold')) AND n.model_id = $1 AND n.checkpoint_id = $3 AND n.config_id = $2 AND s.model_id = $1
+    GROUP BY m.name, c.step, n.config_id, n.op, h.family, n.model_id, n.checkpoint_id$q$ USING p_model, p_config, p_checkpoint, v_k;
+      DELETE FROM label_histogram
+      WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
+
+      -- per new layer: is this step after the layer's last folded step (or the first)?
+      SELECT coalesce(array_agg(l) FILTER (WHERE last IS NULL OR v_step > last), '{}'),
+             coalesce(array_agg(l) FILTER (WHERE v_step < last), '{}')
+      INTO v_top, v_mid
+      FROM (SELECT l, (SELECT max(c.step) FROM derived_layer d
+                       JOIN checkpoint c ON c.id = d.checkpoint_id
+                       WHERE d.model_id = p_model AND d.config_id = p_config
+                         AND d.layer = l) AS last
+            FROM unnest(v_new) l) q;
+      -- the checkpoint's labels are read once (the scan of its scores is the one cost that
+      -- grows with the model's width); everything below joins them by hash, whatever the
+      -- statistics say: right after a rebuild or a bulk write they are stale, and a nested
+      -- loop over the labels planned for "1 row" is quadratic (minutes at 786K labels)
+      SET LOCAL enable_nestloop = off;  -- (the SET clause above keeps it to this function)
+      WITH lab AS MATERIALIZED (
+        SELECT s.layer, s.neuron, s.op, s.heuristic_id, s.score, s.p_value, s.base_rate
+        FROM neuron_score s WHERE s.model_id = p_model AND s.checkpoint_id = p_checkpoint AND s.config_id = p_config AND coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold'))),
+      histogram AS (
+        INSERT INTO label_histogram
+        SELECT m.name, v_step, p_config, l.op, h.family, score_bin(l.score),
+               p_decade(l.p_value), count(*), sum(l.base_rate::float8), count(l.base_rate),
+               p_model, p_checkpoint
+        FROM lab l JOIN heuristic h ON h.id = l.heuristic_id JOIN model m ON m.id = p_model
+        GROUP BY m.name, l.op, h.family, score_bin(l.score), p_decade(l.p_value)),
+      -- a new last step: pairs it does not hold lose their run; pairs it holds keep theirs,
+      -- or start one here (a pair that stays labelled is not written at all)
+      dropped AS (
+        DELETE FROM emergence_run r
+        WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = ANY (v_top)
+          AND NOT EXISTS (SELECT 1 FROM lab l WHERE l.layer = r.layer AND l.neuron = r.neuron
+                    AND l.op = r.op AND l.heuristic_id = r.heuristic_id)),
+      started AS (
+        INSERT INTO emergence_run (model_id, config_id, layer, neuron, op, heuristic_id,
+                                   emergence_step)
+        SELECT p_model, p_config, l.layer, l.neuron, l.op, l.heuristic_id, v_step
+        FROM lab l
+        WHERE l.layer = ANY (v_top)
+          AND NOT EXISTS (SELECT 1 FROM emergence_run r WHERE r.model_id = p_model
+                          AND r.config_id = p_config AND r.layer = l.layer
+                          AND r.neuron = l.neuron AND r.op = l.op
+                          AND r.heuristic_id = l.heuristic_id)),
+      -- a step between others: a pair it holds extends a run that starts just after it; a
+      -- pair it does not hold breaks the run it falls inside, which then starts at the
+      -- next step (runs it falls inside and holds just get longer: nothing to write)
+      after AS (
+        SELECT d.layer, min(c.step) AS next_step FROM derived_layer d
+        JOIN checkpoint c ON c.id = d.checkpoint_id
+        WHERE d.model_id = p_model AND d.config_id = p_config AND d.layer = ANY (v_mid)
+          AND c.step > v_step
+        GROUP BY d.layer),
+      extended AS (  -- a join, not EXISTS: lab's pairs are unique, and so estimated
+        UPDATE emergence_run r SET emergence_step = v_step FROM after a, lab l
+        WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
+          AND r.emergence_step = a.next_step AND l.layer = r.layer AND l.neuron = r.neuron
+          AND l.op = r.op AND l.heuristic_id = r.heuristic_id),
+      broken AS (
+        UPDATE emergence_run r SET emergence_step = a.next_step FROM after a
+        WHERE r.model_id = p_model AND r.config_id = p_config AND r.layer = a.layer
+          AND r.emergence_step < v_step AND NOT EXISTS (SELECT 1 FROM lab l WHERE l.layer = r.layer AND l.neuron = r.neuron
+                    AND l.op = r.op AND l.heuristic_id = r.heuristic_id))
+      -- the sub-statements share one snapshot and touch disjoint rows: dropped and started
+      -- split the top layers' pairs by whether the step holds them, extended and broken
+      -- the middle layers' runs by where they start
+      SELECT count(*) INTO v_count FROM lab;
+      SET LOCAL enable_nestloop = on;  -- the overlap below looks pairs up by index
+
+      INSERT INTO derived_layer (model_id, checkpoint_id, config_id, layer, written_at)
+      SELECT p_model, lr.checkpoint_id, lr.config_id, lr.layer, lr.written_at
+      FROM layer_result lr
+      WHERE lr.checkpoint_id = p_checkpoint AND lr.config_id = p_config
+        AND lr.layer = ANY (v_new)
+      ON CONFLICT (checkpoint_id, config_id, layer) DO UPDATE
+      SET written_at = EXCLUDED.written_at;
+
+      SELECT checkpoint_id INTO v_final FROM (
+    SELECT DISTINCT d.checkpoint_id, c.step FROM derived_layer d
+    JOIN checkpoint c ON c.id = d.checkpoint_id
+    WHERE d.model_id = p_model AND d.config_id = p_config) f ORDER BY step DESC LIMIT 1;
+      IF v_final = p_checkpoint THEN  -- the last step: every row against its circuit
+        DELETE FROM checkpoint_overlap WHERE model_id = p_model AND config_id = p_config;
+        EXECUTE $q$
+    INSERT INTO checkpoint_overlap (model, step, config_id, final_pairs, present, share,
+                                    model_id, checkpoint_id)
+    WITH final_pairs AS MATERIALIZED (
+        SELECT s.layer, s.neuron, s.op, s.heuristic_id
+        FROM neuron_op n
+        JOIN neuron_score s ON s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id
+             AND s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron
+             AND s.op = n.op
+        WHERE n.model_id = $1 AND n.checkpoint_id = $3 AND n.config_id = $2 AND n.rank < $4
+              AND s.model_id = $1 AND coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold'))),
+    total AS (SELECT count(*) AS n FROM final_pairs)
+    SELECT m.name, ck.step, $2, t.n, p.n, p.n::real / nullif(t.n, 0), $1, ck.checkpoint_id
+    FROM (
+    SELECT DISTINCT d.checkpoint_id, c.step FROM derived_layer d
+    JOIN checkpoint c ON c.id = d.checkpoint_id
+    WHERE d.model_id = $1 AND d.config_id = $2) ck
+    CROSS JOIN total t
+    JOIN model m ON m.id = $1
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM final_pairs fp
+        JOIN neuron_score s ON s.model_id = $1 AND s.checkpoint_id = ck.checkpoint_id
+             AND s.config_id = $2 AND s.layer = fp.layer AND s.neuron = fp.neuron
+             AND s.op = fp.op AND s.heuristic_id = fp.heuristic_id
+        WHERE coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold'))) p
+    WHERE t.n > 0$q$ USING p_model, p_config, v_final, v_k;
+      ELSE
+        DELETE FROM checkpoint_overlap
+        WHERE model_id = p_model AND checkpoint_id = p_checkpoint AND config_id = p_config;
+        EXECUTE $q$
+    INSERT INTO checkpoint_overlap (model, step, config_id, final_pairs, present, share,
+                                    model_id, checkpoint_id)
+    WITH final_pairs AS MATERIALIZED (
+        SELECT s.layer, s.neuron, s.op, s.heuristic_id
+        FROM neuron_op n
+        JOIN neuron_score s ON s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id
+             AND s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron
+             AND s.op = n.op
+        WHERE n.model_id = $1 AND n.checkpoint_id = $3 AND n.config_id = $2 AND n.rank < $4
+              AND s.model_id = $1 AND coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold'))),
+    total AS (SELECT count(*) AS n FROM final_pairs)
+    SELECT m.name, ck.step, $2, t.n, p.n, p.n::real / nullif(t.n, 0), $1, ck.checkpoint_id
+    FROM (SELECT $5::integer AS checkpoint_id, $6::bigint AS step) ck
+    CROSS JOIN total t
+    JOIN model m ON m.id = $1
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM final_pairs fp
+        JOIN neuron_score s ON s.model_id = $1 AND s.checkpoint_id = ck.checkpoint_id
+             AND s.config_id = $2 AND s.layer = fp.layer AND s.neuron = fp.neuron
+             AND s.op = fp.op AND s.heuristic_id = fp.heuristic_id
+        WHERE coalesce(s.implements, s.score >= (SELECT value FROM catalog_setting WHERE key = 'match_threshold'))) p
+    WHERE t.n > 0$q$ USING p_model, p_config, v_final, v_k, p_checkpoint,
+                                          v_step;
+      END IF;
+      RETURN 'folded';
+    END $function$;
+
+CREATE OR REPLACE FUNCTION public.score_bin(x real)
+ RETURNS numeric
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+      SELECT (floor(x::float8 * 20) / 20)::numeric(4, 2)
+    $function$;
+
+CREATE OR REPLACE FUNCTION public.wilson_high(k bigint, n bigint)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+        SELECT CASE WHEN n > 0 THEN
+            ((k::float8 / n + 1.959964 ^ 2 / (2 * n))
+             + 1.959964 * sqrt(k::float8 / n * (1 - k::float8 / n) / n
+                                    + 1.959964 ^ 2 / (4 * n::float8 * n)))
+            / (1 + 1.959964 ^ 2 / n) END
+    $function$;
+
+CREATE OR REPLACE FUNCTION public.wilson_low(k bigint, n bigint)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+        SELECT CASE WHEN n > 0 THEN
+            ((k::float8 / n + 1.959964 ^ 2 / (2 * n))
+             - 1.959964 * sqrt(k::float8 / n * (1 - k::float8 / n) / n
+                                    + 1.959964 ^ 2 / (4 * n::float8 * n)))
+            / (1 + 1.959964 ^ 2 / n) END
+    $function$;
+
+-- triggers
+CREATE TRIGGER emergence_histogram_delete AFTER DELETE ON public.emergence_run REFERENCING OLD TABLE AS old_runs FOR EACH STATEMENT EXECUTE FUNCTION emergence_histogram_track();
+CREATE TRIGGER emergence_histogram_insert AFTER INSERT ON public.emergence_run REFERENCING NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION emergence_histogram_track();
+CREATE TRIGGER emergence_histogram_truncate AFTER TRUNCATE ON public.emergence_run FOR EACH STATEMENT EXECUTE FUNCTION emergence_histogram_track();
+CREATE TRIGGER emergence_histogram_update AFTER UPDATE ON public.emergence_run REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION emergence_histogram_track();
+
+-- roles
+-- role catalog_reader: login True, settings {default_transaction_read_only=on,statement_timeout=10s}
+-- grants on schema public: {pg_database_owner=UC/pg_database_owner,=U/pg_database_owner,catalog_reader=U/pg_database_owner}

@@ -1,0 +1,139 @@
+"""The import contract: catalog <- schema <- reports <- jobs <- ui, and no import cycles.
+
+Every import of the project's own packages is read from the source (``ast``: imports
+inside functions count too, since they only postpone a dependency), so a lower layer
+that imports a higher one, or two modules that import each other, fail here whatever
+the import order at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ("catalog", "schema", "reports", "jobs", "ui")  # each may import only those before
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool = False,
+               typing_only: bool = True) -> set[str]:
+    """The project modules ``module``'s source imports (absolute names); without
+    ``typing_only``, those under ``if TYPE_CHECKING:`` are left out (they are never
+    imported at run time, so they cannot close a cycle)."""
+    out: set[str] = set()
+    tree = ast.parse(source)
+    if not typing_only:
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.If)
+                                                  and ast.unparse(n.test) == "TYPE_CHECKING")]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the importing package
+                base = module.split(".")
+                base = base[:len(base) - node.level + (1 if is_package else 0)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.add(name)
+            out |= {f"{name}.{a.name}" for a in node.names}  # `from pkg import module`
+    return {n for n in out if n.split(".")[0] in LAYERS}
+
+
+def project_graph(typing_only: bool = True) -> dict[str, set[str]]:
+    files = {module_name(p): p for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        found = imports_of(path.read_text(), name, path.name == "__init__.py", typing_only)
+        # keep names that are modules (``from pkg import function`` names pkg only)
+        graph[name] = {n for n in found if n in files and n != name}
+    return graph
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    return sorted(f"{a} imports {b}" for a, targets in graph.items() for b in targets
+                  if rank[b.split(".")[0]] > rank[a.split(".")[0]])
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_sees_an_upward_import_and_a_cycle():
+    """The checks themselves: an upward import inside a function, a relative import and a
+    two-module cycle are all found."""
+    src = "def f():\n    from jobs.enqueue import enqueue\n"
+    assert imports_of(src, "catalog.run") == {"jobs.enqueue", "jobs.enqueue.enqueue"}
+    assert imports_of("from . import store\n", "schema.jobs") == {"schema", "schema.store"}
+    graph = {"catalog.run": {"jobs.enqueue"}, "jobs.enqueue": set(),
+             "jobs.a": {"jobs.b"}, "jobs.b": {"jobs.a"}}
+    assert layer_violations(graph) == ["catalog.run imports jobs.enqueue"]
+    assert cycles(graph) == [["jobs.a", "jobs.b"]]
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ui.app import x\n"
+    assert imports_of(typed, "jobs.a") == {"ui.app", "ui.app.x"}
+    assert imports_of(typed, "jobs.a", typing_only=False) == set()
+
+
+@pytest.fixture(scope="module")
+def graph():
+    g = project_graph()
+    assert len(g) > 60 and "catalog.run" in g and "ui.app" in g  # it read the project
+    return g
+
+
+def test_no_layer_imports_a_higher_one(graph):
+    assert layer_violations(graph) == []
+
+
+def test_no_import_cycles():
+    assert cycles(project_graph(typing_only=False)) == []
+
+
+MAX_LINES = 450
+
+
+def test_no_module_is_over_450_lines():
+    long = {str(p.relative_to(ROOT)): n for layer in LAYERS for p in (ROOT / layer).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
