@@ -94,9 +94,11 @@ def main() -> None:
     t = time.perf_counter()
     run = CheckpointRun(lm.model, lm.tokenizer, config).prepare(progress=True)
     rows_by_layer = {}
-    for layer in run.layers:
-        result = run.run_layer(layer)
-        rows_by_layer[layer] = layer_rows(result, run, lm.tokenizer)
+
+    def keep_rows(result) -> None:
+        rows_by_layer[result.layer] = layer_rows(result, run, lm.tokenizer)
+
+    run.run_all(on_layer=keep_rows, summary=False)
     measure_s = time.perf_counter() - t
     server = resolve_database_url().rsplit("/", 1)[0]
     results = {}
