@@ -100,6 +100,22 @@ def head_revision() -> str:
     return head
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """A failure to reach the server at all (refused, unknown host, timeout), as opposed
+    to a database that answers but is missing or wrong."""
+    import psycopg
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    text = str(exc)
+    return any(s in text for s in ("Connection refused", "could not translate host name",
+                                   "timeout expired", "No such file or directory",
+                                   "Name or service not known", "Network is unreachable"))
+
+
 def require_current(url: str) -> str:
     """The URL, if its database is migrated to this code's head; else SchemaBehind saying
     to run ``ncat migrate`` (commands that write never migrate on their own)."""
@@ -107,8 +123,12 @@ def require_current(url: str) -> str:
     try:
         have = current_revision(url)
     except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if _unreachable(exc):  # no server there: not a schema problem (exit 3, not 2)
+            raise DatabaseUnreachable(f"cannot reach the catalog database {shown}: "
+                                      f"{first}") from None
         raise SchemaBehind(f"cannot open the catalog database {shown}: "
-                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}; "
+                           f"{type(exc).__name__}: {first}; "
                            "check the URL, then run `ncat migrate`") from None
     want = head_revision()
     if have != want:

@@ -90,10 +90,12 @@ def _print_estimate(url: str, args, config) -> None:
 def cmd_plan(args) -> int:
     from jobs.enqueue import EnqueueError
     from jobs.plan import plan_request
+    from schema.engine import wait_for
 
     try:
         config = science_from(args)
         url = database_url(args)  # its server hosts the calibration's scratch database
+        wait_for(url, timeout=5)  # no server: exit 3 now, before the model is loaded
         execution = execution_from(args)
         p = plan_request(url, args.model, args.checkpoints, config,
                          layers=parse_layers(args.layers), execution=execution,

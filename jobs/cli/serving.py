@@ -48,6 +48,10 @@ def cmd_export(args) -> int:
     except ValueError as exc:
         return fail(str(exc))
     except Exception as exc:  # database errors: say what failed
+        from jobs.cli import service_error
+
+        if service_error(exc, args) is not None:
+            raise  # the server could not be reached: main() says so, exit 3
         return fail(f"export of {args.what!r} failed: {exc}")
     print(f"{n} rows written to {args.out}")
     return 0

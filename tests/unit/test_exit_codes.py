@@ -1,0 +1,28 @@
+"""Every command that needs the catalog database exits 3 when no server answers at
+DATABASE_URL (docs/cli.md's exit codes), with one line naming the URL; nothing else runs
+first (no model is loaded, nothing is written)."""
+
+import pytest
+
+from jobs.cli import UNREACHABLE, main
+
+CLOSED = "postgresql://postgres@127.0.0.1:1/ncat"  # nothing listens on port 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["status"],
+    ["cancel", "1"],
+    ["retry", "1"],
+    ["enqueue", "builtin", "--checkpoints", "0"],
+    ["catalog", "builtin", "--checkpoints", "0", "--hi", "10"],
+    ["export", "neuron_evolution", "--out", "{tmp}/out.csv"],
+    ["report", "builtin"],
+    ["plan", "builtin", "--checkpoints", "0"],
+], ids=lambda a: a[0])
+def test_an_unreachable_database_exits_3(argv, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("DATABASE_URL", CLOSED)
+    assert UNREACHABLE == 3
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == UNREACHABLE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "127.0.0.1:1" in err[0], err
+    assert not (tmp_path / "out.csv").exists()
