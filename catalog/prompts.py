@@ -277,3 +277,40 @@ def sample_pairs(
             cand = others[rng.integers(len(others))]
         cf[j] = cand
     return clean[keep], cf[keep]
+
+
+def longest_prompt(tokenizer, numbers: NumberTokens, config: ScienceConfig) -> int:
+    """Tokens of the longest prompt ``build_prompts`` would make, without tokenizing every
+    prompt: each operator's prefix (few-shot text and solved examples) plus the longest own
+    part among one cell per (digits of a, digits of b), which is exact where every number
+    within the limit is one token, or one token per digit."""
+    limit = UNLIMITED if numbers.digit_level else numbers.limit
+    side = np.arange(config.operand_lo, config.operand_hi)
+    ga, gb = (x.ravel() for x in np.meshgrid(side, side, indexing="ij"))
+    longest = 0
+    for i, op in enumerate(config.operators):
+        ok = is_valid(op, ga, gb, limit)
+        a, b = ga[ok], gb[ok]
+        if not len(a):
+            continue
+        prefix, _ = operator_prefix(tokenizer, numbers, config, i, op, a, b, apply_op(op, a, b))
+        width = np.char.str_len(a.astype(str)) * 100 + np.char.str_len(b.astype(str))
+        _, first = np.unique(width, return_index=True)
+        ids, _ = tokenize_prompts(tokenizer, config, [op] * len(first), a[first], b[first])
+        longest = max(longest, len(prefix) + max(len(t) for t in ids))
+    return longest
+
+
+def check_context(length: int, n_ctx: int | None, config: ScienceConfig, model: str) -> None:
+    """Refuse prompts longer than the model reads, naming what makes them long."""
+    if n_ctx is None or length <= n_ctx:
+        return
+    parts = [f"template {config.template!r}"]
+    if config.shots:
+        parts.append(f"{config.shots} solved example(s) (--shots)")
+    if config.few_shot:
+        parts.append("the --few-shot text")
+    raise ValueError(
+        f"the longest prompt is {length} tokens but {model} reads at most {n_ctx} positions "
+        f"(its n_ctx); it is made of {', '.join(parts)}: use fewer shots, a shorter "
+        "template or few-shot text")

@@ -39,7 +39,7 @@ from catalog.maps import kv_map
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
 from catalog.patching import attribution_patching, exact_patching
-from catalog.prompts import PromptTable, build_prompts, sample_pairs
+from catalog.prompts import PromptTable, build_prompts, check_context, sample_pairs
 from catalog.results import (
     CheckpointResult,
     Driven,
@@ -150,6 +150,8 @@ class CheckpointRun(CheckpointSummary):
         fit the budget), draw counterfactual pairs, build the heuristics of each operator."""
         config = self.config
         self.table = build_prompts(self.tokenizer, self.numbers, config)
+        check_context(max(len(t) for t in self.table.tokens), self.model.cfg.n_ctx, config,
+                      self.model.cfg.model_name)
         self._attribution = {}
         # over the budget, the first pass only judges correctness; each layer's grid is then
         # computed when that layer runs and dropped once it is done (release)

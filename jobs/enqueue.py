@@ -73,6 +73,7 @@ def validate_request(model: str, checkpoints, config: ScienceConfig,
     """Validate a request completely; raises EnqueueError naming what is wrong."""
     # imported here: loading transformer_lens takes seconds, and status, cancel and retry
     # (which share this module) need none of it
+    from catalog.prompts import check_context, longest_prompt
     from catalog.sources import ModelSourceError, canonical_name, inspect_model
 
     if not model:
@@ -81,9 +82,15 @@ def validate_request(model: str, checkpoints, config: ScienceConfig,
         model = canonical_name(model)
         steps = parse_checkpoints(model, checkpoints)
         out = []
+        checked: set = set()
         for step in steps:
             shape = inspect_model(model, step)
             config.check_tokens(shape.numbers)
+            if shape.tokenizer is not None and shape.n_ctx not in checked:
+                # every checkpoint of a model has the same tokenizer and context
+                check_context(longest_prompt(shape.tokenizer, shape.numbers, config),
+                              shape.n_ctx, config, model)
+                checked.add(shape.n_ctx)
             todo = list(range(shape.n_layers)) if layers is None else sorted(set(layers))
             if not todo:
                 raise EnqueueError("the layer set is empty; give at least one layer")

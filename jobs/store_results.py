@@ -177,8 +177,8 @@ def catalog_checkpoint(
     # autocommit: each layer's transaction commits when it is written, so a run stopped
     # part-way keeps its finished layers (and ``resume`` finds them)
     with store.connect(url, autocommit=True) as conn:
+        run.prepare(progress=progress)  # first: a config the model cannot run writes nothing
         ids = register(conn, lm, config)
-        run.prepare(progress=progress)
         write_layouts(conn, run, ids)
         done = sorted(set(reads.stored_layers(conn, checkpoint_id=ids.checkpoint_id,
                                               config_id=ids.config_id)) & set(run.layers)) \

@@ -22,6 +22,9 @@ from catalog.weights import weights_hash
 BUILTIN_NAME = "builtin-arith"
 
 
+N_CTX = 8  # positions the built-in model reads: BOS, a, op, b, "=", the answer, spares
+
+
 def builtin_model_config(
     n_layers: int = 2, d_model: int = 128, n_heads: int = 4, d_mlp: int = 512
 ) -> HookedTransformerConfig:
@@ -35,7 +38,7 @@ def builtin_model_config(
         d_head=d_model // n_heads,
         d_mlp=d_mlp,
         d_vocab=len(builtin_vocab()),
-        n_ctx=8,
+        n_ctx=N_CTX,
         act_fn="gelu",
         normalization_type="LN",
         positional_embedding_type="standard",

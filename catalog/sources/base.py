@@ -52,6 +52,8 @@ class ModelShape:
 
     n_layers: int
     numbers: object  # catalog.tokens.NumberTokens
+    n_ctx: int | None = None  # positions the model reads (None: not known without weights)
+    tokenizer: object = None  # for checking prompt lengths before anything is queued
 
 
 @dataclass(frozen=True)

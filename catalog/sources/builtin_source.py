@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from catalog import builtin
+from catalog.builtin.model import N_CTX
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.tokens import detect_number_tokens
 
@@ -58,7 +59,8 @@ def _inspect_builtin(name, checkpoint, builtin_config=None, cache_root=None, **_
     if checkpoint is not None and checkpoint not in steps:
         raise ModelSourceError(f"built-in checkpoint step {checkpoint} not found; "
                                f"available steps: {steps}")
-    return ModelShape(cfg.n_layers, detect_number_tokens(builtin.builtin_tokenizer()))
+    tok = builtin.builtin_tokenizer()
+    return ModelShape(cfg.n_layers, detect_number_tokens(tok), n_ctx=N_CTX, tokenizer=tok)
 
 
 def _canonical_builtin(name, builtin_config=None, cache_root=None, **_) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
-from catalog.sources.hf import from_hf_model
+from catalog.sources.hf import context_length, from_hf_model
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
 
@@ -58,7 +58,8 @@ def _inspect_gguf_file(path: Path) -> ModelShape:
         raise ModelSourceError(f"GGUF file {str(path)!r} cannot be read: {exc}") from exc
     # TransformerLens prepends BOS where the tokenizer has one (not for GPT-NeoX)
     prepend = cfg.model_type != "gpt_neox" and tok.bos_token_id is not None
-    return ModelShape(int(cfg.num_hidden_layers), detect_number_tokens(tok, prepend_bos=prepend))
+    return ModelShape(int(cfg.num_hidden_layers), detect_number_tokens(tok, prepend_bos=prepend),
+                      n_ctx=context_length(cfg), tokenizer=tok)
 
 
 def _inspect_gguf(name, checkpoint, **_) -> ModelShape:

@@ -81,7 +81,17 @@ def inspect_hf(target: str, revision: str | None) -> ModelShape:
     n_layers = getattr(hf_cfg, "num_hidden_layers", None) or hf_cfg.n_layer
     # TransformerLens prepends BOS for most architectures, not for GPT-NeoX (Pythia)
     prepend = hf_cfg.model_type != "gpt_neox"
-    return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend))
+    return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend),
+                      n_ctx=context_length(hf_cfg), tokenizer=tok)
+
+
+def context_length(hf_cfg) -> int | None:
+    """The positions a Hugging Face config says its model reads (None if it does not say)."""
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = getattr(hf_cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def check_weight_files(folder: Path) -> None:

@@ -332,3 +332,27 @@ def test_full_grid_requests_are_checked_and_a_full_grid_is_asked_for_once(queue,
     assert "already full, nothing queued" in capsys.readouterr().out
     assert queue.queued_messages() == 1
     assert count(queue.url, "SELECT count(*) FROM job WHERE status = 'done'") == 1
+
+
+def test_prompts_longer_than_the_model_reads_are_refused_before_anything_is_written(
+        queue, capsys):
+    """The built-in model reads 8 positions: one solved example makes its prompts 11 tokens.
+    measure, catalog and enqueue used to fail with an IndexError deep in a forward pass
+    (catalog after writing model, checkpoint and config rows; enqueue not at all, leaving
+    the worker to fail the job). Each now exits 2 naming the length, n_ctx and the shots,
+    and the database holds no row of any kind."""
+    from jobs.cli import main
+
+    for command in (["measure", queue.name, "--checkpoint", "300"],
+                    ["catalog", queue.name, "--checkpoints", "300"],
+                    ["enqueue", queue.name, "--checkpoints", "300"],
+                    ["plan", queue.name, "--checkpoints", "300"]):
+        argv = command + ["--shots", "1", "--hi", "10", "--database-url", queue.url]
+        if command[0] == "measure":
+            argv = argv[:-2] + ["--quiet"]
+        assert main(argv) == 2, command
+        err = capsys.readouterr().err
+        assert "the longest prompt is 11 tokens" in err and "at most 8 positions" in err, err
+        assert "1 solved example(s) (--shots)" in err
+    for table in ("model", "checkpoint", "measure_config", "job", "job_layer"):
+        assert count(queue.url, f"SELECT count(*) FROM {table}") == 0, table
