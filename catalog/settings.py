@@ -65,8 +65,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="how often each worker's reconciler looks for stale layers "
                                 "and unfinished summaries")
     ncat_max_attempts: int = Field(
-        5, ge=1, description="a layer lost or failed by a dropped connection this many "
-                             "times fails its job")
+        5, ge=1, description="a layer lost this many times since it was last queued (its "
+                             "process died, its task or its database connection was lost) "
+                             "fails its job")
     ncat_child_startup_seconds: float = Field(
         120.0, gt=0, description="how long a worker's new pool process may take to start "
                                  "(imports torch) before Celery gives up on it")

@@ -196,9 +196,13 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> O
 
 
 def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> Outcome:
-    if jobdb.layer_status(conn, job.id, layer) == Status.DONE:
+    state = jobdb.layer_state(conn, job.id, layer)
+    if state is not None and state.status == Status.DONE:
         finalize_if_complete(conn, url, job.id)  # a retried job whose final step never ran
         return Outcome.ALREADY_DONE
+    if state is not None and state.status == Status.RUNNING and poisoned(conn, job.id, layer,
+                                                                          state):
+        return Outcome.FAILED
     jobdb.start_layer(conn, job.id, layer, worker)
     try:
         here = _loaded(conn, job)
@@ -226,6 +230,26 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> Out
     jobdb.finish_layer(conn, job.id, layer, Status.DONE)
     finalize_if_complete(conn, url, job.id)
     return outcome
+
+
+def poisoned(conn, job_id: int, layer: int, state: jobdb.LayerState) -> bool:
+    """This delivery holds the layer's lock, yet the layer is still marked running: the
+    start before it died without a word (its process killed, out of memory, a crash in a
+    kernel), and Celery delivered the task again. Count the loss; once the layer has been
+    lost NCAT_MAX_ATTEMPTS times (since a person last queued it), fail it and its job with
+    the cause instead of starting it again. True if it failed."""
+    limit = get_settings().ncat_max_attempts
+    lost = state.resends + 1
+    cause = (f"layer {layer} was lost {lost} time(s) while running: the process running it "
+             f"(last on {state.worker or 'a worker'}) died without an error (killed, out of "
+             f"memory or a crash), after {state.attempts} start(s)")
+    log.warning("job %s: %s", job_id, cause)
+    if lost >= limit:
+        jobdb.fail_layer(conn, job_id, layer, f"{cause}; NCAT_MAX_ATTEMPTS is {limit}, so it "
+                                              "is not started again (`ncat retry` does)")
+        return True
+    jobdb.count_loss(conn, job_id, layer, cause)
+    return False
 
 
 def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int,

@@ -63,6 +63,27 @@ def layer_status(conn: psycopg.Connection, job_id: int, layer: int) -> str | Non
     return row[0] if row else None
 
 
+@dataclass
+class LayerState:
+    status: str
+    attempts: int  # starts, ever
+    resends: int  # losses since a person last queued it (retry resets them)
+    worker: str | None  # who started it last
+
+
+def layer_state(conn: psycopg.Connection, job_id: int, layer: int) -> LayerState | None:
+    row = conn.execute("SELECT status, attempts, resends, worker FROM job_layer "
+                       "WHERE job_id = %s AND layer = %s", (job_id, layer)).fetchone()
+    return LayerState(*row) if row else None
+
+
+def count_loss(conn: psycopg.Connection, job_id: int, layer: int, cause: str) -> None:
+    """One more loss of the layer (``resends``), with its cause, without queueing it: the
+    caller is about to start it again."""
+    conn.execute("UPDATE job_layer SET resends = resends + 1, error = %s "
+                 "WHERE job_id = %s AND layer = %s", (cause[:ERROR_CHARS], job_id, layer))
+
+
 def start_layer(conn: psycopg.Connection, job_id: int, layer: int, worker: str) -> None:
     """The job is running (if it was queued) and this layer is, on ``worker``."""
     conn.execute("UPDATE job SET status = %s, updated_at = now() WHERE id = %s AND status = %s",

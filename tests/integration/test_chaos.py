@@ -268,3 +268,55 @@ def test_every_job_finishes_after_each_failure_with_rows_equal_to_a_clean_run(
         if key[0] == "layer_result":  # every layer once: no partial, no duplicate layer
             assert got[key] == (TINY.n_layers, list(range(TINY.n_layers))), key
         assert got[key] == want[key], key
+
+
+def test_a_layer_whose_process_dies_every_time_fails_its_job_and_retry_finishes_it(
+        chaos, tmp_path, monkeypatch):
+    """A poison layer: its pool process is SIGKILLed on every start. Celery delivers the
+    task again each time; it used to loop for ever (12 kills, 13 starts, never failed).
+    Now the NCAT_MAX_ATTEMPTS-th loss fails the layer and its job with the cause, a job
+    on the same workers finishes, and `ncat retry` after the fault is gone finishes it."""
+    poison = tmp_path / "poison"
+    poison.write_text("300 1")
+    monkeypatch.setenv("CHAOS_POISON", str(poison))
+    monkeypatch.setenv("NCAT_MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("CHAOS_LAYER_SLEEP", "0")
+    monkeypatch.setenv("NCAT_STALE_SECONDS", "600")  # Celery's redelivery alone, here
+    chaos.start_worker("w1")
+    chaos.start_worker("w2")
+    config = ScienceConfig(operand_hi=12, pairs_per_op=5, faithfulness_prompts=20)
+    name = model_name(TINY)
+    bad = enq.enqueue(chaos.url, name, "300", config)[0].job_id
+    good = enq.enqueue(chaos.url, name, "128", config)[0].job_id
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        st = statuses(chaos.url)
+        if st[bad].status == "failed" and st[good].status == "done":
+            break
+        assert st[bad].status != "done" and st[good].status not in ("failed", "cancelled"), \
+            (st, chaos.logs())
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"no verdict in 300 s: {statuses(chaos.url)}\n{chaos.logs()}")
+    st = statuses(chaos.url)[bad]
+    assert st.failed_layer == 1
+    assert "layer 1 was lost 3 time(s) while running" in st.error, st.error
+    assert "died without an error" in st.error and "ncat retry" in st.error
+    kills = [m for m in chaos.marks() if m[0] == "poison"]
+    assert len(kills) == 3  # it ran (and died) NCAT_MAX_ATTEMPTS times, then no more
+    with store.connect(chaos.url) as conn:
+        assert conn.execute("SELECT status FROM job_layer WHERE job_id = %s AND layer = 1",
+                            (bad,)).fetchone()[0] == "failed"
+    # the fault removed, `ncat retry` finishes it, with rows for every layer
+    poison.unlink()
+    from jobs.cli import main
+
+    assert main(["retry", str(bad)]) == 0
+    t0 = time.monotonic()
+    while statuses(chaos.url)[bad].status != "done":
+        assert time.monotonic() - t0 < 180, (statuses(chaos.url), chaos.logs())
+        time.sleep(0.5)
+    with store.connect(chaos.url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM layer_result r JOIN checkpoint c ON c.id = r.checkpoint_id "
+            "WHERE c.step = 300").fetchone()[0] == TINY.n_layers

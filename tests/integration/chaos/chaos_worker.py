@@ -4,11 +4,15 @@ Run as ``python chaos_worker.py <ncat worker arguments>``. Each pool process, as
 starts (Celery's worker_process_init), wraps two functions of the project:
 - ``jobs.store_results.store_layer``: writes ``layer <job> <layer> <pid>`` to
   CHAOS_MARKS, then sleeps CHAOS_LAYER_SLEEP seconds before computing;
-- ``jobs.runner._summarize``: writes ``summary <job> <pid>``, sleeps CHAOS_SUMMARY_SLEEP.
+- ``jobs.runner._summarize``: writes ``summary <job> <pid>``, sleeps CHAOS_SUMMARY_SLEEP;
+- a poison layer: while the file CHAOS_POISON exists and holds "STEP LAYER", the pool
+  process that starts that layer of that checkpoint writes ``poison <step> <layer> <pid>``
+  and SIGKILLs itself (as the kernel's OOM killer would).
 Nothing else changes: the worker, its reconciler, Celery, Redis and PostgreSQL are real.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -24,6 +28,13 @@ def _patch(**_) -> None:
     store_layer, summarize = store_results.store_layer, runner._summarize
 
     def slow_store_layer(conn, run, ids, layer, *args, **kwargs):
+        poison = os.environ.get("CHAOS_POISON")
+        if poison and os.path.exists(poison):
+            step = conn.execute("SELECT step FROM checkpoint WHERE id = %s",
+                                (ids.checkpoint_id,)).fetchone()[0]
+            if open(poison).read().split() == [str(step), str(layer)]:
+                _mark(f"poison {step} {layer}")
+                os.kill(os.getpid(), signal.SIGKILL)
         _mark(f"layer {os.environ.get('CHAOS_JOB', '?')} {layer}")
         time.sleep(float(os.environ.get("CHAOS_LAYER_SLEEP", "0")))
         return store_layer(conn, run, ids, layer, *args, **kwargs)
