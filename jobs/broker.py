@@ -82,3 +82,11 @@ def resolve_redis_url(settings: Settings | None = None) -> str:
     if port_open("localhost", 6379):
         return "redis://localhost:6379/0"
     return start_embedded_redis(s.ncat_home)
+
+
+def check_broker(url: str, timeout: float = 5.0) -> None:
+    """Raise redis' own ConnectionError (which the CLI turns into exit 3) unless the broker
+    at ``url`` answers: checked before a job row is written."""
+    import redis
+
+    redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping()

@@ -22,6 +22,20 @@ from schema.jobs import Status
 from schema.store import scalar
 
 
+class QueuedWithoutBroker(RuntimeError):
+    """The jobs are committed, but the broker failed while their messages were sent: a
+    worker's reconciler sends what is missing. ``jobs`` is what was queued."""
+
+    def __init__(self, jobs: list, cause: BaseException) -> None:
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        super().__init__(
+            f"the jobs are queued in the database, but the job broker failed while their "
+            f"messages were sent ({type(cause).__name__}: {first}); a running worker's "
+            "reconciler sends them within NCAT_STALE_SECONDS, or `ncat retry JOB` once the "
+            "broker is back")
+        self.jobs = jobs
+
+
 class EnqueueError(ValueError):
     """A request that cannot be queued; the message says what to change."""
 
@@ -134,7 +148,7 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
     """
     config = config or ScienceConfig()
     planned = validate_request(model, checkpoints, config, layers)
-    send = send or _celery_send
+    send = send or _broker_send()
     results, to_send = [], []
     with store.connect(url) as conn, conn.transaction():
         config_id = store.upsert_config(conn, config=config.as_dict(),
@@ -159,8 +173,7 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
                 jobdb.requeue(conn, job_id, only_unfinished=False, force=True)
                 to_send += [(job_id, layer) for layer in p.layers]
             results.append(Enqueued(job_id, p.model, p.step, p.layers, False))
-    for job_id, layer in to_send:  # after commit: a worker must find the rows
-        send(job_id, layer)
+    _send_all(send, to_send, results)  # after commit: a worker must find the rows
     return results
 
 
@@ -179,7 +192,7 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
         model = canonical_name(model)
     except (ModelSourceError, ValueError) as exc:
         raise EnqueueError(str(exc)) from None
-    send = send or _celery_send
+    send = send or _broker_send()
     config_hash = config.config_hash()
     where = f"{model} step {step}" if step is not None else model
     with store.connect(url) as conn, conn.transaction():
@@ -217,9 +230,35 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
                 note = "queued again"
             elif not done:
                 done, note = True, "queued already"  # send nothing more
+    result = Enqueued(job_id, model, step, [layer], created, stored=done and created, note=note)
     if not done:
-        send(job_id, layer)
-    return Enqueued(job_id, model, step, [layer], created, stored=done and created, note=note)
+        _send_all(send, [(job_id, layer)], [result])
+    return result
+
+
+def _broker_send():
+    """The default sender, once the broker has answered (nothing is written otherwise)."""
+    from catalog.settings import get_settings
+    from jobs.broker import check_broker, resolve_redis_url
+
+    check_broker(resolve_redis_url(get_settings()))
+    return _celery_send
+
+
+BROKER_ERRORS = ("redis", "kombu", "amqp", "celery")
+
+
+def _send_all(send, pairs: list[tuple[int, int]], results: list) -> None:
+    """Send each (job, layer) after the rows committed; a broker failure part-way is
+    QueuedWithoutBroker (the rows stand, and the reconciler sends the rest)."""
+    try:
+        for job_id, layer in pairs:
+            send(job_id, layer)
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] in BROKER_ERRORS or isinstance(
+                exc, ConnectionError | OSError):
+            raise QueuedWithoutBroker(results, exc) from exc
+        raise
 
 
 def _celery_send(job_id: int, layer: int) -> None:
@@ -272,7 +311,7 @@ def retry(url: str, job_id: int, send=None) -> list[int]:
     already, one message goes out for the job's first layer: the worker finds it done
     and runs the missing final step (summary, view refresh).
     """
-    send = send or _celery_send
+    send = send or _broker_send()
     with store.connect(url) as conn, conn.transaction():
         status = jobdb.job_status(conn, job_id)
         if status is None:
@@ -286,8 +325,7 @@ def retry(url: str, job_id: int, send=None) -> list[int]:
         if not layers:
             jobdb.resume_summary(conn, job_id)
             to_send = [jobdb.first_layer(conn, job_id)]
-    for layer in to_send:
-        send(job_id, layer)
+    _send_all(send, [(job_id, layer) for layer in to_send], [job_id])
     return layers
 
 

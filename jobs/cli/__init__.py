@@ -4,8 +4,9 @@ The catalog library never prints; these modules turn its results into text. Only
 light modules are imported at start-up (``ncat worker`` must not import torch in the
 worker's parent process); each command imports the science when it runs. Every
 command exits with 2 for input it refuses, with a one-line message naming what to fix,
-and with 3 when the database or the broker cannot be reached (one line: the URL without
-its password, and a hint).
+with 3 when the database or the broker cannot be reached (one line: the URL without its
+password, and a hint; nothing is written), and enqueue and retry with 4 when the jobs
+are committed but the broker failed while their messages went out (docs/cli.md).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from catalog.config_fields import add_arguments, from_args
 
 DB_HELP = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
 BAD_INPUT = 2  # exit code of every command for input it refuses
+# exit code when job rows are committed but the broker failed while their messages went out
+QUEUED_NOT_SENT = 4
 
 
 def fail(message: str) -> int:

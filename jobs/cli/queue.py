@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 from jobs.cli.common import (
+    QUEUED_NOT_SENT,
     checkpoints_option,
     database_option,
     database_url,
@@ -34,7 +36,13 @@ def parse_full_grid(text: str) -> tuple[int, list[int]]:
 
 
 def cmd_enqueue(args) -> int:
-    from jobs.enqueue import EnqueueError, enqueue, enqueue_full_grid, parse_checkpoints
+    from jobs.enqueue import (
+        EnqueueError,
+        QueuedWithoutBroker,
+        enqueue,
+        enqueue_full_grid,
+        parse_checkpoints,
+    )
     from schema.engine import SchemaBehind, require_current
 
     try:
@@ -56,15 +64,23 @@ def cmd_enqueue(args) -> int:
                        force=args.force)
     except (EnqueueError, ValueError, SchemaBehind) as exc:
         return fail(str(exc))
+    except QueuedWithoutBroker as exc:
+        _print_jobs(exc.jobs, args.force)
+        print(f"warning: {exc}", file=sys.stderr)
+        return QUEUED_NOT_SENT
+    _print_jobs(jobs, args.force)
+    return 0
+
+
+def _print_jobs(jobs, force: bool) -> None:
     for j in jobs:
         if j.stored:
             what = "already in the catalog, nothing queued (--force recomputes)"
         elif j.created:
             what = "queued"
         else:
-            what = "queued again (--force)" if args.force else "exists already"
+            what = "queued again (--force)" if force else "exists already"
         print(f"job {j.job_id}: {j.model} step {j.step}, {len(j.layers)} layers: {what}")
-    return 0
 
 
 def _print_estimate(url: str, args, config) -> None:
@@ -177,12 +193,15 @@ def cmd_cancel(args) -> int:
 
 
 def cmd_retry(args) -> int:
-    from jobs.enqueue import EnqueueError, retry
+    from jobs.enqueue import EnqueueError, QueuedWithoutBroker, retry
 
     try:
         layers = retry(database_url(args), args.job)
     except EnqueueError as exc:
         return fail(str(exc))
+    except QueuedWithoutBroker as exc:
+        print(f"warning: job {args.job}: {exc}", file=sys.stderr)
+        return QUEUED_NOT_SENT
     print(f"job {args.job}: layers {layers} queued again")
     return 0
 

@@ -1,7 +1,10 @@
 """Constants and helpers shared by the integration tests."""
 
+import shutil
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
@@ -109,3 +112,46 @@ def checksums(url: str) -> dict:
                 "JOIN measure_config m ON m.id = r.config_id GROUP BY 1, 2"):
             out[("layer_result", step, config)] = (rows, layers)
     return out
+
+
+class Redis:
+    """A private redis-server this test may kill and restart empty on the same port."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        with __import__("socket").socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import redis
+
+        data = self.folder / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(data), "--save", "", "--appendonly", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis.from_url(self.url).ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def restart_empty(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder / "data")  # its append-only file too: everything is lost
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -32,7 +32,7 @@ from jobs.store_results import catalog_checkpoint
 from schema import store
 from schema.engine import migrate
 
-from helpers import checksums, drop_database, new_database_url, statuses
+from helpers import Redis, checksums, drop_database, new_database_url, statuses
 from tiny_model import TINY
 
 # recovery is bounded in seconds, and the reconciler's timings are short
@@ -49,49 +49,6 @@ CONFIGS = {name: ScienceConfig(operand_hi=12, pairs_per_op=pairs, faithfulness_p
                                ("worker parent", 8), ("database backend", 9),
                                ("redis restarted empty", 10))}
 STEPS = {"redis restarted empty": "64,128,300"}  # more messages than workers: some wait
-
-
-class Redis:
-    """A private redis-server this test may kill and restart empty on the same port."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        with __import__("socket").socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        import redis
-
-        data = self.folder / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(data), "--save", "", "--appendonly", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis.from_url(self.url).ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def restart_empty(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.folder / "data")  # its append-only file too: everything is lost
-        self.start()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

@@ -356,3 +356,60 @@ def test_prompts_longer_than_the_model_reads_are_refused_before_anything_is_writ
         assert "1 solved example(s) (--shots)" in err
     for table in ("model", "checkpoint", "measure_config", "job", "job_layer"):
         assert count(queue.url, f"SELECT count(*) FROM {table}") == 0, table
+
+
+def test_enqueue_writes_nothing_when_the_broker_is_closed(queue, monkeypatch, capsys):
+    """A closed REDIS_URL used to exit 3 with the job rows written anyway."""
+    from jobs.cli import main
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+    monkeypatch.setattr(enq, "_APP", None)
+    assert main(["enqueue", queue.name, "--checkpoints", "300", "--hi", "10",
+                 "--database-url", queue.url]) == 3
+    assert "cannot reach the job broker at redis://127.0.0.1:1/0" in capsys.readouterr().err
+    for table in ("job", "job_layer", "measure_config"):
+        assert count(queue.url, f"SELECT count(*) FROM {table}") == 0, table
+
+
+def test_a_broker_lost_after_the_rows_commit_is_said_with_its_own_exit_code(
+        queue, tmp_path, monkeypatch, capsys):
+    """Redis killed between the job rows and their messages: enqueue used to say "cannot
+    reach the job broker" (exit 3) while the jobs were committed and later ran. It now
+    lists the jobs, says they are queued in the database and that the reconciler will send
+    them, and exits 4; `ncat retry` once the broker is back sends them (exit 0)."""
+    from jobs import enqueue as enqueue_module
+    from jobs.cli import main
+
+    from helpers import Redis
+
+    broker = Redis(tmp_path / "redis")
+    broker.start()
+    monkeypatch.setenv("REDIS_URL", broker.url)
+    monkeypatch.setattr(enq, "_APP", None)
+    real = enqueue_module.jobdb.insert_job
+
+    def insert_then_lose_the_broker(*args, **kwargs):
+        job_id = real(*args, **kwargs)
+        broker.stop()  # a real redis-server killed while the transaction is still open
+        return job_id
+
+    monkeypatch.setattr(enqueue_module.jobdb, "insert_job", insert_then_lose_the_broker)
+    try:
+        assert main(["enqueue", queue.name, "--checkpoints", "300", "--hi", "10",
+                     "--database-url", queue.url]) == 4
+        out = capsys.readouterr()
+        assert "step 300, 2 layers: queued" in out.out
+        assert "queued in the database, but the job broker failed" in out.err
+        assert "reconciler sends them" in out.err
+        job_id = count(queue.url, "SELECT id FROM job")
+        assert count(queue.url, "SELECT count(*) FROM job_layer WHERE status = 'queued'") == \
+            TINY.n_layers
+        monkeypatch.setattr(enqueue_module.jobdb, "insert_job", real)
+        broker.start()
+        monkeypatch.setattr(enq, "_APP", None)
+        assert main(["retry", str(job_id), "--database-url", queue.url]) == 0
+        import redis
+
+        assert redis.Redis.from_url(broker.url).llen(os.environ["NCAT_QUEUE"]) == TINY.n_layers
+    finally:
+        broker.stop()

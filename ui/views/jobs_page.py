@@ -121,7 +121,7 @@ def show_estimate(model: str, checkpoints: str, values: dict, device: str,
 
 
 def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) -> None:
-    from jobs.enqueue import EnqueueError, enqueue
+    from jobs.enqueue import EnqueueError, QueuedWithoutBroker, enqueue
 
     try:
         config = _config(values)
@@ -130,7 +130,11 @@ def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) 
     except (EnqueueError, ValueError) as exc:
         st.error(str(exc))
         return
-    except Exception as exc:  # broker unreachable and the like
+    except QueuedWithoutBroker as exc:
+        st.warning(str(exc))
+        data.jobs.clear()
+        return
+    except Exception as exc:  # broker unreachable (nothing written) and the like
         st.error(f"Could not queue: {type(exc).__name__}: {exc}")
         return
     stored = sum(j.stored for j in done)
