@@ -16,6 +16,9 @@ pass run at a time across workers. A pass finds, for jobs that are queued or run
   bound. They go back to running and one message goes out; the worker that takes it finds
   the layer stored and runs the final step.
 
+Each pass also cancels analysts' statements (``catalog_reader``, e.g. through psql) that
+run past the role's statement_timeout plus a grace: a session may raise its own timeout.
+
 What it did is written to ``reconcile_event`` (``ncat status`` shows it). Messages go out
 after the transaction commits, so a worker always finds the rows they point to.
 """
@@ -176,6 +179,35 @@ def recent_events(conn, job_ids: list[int] | None = None, limit: int = 10) -> li
         (job_ids, job_ids, limit)).fetchall()
 
 
+READER = "catalog_reader"
+READER_GRACE_S = 5.0  # beyond the role's own statement_timeout
+
+
+def reader_timeout(conn) -> float:
+    """The analysts' role's statement_timeout in seconds (its role setting; 10 s if none)."""
+    value = store.scalar(conn.execute(
+        "SELECT coalesce((SELECT split_part(c, '=', 2) FROM pg_roles r, unnest(r.rolconfig) c "
+        "WHERE r.rolname = %s AND c LIKE 'statement_timeout=%%'), '10s')", (READER,)))
+    return float(store.scalar(conn.execute("SELECT extract(epoch FROM %s::interval)",
+                                           (value,))))
+
+
+def cancel_overdue_readers(conn, limit_s: float | None = None) -> list[int]:
+    """Cancel the analysts' statements in this database that have run longer than the
+    role's statement_timeout plus a grace (``limit_s`` instead, where given): a psql
+    session may raise its own timeout, which PostgreSQL cannot forbid. Returns the pids."""
+    limit = reader_timeout(conn) + READER_GRACE_S if limit_s is None else limit_s
+    pids = [r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE usename = %s AND state = 'active' "
+        "AND datname = current_database() AND pid <> pg_backend_pid() "
+        "AND now() - query_start > make_interval(secs => %s)", (READER, limit)).fetchall()]
+    for pid in pids:
+        conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        log.warning("reconciler: cancelled a %s statement (pid %s) past %.0f s", READER,
+                    pid, limit)
+    return pids
+
+
 class Reconciler(threading.Thread):
     """The periodic pass, in a daemon thread of the worker's parent process."""
 
@@ -194,6 +226,11 @@ class Reconciler(threading.Thread):
             except Exception:  # noqa: BLE001 - a pass that fails is tried again next time
                 log.exception("reconciler pass failed; trying again in %.0f s",
                               self.settings.ncat_reconcile_seconds)
+            try:
+                with store.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                    cancel_overdue_readers(conn)
+            except Exception:  # noqa: BLE001 - the guard is tried again next time
+                log.exception("reconciler: the guard on analysts' statements failed")
             self.stopped.wait(self.settings.ncat_reconcile_seconds)
 
     def stop(self) -> None:

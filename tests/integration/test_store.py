@@ -1,6 +1,7 @@
 """The store against a real PostgreSQL: migrations, the bulk writer, grids, access, fallback."""
 
 import socket
+import time
 import uuid
 
 import numpy as np
@@ -70,6 +71,8 @@ def test_jit_migration_warns_and_goes_on_where_it_may_not_alter_the_database(db)
     role = f"ncat_guest_{uuid.uuid4().hex[:8]}"
     with store.connect(db, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
+        # a role that migrates runs DO blocks: 0022 gives plpgsql to the migrating role only
+        conn.execute(f"GRANT USAGE ON LANGUAGE plpgsql TO {role}")
         conn.execute(f"ALTER DATABASE {make_url(db).database} SET jit = on")
     try:
         guest = as_role(db, role)
@@ -81,6 +84,7 @@ def test_jit_migration_warns_and_goes_on_where_it_may_not_alter_the_database(db)
         assert _jit(db) == "on"
     finally:
         with store.connect(db, autocommit=True) as conn:
+            conn.execute(f"REVOKE USAGE ON LANGUAGE plpgsql FROM {role}")
             conn.execute(f"DROP ROLE {role}")
 
 
@@ -492,3 +496,55 @@ def test_catalogs_on_one_server_migrate_at_the_same_time(pg_server):
     finally:
         for u in urls:
             drop_database(u)
+
+
+def test_reader_through_psql_cannot_escape_its_limits(db):
+    """Issue 31.5: what a catalog_reader session could do through psql, now refused: turn
+    read-only off and create a temporary table, raise temp_file_limit, run a DO block,
+    end or cancel another analyst's session, read other sessions' query text; and a
+    statement whose session raised its own timeout is cancelled by the reconciler's guard."""
+    import threading
+
+    from jobs.reconcile import cancel_overdue_readers, reader_timeout
+
+    with store.connect(reader_url(db), autocommit=True) as other, \
+            store.connect(reader_url(db), autocommit=True) as conn:
+        other.execute("SELECT 'secret text of another analyst'")
+        other_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert conn.execute("SHOW temp_file_limit").fetchone()[0] == "1GB"
+        refused = [
+            ["SET default_transaction_read_only = off", "CREATE TEMP TABLE t (x int)"],
+            ["SET temp_file_limit = -1"],
+            ["DO $$ BEGIN PERFORM 1; END $$"],
+            [f"SELECT pg_terminate_backend({other_pid})"],
+            [f"SELECT pg_cancel_backend({other_pid})"],
+            ["SELECT query FROM pg_stat_activity"],
+            ["SELECT * FROM pg_stat_get_activity(NULL)"],
+        ]
+        for statements in refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                for sql in statements:
+                    conn.execute(sql)
+            conn.execute("RESET ALL")
+        assert conn.execute("SELECT current_query()").fetchone()[0]  # its own, still
+        assert other.execute("SELECT 1").fetchone()[0] == 1  # the other session lives
+        # a session may raise its own statement_timeout; the guard cancels it anyway
+        conn.execute("SET statement_timeout = 0")
+        caught: list = []
+
+        def long_query():
+            try:
+                conn.execute("SELECT pg_sleep(60)")
+            except psycopg.Error as exc:
+                caught.append(exc)
+
+        worker = threading.Thread(target=long_query)
+        worker.start()
+        time.sleep(1.5)
+        with store.connect(db, autocommit=True) as owner:
+            assert reader_timeout(owner) == 10.0
+            assert cancel_overdue_readers(owner) == []  # within 10 s + grace: left alone
+            assert len(cancel_overdue_readers(owner, limit_s=1.0)) == 1
+        worker.join(10)
+        assert not worker.is_alive()
+        assert caught and isinstance(caught[0], psycopg.errors.QueryCanceled)
