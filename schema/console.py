@@ -14,11 +14,16 @@ Layers, each enough on its own for what it guards:
   each row's size is measured on the server (``pg_column_size``) and a row above
   ``max_row_bytes`` comes back as NULLs with a note, and fetching stops once the rows
   fetched pass ``max_bytes``: a 1 GB string or 100 million rows never reach this process.
+  The budget counts each row at the larger of its size on the server and its size as
+  Python objects here (``python_bytes``: a float8 array is 8 bytes per element on the
+  server and about 32 once decoded), so the cap bounds this process's memory;
+- repeated column names (``select a.*, b.*``) come back made unique (``x``, ``x_2``).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 
 import psycopg
@@ -43,6 +48,30 @@ class ConsoleResult:
     capped: bool = False  # more rows than row_cap
     byte_capped: bool = False  # fetching stopped at max_bytes
     oversized: list[int] = field(default_factory=list)  # row numbers shown as NULLs
+
+
+def python_bytes(value) -> int:
+    """Memory of a decoded value as Python objects (containers and what they hold)."""
+    if isinstance(value, list | tuple):
+        return sys.getsizeof(value) + sum(python_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sys.getsizeof(value) + sum(python_bytes(k) + python_bytes(v)
+                                          for k, v in value.items())
+    return sys.getsizeof(value)
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """Column names made unique in order: a repeated ``x`` becomes ``x_2``, ``x_3``."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        new, k = name, 1
+        while new in seen:
+            k += 1
+            new = f"{name}_{k}"
+        seen.add(new)
+        out.append(new)
+    return out
 
 
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
@@ -175,7 +204,7 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
     # a query has run in this transaction: it can no longer be made read-write
     if not wrap:  # EXPLAIN, SHOW: small answers, which cannot stand in a FROM clause
         cur = conn.execute(stmt)
-        cols = [d.name for d in cur.description] if cur.description else []
+        cols = unique_names([d.name for d in cur.description] if cur.description else [])
         rows = cur.fetchmany(row_cap + 1)
         return ConsoleResult(cols, rows[:row_cap], capped=len(rows) > row_cap)
     # the statement's columns (planned, not run), renamed by position so that repeated
@@ -202,18 +231,19 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
     with conn.cursor(name="ncat_console") as cur:
         cur.execute(query)
         assert cur.description is not None
-        out.columns = [d.name for d in cur.description][:-1]
+        out.columns = unique_names([d.name for d in cur.description][:-1])
         while len(out.rows) <= row_cap and not out.byte_capped:
             got = cur.fetchmany(batch)  # at most batch * max_row_bytes in memory at once
             if not got:
                 break
             for row in got:
                 size = row[-1] or 0
+                values = tuple(row[:-1])
                 if size > max_row_bytes:
                     out.oversized.append(len(out.rows))
                 else:
-                    total += size
-                out.rows.append(tuple(row[:-1]))
+                    total += max(size, python_bytes(values))
+                out.rows.append(values)
                 if total > max_bytes:
                     out.byte_capped = True
                     break

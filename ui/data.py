@@ -7,6 +7,8 @@ is paged or bounded: no page loads a whole table.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +26,11 @@ TTL = 5  # seconds a query result is reused
 SQL_ROW_CAP = 1000
 SQL_TIMEOUT_MS = 5000
 SQL_MAX_ROW_BYTES = 1 << 20  # a larger row is shown as NULLs
-SQL_MAX_BYTES = 64 << 20  # fetching stops past this many bytes of rows
+# fetching stops past this many bytes of rows, counted as Python objects here (a float8
+# array: about 32 bytes per element), so that many sessions at once stay bounded
+SQL_MAX_BYTES = 8 << 20
+SQL_CONCURRENT = 2  # console queries at once in this explorer process; others wait
+SQL_WAIT_S = 20.0  # how long a console query waits for its turn
 # the search counts matching rows up to this many: an exact count of a wide model's
 # checkpoint reads every row (786K at Pythia-1.4B's width), a top page reads fifty
 COUNT_CAP = 10_000
@@ -274,6 +280,22 @@ def overlap(model_id: int, config_id: int) -> pd.DataFrame:
 # ------------------------------------------------------------------ the SQL console
 
 ConsoleError = console.ConsoleError
+
+
+_CONSOLE_TURNS = threading.BoundedSemaphore(SQL_CONCURRENT)
+
+
+@contextlib.contextmanager
+def console_turn():
+    """One of SQL_CONCURRENT turns of this process's console, held while a query runs and
+    its table is drawn (both hold its rows); ConsoleError if none frees up in SQL_WAIT_S."""
+    if not _CONSOLE_TURNS.acquire(timeout=SQL_WAIT_S):
+        raise ConsoleError(f"The SQL console is busy: {SQL_CONCURRENT} queries are running in "
+                           f"this explorer; try again in a moment.")
+    try:
+        yield
+    finally:
+        _CONSOLE_TURNS.release()
 
 
 def run_console(sql: str, row_cap: int | None = None) -> console.ConsoleResult:

@@ -141,3 +141,65 @@ def test_total_bytes_are_capped(db):
     res = run(db, "select repeat('z', 500000) as s from generate_series(1, 100)",
               max_bytes=2_000_000)
     assert res.byte_capped and 4 <= len(res.rows) <= 6
+
+
+def test_ten_sessions_of_large_arrays_keep_the_explorer_bounded(db):
+    """Issue 31.4: a query of numeric arrays is 8 bytes per element on the server and
+    about 32 as Python objects; the server-side cap let one query grow the explorer by
+    1.2 GB and ten sessions take it past 5 GB. Ten threads of one process here, each
+    running the console's page code (a turn, the query, its DataFrame and CSV) at once:
+    the process grows by less than 300 MB, every session gets its rows (the first ones,
+    marked as capped), and repeated column names come back unique."""
+    code = textwrap.dedent(f"""
+        import json, os, threading, time
+        os.environ["DATABASE_URL"] = {db!r}
+        import pandas as pd
+        import psutil
+        from ui import data
+        data.run_console("select 1")  # imports and a first connection, before measuring
+        me = psutil.Process()
+        base = me.memory_info().rss
+        peak = [base]
+        done = threading.Event()
+
+        def sample():  # the process's resident memory, every 10 ms
+            while not done.is_set():
+                peak[0] = max(peak[0], me.memory_info().rss)
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        sql = ("select g, array_agg(x::float8) as xs from generate_series(1, 400) g, "
+               "generate_series(1, 20000) x group by g")
+        held, errors = [], []
+
+        def session():
+            try:
+                with data.console_turn():
+                    res = data.run_console(sql)
+                    df = pd.DataFrame(res.rows, columns=res.columns)
+                    held.append((res.byte_capped, len(res.rows), len(df.to_csv())))
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=session) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        done.set()
+        sampler.join()
+        dup = data.run_console("select a.g, b.g from generate_series(1, 2) a(g), "
+                               "generate_series(1, 2) b(g)")
+        print(json.dumps({{"grew_mb": (peak[0] - base) / 2**20, "held": held,
+                          "errors": errors, "columns": dup.columns}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"ten console sessions, peak memory growth: {got['grew_mb']:.1f} MB")
+    assert got["errors"] == [] and len(got["held"]) == 10
+    assert all(capped and 0 < rows < 400 for capped, rows, _ in got["held"])
+    assert got["grew_mb"] < 300
+    assert got["columns"] == ["g", "g_2"]

@@ -20,10 +20,13 @@ def render() -> None:
     if not st.button("Run", key="run-sql"):
         return
     try:
-        res = data.run_console(sql)
-    except data.ConsoleError as exc:
+        with data.console_turn():  # the rows are held until the table is drawn
+            _show(data.run_console(sql))
+    except data.ConsoleError as exc:  # refused, failed, or no turn free
         st.error(str(exc))
-        return
+
+
+def _show(res) -> None:
     df = pd.DataFrame(res.rows, columns=res.columns)
     if res.capped:
         st.warning(f"Showing the first {data.SQL_ROW_CAP} rows.")
