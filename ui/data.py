@@ -179,10 +179,25 @@ def search_sql(f: Filters, page: int, page_size: int, cap: int) -> tuple[str, st
     return count, rows, {**params, "cap": cap + 1, "lim": page_size, "off": page * page_size}
 
 
-@st.cache_data(ttl=TTL)
 def stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op,
                 kv=False) -> StoredGrid | None:
-    """A grid as stored: full, or a sketch (schema.sketch); None if there is none."""
+    """A grid as stored: full, or a sketch (schema.sketch); None if there is none. Whether
+    the row is a sketch is read every time (one indexed row) and is part of the cache key,
+    so a full grid that a job wrote over a sketch shows at once, never a cached sketch."""
+    with store.connect(database_url()) as conn:
+        row = conn.execute(
+            "SELECT sketch FROM neuron_grid WHERE model_id = %s AND checkpoint_id = %s AND "
+            "config_id = %s AND layer = %s AND neuron = %s AND op = %s",
+            (model_id, checkpoint_id, config_id, layer, neuron, op)).fetchone()
+    if row is None:
+        return None
+    return _stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv,
+                        bool(row[0]))
+
+
+@st.cache_data(ttl=TTL)
+def _stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv,
+                 sketch: bool) -> StoredGrid | None:
     with store.connect(database_url()) as conn:
         try:
             return reads.read_stored_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,

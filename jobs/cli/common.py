@@ -72,3 +72,45 @@ def database_url(args) -> str:
 
 def database_option(s: argparse.ArgumentParser) -> None:
     s.add_argument("--database-url", default=None, help=DB_HELP)
+
+
+def service_error(exc: BaseException, args=None) -> str | None:
+    """One line for a database or broker failure (the URL without its password, a hint);
+    None for anything else."""
+    import psycopg
+    import sqlalchemy.exc
+
+    from schema.engine import DatabaseUnreachable
+
+    if isinstance(exc, DatabaseUnreachable):
+        return f"{exc}. Is PostgreSQL running there? (--database-url or DATABASE_URL)"
+    if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+        exc = exc.orig if isinstance(exc.orig, psycopg.Error) else exc
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError
+                  | sqlalchemy.exc.OperationalError):
+
+        try:
+            url = hide_password(database_url(args) if args is not None else "")
+        except Exception:  # noqa: BLE001 - resolving the URL is what failed
+            url = "the catalog database"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return (f"lost or could not open the connection to {url}: {first}. Is PostgreSQL "
+                "running there? (--database-url or DATABASE_URL chooses the server; what was "
+                "stored before stays as it was)")
+    if type(exc).__module__.split(".")[0] in ("redis", "kombu", "amqp"):
+        from catalog.settings import get_settings
+
+        url = hide_password(get_settings().redis_url or "redis://localhost:6379/0")
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return (f"cannot reach the job broker at {url}: {first}. Is Redis running? "
+                "(REDIS_URL chooses it)")
+    return None
+
+
+def hide_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy knows: show no part of it
+        return "the configured URL"

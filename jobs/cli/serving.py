@@ -48,7 +48,7 @@ def cmd_export(args) -> int:
     except ValueError as exc:
         return fail(str(exc))
     except Exception as exc:  # database errors: say what failed
-        from jobs.cli import service_error
+        from jobs.cli.common import service_error
 
         if service_error(exc, args) is not None:
             raise  # the server could not be reached: main() says so, exit 3
