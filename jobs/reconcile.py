@@ -53,10 +53,14 @@ class Action:
 
 
 def held_lock_keys(conn) -> set[int]:
-    """Advisory lock keys (bigint form, this project's namespace) held by any session."""
+    """Advisory lock keys (bigint form, this project's namespace) held by any session in
+    THIS database (advisory locks are per database: another catalog on the same server
+    has job ids, and so lock keys, of its own)."""
     rows = conn.execute(
         "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
-        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted").fetchall()
+        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
     return {r[0] for r in rows if r[0] >> 40 == LOCK_NAMESPACE}
 
 

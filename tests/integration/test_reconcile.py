@@ -139,3 +139,30 @@ def test_the_embedded_redis_keeps_an_append_only_file_and_ncat_stop_stops_it(tmp
         assert stop_embedded_redis(tmp_path)
     assert not port_open("127.0.0.1", port)
     assert not stop_embedded_redis(tmp_path)  # nothing left to stop
+
+
+def test_a_lock_in_another_catalog_on_the_same_server_is_not_this_ones(db, pg_server,
+                                                                        tiny_builtin):
+    """Advisory locks are per database: job 1 of another catalog holding its summary lock
+    used to stop this catalog's reconciler from resuming its own job 1 (a flake of the
+    suite, whose tests each have a database on one server)."""
+    from catalog.builtin import model_name
+
+    from helpers import drop_database, new_database_url
+
+    job = _job(db, model_name(TINY))
+    with store.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE job_layer SET status = 'done' WHERE job_id = %s", (job,))
+        conn.execute("UPDATE job SET status = 'summarizing', updated_at = now() - "
+                     "interval '10 minutes' WHERE id = %s", (job,))
+    other = new_database_url(pg_server)
+    from schema.engine import migrate
+
+    migrate(other)
+    try:
+        with store.connect(other, autocommit=True) as holder:  # the same key, elsewhere
+            holder.execute("SELECT pg_advisory_lock(%s)", (summary_lock_key(job),))
+            acts = reconcile(db, lambda *a: None, set(), SETTINGS)
+            assert [a.action for a in acts] == ["summary_resumed"]
+    finally:
+        drop_database(other)
