@@ -548,3 +548,29 @@ def test_reader_through_psql_cannot_escape_its_limits(db):
         worker.join(10)
         assert not worker.is_alive()
         assert caught and isinstance(caught[0], psycopg.errors.QueryCanceled)
+
+
+def test_reader_limits_hold_in_the_psql_binary(db):
+    """The documented access: psql as catalog_reader. Each escape of issue 31.5 is refused
+    there too (permission denied), and an ordinary query still answers."""
+    import shutil
+    import subprocess
+
+    psql = shutil.which("psql")
+    assert psql, "psql is missing: scripts/setup.sh installs postgresql-client"
+    url = reader_url(db).replace("postgresql+psycopg://", "postgresql://")
+    script = "\n".join([
+        "SELECT count(*) AS settings FROM catalog_setting;",
+        "SET default_transaction_read_only = off;",
+        "CREATE TEMP TABLE t (x int);",
+        "SET temp_file_limit = -1;",
+        "DO $$ BEGIN PERFORM 1; END $$;",
+        "SELECT pg_terminate_backend(pg_backend_pid());",
+        "SELECT query FROM pg_stat_activity;",
+    ])
+    out = subprocess.run([psql, url, "-X", "-A", "-t"], input=script, capture_output=True,
+                         text=True, timeout=60)
+    # the ordinary query answers; turning read-only off is allowed, and gains nothing
+    assert out.stdout.split() == ["2", "SET"], out
+    denied = [line for line in out.stderr.splitlines() if "permission denied" in line]
+    assert len(denied) == 5, out.stderr
