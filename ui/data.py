@@ -184,11 +184,12 @@ def stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op,
     """A grid as stored: full, or a sketch (schema.sketch); None if there is none. Whether
     the row is a sketch is read every time (one indexed row) and is part of the cache key,
     so a full grid that a job wrote over a sketch shows at once, never a cached sketch."""
-    with store.connect(database_url()) as conn:
-        row = conn.execute(
-            "SELECT sketch FROM neuron_grid WHERE model_id = %s AND checkpoint_id = %s AND "
-            "config_id = %s AND layer = %s AND neuron = %s AND op = %s",
-            (model_id, checkpoint_id, config_id, layer, neuron, op)).fetchone()
+    with engine().connect() as conn:  # the pooled engine: no new connection per grid
+        row = conn.execute(text(
+            "SELECT sketch FROM neuron_grid WHERE model_id = :m AND checkpoint_id = :c AND "
+            "config_id = :g AND layer = :l AND neuron = :n AND op = :o"),
+            {"m": model_id, "c": checkpoint_id, "g": config_id, "l": layer, "n": neuron,
+             "o": op}).fetchone()
     if row is None:
         return None
     return _stored_grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv,
