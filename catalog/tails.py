@@ -185,9 +185,10 @@ def identical_p(weights: torch.Tensor, cells: Cells, rows: ValueGroups, cols: Va
     ci = np.searchsorted(cols.values, common)
     observed = dense[:, torch.as_tensor(ri * side_c + ci)].sum(1)
     gen = np.random.default_rng(seed)
-    exceed = torch.zeros(n, dtype=torch.long)
-    drawn = torch.zeros(n, dtype=torch.long)
-    active = torch.ones(n, dtype=torch.bool)
+    dev = weights.device
+    exceed = torch.zeros(n, dtype=torch.long, device=dev)
+    drawn = torch.zeros(n, dtype=torch.long, device=dev)
+    active = torch.ones(n, dtype=torch.bool, device=dev)
     for start in range(0, permutations, 1024):
         live = torch.nonzero(active)[:, 0]
         if not len(live):
@@ -195,14 +196,14 @@ def identical_p(weights: torch.Tensor, cells: Cells, rows: ValueGroups, cols: Va
         b = min(1024, permutations - start)
         perm_r = strata_permutations(rows.stratum, b, gen)[:, ri]
         perm_c = strata_permutations(cols.stratum, b, gen)[:, ci]
-        idx = torch.as_tensor(perm_r * side_c + perm_c).reshape(-1)  # (b x |common|)
+        idx = torch.as_tensor(perm_r * side_c + perm_c, device=dev).reshape(-1)  # b x |common|
         null = dense[live][:, idx].view(len(live), b, -1).sum(2)
         hit = null >= observed[live, None] - 1e-9
         # where a map reaches STOP_AFTER inside the block, it stops at that permutation
         cum = exceed[live, None] + torch.cumsum(hit.long(), dim=1)
         reached = cum >= STOP_AFTER
         stop_at = torch.where(reached.any(1), reached.float().argmax(1) + 1,
-                              torch.full((len(live),), b))
+                              torch.full((len(live),), b, device=dev))
         exceed[live] = torch.minimum(cum[:, -1], torch.full_like(cum[:, -1], STOP_AFTER))
         drawn[live] += stop_at
         active[live] = ~reached.any(1)

@@ -57,7 +57,12 @@ def execution_options(s: argparse.ArgumentParser, device_only: bool = False) -> 
 
 
 def science_from(args, base: ScienceConfig | None = None) -> ScienceConfig:
-    return from_args(ScienceConfig, args, base)
+    """The request's science config; says on stderr what its dtype costs the effects."""
+    config = from_args(ScienceConfig, args, base)
+    caveat = config.precision_caveat()
+    if caveat:
+        print(f"warning: {caveat}", file=sys.stderr)
+    return config
 
 
 def execution_from(args) -> ExecutionConfig:

@@ -130,3 +130,28 @@ def test_an_unreachable_database_is_one_line_with_the_url_and_no_password(capsys
         assert len(err.splitlines()) == 1 and "Traceback" not in err
         assert "analyst:***@127.0.0.1:1/catalog" in err and "s3cret" not in err
         assert "Is PostgreSQL running there?" in err
+
+
+def test_exact_effects_in_a_half_precision_dtype_are_warned_about(capsys):
+    """bfloat16 and float16 exact effects are rounding noise on a real model
+    (docs/real-models.md): a request for them gets a warning naming the dtype and the way
+    out; float32, or no exact patching, gets none."""
+    from dataclasses import replace
+
+    from catalog.config import ScienceConfig
+    from jobs.cli.common import science_from
+
+    base = ScienceConfig()
+    assert base.precision_caveat() is None
+    assert replace(base, dtype="bfloat16", exact="none").precision_caveat() is None
+    assert replace(base, dtype="bfloat16", patching=("attribution",)).precision_caveat() is None
+    assert "float16" in replace(base, dtype="float16", exact="top:8").precision_caveat()
+    parser = build_parser()
+    args = parser.parse_args(["measure", "builtin", "--dtype", "bfloat16"])
+    assert science_from(args).dtype == "bfloat16"
+    err = capsys.readouterr().err
+    assert err.startswith("warning: exact patching in bfloat16") and "--dtype float32" in err
+    science_from(parser.parse_args(["measure", "builtin"]))
+    science_from(parser.parse_args(["measure", "builtin", "--dtype", "bfloat16",
+                                    "--exact", "none"]))
+    assert capsys.readouterr().err == ""

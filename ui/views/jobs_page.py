@@ -125,6 +125,8 @@ def queue(model: str, checkpoints: str, values: dict, device: str, force: bool) 
 
     try:
         config = _config(values)
+        if config.precision_caveat():
+            st.warning(config.precision_caveat())
         done = enqueue(data.database_url(), model.strip(), checkpoints.strip() or None, config,
                        device=device.strip() or "cpu", force=force)
     except (EnqueueError, ValueError) as exc:
