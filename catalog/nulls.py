@@ -35,6 +35,9 @@ from catalog.tails import (
 
 __all__ = ["STRATA", "ValueGroups", "ValueNull", "label", "n_value_tests", "relabelled"]
 SINGLE_TARGETS = ("op1", "op2", "result")
+# the most Monte Carlo permutations of op1 = op2 for a row that cannot be labelled (its score
+# is below the threshold): one block of ``identical_p``
+UNLABELLED_PERMUTATIONS = 1024
 
 
 def relabelled(cells: Cells, strata: str, gen: np.random.Generator) -> Cells:
@@ -114,15 +117,22 @@ class ValueNull:
             is_direct, is_bottom = bool(sk // 2), bool(sk % 2)
             on_side = np.nonzero((side_key == sk) & (draws > 0))[0]
             neurons = np.unique(neuron[on_side])
-            maps = (kv_map if is_direct else k_map)[torch.as_tensor(neurons)]
-            maps = -maps if is_bottom else maps
+            source = kv_map if is_direct else k_map
             order = None
             if orders is not None and (is_direct, is_bottom) in orders:
-                order = orders[(is_direct, is_bottom)][torch.as_tensor(neurons)]
-            for d, rows, sums, dense in self._top_sums(maps, on_side, draws, order):
+                order = orders[(is_direct, is_bottom)]
+            if order is not None and 2 * len(neurons) >= source.shape[0]:
+                # most maps are on this side: walk all of them, which needs no copy of the
+                # maps or their sort order (the others' sums are computed and not read)
+                neurons = np.arange(source.shape[0])
+                maps = source
+            else:
+                maps = source[torch.as_tensor(neurons, device=source.device)]
+                order = None if order is None else order[torch.as_tensor(neurons)]
+            for d, rows, sums, dense in self._top_sums(maps, is_bottom, on_side, draws, order):
                 pos = np.searchsorted(neurons, neuron[rows])
                 hs = [heuristics[i] for i in heuristic[rows]]
-                p = self._rows_p(sums, pos, hs, dense)
+                p = self._rows_p(sums, pos, hs, dense, score[rows] >= threshold)
                 near = np.nonzero((p <= decide_at) & (score[rows] >= threshold))[0]
                 if len(near):
                     counts = score[rows[near]].astype(np.float64) * d
@@ -139,38 +149,45 @@ class ValueNull:
             np.maximum.at(out, rows, p)
         return out
 
-    def _top_sums(self, maps: torch.Tensor, rows: np.ndarray, draws: np.ndarray,
+    def _top_sums(self, maps: torch.Tensor, bottom: bool, rows: np.ndarray, draws: np.ndarray,
                   order: torch.Tensor | None = None):
         """For each draws value d of ``rows`` (ascending): (d, its rows, target -> (neurons,
         values) top-cell weight per value, a function giving the (neurons, cells) weights of
-        some neurons). One walk down each map's sorted cells: the counts per value grow
-        segment by segment, so each d costs a segment, not a pass over every cell. Maps
-        whose d-th value is tied are recounted with the fair share of ties (``top_weights``)."""
+        some neurons). ``maps`` are ranked from the top, or from the bottom (``bottom``: the
+        top of -maps, which is never materialised whole). One walk down each map's sorted
+        cells: the counts per value grow segment by segment, so each d costs a segment, not
+        a pass over every cell. Maps whose d-th value is tied are recounted with the fair
+        share of ties (``top_weights``)."""
         n, c = maps.shape
+        sign = -1.0 if bottom else 1.0
         if order is None:
-            order = torch.from_numpy(np.argsort(-maps.cpu().numpy(), axis=1,
+            order = torch.from_numpy(np.argsort(-sign * maps.cpu().numpy(), axis=1,
                                                 kind="stable")).to(maps.device)
-        vals = maps.gather(1, order)
+        steps = np.unique(draws[rows]).tolist()
+        # the sorted values are read only around each d (ties at the d-th value)
+        cols = np.unique(np.clip(np.concatenate([[d - 2, d - 1, d] for d in steps]), 0, c - 1))
+        at = {int(x): i for i, x in enumerate(cols)}
+        vals = sign * maps.gather(1, order[:, torch.as_tensor(cols, device=maps.device)])
         gid = {t: torch.as_tensor(g.group, device=maps.device) for t, g in self.groups.items()}
         hist = {t: torch.zeros(n, len(g.values), dtype=torch.float64, device=maps.device)
                 for t, g in self.groups.items()}
+        ones = torch.ones(n, max(steps), dtype=torch.float64, device=maps.device)
         prev = 0
-        for d in np.unique(draws[rows]).tolist():
+        for d in steps:
             seg = order[:, prev:d]
             for t in hist:
-                hist[t].scatter_add_(1, gid[t][seg], torch.ones(seg.shape, dtype=torch.float64,
-                                                                device=maps.device))
+                hist[t].scatter_add_(1, gid[t][seg], ones[:, :d - prev])
             prev = d
-            kth = vals[:, d - 1]
+            kth = vals[:, at[d - 1]]
             tied = torch.zeros(n, dtype=torch.bool, device=maps.device)
             if d < c:
-                tied |= vals[:, d] == kth
+                tied |= vals[:, at[d]] == kth
             if d > 1:
-                tied |= vals[:, d - 2] == kth
+                tied |= vals[:, at[d - 2]] == kth
             sums = hist
             if bool(tied.any()):
                 idx = torch.nonzero(tied)[:, 0]
-                w = top_weights(maps[idx], d, kth[idx, None])
+                w = top_weights(sign * maps[idx], d, kth[idx, None])
                 sums = {t: h.clone() for t, h in hist.items()}
                 for t in sums:
                     fixed = torch.zeros(len(idx), sums[t].shape[1], dtype=torch.float64,
@@ -178,7 +195,7 @@ class ValueNull:
                     sums[t][idx] = fixed
 
             def dense(pos: np.ndarray, _d: int = d) -> torch.Tensor:
-                return top_weights(maps[torch.as_tensor(pos)], _d)
+                return top_weights(sign * maps[torch.as_tensor(pos)], _d)
             yield d, rows[draws[rows] == d], sums, dense
 
     def class_counts(self, h: Heuristic, t: str) -> np.ndarray:
@@ -226,7 +243,11 @@ class ValueNull:
         return out
 
     def _rows_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, hs: list[Heuristic],
-                dense) -> np.ndarray:
+                dense, can_label: np.ndarray | None = None) -> np.ndarray:
+        """P-values of rows of one draws value; ``can_label`` (rows,) bool: rows that score
+        high enough to be labelled. The others' op1 = op2 p-value is drawn from at most
+        ``UNLABELLED_PERMUTATIONS`` permutations: valid, only coarser, where a label's
+        would need the full count (most such rows, measured on Qwen2.5-Coder-0.5B)."""
         out = np.ones(len(hs))
         target = np.array([h.target if h.family != "identical" else "identical" for h in hs])
         fam = np.array([h.family for h in hs])
@@ -253,9 +274,12 @@ class ValueNull:
             out[sel] = fisher(single(sel, "op1"), single(sel, "op2"))
         sel = np.nonzero(target == "identical")[0]
         if len(sel):
+            limit = np.full(len(sel), self.permutations)
+            if can_label is not None:
+                limit[~can_label[sel]] = min(self.permutations, UNLABELLED_PERMUTATIONS)
             out[sel] = identical_p(dense(pos[sel]), self.cells,
                                    self.groups["op1"], self.groups["op2"], self.permutations,
-                                   self.seed)
+                                   self.seed, limit=limit)
         return out
 
 

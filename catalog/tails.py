@@ -168,27 +168,38 @@ STOP_AFTER = 10
 
 
 def identical_p(weights: torch.Tensor, cells: Cells, rows: ValueGroups, cols: ValueGroups,
-                permutations: int, seed: int) -> np.ndarray:
+                permutations: int, seed: int, limit: np.ndarray | None = None) -> np.ndarray:
     """Monte Carlo p-value of op1 = op2 per map (``weights`` (N, C) from ``top_weights``):
     the top-cell weight on the diagonal against the weight on (pi(v), sigma(v)) for row and
     column permutations within strata, drawn in blocks. A map whose count of permutations
     at least as large reaches ``STOP_AFTER`` stops there with p = STOP_AFTER / drawn (valid,
     Besag and Clifford 1991: far from any label after a block or two); the others go on to
-    ``permutations``, with p = (1 + #as large) / (1 + permutations)."""
+    ``permutations`` (or their own ``limit``, (N,), at most ``permutations``), with p =
+    (1 + #as large) / (1 + permutations drawn). The draws are the same whatever the limits:
+    a map's p-value does not depend on the other maps of the call."""
     n = weights.shape[0]
     side_r, side_c = len(rows.values), len(cols.values)
-    dense = torch.zeros(n, side_r * side_c, dtype=torch.float64, device=weights.device)
-    flat = torch.as_tensor(rows.group * side_c + cols.group, device=weights.device)
-    dense[:, flat] = weights
+    dev = weights.device
+    # each map's top-cell weights on the (op1 value, op2 value) square, in float32: the
+    # null statistic of a block of permutations is then one matrix product against their
+    # one-hot (value pair) indicators, not a gather per map and permutation. Sums of at
+    # most |common| weights, each a multiple of 1/#tied: float32 rounding stays far below
+    # the 1/#tied steps (>= 1/cells) between distinct sums; the margin, well inside those
+    # steps, counts a near-equal null sum as at least as large (conservative)
+    dense = torch.zeros(n, side_r * side_c, dtype=torch.float32, device=dev)
+    flat = torch.as_tensor(rows.group * side_c + cols.group, device=dev)
+    dense[:, flat] = weights.float()
     common = np.intersect1d(rows.values, cols.values)
     ri = np.searchsorted(rows.values, common)
     ci = np.searchsorted(cols.values, common)
-    observed = dense[:, torch.as_tensor(ri * side_c + ci)].sum(1)
+    observed = dense[:, torch.as_tensor(ri * side_c + ci, device=dev)].sum(1)
+    margin = 1e-5 * (1.0 + observed)
     gen = np.random.default_rng(seed)
-    dev = weights.device
     exceed = torch.zeros(n, dtype=torch.long, device=dev)
     drawn = torch.zeros(n, dtype=torch.long, device=dev)
     active = torch.ones(n, dtype=torch.bool, device=dev)
+    cap = torch.as_tensor(np.full(n, permutations) if limit is None
+                          else np.minimum(limit, permutations), device=dev)
     for start in range(0, permutations, 1024):
         live = torch.nonzero(active)[:, 0]
         if not len(live):
@@ -196,20 +207,24 @@ def identical_p(weights: torch.Tensor, cells: Cells, rows: ValueGroups, cols: Va
         b = min(1024, permutations - start)
         perm_r = strata_permutations(rows.stratum, b, gen)[:, ri]
         perm_c = strata_permutations(cols.stratum, b, gen)[:, ci]
-        idx = torch.as_tensor(perm_r * side_c + perm_c, device=dev).reshape(-1)  # b x |common|
-        null = dense[live][:, idx].view(len(live), b, -1).sum(2)
-        hit = null >= observed[live, None] - 1e-9
+        idx = torch.as_tensor(perm_r * side_c + perm_c, device=dev)  # (b, |common|)
+        onehot = torch.zeros(b, side_r * side_c, dtype=torch.float32, device=dev)
+        onehot.scatter_(1, idx, 1.0)
+        null = dense[live] @ onehot.T  # (live, b)
+        hit = null >= (observed - margin)[live, None]
+        # permutations past a map's own limit do not count for it
+        hit &= torch.arange(start, start + b, device=dev)[None, :] < cap[live, None]
         # where a map reaches STOP_AFTER inside the block, it stops at that permutation
         cum = exceed[live, None] + torch.cumsum(hit.long(), dim=1)
         reached = cum >= STOP_AFTER
         stop_at = torch.where(reached.any(1), reached.float().argmax(1) + 1,
                               torch.full((len(live),), b, device=dev))
         exceed[live] = torch.minimum(cum[:, -1], torch.full_like(cum[:, -1], STOP_AFTER))
-        drawn[live] += stop_at
-        active[live] = ~reached.any(1)
-    stopped = ~active & (exceed >= STOP_AFTER)
+        drawn[live] += torch.minimum(stop_at, (cap[live] - start).clamp(min=0))
+        active[live] = ~reached.any(1) & (cap[live] > start + b)
+    stopped = exceed >= STOP_AFTER
     p = torch.where(stopped, exceed.double() / drawn.double(),
-                    (1 + exceed.double()) / (1 + permutations))
+                    (1 + exceed.double()) / (1 + cap.double()))
     return p.clamp(max=1.0).cpu().numpy()
 
 

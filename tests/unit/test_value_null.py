@@ -216,3 +216,13 @@ def test_the_sequential_monte_carlo_of_op1_eq_op2_is_valid_and_stops_early():
     assert (null_p <= 0.05).mean() <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 300)
     assert np.median(null_p) > 0.2
     assert p[-1] == pytest.approx(1 / 20_001)
+    # a map's own limit (rows that cannot be labelled): the planted diagonal stops at one
+    # block, with the p-value of that many draws; every other map is unchanged, and so is
+    # a map that stopped early anyway
+    limit = np.full(len(p), 20_000)
+    limit[-1] = limit[0] = 1024
+    capped = tails.identical_p(weights, cells, rows, cols, 20_000, seed=0, limit=limit)
+    assert capped[-1] == pytest.approx(1 / 1025)
+    np.testing.assert_array_equal(capped[1:-1], p[1:-1])
+    if p[0] >= tails.STOP_AFTER / 1024:  # map 0 stopped within its first block
+        assert capped[0] == p[0]
