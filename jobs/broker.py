@@ -84,9 +84,20 @@ def resolve_redis_url(settings: Settings | None = None) -> str:
     return start_embedded_redis(s.ncat_home)
 
 
-def check_broker(url: str, timeout: float = 5.0) -> None:
+def check_broker(url: str, timeout: float = 5.0) -> str:
     """Raise redis' own ConnectionError (which the CLI turns into exit 3) unless the broker
-    at ``url`` answers: checked before a job row is written."""
+    at ``url`` answers: checked before a job row is written. Returns the server's run id,
+    which changes when it restarts (``BrokerRestarted``)."""
     import redis
 
-    redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout).ping()
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    return str(client.info("server").get("run_id", ""))
+
+
+class BrokerRestarted(ConnectionError):
+    """The broker answered before messages were sent and answers after, but as a restarted
+    server (another run id): messages sent to the old one may be lost with its memory."""
+
+    def __init__(self) -> None:
+        super().__init__("the broker restarted while the messages were sent (its run id "
+                         "changed), so some of them may be lost")

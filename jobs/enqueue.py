@@ -236,13 +236,30 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
     return result
 
 
-def _broker_send():
-    """The default sender, once the broker has answered (nothing is written otherwise)."""
-    from catalog.settings import get_settings
-    from jobs.broker import check_broker, resolve_redis_url
+class _BrokerSend:
+    """The default sender, made once the broker has answered (nothing is written
+    otherwise); ``verify`` after the last message raises ``BrokerRestarted`` if the broker
+    restarted meanwhile (a restarted Redis without persistence has lost what it held)."""
 
-    check_broker(resolve_redis_url(get_settings()))
-    return _celery_send
+    def __init__(self) -> None:
+        from catalog.settings import get_settings
+        from jobs.broker import check_broker, resolve_redis_url
+
+        self.url = resolve_redis_url(get_settings())
+        self.run_id = check_broker(self.url)
+
+    def __call__(self, job_id: int, layer: int) -> None:
+        _celery_send(job_id, layer)
+
+    def verify(self) -> None:
+        from jobs.broker import BrokerRestarted, check_broker
+
+        if check_broker(self.url) != self.run_id:
+            raise BrokerRestarted()
+
+
+def _broker_send():
+    return _BrokerSend()
 
 
 BROKER_ERRORS = ("redis", "kombu", "amqp", "celery")
@@ -254,6 +271,8 @@ def _send_all(send, pairs: list[tuple[int, int]], results: list) -> None:
     try:
         for job_id, layer in pairs:
             send(job_id, layer)
+        if pairs and hasattr(send, "verify"):
+            send.verify()
     except Exception as exc:
         if type(exc).__module__.split(".")[0] in BROKER_ERRORS or isinstance(
                 exc, ConnectionError | OSError):

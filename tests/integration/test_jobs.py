@@ -413,3 +413,53 @@ def test_a_broker_lost_after_the_rows_commit_is_said_with_its_own_exit_code(
         assert redis.Redis.from_url(broker.url).llen(os.environ["NCAT_QUEUE"]) == TINY.n_layers
     finally:
         broker.stop()
+
+
+def test_a_broker_restarted_empty_while_messages_go_out_is_not_called_queued(
+        queue, tmp_path, monkeypatch, capsys):
+    """Redis restarted empty between two messages of one enqueue: the first message is
+    lost with the old server's memory while the second reaches the new one. enqueue used
+    to exit 0 and say "queued"; it now sees the broker's run id change, exits 4 and says
+    that messages may be lost and who sends them. A restart before anything is sent, or
+    none, is not reported."""
+    import redis
+
+    from jobs import enqueue as enqueue_module
+    from jobs.cli import main
+
+    from helpers import Redis
+
+    broker = Redis(tmp_path / "redis")
+    broker.start()
+    monkeypatch.setenv("REDIS_URL", broker.url)
+    monkeypatch.setattr(enq, "_APP", None)
+    real = enqueue_module._celery_send
+    sent = []
+
+    def send_then_restart(job_id, layer):
+        real(job_id, layer)
+        sent.append(layer)
+        if len(sent) == 1:
+            broker.restart_empty()  # a restarted Redis without its data
+            monkeypatch.setattr(enq, "_APP", None)  # a fresh connection to the new server
+
+    monkeypatch.setattr(enqueue_module, "_celery_send", send_then_restart)
+    try:
+        assert main(["enqueue", queue.name, "--checkpoints", "300", "--hi", "10",
+                     "--database-url", queue.url]) == 4
+        out = capsys.readouterr()
+        assert "step 300, 2 layers: queued" in out.out
+        assert "BrokerRestarted: the broker restarted while the messages were sent" in out.err
+        assert "reconciler sends them" in out.err
+        assert len(sent) == TINY.n_layers
+        # what the new server holds: only the messages sent after the restart
+        assert redis.Redis.from_url(broker.url).llen(os.environ["NCAT_QUEUE"]) == \
+            TINY.n_layers - 1
+        monkeypatch.setattr(enqueue_module, "_celery_send", real)
+        monkeypatch.setattr(enq, "_APP", None)
+        # nothing restarted: the next enqueue (another checkpoint) is plainly queued
+        assert main(["enqueue", queue.name, "--checkpoints", "128", "--hi", "10",
+                     "--database-url", queue.url]) == 0
+        assert "restarted" not in capsys.readouterr().err
+    finally:
+        broker.stop()

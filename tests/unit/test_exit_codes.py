@@ -26,3 +26,21 @@ def test_an_unreachable_database_exits_3(argv, monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "127.0.0.1:1" in err[0], err
     assert not (tmp_path / "out.csv").exists()
+
+
+def test_a_demo_whose_job_failed_exits_1_and_names_the_job(monkeypatch, capsys):
+    """Exit code 1 (docs/cli.md): the command ran but work failed. `ncat demo --no-serve`
+    lists each failed job with its step and error on stderr and exits 1; with every job
+    done it exits 0. (The catalog run itself is replaced here: what is tested is how the
+    command reports its outcome; tests/integration/test_demo.py runs the real one.)"""
+    import jobs.demo
+
+    outcome = {"jobs": 2, "layers": 4, "database_url": "postgresql://x/ncat",
+               "failed": [(7, 512, "layer 1 was lost 3 time(s) while running")]}
+    monkeypatch.setattr(jobs.demo, "catalog_all", lambda *a, **k: outcome)
+    assert main(["demo", "--no-serve", "--quiet"]) == 1
+    out = capsys.readouterr()
+    assert "catalog ready" in out.out
+    assert "job 7 (step 512) failed: layer 1 was lost 3 time(s) while running" in out.err
+    outcome["failed"] = []
+    assert main(["demo", "--no-serve", "--quiet"]) == 0
