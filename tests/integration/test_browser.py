@@ -216,3 +216,73 @@ def test_the_job_form_estimates_a_request(queue):
         proc.terminate()
         proc.wait(10)
     assert queue.queued_messages() == 2 * 2  # two checkpoints of two layers
+
+
+def _proc_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"{field} not in /proc/{pid}/status")
+
+
+@pytest.mark.serial  # the health endpoint's latency is compared with a bound
+def test_ten_browser_sessions_of_the_console_keep_the_explorer_bounded(seeded):
+    """Issue 31.4 as it was found: ten browser sessions each run a query of large numeric
+    arrays at once (64 MB on the server each; as Python objects they grew the explorer by
+    1.2 GB per session, 5.3 GB for ten, and stalled its health endpoint for 8.5 s). Now
+    the explorer's peak resident memory (the kernel's high-water mark) stays within 300 MB
+    of its resident memory before the queries, every session gets its first rows marked as
+    capped, and the health endpoint keeps answering within 3 s."""
+    import threading
+    import urllib.request
+
+    env = {**os.environ, "DATABASE_URL": seeded, "NCAT_QUEUE": "browser-tests-no-worker"}
+    proc, url = start_explorer(env)
+    sql = ("select g, array_agg(x::float8) as xs from generate_series(1, 400) g, "
+           "generate_series(1, 20000) x group by g")
+    health: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:  # the health endpoint's latency while the queries run
+        while not stop.is_set():
+            t = time.monotonic()
+            urllib.request.urlopen(f"{url}/_stcore/health", timeout=30).read()
+            health.append(time.monotonic() - t)
+            time.sleep(0.2)
+
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            pages = []
+            for _ in range(10):
+                page = browser.new_context().new_page()
+                page.goto(f"{url}/sql", wait_until="networkidle")
+                page.get_by_role("button", name="Run").wait_for(timeout=60_000)
+                area = page.get_by_label("Query")
+                area.fill(sql)
+                area.press("Control+Enter")  # commit the text before the button reads it
+                pages.append(page)
+            time.sleep(1.0)
+            before = _proc_kib(proc.pid, "VmRSS")
+            prober = threading.Thread(target=probe)
+            prober.start()
+            for page in pages:
+                page.get_by_role("button", name="Run").click()
+            for page in pages:
+                page.get_by_text("Showing the first").first.wait_for(timeout=180_000)
+            stop.set()
+            prober.join()
+            peak = _proc_kib(proc.pid, "VmHWM")
+            texts = [p.locator("[data-testid='stAlert']").all_text_contents() for p in pages]
+            browser.close()
+    finally:
+        stop.set()
+        proc.terminate()
+        proc.wait(10)
+    grew_mb = (peak - before) / 1024
+    print(f"ten browser sessions: explorer peak {peak / 1024:.0f} MB, {grew_mb:.0f} MB over "
+          f"{before / 1024:.0f} MB before; health at most {max(health):.2f} s "
+          f"({len(health)} probes)")
+    assert all(any("the console's limit" in t for t in ts) for ts in texts), texts
+    assert grew_mb < 300
+    assert health and max(health) < 3.0
