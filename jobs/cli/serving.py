@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,14 +88,73 @@ def cmd_explore(args) -> int:
         settings = settings.model_copy(update={"database_url": args.database_url})
     app = ROOT / "ui" / "app.py"
     shown = "localhost" if args.host in ("127.0.0.1", "localhost") else args.host
-    print(f"explorer: http://{shown}:{port}")
-    return subprocess.call([sys.executable, "-m", "streamlit", "run", str(app),
-                            "--server.port", str(port), "--server.address", args.host,
-                            "--server.headless", "true", "--browser.gatherUsageStats", "false"],
-                           env=child_env(settings))
+    print(f"explorer: http://{shown}:{port} (Ctrl+C stops it)", flush=True)
+    with sigterm_exits():
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app),
+                                 "--server.port", str(port), "--server.address", args.host,
+                                 "--server.headless", "true", "--browser.gatherUsageStats",
+                                 "false"],
+                                env=child_env(settings), preexec_fn=_die_with_parent)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            _stop_child(proc)
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """While inside, SIGTERM ends this command like Ctrl+C does: as an exception in the
+    main thread, so that ``finally`` blocks stop what the command started (the demo's
+    worker, the explorer). Python's default for SIGTERM ends the process at once and
+    leaves its children running. The previous handler comes back on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _raise_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent() -> None:
+    """In the explorer's process before it starts (Linux): the kernel kills it when this
+    command's process dies, however that happens (even SIGKILL)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _stop_child(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Ask a child to stop (SIGTERM), and kill it if it has not within ``grace`` seconds
+    (Streamlit with a browser session attached has been seen to ignore SIGTERM)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def cmd_demo(args) -> int:
+    # SIGTERM as Ctrl+C: the worker it starts is stopped in catalog_all's finally, the
+    # explorer in cmd_explore's
+    with sigterm_exits():
+        return _demo(args)
+
+
+def _demo(args) -> int:
     from jobs.demo import DEMO_CONFIG, catalog_all
     from jobs.enqueue import EnqueueError
 
@@ -107,6 +169,8 @@ def cmd_demo(args) -> int:
         print(f"job {job_id} (step {step}) failed: {error}", file=sys.stderr)
     if args.no_serve:
         return 1 if out["failed"] else 0
+    print("the demo's worker has stopped: jobs queued from the explorer's Jobs page run once "
+          "`ncat worker` runs (in another terminal)")
     args.database_url = out["database_url"]
     return cmd_explore(args)
 

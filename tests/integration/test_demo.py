@@ -54,3 +54,61 @@ def test_demo_catalogs_every_checkpoint_then_reuses_everything(db, redis_url, ti
     assert time.perf_counter() - t0 < 15  # everything was done: nothing computed again
     with store.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM job").fetchone()[0] == len(steps)
+    # Issue 32.1: SIGTERM to the demo (after a browser visit) stops everything it started
+    _sigterm_stops_the_demo_and_its_explorer(db, redis_url, root)
+
+
+def _sigterm_stops_the_demo_and_its_explorer(db, redis_url, root) -> None:
+    """`ncat demo` serving the catalog it found done, visited by Chromium, then SIGTERM to
+    the demo's process: within 10 s no process it started is left and nothing listens on
+    the explorer's port (its explorer used to be left running, re-parented to PID 1)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import psutil
+    from playwright.sync_api import sync_playwright
+    from test_browser import ROOT, free_port, launch
+
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": db, "REDIS_URL": redis_url,
+           "NCAT_HOME": str(root.parent), "NCAT_QUEUE": f"demo-stop-{time.time_ns()}"}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "jobs.cli", "demo", "--model", model_name(TINY), "--quiet",
+         "--hi", "12", "--pairs", "8", "--faithfulness-prompts", "20", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    started: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert demo.poll() is None, demo.stdout.read().decode()
+                assert time.monotonic() < deadline, "the demo's explorer did not answer"
+                time.sleep(0.3)
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/overview", wait_until="networkidle")
+            page.get_by_text("Overview").first.wait_for(timeout=60_000)
+            started = psutil.Process(demo.pid).children(recursive=True)
+            assert started, "the demo started no explorer process"
+            demo.send_signal(15)  # SIGTERM, with the browser session still open
+            gone, alive = psutil.wait_procs([psutil.Process(demo.pid), *started], timeout=10)
+            browser.close()
+        assert alive == [], [(p.pid, p.name()) for p in alive]
+        # psutil reaped the demo, so its exit status is psutil's to tell: 128 + SIGTERM
+        assert [p.returncode for p in gone if p.pid == demo.pid] == [128 + 15], \
+            demo.stdout.read().decode()
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "the explorer's port still answers"
+    finally:
+        for p in [*started]:
+            if p.is_running():
+                p.kill()
+        if demo.poll() is None:
+            demo.kill()
