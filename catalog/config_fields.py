@@ -101,11 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls, base=None) -> None:
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").strip().splitlines()[0])
     for spec in specs(cls):
         default = getattr(base, spec.name) if base is not None else spec.default
+        shown = spec.show(default)
+        if not shown.strip():  # a newline or a space: written as a Python string, '\n'
+            shown = repr(shown)
         group.add_argument(spec.flag, dest=spec.name, default=None, metavar=spec.kind.upper(),
                            choices=spec.choices,
                            # argparse %-formats help texts: a literal % must be doubled
-                           help=f"{spec.help} (default {spec.show(default)!s})".replace(
-                               "%", "%%"))
+                           help=f"{spec.help} (default {shown})".replace("%", "%%"))
 
 
 def from_args(cls, args: argparse.Namespace, base=None):

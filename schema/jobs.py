@@ -30,6 +30,14 @@ ERROR_CHARS = 4000  # a stored error is cut to this many characters
 FINISHED = (Status.DONE, Status.FAILED, Status.CANCELLED)
 
 
+
+def at_checkpoint(model: str, step) -> str:
+    """How commands and the explorer name a checkpoint: "MODEL step N", or "MODEL (final
+    weights)" for a model without training steps (a hub model, a GGUF file)."""
+    if step is None or step != step:  # None, or NaN from a pandas column
+        return f"{model} (final weights)"
+    return f"{model} step {int(step)}"
+
 @dataclass
 class JobRow:
     id: int

@@ -18,6 +18,7 @@ from jobs.cli.common import (
     science_from,
     science_options,
 )
+from schema.jobs import at_checkpoint
 
 MODEL_HELP = ("'builtin', a known model fetched with `ncat fetch` (e.g. qwen2.5-coder-0.5b), a "
               "hub name, a local HF directory or a .gguf file")
@@ -45,7 +46,9 @@ def print_result(res, top: int = 5, out=sys.stdout) -> None:
     for layer, lr in sorted(res.layers.items()):
         m = lr.matches
         print(f"\nlayer {layer}: {len(m)} heuristic scores >= {res.config.score_floor}, "
-              f"{int(m.implements.sum())} labels ({res.config.label_rule} rule)", file=out)
+              f"{int(m.implements.sum())} labels ((neuron, heuristic) pairs) on "
+              f"{len(np.unique(m.neuron[m.implements]))} neurons "
+              f"({res.config.label_rule} rule)", file=out)
         for o, op in enumerate(ops):
             facts = lr.patching[op]
             if facts.get("spearman") is not None:
@@ -148,21 +151,23 @@ def cmd_catalog(args) -> int:
                     have = reads.find_stored(conn, model_name=name, step=step,
                                              config_hash=config.config_hash())
                 if have and have.covers(layers):
-                    print(f"{name} step {step}: already in the catalog (--force recomputes)")
+                    print(f"{at_checkpoint(name, step)}: already in the catalog "
+                          "(--force recomputes)")
                     continue
             lm = load_model(args.model, step, device=execution.device,
                             dtype=config.torch_dtype())
             t0 = time.perf_counter()
 
             def resumed(done: list[int], _step=step, _name=name) -> None:
-                print(f"{_name} step {_step}: layers {done} are stored already (an earlier "
-                      "run); computing the rest")
+                print(f"{at_checkpoint(_name, _step)}: layers {done} are stored already "
+                      "(an earlier run); computing the rest")
 
             ids = catalog_checkpoint(url, lm, config, layers=layers, progress=not args.quiet,
                                      execution=execution, resume=not args.force,
                                      on_resume=resumed)
-            print(f"{lm.info.name} step {step}: stored in {time.perf_counter() - t0:.1f} s "
-                  f"(checkpoint id {ids.checkpoint_id}, config id {ids.config_id})")
+            print(f"{at_checkpoint(lm.info.name, step)}: stored in "
+                  f"{time.perf_counter() - t0:.1f} s (checkpoint id {ids.checkpoint_id}, "
+                  f"config id {ids.config_id})")
     except (ModelSourceError, ValueError, SchemaBehind) as exc:
         return fail(str(exc))
     return 0

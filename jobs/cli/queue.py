@@ -18,6 +18,7 @@ from jobs.cli.common import (
     science_options,
 )
 from jobs.cli.measuring import MODEL_HELP
+from schema.jobs import at_checkpoint
 
 
 def parse_full_grid(text: str) -> tuple[int, list[int]]:
@@ -56,7 +57,7 @@ def cmd_enqueue(args) -> int:
             j = enqueue_full_grid(url, args.model, steps[0], config, layer, neurons,
                                   device=args.device or "cpu")
             print(f"job {j.job_id}: full grids of layer {layer} neurons "
-                  f"{','.join(map(str, neurons))} of {j.model} step {j.step}: {j.note}")
+                  f"{','.join(map(str, neurons))} of {at_checkpoint(j.model, j.step)}: {j.note}")
             return 0
         _print_estimate(url, args, config)
         jobs = enqueue(url, args.model, args.checkpoints, config,
@@ -80,7 +81,7 @@ def _print_jobs(jobs, force: bool) -> None:
             what = "queued"
         else:
             what = "queued again (--force)" if force else "exists already"
-        print(f"job {j.job_id}: {j.model} step {j.step}, {len(j.layers)} layers: {what}")
+        print(f"job {j.job_id}: {at_checkpoint(j.model, j.step)}, {len(j.layers)} layers: {what}")
 
 
 def _print_estimate(url: str, args, config) -> None:
@@ -147,7 +148,7 @@ def cmd_status(args) -> int:
     url = database_url(args)
     while True:
         rows = job_statuses(url, args.jobs or None)
-        lines = [f"job {r.job_id:4d}  {r.model} step {r.step}  "
+        lines = [f"job {r.job_id:4d}  {at_checkpoint(r.model, r.step)}  "
                  f"{_bar(r.layers_done, r.layers_total)}  {r.status}"
                  + (f"  layer {r.failed_layer}: {r.error}" if r.error else "") for r in rows]
         print("\n".join(lines) if lines else "no jobs")

@@ -155,3 +155,18 @@ def test_exact_effects_in_a_half_precision_dtype_are_warned_about(capsys):
     science_from(parser.parse_args(["measure", "builtin", "--dtype", "bfloat16",
                                     "--exact", "none"]))
     assert capsys.readouterr().err == ""
+
+
+def test_small_confusions_of_the_output_are_gone(capsys):
+    """Issue 32.11: the shot separator's default (a newline) is shown as '\\n', not as a
+    blank; a checkpoint without a training step is "final weights", not "step None"."""
+    from schema.jobs import at_checkpoint
+
+    with pytest.raises(SystemExit):
+        main(["measure", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "text after each solved example (default '\\n')" in help_text
+    assert at_checkpoint("qwen2.5-coder-0.5b", None) == "qwen2.5-coder-0.5b (final weights)"
+    assert at_checkpoint("qwen2.5-coder-0.5b", float("nan")).endswith("(final weights)")
+    assert at_checkpoint("builtin-arith", 3000) == "builtin-arith step 3000"
+    assert at_checkpoint("builtin-arith", 3000.0) == "builtin-arith step 3000"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from schema.jobs import at_checkpoint
 from ui import data
 from ui.views.common import EMPTY
 
@@ -56,7 +57,8 @@ def jobs_panel() -> None:
         return
     for job in jobs.itertuples():
         frac = job.done / job.layers if job.layers else 0.0
-        text = f"job {job.id}: {job.model} step {job.step}: {job.status} ({job.done}/{job.layers})"
+        text = (f"job {job.id}: {at_checkpoint(job.model, job.step)}: {job.status} "
+                f"({job.done}/{job.layers})")
         if job.error:
             text += f", layer {job.failed_layer}: {job.error}"
         st.progress(frac, text=text)
