@@ -8,20 +8,35 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 
-def heatmap(grid: np.ndarray, lo: int, title: str, diverging: bool = False) -> go.Figure:
-    """A (side, side) grid, op1 down the y axis and op2 along x; NaN cells stay blank."""
+def heatmap(grid: np.ndarray, lo: int, title: str, diverging: bool = False,
+            zrange: tuple[float, float] | None = None, unit: str = "activation") -> go.Figure:
+    """A (side, side) grid, op1 down the y axis and op2 along x; NaN cells stay blank.
+    ``zrange``: one colour scale shared by grids shown side by side (else the grid's own);
+    ``unit`` titles the colour bar."""
     side = grid.shape[0]
     axis = list(range(lo, lo + side))
     lim = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+    zmin, zmax = (-lim, lim) if diverging else (None, None)
+    if zrange is not None:
+        zmin, zmax = zrange
     fig = go.Figure(go.Heatmap(
         z=grid, x=axis, y=axis, colorscale="RdBu_r" if diverging else "Viridis",
-        zmid=0 if diverging else None, zmin=-lim if diverging else None,
-        zmax=lim if diverging else None, hoverongaps=False,
+        zmid=0 if diverging else None, zmin=zmin, zmax=zmax, hoverongaps=False,
+        colorbar=dict(title=dict(text=unit, side="right")),
         hovertemplate="op1=%{y}<br>op2=%{x}<br>value=%{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="op2", yaxis_title="op1", height=330,
                       margin=dict(l=40, r=10, t=40, b=40))
     fig.update_yaxes(autorange="reversed")
     return fig
+
+
+def shared_range(grids: list[np.ndarray]) -> tuple[float, float] | None:
+    """(min, max) over the finite cells of grids compared side by side, or None."""
+    finite = [g[np.isfinite(g)] for g in grids if g is not None and np.isfinite(g).any()]
+    if not finite:
+        return None
+    values = np.concatenate(finite)
+    return float(values.min()), float(values.max())
 
 
 def profiles(row_means: np.ndarray, col_means: np.ndarray, lo: int, op: str) -> go.Figure:
@@ -43,11 +58,25 @@ def lens_line(numbers: list[float]) -> go.Figure:
     return fig
 
 
+# one colour per operator in every chart (distinct hues: no two share a colour family)
+OP_COLORS = {"+": "#1f77b4", "-": "#ff7f0e", "*": "#2ca02c", "/": "#9467bd"}
+
+
 def evolution_lines(df: pd.DataFrame, column: str, title: str) -> go.Figure:
-    fig = px.line(df, x="step", y=column, color="op", markers=True, title=title)
+    """One line per operator over training steps, on a log step axis (checkpoints are
+    spaced log-uniformly early in training); step 0 sits half a decade left of the first
+    positive step, labelled 0."""
+    steps = sorted(int(x) for x in df["step"].unique())
+    positive = [x for x in steps if x > 0]
+    zero_at = positive[0] / 2 if positive else 1.0
+    plot = df.assign(step_axis=df["step"].where(df["step"] > 0, zero_at))
+    fig = px.line(plot, x="step_axis", y=column, color="op", markers=True, title=title,
+                  color_discrete_map=OP_COLORS, category_orders={"op": list(OP_COLORS)},
+                  hover_data={"step": True, "step_axis": False})
     fig.update_layout(height=300, margin=dict(l=40, r=10, t=40, b=40))
-    if df["step"].min() > 0:
-        fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", title="step (log scale)",
+                     tickvals=[x if x > 0 else zero_at for x in steps],
+                     ticktext=[str(x) for x in steps])
     return fig
 
 

@@ -86,6 +86,14 @@ def test_search_open_a_neuron_and_see_its_charts(server, seeded):
         href = top_row_link(seeded)
         page.goto(server + href, wait_until="networkidle")
         page.get_by_text("Activation grids (K map)").wait_for(timeout=60_000)
+        # the page names the model, the checkpoint's step and the measurement (issue 32.5)
+        from schema import store
+
+        with store.connect(seeded) as conn:
+            name, step = conn.execute(
+                "SELECT m.name, c.step FROM checkpoint c JOIN model m ON m.id = c.model_id "
+                "ORDER BY c.step DESC LIMIT 1").fetchone()
+        page.get_by_text(f"{name} step {step} · measurement config #").wait_for(timeout=10_000)
         page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
         page.get_by_text("Across training").scroll_into_view_if_needed()
         page.wait_for_function(

@@ -52,6 +52,19 @@ def _sketch_banner(p: dict, sketched: list[str], grids: dict) -> None:
         data.jobs.clear()
 
 
+def _where(p: dict) -> str:
+    """Which model, checkpoint and measurement the page shows, in one line."""
+    from schema.jobs import at_checkpoint
+
+    name, step, config = data.job_request(p["model_id"], p["checkpoint_id"], p["config_id"])
+    ops = "".join(config.get("operators", ()))
+    shots = config.get("shots", 0)
+    return (f"{at_checkpoint(name, step)} · measurement config #{p['config_id']}: operators "
+            f"{ops}, operands [{config.get('operand_lo', 0)}, {config.get('operand_hi')}), "
+            f"{shots} solved example(s), {config.get('pairs_per_op')} pairs, label rule "
+            f"{config.get('label_rule', 'significant')}, dtype {config.get('dtype', 'float32')}")
+
+
 def render() -> None:
     st.title("Neuron")
     if not require_catalog():
@@ -66,6 +79,7 @@ def render() -> None:
         st.warning(f"No stored neuron {p['neuron']} in layer {p['layer']} for these ids.")
         return
     st.subheader(f"Layer {p['layer']}, neuron {p['neuron']}")
+    st.caption(_where(p))
     st.dataframe(ops, hide_index=True, width="stretch")
     layout = data.layout(p["config_id"]).set_index("op")
 
@@ -92,7 +106,7 @@ def render() -> None:
         title = f"KV map, {kv_op}" + (" (sketch: block means times each cell's lens value)"
                                       if g.sketch else "")
         st.plotly_chart(plots.heatmap(g.values, int(layout.lo[kv_op]), title,
-                                      diverging=True), key="kv")
+                                      diverging=True, unit="activation x lens"), key="kv")
 
     lens = data.lens(*p.values())
     if lens:
@@ -134,9 +148,13 @@ def render() -> None:
     op = st.radio("Operator ", list(layout.index), horizontal=True, key="ev-op")
     if chosen:
         cols = st.columns(len(chosen))
+        at = {step: data.grid(p["model_id"], int(ev[ev.step == step].checkpoint_id.iloc[0]),
+                              p["config_id"], p["layer"], p["neuron"], op=op)
+              for step in chosen}
+        shared = plots.shared_range(list(at.values()))  # one colour scale across steps
         for col, step in zip(cols, chosen, strict=True):
-            ck = int(ev[ev.step == step].checkpoint_id.iloc[0])
-            g = data.grid(p["model_id"], ck, p["config_id"], p["layer"], p["neuron"], op=op)
-            if g is not None:
-                col.plotly_chart(plots.heatmap(g, int(layout.lo[op]), f"step {step}"),
+            if at[step] is not None:
+                col.plotly_chart(plots.heatmap(at[step], int(layout.lo[op]), f"step {step}",
+                                               zrange=shared),
                                  key=f"ev-{step}")
+        st.caption("One colour scale for the steps shown (activation of the neuron).")
