@@ -294,3 +294,27 @@ def test_ten_browser_sessions_of_the_console_keep_the_explorer_bounded(seeded):
     assert all(any("the console's limit" in t for t in ts) for ts in texts), texts
     assert grew_mb < 300
     assert health and max(health) < 3.0
+
+
+def test_the_overview_shows_the_last_checkpoint_first_and_explains_its_columns(server, seeded):
+    """Issue 32.3: the checkpoint table scrolled inside itself with training's end below
+    the fold, and its blanks and 'k=' were unexplained. The table is drawn on a canvas;
+    its accessible copy holds the rows in view, read here without scrolling."""
+    from schema import store
+
+    with store.connect(seeded) as conn:
+        steps = [r[0] for r in conn.execute("SELECT step FROM checkpoint ORDER BY step")]
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server, wait_until="networkidle")
+        table = page.locator("[data-testid='stDataFrame']").first
+        table.wait_for(timeout=60_000)
+        page.get_by_text("duplicate of: a checkpoint whose weights").wait_for(timeout=30_000)
+        cells = table.locator("[role='gridcell']").all_text_contents()
+        page.get_by_text("(docs/method.md section 6)").first.wait_for(timeout=10_000)
+        browser.close()
+    assert cells, "no cells in the table's accessible copy"
+    assert cells[0] == str(steps[-1]), cells[:12]
+    shown = [c for c in cells if c.isdigit() and int(c) in steps]
+    assert set(map(int, shown)) >= set(steps), (shown, steps)  # every step in view

@@ -24,21 +24,37 @@ def render() -> None:
                    f"{numbers}")
         cks = data.checkpoints(int(model.id))
         rows = []
+        faith_k = None
         for ck in cks.itertuples():
+            dup = ck.duplicate_of_step
             row = {"step": ck.step, "weights": ck.weights,
-                   "duplicate of": ck.duplicate_of_step}
+                   "duplicate of": "" if dup is None or dup != dup else f"step {int(dup)}"}
             if isinstance(ck.accuracy, dict):
                 row.update({f"acc {op}": v for op, v in ck.accuracy.items()})
                 faith = ck.faithfulness.get("+") or []
                 if faith:
                     k, f = faith[len(faith) // 2]
                     row[f"faithfulness + (k={k})"] = f
+                    faith_k = k
             for e in (ck.enrichment if isinstance(ck.enrichment, list) else []):
                 if e["layer"] == "all" and e["family"] == "any":
                     row[f"labelled top / random {e['op']}"] = (
                         f"{e['share_top']:.2f} / {e['share_random']:.2f}")
             rows.append(row)
-        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        # the last checkpoints first, every row in view: training's end is what a reader
+        # looks for, and it used to sit below the table's fold
+        table = pd.DataFrame(rows[::-1])
+        st.dataframe(table, hide_index=True, width="stretch",
+                     height=min(36 * (len(table) + 1) + 3, 36 * 21 + 3))
+        notes = ["duplicate of: a checkpoint whose weights equal an earlier one's (same hash) "
+                 "is not measured again; its numbers are that step's"]
+        if faith_k is not None:
+            notes.append(f"faithfulness + (k={faith_k}): how much of the answer (the "
+                         "paper's normalised logit, 0 = the empty circuit, 1 = the model) a "
+                         f"circuit keeps with the top {faith_k} neurons of each late layer "
+                         "and the rest mean-ablated (docs/method.md section 6); blank where "
+                         "the checkpoint has no summary")
+        st.caption("; ".join(notes))
         if any(isinstance(e, list) and e for e in cks.get("enrichment", [])):
             st.caption("labelled top / random: share of each layer's top set (by rank) that "
                        "carries a heuristic label, beside a random set of as many other "
