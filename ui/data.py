@@ -215,6 +215,19 @@ def grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv=False) -> np.
 
 
 @st.cache_data(ttl=TTL)
+@st.cache_data(ttl=TTL)
+def recent_config() -> tuple[int, dict] | None:
+    """(config id, stored config) of the most recent job, else of the newest stored config:
+    where the job form starts, so that a checkpoint the catalog has is found done."""
+    with store.connect(database_url()) as conn:
+        row = conn.execute("SELECT m.id, m.config FROM job j JOIN measure_config m ON "
+                           "m.id = j.config_id ORDER BY j.id DESC LIMIT 1").fetchone()
+        if row is None:
+            row = conn.execute("SELECT id, config FROM measure_config ORDER BY id DESC "
+                               "LIMIT 1").fetchone()
+    return None if row is None else (int(row[0]), dict(row[1]))
+
+
 def job_request(model_id: int, checkpoint_id: int, config_id: int) -> tuple[str, int | None,
                                                                            dict]:
     """(model name, step, stored config) of a catalogued checkpoint: what a job needs."""

@@ -226,6 +226,43 @@ def test_the_job_form_estimates_a_request(queue):
     assert queue.queued_messages() == 2 * 2  # two checkpoints of two layers
 
 
+def test_the_job_form_starts_from_the_catalogs_config_so_a_stored_checkpoint_is_done(
+        queue, tiny_builtin):
+    """Issue 32.6: the form started from the library's defaults (operands [0, 300)) while
+    the demo had measured [0, 100), so queueing a demo checkpoint made a new job. Now it
+    starts from the config of the catalog's most recent job (else its newest config):
+    Queue with only the model and a stored step filled in finds it done, sends nothing."""
+    from catalog.sources import load_model
+    from jobs.store_results import catalog_checkpoint
+
+    from helpers import SEED_CONFIG
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", 300, builtin_config=cfg, cache_root=root)
+    catalog_checkpoint(queue.url, lm, SEED_CONFIG)  # e.g. what the demo stored
+    proc, url = start_explorer(dict(os.environ))
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(f"{url}/jobs", wait_until="networkidle")
+            page.get_by_text("The form starts from the measurement config").wait_for(
+                timeout=60_000)
+            hi = page.get_by_role("spinbutton", name="to (exclusive)").input_value()
+            page.get_by_role("textbox", name="Model").fill(queue.name)
+            page.get_by_role("textbox", name="Checkpoints").fill("300")
+            page.get_by_role("button", name="Queue").click()
+            page.get_by_text("already in the catalog:").wait_for(timeout=60_000)
+            message = page.get_by_text("already in the catalog:").inner_text()
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert hi == str(SEED_CONFIG.operand_hi)
+    assert message.startswith("0 job(s) queued, 0 existed already, 1 already in the catalog")
+    assert queue.queued_messages() == 0
+
+
 def _proc_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
