@@ -215,7 +215,6 @@ def grid(model_id, checkpoint_id, config_id, layer, neuron, op, kv=False) -> np.
 
 
 @st.cache_data(ttl=TTL)
-@st.cache_data(ttl=TTL)
 def recent_config() -> tuple[int, dict] | None:
     """(config id, stored config) of the most recent job, else of the newest stored config:
     where the job form starts, so that a checkpoint the catalog has is found done."""
@@ -228,6 +227,7 @@ def recent_config() -> tuple[int, dict] | None:
     return None if row is None else (int(row[0]), dict(row[1]))
 
 
+@st.cache_data(ttl=TTL)
 def job_request(model_id: int, checkpoint_id: int, config_id: int) -> tuple[str, int | None,
                                                                            dict]:
     """(model name, step, stored config) of a catalogued checkpoint: what a job needs."""
