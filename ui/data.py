@@ -154,6 +154,7 @@ def _where(f: Filters) -> tuple[str, dict]:
         cond.append("(n.layer, n.neuron, n.op) IN (SELECT s.layer, s.neuron, s.op FROM "
                     "neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
                     f"WHERE {' AND '.join(sub)})")
+        params["_score_filter"] = " AND ".join(sub)
     return " AND ".join(cond), params
 
 
@@ -169,12 +170,23 @@ def search(f: Filters, page: int, page_size: int = 50,
 def search_sql(f: Filters, page: int, page_size: int, cap: int) -> tuple[str, str, dict]:
     """(the capped count, the page, their parameters) of a search."""
     where, params = _where(f)
+    score_filter = params.pop("_score_filter", None)
     count = f"SELECT count(*) AS n FROM (SELECT 1 FROM neuron_op n WHERE {where} LIMIT :cap) t"
+    # with a heuristic filter, the heuristic that matched it (the best-scoring one), beside
+    # the neuron's best heuristic overall
+    matched, join = "", ""
+    if score_filter:
+        matched = "m.label AS matched_heuristic, m.score AS matched_score, "
+        join = ("LEFT JOIN LATERAL (SELECT h.label, s.score FROM neuron_score s JOIN "
+                f"heuristic h ON h.id = s.heuristic_id WHERE {score_filter} AND "
+                "s.layer = n.layer AND s.neuron = n.neuron AND s.op = n.op "
+                "ORDER BY s.score DESC LIMIT 1) m ON true ")
     rows = (
-        "SELECT n.layer, n.neuron, n.op, n.rank_value AS effect, n.is_exact, n.effect_exact, "
-        "n.effect_attr, n.rank, h.label AS best_heuristic, n.best_score, n.best_bottom, "
-        "n.labelled, n.max_act "
-        f"FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE {where} "
+        f"SELECT n.layer, n.neuron, n.op, {matched}n.rank_value AS effect, n.is_exact, "
+        "n.effect_exact, n.effect_attr, n.rank, h.label AS best_heuristic, n.best_score, "
+        "n.best_bottom, n.labelled, n.max_act "
+        f"FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id {join}"
+        f"WHERE {where} "
         f"ORDER BY {SORTS[f.sort]}, n.layer, n.neuron, n.op LIMIT :lim OFFSET :off")
     return count, rows, {**params, "cap": cap + 1, "lim": page_size, "off": page * page_size}
 

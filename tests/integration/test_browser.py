@@ -355,3 +355,33 @@ def test_the_overview_shows_the_last_checkpoint_first_and_explains_its_columns(s
     assert cells[0] == str(steps[-1]), cells[:12]
     shown = [c for c in cells if c.isdigit() and int(c) in steps]
     assert set(map(int, shown)) >= set(steps), (shown, steps)  # every step in view
+
+
+def test_a_label_search_shows_the_heuristic_that_matched(server, seeded):
+    """Issue 32.4: filtering on "mod 3" listed a neuron whose only label shown was its best
+    heuristic, e.g. "result = 0 (mod 5)". The matched heuristic now has its own column,
+    and every row's matched heuristic contains the text searched for."""
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1800, "height": 1400})
+        page.goto(f"{server}/search", wait_until="networkidle")
+        page.get_by_text("neuron-operator rows match").wait_for(timeout=60_000)
+        box = page.get_by_role("textbox", name="Heuristic label contains")
+        box.fill("mod 3")
+        box.press("Enter")
+        table = page.locator("[data-testid='stDataFrame']").first
+        wait_until(lambda: "matched_heuristic" in table.locator(
+            "[role='columnheader']").all_text_contents(), timeout=60,
+            what="the matched heuristic's column")
+        headers = table.locator("[role='columnheader']").all_text_contents()
+        rows = table.locator("[role='row']")
+        matched = []
+        for i in range(1, rows.count()):  # row 0 holds the headers
+            cells = rows.nth(i).locator("[role='gridcell']").all_text_contents()
+            if len(cells) == len(headers):
+                matched.append((cells[headers.index("matched_heuristic")],
+                                cells[headers.index("best_heuristic")]))
+        browser.close()
+    assert "page" in headers and headers.count("neuron") == 1, headers
+    assert matched, "no rows read"
+    assert all("mod 3" in m for m, _ in matched), matched

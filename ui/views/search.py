@@ -56,7 +56,25 @@ def render() -> None:
     rows.insert(0, "open", [neuron_link(int(model.id), int(ck.checkpoint_id), config_id,
                                         r.layer, r.neuron) for r in rows.itertuples()])
     st.dataframe(rows, hide_index=True, width="stretch", column_config={
-        "open": st.column_config.LinkColumn("neuron", display_text="open"),
+        "open": st.column_config.LinkColumn("page", display_text="open",
+                                            help="the neuron's page"),
+        "matched_heuristic": st.column_config.TextColumn(
+            help="the heuristic that matched the filters (its best-scoring one)"),
+        "matched_score": st.column_config.NumberColumn(format="%.2f"),
+        "effect": st.column_config.NumberColumn(
+            format="%.3f", help="what neurons are ranked by: the config's statistic of the "
+                                "log-space patching effect (default its 10%-trimmed mean over "
+                                "pairs); read this one"),
+        "effect_exact": st.column_config.NumberColumn(
+            help="the heuristics paper's mean effect over pairs (exact patching): a ratio "
+                 "of probabilities, heavy-tailed (one pair can make it huge); for comparison "
+                 "with the paper, not for ranking"),
+        "effect_attr": st.column_config.NumberColumn(
+            help="attribution patching's estimate of the mean log-space effect (first "
+                 "order): not the same quantity as effect_exact"),
+        "best_heuristic": st.column_config.TextColumn(
+            help="the neuron's best-scoring heuristic for this operator, whatever the "
+                 "filters"),
         "best_score": st.column_config.NumberColumn(format="%.2f")})
     prev, _, nxt = st.columns([1, 4, 1])
     if prev.button("Previous", disabled=page == 0, key="s-prev"):
