@@ -63,6 +63,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _test_home(work: Path) -> Path:
+    """NCAT_HOME for the commands: a folder of this test (the demo's worker log, embedded
+    servers' data and fetched files land there, never in the user's home), whose trained
+    built-in model is the user's cached one (a link: training it takes minutes, and a
+    cache keyed by its training config is the same model wherever it lives)."""
+    from catalog.settings import get_settings
+
+    home = work / "ncat-home"
+    home.mkdir(parents=True, exist_ok=True)
+    shared = get_settings().builtin_root
+    shared.mkdir(parents=True, exist_ok=True)
+    link = home / "builtin"
+    if not link.exists():
+        link.symlink_to(shared, target_is_directory=True)
+    return home
+
+
 class Env:
     """The shared environment, and the processes started in it (stopped at the end)."""
 
@@ -72,7 +89,8 @@ class Env:
         self.queue = f"readme-{uuid.uuid4().hex[:8]}"
         self.work = work
         self.vars = dict(os.environ, DATABASE_URL=url, REDIS_URL=redis_url, NCAT_QUEUE=self.queue,
-                         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+                         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                         NCAT_HOME=str(_test_home(work)))
         self.procs: list[subprocess.Popen] = []
         self.worker: Served | None = None
         self.outputs: dict[str, str] = {}
