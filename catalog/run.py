@@ -21,6 +21,7 @@ here touches storage.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable
 
@@ -409,8 +410,14 @@ class CheckpointRun(CheckpointSummary):
         summ, seconds = None, 0.0
         if summary and digests:
             t = time.perf_counter()
+            if progress:  # minutes on a real model: say what is running
+                print(f"summary of {len(digests)} layer(s): accuracy, circuits and "
+                      f"faithfulness curves{', knockouts' if run_knockouts else ''}...",
+                      file=sys.stderr, flush=True)
             summ = self.summarize_digests(digests, run_knockouts=run_knockouts)
             seconds = time.perf_counter() - t
+            if progress:
+                print(f"summary done in {seconds:.1f} s", file=sys.stderr, flush=True)
         return Driven(results, digests, summ, seconds)
 
     def provenance(self, extra: dict | None = None) -> dict:

@@ -55,6 +55,13 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
     from schema.jobs import Status
 
     s = demo_settings(settings)
+    if progress:
+        from sqlalchemy.engine import make_url
+
+        shown = make_url(s.database_url).render_as_string(hide_password=True)
+        broker = make_url(s.redis_url).render_as_string(hide_password=True)
+        print(f"demo: catalog database {shown}; job broker {broker}; home {s.ncat_home}",
+              flush=True)
     url = migrate(s.database_url)
     send = celery_sender(s)
     if model in ("builtin", builtin.BUILTIN_NAME):

@@ -187,7 +187,7 @@ def catalog_checkpoint(
         if done and on_resume is not None:
             on_resume(done)
         host = socket.gethostname()
-        out = run.run_all(done=digests, measure=lambda layer: store_layer(
+        out = run.run_all(done=digests, progress=progress, measure=lambda layer: store_layer(
             conn, run, ids, layer, lm.tokenizer, host))
         if out.summary is not None:
             with conn.transaction():

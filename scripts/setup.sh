@@ -33,7 +33,10 @@ fi
 . .venv/bin/activate
 stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
+  echo "setup: installing torch 2.13.0 into .venv (a first install takes a few minutes)"
   pip install -q --disable-pip-version-check "torch==2.13.0"
+  echo "setup: installing the project and its dependencies into .venv"
   pip install -q --disable-pip-version-check -e ".[dev]"
   rm -f .venv/.installed-*; touch "$stamp"
+  echo "setup: .venv ready"
 fi

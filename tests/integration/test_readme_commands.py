@@ -204,6 +204,10 @@ def demo(env: Env, line: str) -> None:
     served = env.start(line, cwd=ROOT, port=port)
     m = served.wait_for(r"catalog ready in (\d+) s: (\d+) checkpoints, (\d+) layers", 1800)
     assert (int(m[2]), int(m[3])) == (len(DEMO_STEPS), 2 * len(DEMO_STEPS)), served.text
+    # it said which services it found before any work (issue 32.2), passwords hidden
+    assert re.search(r"demo: catalog database postgresql\S*; job broker redis://",
+                     served.text), served.text[:2000]
+    assert served.text.index("demo: catalog database") < served.text.index("catalog ready")
     served.wait_for(rf"explorer: http://localhost:{port}", 60)
     assert healthy(port) == "ok"
     assert served.stop() in (0, -signal.SIGTERM, 143)

@@ -240,3 +240,16 @@ def test_a_summary_of_some_layers_says_what_it_pruned_and_kept_whole(tiny):
     assert by["paper"]["late_from"] == 0 and by["paper"]["late_source"] == "config"
     assert by["all-layers"]["pruned"] == [1] and by["all-layers"]["whole"] == [0]
     assert by["all-layers"]["n_heads_kept"] == by["all-layers"]["n_heads"]
+
+
+def test_a_measure_with_progress_shows_its_layers_and_says_when_its_summary_runs(tiny, capsys):
+    """Issue 32.10: the summary (minutes on a real model) ran with no output at all."""
+    lm, _ = tiny
+    config = ScienceConfig(operators=("+",), operand_hi=12, pairs_per_op=6,
+                           faithfulness_prompts=10, faithfulness_seeds=1)
+    measure(lm.model, lm.tokenizer, config, progress=True)
+    err = capsys.readouterr().err
+    assert "layers: 100%" in err
+    n = lm.model.cfg.n_layers
+    assert f"summary of {n} layer(s): accuracy, circuits and faithfulness curves" in err
+    assert err.index("layers: 100%") < err.index("summary of") < err.index("summary done in")
