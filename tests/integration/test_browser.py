@@ -348,6 +348,9 @@ def test_the_overview_shows_the_last_checkpoint_first_and_explains_its_columns(s
         table = page.locator("[data-testid='stDataFrame']").first
         table.wait_for(timeout=60_000)
         page.get_by_text("duplicate of: a checkpoint whose weights").wait_for(timeout=30_000)
+        # the grid fills its accessible copy after it draws (later on a loaded machine)
+        wait_until(lambda: table.locator("[role='gridcell']").count() > 0, timeout=60,
+                   what="the checkpoint table's cells")
         cells = table.locator("[role='gridcell']").all_text_contents()
         page.get_by_text("(docs/method.md section 6)").first.wait_for(timeout=10_000)
         browser.close()
@@ -374,13 +377,19 @@ def test_a_label_search_shows_the_heuristic_that_matched(server, seeded):
             "[role='columnheader']").all_text_contents(), timeout=60,
             what="the matched heuristic's column")
         headers = table.locator("[role='columnheader']").all_text_contents()
-        rows = table.locator("[role='row']")
-        matched = []
-        for i in range(1, rows.count()):  # row 0 holds the headers
-            cells = rows.nth(i).locator("[role='gridcell']").all_text_contents()
-            if len(cells) == len(headers):
-                matched.append((cells[headers.index("matched_heuristic")],
-                                cells[headers.index("best_heuristic")]))
+        matched: list[tuple[str, str]] = []
+
+        def read_rows() -> bool:  # the rows in view, once the grid has filled them in
+            rows = table.locator("[role='row']")
+            matched.clear()
+            for i in range(1, rows.count()):  # row 0 holds the headers
+                cells = rows.nth(i).locator("[role='gridcell']").all_text_contents()
+                if len(cells) == len(headers):
+                    matched.append((cells[headers.index("matched_heuristic")],
+                                     cells[headers.index("best_heuristic")]))
+            return bool(matched)
+
+        wait_until(read_rows, timeout=60, what="the search results' cells")
         browser.close()
     assert "page" in headers and headers.count("neuron") == 1, headers
     assert matched, "no rows read"
