@@ -19,7 +19,7 @@ from ui.views import (  # noqa: E402
 
 st.set_page_config(page_title="Arithmetic neuron catalog", layout="wide")
 pages = [
-    st.Page(overview.render, title="Overview", url_path="overview", default=True),
+    st.Page(overview.render, title="Overview", default=True),
     st.Page(search.render, title="Neuron search", url_path="search"),
     st.Page(neuron.render, title="Neuron", url_path="neuron"),
     st.Page(heuristics.render, title="Heuristics", url_path="heuristics"),
@@ -29,4 +29,14 @@ pages = [
 ]
 st.sidebar.caption("What every number means: docs/method.md in the repository "
                    "(activation grids, logit lens, patching effects, heuristic scores).")
+
+
+def _overview_at_its_own_path() -> None:
+    """/overview, the path the sidebar's Overview has on every other page's links: the
+    default page is served at the root and Streamlit ignores its url_path."""
+    overview.render()
+
+
+pages.append(st.Page(_overview_at_its_own_path, title="Overview", url_path="overview",
+                     visibility="hidden"))
 st.navigation(pages).run()

@@ -394,3 +394,17 @@ def test_a_label_search_shows_the_heuristic_that_matched(server, seeded):
     assert "page" in headers and headers.count("neuron") == 1, headers
     assert matched, "no rows read"
     assert all("mod 3" in m for m, _ in matched), matched
+
+
+def test_overview_answers_at_its_own_path(server):
+    """Issue 32.3: going to /overview popped "Page not found" (the default page lives at
+    the root, where Streamlit ignores its url_path)."""
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page()
+        page.goto(f"{server}/overview", wait_until="networkidle")
+        page.get_by_text("Arithmetic neuron catalog").first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1000)
+        assert page.get_by_text("Page not found").count() == 0
+        assert page.get_by_text("does not seem to exist").count() == 0
+        browser.close()
