@@ -36,6 +36,33 @@ def drop_database(url: str) -> None:
     store.drop_database(url)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    """Until something answers on 127.0.0.1:``port``; AssertionError (with the process's
+    output) if ``proc`` exits first or ``timeout`` seconds pass."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout else b""
+                raise AssertionError(f"{what} exited: {out!r}") from None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} did not answer in {timeout} s") from None
+            time.sleep(0.3)
+
+
 def wait_until(predicate, timeout=120, what="condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +11,11 @@ import numpy as np
 import pytest
 from playwright.sync_api import sync_playwright
 
-from helpers import wait_until
+from helpers import free_port, wait_for_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -42,16 +35,11 @@ def start_explorer(env: dict) -> tuple[subprocess.Popen, str]:
          "--server.port", str(port), "--server.address", "127.0.0.1",
          "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError("streamlit did not start") from None
-            time.sleep(0.3)
+    try:
+        wait_for_port(port, proc, 60, "streamlit")
+    except AssertionError:
+        proc.kill()
+        raise
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -69,7 +69,9 @@ def _sigterm_stops_the_demo_and_its_explorer(db, redis_url, root) -> None:
 
     import psutil
     from playwright.sync_api import sync_playwright
-    from test_browser import ROOT, free_port, launch
+    from test_browser import ROOT, launch
+
+    from helpers import free_port, wait_for_port
 
     port = free_port()
     env = {**os.environ, "DATABASE_URL": db, "REDIS_URL": redis_url,
@@ -81,15 +83,7 @@ def _sigterm_stops_the_demo_and_its_explorer(db, redis_url, root) -> None:
         start_new_session=True)
     started: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert demo.poll() is None, demo.stdout.read().decode()
-                assert time.monotonic() < deadline, "the demo's explorer did not answer"
-                time.sleep(0.3)
+        wait_for_port(port, demo, 120, "the demo's explorer")
         with sync_playwright() as pw:
             browser = launch(pw)
             page = browser.new_page()
