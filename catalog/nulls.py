@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from catalog.heuristics import Cells, Heuristic
+from catalog.heuristics import Cells, Heuristic, Partition
+from catalog.matching import score_partitions
 from catalog.tails import (
     STRATA,
     ValueGroups,
@@ -33,7 +34,8 @@ from catalog.tails import (
     within_class_tail,
 )
 
-__all__ = ["STRATA", "ValueGroups", "ValueNull", "label", "n_value_tests", "relabelled"]
+__all__ = ["STRATA", "ValueGroups", "ValueNull", "label", "labelled_maps", "n_value_tests",
+           "relabelled"]
 SINGLE_TARGETS = ("op1", "op2", "result")
 # the most Monte Carlo permutations of op1 = op2 for a row that cannot be labelled (its score
 # is below the threshold): one block of ``identical_p``
@@ -113,6 +115,7 @@ class ValueNull:
         draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
         side_key = direct.astype(np.int64) * 2 + bottom.astype(np.int64)
         pending: list[tuple] = []  # the conditional tests, computed together at the end
+        kinds = _Kinds.of(heuristics)
         for sk in np.unique(side_key[draws > 0]):
             is_direct, is_bottom = bool(sk // 2), bool(sk % 2)
             on_side = np.nonzero((side_key == sk) & (draws > 0))[0]
@@ -121,23 +124,24 @@ class ValueNull:
             order = None
             if orders is not None and (is_direct, is_bottom) in orders:
                 order = orders[(is_direct, is_bottom)]
-            if order is not None and 2 * len(neurons) >= source.shape[0]:
-                # most maps are on this side: walk all of them, which needs no copy of the
-                # maps or their sort order (the others' sums are computed and not read)
+            if order is not None:
+                # walk every map in place (no copy of the maps or their sort order): the
+                # walk visits only the maps with rows, each as far as its largest draws
                 neurons = np.arange(source.shape[0])
                 maps = source
             else:
                 maps = source[torch.as_tensor(neurons, device=source.device)]
-                order = None if order is None else order[torch.as_tensor(neurons)]
-            for d, rows, sums, dense in self._top_sums(maps, is_bottom, on_side, draws, order):
-                pos = np.searchsorted(neurons, neuron[rows])
-                hs = [heuristics[i] for i in heuristic[rows]]
-                p = self._rows_p(sums, pos, hs, dense, score[rows] >= threshold)
+            at = np.searchsorted(neurons, neuron[on_side])
+            for d, rows, sums, slot, dense in self._top_sums(maps, is_bottom, on_side, at,
+                                                             draws, order):
+                pos = slot[np.searchsorted(neurons, neuron[rows])]
+                p = self._rows_p(sums, pos, kinds, heuristic[rows], dense,
+                                 score[rows] >= threshold)
                 near = np.nonzero((p <= decide_at) & (score[rows] >= threshold))[0]
                 if len(near):
                     counts = score[rows[near]].astype(np.float64) * d
-                    pending += self._conditional_p(sums, pos[near], [hs[i] for i in near],
-                                                   counts, rows[near])
+                    pending += self._conditional_p(sums, pos[near], kinds,
+                                                   heuristic[rows[near]], counts, rows[near])
                 out[rows] = p
         for t in {t for t, *_ in pending}:
             parts = [x for x in pending if x[0] == t]
@@ -149,54 +153,76 @@ class ValueNull:
             np.maximum.at(out, rows, p)
         return out
 
-    def _top_sums(self, maps: torch.Tensor, bottom: bool, rows: np.ndarray, draws: np.ndarray,
-                  order: torch.Tensor | None = None):
-        """For each draws value d of ``rows`` (ascending): (d, its rows, target -> (neurons,
-        values) top-cell weight per value, a function giving the (neurons, cells) weights of
-        some neurons). ``maps`` are ranked from the top, or from the bottom (``bottom``: the
-        top of -maps, which is never materialised whole). One walk down each map's sorted
-        cells: the counts per value grow segment by segment, so each d costs a segment, not
-        a pass over every cell. Maps whose d-th value is tied are recounted with the fair
-        share of ties (``top_weights``)."""
+    def _top_sums(self, maps: torch.Tensor, bottom: bool, rows: np.ndarray, at: np.ndarray,
+                  draws: np.ndarray, order: torch.Tensor | None = None):
+        """For each draws value d of ``rows`` (ascending; ``at``: each row's map): (d, its
+        rows, target -> (slots, values) top-cell weight per value, ``slot`` (maps,) giving
+        each map's slot in those sums, and a function giving the (slots, cells) weights of
+        some slots). ``maps`` are ranked from the top, or from the bottom (``bottom``: the
+        top of -maps, which is never materialised whole).
+
+        One walk down each map's sorted cells: the counts per value grow segment by
+        segment, so each d costs a segment, not a pass over every cell. The maps are
+        walked in the order of the largest d their rows need, so that the maps still to
+        count at any d are a prefix of the sums (maps with no rows are never walked). Maps
+        whose d-th value is tied are recounted with the fair share of ties
+        (``top_weights``)."""
         n, c = maps.shape
+        dev = maps.device
         sign = -1.0 if bottom else 1.0
         if order is None:
             order = torch.from_numpy(np.argsort(-sign * maps.cpu().numpy(), axis=1,
-                                                kind="stable")).to(maps.device)
+                                                kind="stable")).to(dev)
+        need = np.zeros(n, dtype=np.int64)
+        np.maximum.at(need, at, draws[rows])
+        walk = np.argsort(-need, kind="stable")  # slot -> map
+        slot = np.empty(n, dtype=np.int64)
+        slot[walk] = np.arange(n)
+        walk_t = torch.as_tensor(walk, device=dev)
+        need_sorted = need[walk]
         steps = np.unique(draws[rows]).tolist()
         # the sorted values are read only around each d (ties at the d-th value)
         cols = np.unique(np.clip(np.concatenate([[d - 2, d - 1, d] for d in steps]), 0, c - 1))
-        at = {int(x): i for i, x in enumerate(cols)}
-        vals = sign * maps.gather(1, order[:, torch.as_tensor(cols, device=maps.device)])
-        gid = {t: torch.as_tensor(g.group, device=maps.device) for t, g in self.groups.items()}
-        hist = {t: torch.zeros(n, len(g.values), dtype=torch.float64, device=maps.device)
+        col_at = {int(x): i for i, x in enumerate(cols)}
+        n_walk = int(np.count_nonzero(need_sorted))
+        walked = walk_t[:n_walk]
+        vals = sign * maps.index_select(0, walked).gather(
+            1, order.index_select(0, walked)[:, torch.as_tensor(cols, device=dev)])
+        gid = {t: torch.as_tensor(g.group, device=dev) for t, g in self.groups.items()}
+        hist = {t: torch.zeros(n_walk, len(g.values), dtype=torch.float64, device=dev)
                 for t, g in self.groups.items()}
-        ones = torch.ones(n, max(steps), dtype=torch.float64, device=maps.device)
         prev = 0
         for d in steps:
-            seg = order[:, prev:d]
-            for t in hist:
-                hist[t].scatter_add_(1, gid[t][seg], ones[:, :d - prev])
+            active = int(np.count_nonzero(need_sorted >= d))  # a prefix of the slots
+            if d > prev:
+                # a contiguous copy of the segment, then index_select: torch's advanced
+                # indexing of a strided slice is 3x slower, and this is most of the walk
+                seg = order[:, prev:d].index_select(0, walk_t[:active]).reshape(-1)
+                ones = torch.ones(1, 1, dtype=torch.float64, device=dev).expand(active,
+                                                                                 d - prev)
+                for t in hist:
+                    hist[t][:active].scatter_add_(
+                        1, gid[t].index_select(0, seg).view(active, d - prev), ones)
             prev = d
-            kth = vals[:, at[d - 1]]
-            tied = torch.zeros(n, dtype=torch.bool, device=maps.device)
+            kth = vals[:active, col_at[d - 1]]
+            tied = torch.zeros(active, dtype=torch.bool, device=dev)
             if d < c:
-                tied |= vals[:, at[d]] == kth
+                tied |= vals[:active, col_at[d]] == kth
             if d > 1:
-                tied |= vals[:, at[d - 2]] == kth
-            sums = hist
+                tied |= vals[:active, col_at[d - 2]] == kth
+            sums = {t: h[:active] for t, h in hist.items()}
             if bool(tied.any()):
                 idx = torch.nonzero(tied)[:, 0]
-                w = top_weights(sign * maps[idx], d, kth[idx, None])
-                sums = {t: h.clone() for t, h in hist.items()}
+                w = top_weights(sign * maps[walk_t[idx]], d, kth[idx, None])
+                sums = {t: h.clone() for t, h in sums.items()}
                 for t in sums:
                     fixed = torch.zeros(len(idx), sums[t].shape[1], dtype=torch.float64,
-                                        device=maps.device).index_add_(1, gid[t], w)
+                                        device=dev).index_add_(1, gid[t], w)
                     sums[t][idx] = fixed
 
-            def dense(pos: np.ndarray, _d: int = d) -> torch.Tensor:
-                return top_weights(sign * maps[torch.as_tensor(pos)], _d)
-            yield d, rows[draws[rows] == d], sums, dense
+            def dense(slots: np.ndarray, _d: int = d) -> torch.Tensor:
+                return top_weights(sign * maps[walk_t[torch.as_tensor(slots)]], _d)
+            yield d, rows[draws[rows] == d], sums, slot, dense
 
     def class_counts(self, h: Heuristic, t: str) -> np.ndarray:
         """(values of t,) how many of h's cells have each value of number t."""
@@ -214,56 +240,46 @@ class ValueNull:
             self._member[key] = h.contains(c.a, c.b, c.result)
         return self._member[key]
 
-    def _conditional_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray,
-                       hs: list[Heuristic], counts: np.ndarray, rows: np.ndarray) -> list:
+    def _conditional_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, kinds: _Kinds,
+                       hidx: np.ndarray, counts: np.ndarray, rows: np.ndarray) -> list:
         """The other numbers held fixed: an operand heuristic must beat maps shuffled within
         each result (a function of the result has no operand structure of its own), a
         result heuristic maps shuffled within each op1 row and within each op2 column.
-        ``counts``: each row's top-cell weight on its set (score x draws). The largest of
-        these p-values and the value null's is the row's p-value (an intersection-union
-        test, valid under each null). Returns the tests to compute, (number, rows, class
-        weights, class counts, counts), for ``within_class_tail``."""
+        ``hidx``: each row's heuristic (index into ``kinds``); ``counts``: each row's
+        top-cell weight on its set (score x draws). The largest of these p-values and the
+        value null's is the row's p-value (an intersection-union test, valid under each
+        null). Returns the tests to compute, (number, rows, class weights, class counts,
+        counts), for ``within_class_tail``."""
         out = []
-        direct = np.array([h.direct for h in hs])
-        multi = np.array([h.family == "multi_result" for h in hs])
+        direct, multi = kinds.direct[hidx], kinds.family[hidx] == "multi_result"
         for conds, sel in ((("result",), ~direct & ~multi), (("op1", "op2"), direct & ~multi)):
             idx = np.nonzero(sel)[0]
             if not len(idx):
                 continue
-            keys = [id(hs[i]) for i in idx]  # rows share the heuristic objects of their list
-            uniq = list(dict.fromkeys(keys))
-            where = {k: j for j, k in enumerate(uniq)}
-            first = {id(hs[i]): hs[i] for i in idx}
-            h_of = torch.as_tensor([where[k] for k in keys])
+            uniq, h_of = np.unique(hidx[idx], return_inverse=True)
             for t in conds:
-                s_c = torch.as_tensor(np.stack([self.class_counts(first[k], t) for k in uniq]),
-                                      device=sums[t].device)
+                s_c = torch.as_tensor(np.stack([self.class_counts(kinds.heuristics[u], t)
+                                                for u in uniq]), device=sums[t].device)
                 out.append((t, rows[idx], sums[t][torch.as_tensor(pos[idx])],
-                            s_c[h_of.to(s_c.device)], counts[idx]))
+                            s_c[torch.as_tensor(h_of, device=s_c.device)], counts[idx]))
         return out
 
-    def _rows_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, hs: list[Heuristic],
-                dense, can_label: np.ndarray | None = None) -> np.ndarray:
-        """P-values of rows of one draws value; ``can_label`` (rows,) bool: rows that score
+    def _rows_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, kinds: _Kinds,
+                hidx: np.ndarray, dense, can_label: np.ndarray | None = None) -> np.ndarray:
+        """P-values of rows of one draws value: ``pos`` each row's map in ``sums``, ``hidx``
+        its heuristic (index into ``kinds``); ``can_label`` (rows,) bool: rows that score
         high enough to be labelled. The others' op1 = op2 p-value is drawn from at most
         ``UNLABELLED_PERMUTATIONS`` permutations: valid, only coarser, where a label's
         would need the full count (most such rows, measured on Qwen2.5-Coder-0.5B)."""
-        out = np.ones(len(hs))
-        target = np.array([h.target if h.family != "identical" else "identical" for h in hs])
-        fam = np.array([h.family for h in hs])
-
-        def share_of(t: str) -> torch.Tensor:
-            size = torch.as_tensor(self.groups[t].size, dtype=torch.float64)
-            return sums[t] / size.to(sums[t].device)
+        out = np.ones(len(hidx))
+        target, fam = kinds.target[hidx], kinds.family[hidx]
 
         def single(sel: np.ndarray, t: str) -> np.ndarray:
-            keys = [id(hs[i]) for i in sel]  # rows share the heuristic objects of their list
-            uniq = list(dict.fromkeys(keys))
-            index = {k: j for j, k in enumerate(uniq)}
-            first = {id(hs[i]): hs[i] for i in sel}
-            table = np.stack([self.member(first[k], t) for k in uniq])
-            member = table[np.array([index[k] for k in keys])]
-            return set_p_values(share_of(t)[torch.as_tensor(pos[sel])], member, self.groups[t])
+            uniq, inv = np.unique(hidx[sel], return_inverse=True)
+            table = np.stack([self.member(kinds.heuristics[u], t) for u in uniq])
+            size = torch.as_tensor(self.groups[t].size, dtype=torch.float64)
+            share = sums[t][torch.as_tensor(pos[sel])] / size.to(sums[t].device)
+            return set_p_values(share, table[inv], self.groups[t])
 
         for t in SINGLE_TARGETS:
             sel = np.nonzero((target == t) & (fam != "multi_result"))[0]
@@ -281,6 +297,25 @@ class ValueNull:
                                    self.groups["op1"], self.groups["op2"], self.permutations,
                                    self.seed, limit=limit)
         return out
+
+
+@dataclass
+class _Kinds:
+    """Per heuristic of a scored list: what the p-value code branches on, as arrays
+    indexed like the rows' heuristic column."""
+
+    heuristics: list[Heuristic]
+    target: np.ndarray  # op1, op2, result, both, or identical (op1 = op2)
+    family: np.ndarray
+    direct: np.ndarray  # bool: scored on the KV map
+
+    @classmethod
+    def of(cls, heuristics: list[Heuristic]) -> _Kinds:
+        return cls(heuristics,
+                   np.array([h.target if h.family != "identical" else "identical"
+                             for h in heuristics] or [""]),
+                   np.array([h.family for h in heuristics] or [""]),
+                   np.array([h.direct for h in heuristics] or [False], dtype=bool))
 
 
 def n_value_tests(null: ValueNull, partitions: list, with_bottom: bool, level: float) -> int:
@@ -323,3 +358,23 @@ def label(m, config, n_tests: int, null: ValueNull | None, k_map: torch.Tensor,
                             orders)
     return m.label(config.match_threshold, config.label_rule, config.significance_level,
                    n_tests).compact(config.scores_per_family)
+
+
+def labelled_maps(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
+                  partitions: list[Partition], config, n_tests: int, null: ValueNull | None,
+                  with_bottom: bool) -> np.ndarray:
+    """Indices of the maps that the config's label rule labels: the same labels as scoring
+    every partition and ``label``, for counting them only (the relabelled-values control).
+    Nothing is stored, so only what can decide a label is computed: rows from the label
+    threshold up, and under the values rule only the partitions with a heuristic whose
+    smallest p-value reaches the corrected level (the others cannot be labelled, Tarone)."""
+    if null is not None:
+        reach = config.significance_level / n_tests
+        partitions = [part for part in partitions
+                      if any(null.min_p(h) <= reach for h in part.heuristics)]
+    orders: dict = {}
+    m = score_partitions(k_map, kv_map, partitions,
+                         max(config.score_floor, config.match_threshold), with_bottom,
+                         config.pattern_top_k, cells=cells, orders=orders)
+    m = label(m, config, n_tests, null, k_map, kv_map, orders)
+    return np.unique(m.neuron[m.implements])

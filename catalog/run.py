@@ -356,13 +356,10 @@ class CheckpointRun(CheckpointSummary):
             self._control[op] = (cells, parts, null, m_tests)
         cells, parts, null, m_tests = self._control[op]
         dev = self.model.cfg.device
-        k_t = torch.as_tensor(k_map[pick], device=dev)
-        kv_t = torch.as_tensor(kv[pick], device=dev)
-        orders: dict = {}
-        m = score_partitions(k_t, kv_t, parts, config.score_floor, self.with_bottom,
-                             config.pattern_top_k, cells=cells, orders=orders)
-        m = nulls.label(m, config, m_tests, null, k_t, kv_t, orders)
-        return {"labelled": int(len(np.unique(m.neuron[m.implements]))), "n": int(len(pick))}
+        hits = nulls.labelled_maps(torch.as_tensor(k_map[pick], device=dev),
+                                   torch.as_tensor(kv[pick], device=dev), cells, parts,
+                                   config, m_tests, null, self.with_bottom)
+        return {"labelled": int(len(hits)), "n": int(len(pick))}
 
     def _multi_result(self, op: str) -> bool:
         return op == "/" and "multi_result" in self.config.families

@@ -226,3 +226,39 @@ def test_the_sequential_monte_carlo_of_op1_eq_op2_is_valid_and_stops_early():
     np.testing.assert_array_equal(capped[1:-1], p[1:-1])
     if p[0] >= tails.STOP_AFTER / 1024:  # map 0 stopped within its first block
         assert capped[0] == p[0]
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*"])
+def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
+    """``labelled_maps`` (the relabelled-values control) scores only rows from the label
+    threshold up and only partitions that can reach the corrected level: the maps it
+    counts are exactly those that scoring every partition and labelling label."""
+    from catalog import nulls
+    from catalog.heuristics import n_tests
+
+    hi = 30
+    cells = cells_of(op, hi)
+    config = ScienceConfig(operand_hi=hi, operators=(op,))
+    rng = np.random.default_rng([11, OPERATORS.index(op)])
+    planted = [h for _, h in PLANTED if h.family != "identical"]
+    member = np.stack([h.contains(cells.a, cells.b, cells.result) for h in planted])
+    # planted sets at noise levels from clear to lost, beside maps with no arithmetic
+    noise = np.repeat([0.3, 0.8, 1.5], len(planted))[:, None]
+    maps = np.concatenate([np.tile(member, (3, 1)) + noise * rng.standard_normal(
+        (3 * len(planted), len(cells.a))),
+        structured_maps("op1", cells, 20, rng), structured_maps("result", cells, 20, rng)])
+    maps = maps.astype(np.float32)
+    kv = (maps + 0.2 * rng.standard_normal(maps.shape)).astype(np.float32)
+    full = labelled(op, cells, maps, kv, config)
+    expected = np.unique(full.neuron[full.implements])
+    assert 0 < len(expected) < len(maps)  # both outcomes occur
+    parts = partitions_for(cells, config)
+    k = n_tests(parts, True, False)
+    null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+                              config.pattern_top_k, k, config.significance_level)
+    k = nulls.n_value_tests(null, parts, True, config.significance_level)
+    reach = config.significance_level / k
+    assert any(all(null.min_p(h) > reach for h in p.heuristics) for p in parts)
+    got = nulls.labelled_maps(torch.from_numpy(maps), torch.from_numpy(kv), cells, parts,
+                              config, k, null, True)
+    np.testing.assert_array_equal(got, expected)
