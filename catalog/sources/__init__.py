@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from pathlib import Path
 
 import torch
@@ -64,10 +65,21 @@ def find_source(name: str) -> Source:
     raise ModelSourceError(f"no model source accepts {name!r}")
 
 
-def _quiet(fn, *args, **kwargs):
-    """Call fn with stdout captured: TransformerLens prints progress notes on load."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        return fn(*args, **kwargs)
+def _quiet(fn, *args, progress: bool = True, **kwargs):
+    """Call fn with stdout captured: TransformerLens prints progress notes on load. Without
+    ``progress``, stderr too (the loaders' progress bars: transformers draws them with
+    tqdm, which writes there); what was captured is shown if fn raises."""
+    err = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        if not progress:
+            stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            stack.close()
+            sys.stderr.write(err.getvalue())
+            raise
 
 
 def load_model(
@@ -79,8 +91,10 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     builtin_config: builtin.TrainConfig | None = None,
     cache_root: Path | None = None,
+    progress: bool = True,
 ) -> LoadedModel:
-    """Load ``name`` at training step ``checkpoint`` (None: the final weights).
+    """Load ``name`` at training step ``checkpoint`` (None: the final weights); without
+    ``progress``, the loaders draw no progress bars (``--quiet``).
 
     Weights are read, hashed and processed (LayerNorm folding, centering) in float32 and
     then cast to ``dtype``, so a checkpoint's weights hash does not depend on the dtype a
@@ -88,7 +102,8 @@ def load_model(
     """
     source = find_source(name)
     lm = _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
-                dtype=torch.float32, builtin_config=builtin_config, cache_root=cache_root)
+                dtype=torch.float32, builtin_config=builtin_config, cache_root=cache_root,
+                progress=progress)
     if dtype != torch.float32:
         lm.model.to(dtype)
         lm.model.cfg.dtype = dtype

@@ -117,7 +117,7 @@ def cmd_measure(args) -> int:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
         lm = load_model(args.model, args.checkpoint, device=execution.device,
-                        dtype=config.torch_dtype())
+                        dtype=config.torch_dtype(), progress=not args.quiet)
         t0 = time.perf_counter()
         res = measure(lm.model, lm.tokenizer, config, layers=layers, progress=not args.quiet,
                       provenance=lm.info.as_dict(), execution=execution)
@@ -155,7 +155,7 @@ def cmd_catalog(args) -> int:
                           "(--force recomputes)")
                     continue
             lm = load_model(args.model, step, device=execution.device,
-                            dtype=config.torch_dtype())
+                            dtype=config.torch_dtype(), progress=not args.quiet)
             t0 = time.perf_counter()
 
             def resumed(done: list[int], _step=step, _name=name) -> None:

@@ -60,16 +60,25 @@ def cmd_export(args) -> int:
     return 0
 
 
+def stored_name(name: str) -> str:
+    """The name a model is stored under, as every other command resolves it (``builtin``
+    is ``builtin-arith``); a name no source knows here (a model measured on another
+    machine) is looked up as given."""
+    from catalog.sources import ModelSourceError, canonical_name
+
+    try:
+        return canonical_name(name)
+    except (ModelSourceError, ValueError, FileNotFoundError):
+        return name
+
+
 def cmd_report(args) -> int:
     from reports.report import ReportError, report
     from schema.engine import SchemaBehind, require_current
 
     try:
         url = require_current(database_url(args))
-        model = args.model
-        if model == "builtin":  # the name `ncat catalog builtin` stores it under
-            from catalog.builtin import BUILTIN_NAME
-            model = BUILTIN_NAME
+        model = stored_name(args.model)
         html_path, md_path = report(url, model, args.checkpoint, Path(args.out),
                                     top_n=args.top)
     except (ReportError, SchemaBehind, ValueError) as exc:

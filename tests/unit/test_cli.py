@@ -170,3 +170,13 @@ def test_small_confusions_of_the_output_are_gone(capsys):
     assert at_checkpoint("qwen2.5-coder-0.5b", float("nan")).endswith("(final weights)")
     assert at_checkpoint("builtin-arith", 3000) == "builtin-arith step 3000"
     assert at_checkpoint("builtin-arith", 3000.0) == "builtin-arith step 3000"
+
+
+def test_report_resolves_names_as_every_other_command():
+    """`ncat report builtin` reads the model `ncat catalog builtin` stored (builtin-arith,
+    or a variant's name); a name no source knows here is looked up as given."""
+    from jobs.cli.serving import stored_name
+
+    assert stored_name("builtin") == "builtin-arith"
+    assert stored_name("builtin-arith") == "builtin-arith"
+    assert stored_name("someone/measured-elsewhere") == "someone/measured-elsewhere"

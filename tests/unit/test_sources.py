@@ -272,3 +272,14 @@ def test_linear_weights_are_laid_out_so_that_no_forward_copies_them(tmp_path):
         assert not model.unembed.W_U.T.is_contiguous()
         usual = model(toks)
     assert torch.equal(fast, usual)
+
+
+def test_quiet_loads_draw_no_loader_bars(tmp_path, capfd):
+    """`--quiet` (``progress=False``): transformers' GGUF and weight-loading bars, drawn on
+    stderr, stay off; by default they are shown."""
+    path = str(write_llama_gguf(tmp_path / "tiny.gguf"))
+    capfd.readouterr()
+    load_model(path)
+    assert "GGUF tensors" in capfd.readouterr().err
+    load_model(path, progress=False)
+    assert "GGUF tensors" not in capfd.readouterr().err
