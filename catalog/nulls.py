@@ -187,7 +187,7 @@ class ValueNull:
         n_walk = int(np.count_nonzero(need_sorted))
         walked = walk_t[:n_walk]
         vals = sign * maps.index_select(0, walked).gather(
-            1, order.index_select(0, walked)[:, torch.as_tensor(cols, device=dev)])
+            1, order[:, torch.as_tensor(cols, device=dev)].index_select(0, walked))
         gid = {t: torch.as_tensor(g.group, device=dev) for t, g in self.groups.items()}
         hist = {t: torch.zeros(n_walk, len(g.values), dtype=torch.float64, device=dev)
                 for t, g in self.groups.items()}
