@@ -11,6 +11,12 @@ os.environ["HF_HUB_CACHE"] = str(_HF_CACHE)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests never write to the user's home: NCAT_HOME (built-in checkpoints, embedded servers,
+# worker logs, fetched models) is a folder of this checkout, kept between runs so that the
+# default built-in model is trained once per checkout; NCAT_TEST_HOME moves it.
+TEST_HOME = Path(os.environ.get("NCAT_TEST_HOME")
+                 or Path(__file__).resolve().parents[1] / ".cache" / "test-home")
+os.environ["NCAT_HOME"] = str(TEST_HOME)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

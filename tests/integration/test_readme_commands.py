@@ -14,9 +14,10 @@ written, with four exceptions, each for a reason:
 - `bash scripts/test.sh` is not run: it is this test suite (.ci/run calls it, see
   tests/unit/test_readme.py).
 
-The demo trains the default built-in model unless ~/.cache/neuron-catalog holds it
-(about 6 minutes on 2 cores; tests/unit/test_builtin.py uses the same cache), then
-catalogs its 14 checkpoints through the queue (a few minutes).
+The demo trains the default built-in model unless the tests' NCAT_HOME holds it (a folder
+of the checkout, tests/conftest.py; about 6 minutes on 2 cores, once per checkout:
+tests/unit/test_builtin.py uses the same cache), then catalogs its 14 checkpoints
+through the queue (a few minutes).
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ def _free_port() -> int:
 
 def _test_home(work: Path) -> Path:
     """NCAT_HOME for the commands: a folder of this test (the demo's worker log, embedded
-    servers' data and fetched files land there, never in the user's home), whose trained
-    built-in model is the user's cached one (a link: training it takes minutes, and a
-    cache keyed by its training config is the same model wherever it lives)."""
+    servers' data and fetched files land there), whose trained built-in model is the test
+    session's cached one (a link: training it takes minutes, and a cache keyed by its
+    training config is the same model wherever it lives)."""
     from catalog.settings import get_settings
 
     home = work / "ncat-home"

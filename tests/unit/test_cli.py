@@ -180,3 +180,18 @@ def test_report_resolves_names_as_every_other_command():
     assert stored_name("builtin") == "builtin-arith"
     assert stored_name("builtin-arith") == "builtin-arith"
     assert stored_name("someone/measured-elsewhere") == "someone/measured-elsewhere"
+
+
+def test_the_suite_never_writes_to_the_users_home():
+    """Every test, and every process a test starts, reads NCAT_HOME from the environment
+    the suite sets (tests/conftest.py): a folder of the checkout, not the user's
+    ~/.cache/neuron-catalog, where a user's trained models, logs and servers live."""
+    from catalog.settings import Settings, get_settings
+
+    user_home = Settings.model_fields["ncat_home"].default_factory()
+    assert get_settings().ncat_home != user_home
+    assert Path(os.environ["NCAT_HOME"]) == get_settings().ncat_home
+    out = subprocess.run([sys.executable, "-c", "from catalog.settings import get_settings;"
+                          "print(get_settings().ncat_home)"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    assert Path(out.stdout.strip()) == get_settings().ncat_home
