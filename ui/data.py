@@ -270,6 +270,14 @@ def neuron_ops(model_id, checkpoint_id, config_id, layer, neuron) -> pd.DataFram
 
 
 @st.cache_data(ttl=TTL)
+def layer_patching(checkpoint_id, config_id, layer) -> dict:
+    """op -> {"n_pairs", "n_exact", "spearman"} of one stored layer ({} if not recorded)."""
+    df = query("SELECT patching FROM layer_result WHERE checkpoint_id = :c AND config_id = :g "
+               "AND layer = :l", c=checkpoint_id, g=config_id, l=layer)
+    return {} if df.empty or df.patching[0] is None else dict(df.patching[0])
+
+
+@st.cache_data(ttl=TTL)
 def lens(model_id, checkpoint_id, config_id, layer, neuron) -> dict | None:
     df = query("SELECT numbers, top_tokens, top_values, bottom_tokens, bottom_values "
                "FROM neuron_lens WHERE model_id = :m AND checkpoint_id = :c AND config_id = :g "

@@ -82,6 +82,18 @@ def test_search_open_a_neuron_and_see_its_charts(server, seeded):
                 "SELECT m.name, c.step FROM checkpoint c JOIN model m ON m.id = c.model_id "
                 "ORDER BY c.step DESC LIMIT 1").fetchone()
         page.get_by_text(f"{name} step {step} · measurement config #").wait_for(timeout=10_000)
+        # its first table: a row per fact, a column per operator, each fact explained, and
+        # nothing cut off on the right (issue 32.5: 18 columns ran off the page)
+        facts = page.locator("[data-testid='stDataFrame']").first
+        wait_until(lambda: "what it means" in facts.locator(
+            "[role='columnheader']").all_text_contents(), timeout=60,
+            what="the neuron's facts table")
+        headers = facts.locator("[role='columnheader']").all_text_contents()
+        assert headers[0] == "fact" and "+" in headers, headers
+        assert "rank in the layer" in facts.locator("[role='gridcell']").all_text_contents()
+        overflow = facts.locator(".dvn-scroller").first.evaluate(
+            "e => e.scrollWidth - e.clientWidth")
+        assert overflow <= 1, overflow
         page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
         page.get_by_text("Across training").scroll_into_view_if_needed()
         page.wait_for_function(

@@ -15,6 +15,71 @@ from ui.views.common import require_catalog
 
 KEYS = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
 
+# (column of data.neuron_ops, the row's name, what it means): the page's first table, one
+# row per fact and one column per operator, so that it fits any width
+FACTS = [
+    ("effect", "effect (ranking statistic)",
+     "the config's ranking statistic of the patching effect (default: 10%-trimmed mean of "
+     "the log-space effect over pairs); neurons are ranked by its size"),
+    ("rank", "rank in the layer", "0 = the largest |effect| of this layer for the operator"),
+    ("is_exact", "exact patching", "yes: effects from exact patching; no: from attribution "
+     "patching, its first-order estimate"),
+    ("effect_trimmed", "trimmed mean (log space)", "log-space effect, 10%-trimmed mean"),
+    ("effect_median", "median (log space)", "log-space effect, median over pairs"),
+    ("effect_log", "mean (log space)", "log-space effect, mean over pairs"),
+    ("moved_share", "pairs moved", "share of pairs whose log-space effect exceeds 1e-3"),
+    ("effect_exact", "paper's mean effect", "the paper's effect (a ratio of probabilities), "
+     "mean over pairs: one pair with a tiny P(r') can swamp it; compare neurons by the "
+     "log-space rows"),
+    ("effect_attr", "attribution (log space)", "attribution patching's estimate, a "
+     "log-space mean: not on the paper's scale"),
+    ("max_act", "max activation", "over the operator's prompts"),
+    ("mean_act", "mean activation", "over the operator's prompts"),
+    ("density", "active share", "share of the operator's prompts with activation > 0"),
+    ("constant", "constant map", "yes: the same activation on every prompt (never labelled)"),
+    ("best_heuristic", "best heuristic", "its most specific label, else its highest score"),
+    ("best_score", "best score", "share of the heuristic's cells among the top-k cells"),
+    ("best_bottom", "from the bottom cells", "yes: scored on the most negative cells"),
+    ("labelled", "labelled", "yes: the best heuristic passes the config's label rule"),
+]
+
+
+def _fact(value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def facts_table(ops: pd.DataFrame) -> pd.DataFrame:
+    """``data.neuron_ops`` turned: one row per fact, one column per operator, and what the
+    fact means."""
+    out = pd.DataFrame({"fact": [name for _, name, _ in FACTS]})
+    for _, row in ops.iterrows():
+        out[str(row["op"])] = [_fact(row[col].item() if hasattr(row[col], "item")
+                                     else row[col]) for col, _, _ in FACTS]
+    out["what it means"] = [why for *_, why in FACTS]
+    return out
+
+
+def no_effect_note(ops: pd.DataFrame, patching: dict) -> str | None:
+    """Why some operators have no effects ("—"), where that is so: no pairs to patch."""
+    missing = [str(op) for op, eff in zip(ops["op"], ops["effect"], strict=True)
+               if eff is None or pd.isna(eff)]
+    if not missing:
+        return None
+    no_pairs = [op for op in missing if (patching.get(op) or {}).get("n_pairs") == 0]
+    if no_pairs:
+        return (f"No patching effect for {', '.join(no_pairs)}: effects are measured on pairs "
+                "of prompts the model answers correctly, and at this checkpoint it answers "
+                "none (0 pairs). With no effects, every neuron ties and ranks follow the "
+                "neuron index.")
+    return (f"No patching effect for {', '.join(missing)}: this measurement config did not "
+            "patch it (see its patching setting).")
+
 
 def _params() -> dict | None:
     qp = st.query_params
@@ -80,7 +145,11 @@ def render() -> None:
         return
     st.subheader(f"Layer {p['layer']}, neuron {p['neuron']}")
     st.caption(_where(p))
-    st.dataframe(ops, hide_index=True, width="stretch")
+    st.dataframe(facts_table(ops), hide_index=True, width="stretch")
+    note = no_effect_note(ops, data.layer_patching(p["checkpoint_id"], p["config_id"],
+                                                   p["layer"]))
+    if note:
+        st.info(note)
     layout = data.layout(p["config_id"]).set_index("op")
 
     st.markdown("#### Activation grids (K map)")

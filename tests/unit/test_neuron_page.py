@@ -1,0 +1,56 @@
+"""The neuron page's first table (ui.views.neuron): one row per fact, one column per
+operator, each fact explained, and why effects are missing where they are."""
+
+import re
+
+import pandas as pd
+
+from ui import data
+from ui.views import neuron
+
+
+def _selected_columns(monkeypatch) -> list[str]:
+    seen = {}
+
+    def capture(sql, **params):
+        seen["sql"] = sql
+        return pd.DataFrame()
+
+    monkeypatch.setattr(data, "query", capture)
+    data.neuron_ops.__wrapped__(1, 2, 3, 4, 5)
+    select = seen["sql"].split(" FROM ")[0].removeprefix("SELECT ")
+    return [re.split(r"\s+AS\s+|\.", c.strip())[-1] for c in select.split(",")]
+
+
+def test_every_stored_fact_has_a_row_and_an_explanation(monkeypatch):
+    columns = _selected_columns(monkeypatch)
+    assert columns[0] == "op"
+    assert sorted(c for c, _, _ in neuron.FACTS) == sorted(columns[1:])
+    assert all(why for *_, why in neuron.FACTS)
+
+
+def test_the_table_turns_operators_into_columns():
+    cols = [c for c, _, _ in neuron.FACTS]
+    row = {c: None for c in cols}
+    plus = {**row, "op": "+", "effect": 0.0123456, "rank": 3, "is_exact": True,
+            "constant": False, "best_heuristic": "op1 in [10, 20)"}
+    minus = {**row, "op": "-", "is_exact": False}
+    table = neuron.facts_table(pd.DataFrame([plus, minus]))
+    assert list(table.columns) == ["fact", "+", "-", "what it means"]
+    assert len(table) == len(neuron.FACTS)
+    by = table.set_index("fact")
+    assert by.loc["effect (ranking statistic)", "+"] == "0.01235"
+    assert by.loc["rank in the layer", "+"] == "3"
+    assert by.loc["exact patching", "+"] == "yes" and by.loc["exact patching", "-"] == "no"
+    assert by.loc["effect (ranking statistic)", "-"] == "—"
+    assert by.loc["best heuristic", "+"] == "op1 in [10, 20)"
+
+
+def test_missing_effects_are_explained_by_the_pairs():
+    ops = pd.DataFrame({"op": ["+", "*"], "effect": [0.5, None]})
+    note = neuron.no_effect_note(ops, {"+": {"n_pairs": 50}, "*": {"n_pairs": 0}})
+    assert note.startswith("No patching effect for *:") and "0 pairs" in note
+    assert "neuron index" in note
+    assert neuron.no_effect_note(ops.iloc[:1], {"+": {"n_pairs": 50}}) is None
+    other = neuron.no_effect_note(ops, {"*": {"n_pairs": 40}})
+    assert "did not patch" in other
