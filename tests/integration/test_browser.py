@@ -103,9 +103,15 @@ def test_search_open_a_neuron_and_see_its_charts(server, seeded):
         assert "Patching effect" in titles and "Best heuristic score" in titles
         heat = page.locator(".js-plotly-plot .heatmaplayer image, .js-plotly-plot .hm image")
         assert heat.count() >= 4  # heatmaps drawn as images
-        page.screenshot(path=str(ARTIFACTS / "neuron-page.png"), full_page=True)
+        # the picture of the page the README shows: its top, where a reader starts (the
+        # page scrolls inside Streamlit's main block, not the window)
+        page.evaluate("document.querySelector(\"[data-testid='stMain']\").scrollTo(0, 0)")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "neuron-page.png"))
         browser.close()
     assert (ARTIFACTS / "neuron-page.png").stat().st_size > 10_000
+    if os.environ.get("NCAT_UPDATE_DOCS") == "1":  # docs/neuron-page.png comes from here
+        shutil.copyfile(ARTIFACTS / "neuron-page.png", ROOT / "docs" / "neuron-page.png")
 
 
 def test_a_sketch_is_drawn_and_compute_full_grid_fills_it_in(queue, tiny_builtin):

@@ -37,6 +37,10 @@ def test_the_table_turns_operators_into_columns():
     minus = {**row, "op": "-", "is_exact": False}
     table = neuron.facts_table(pd.DataFrame([plus, minus]))
     assert list(table.columns) == ["fact", "+", "-", "what it means"]
+    # operators in their usual order, whatever order the rows came in
+    again = neuron.facts_table(pd.DataFrame([minus, plus]))
+    assert list(again.columns) == list(table.columns)
+    assert max(len(why) for *_, why in neuron.FACTS) <= 60  # fits its column
     assert len(table) == len(neuron.FACTS)
     by = table.set_index("fact")
     assert by.loc["effect (ranking statistic)", "+"] == "0.01235"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from catalog.arith import OPERATORS
 from reports import plots
 from ui import data
 from ui.views.common import require_catalog
@@ -19,28 +20,24 @@ KEYS = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
 # row per fact and one column per operator, so that it fits any width
 FACTS = [
     ("effect", "effect (ranking statistic)",
-     "the config's ranking statistic of the patching effect (default: 10%-trimmed mean of "
-     "the log-space effect over pairs); neurons are ranked by its size"),
+     "what ranks neurons (default: 10%-trimmed mean, log space)"),
     ("rank", "rank in the layer", "0 = the largest |effect| of this layer for the operator"),
-    ("is_exact", "exact patching", "yes: effects from exact patching; no: from attribution "
-     "patching, its first-order estimate"),
+    ("is_exact", "exact patching", "yes: exact patching; no: attribution (first order)"),
     ("effect_trimmed", "trimmed mean (log space)", "log-space effect, 10%-trimmed mean"),
     ("effect_median", "median (log space)", "log-space effect, median over pairs"),
     ("effect_log", "mean (log space)", "log-space effect, mean over pairs"),
     ("moved_share", "pairs moved", "share of pairs whose log-space effect exceeds 1e-3"),
-    ("effect_exact", "paper's mean effect", "the paper's effect (a ratio of probabilities), "
-     "mean over pairs: one pair with a tiny P(r') can swamp it; compare neurons by the "
-     "log-space rows"),
-    ("effect_attr", "attribution (log space)", "attribution patching's estimate, a "
-     "log-space mean: not on the paper's scale"),
+    ("effect_exact", "paper's mean effect", "a ratio of probabilities: one odd pair can "
+     "swamp it"),
+    ("effect_attr", "attribution (log space)", "attribution's mean: not the paper's scale"),
     ("max_act", "max activation", "over the operator's prompts"),
     ("mean_act", "mean activation", "over the operator's prompts"),
     ("density", "active share", "share of the operator's prompts with activation > 0"),
-    ("constant", "constant map", "yes: the same activation on every prompt (never labelled)"),
+    ("constant", "constant map", "yes: one activation on every prompt: never labelled"),
     ("best_heuristic", "best heuristic", "its most specific label, else its highest score"),
-    ("best_score", "best score", "share of the heuristic's cells among the top-k cells"),
+    ("best_score", "best score", "share of its cells among the neuron's top-k cells"),
     ("best_bottom", "from the bottom cells", "yes: scored on the most negative cells"),
-    ("labelled", "labelled", "yes: the best heuristic passes the config's label rule"),
+    ("labelled", "labelled", "yes: the best heuristic passes the label rule"),
 ]
 
 
@@ -58,6 +55,8 @@ def facts_table(ops: pd.DataFrame) -> pd.DataFrame:
     """``data.neuron_ops`` turned: one row per fact, one column per operator, and what the
     fact means."""
     out = pd.DataFrame({"fact": [name for _, name, _ in FACTS]})
+    order = {op: i for i, op in enumerate(OPERATORS)}
+    ops = ops.sort_values("op", key=lambda col: col.map(lambda o: order.get(o, len(order))))
     for _, row in ops.iterrows():
         out[str(row["op"])] = [_fact(row[col].item() if hasattr(row[col], "item")
                                      else row[col]) for col, _, _ in FACTS]
