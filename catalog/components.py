@@ -37,7 +37,7 @@ from transformer_lens.utilities import get_act_name
 from catalog import effects
 from catalog.ablation import z_hook_name
 from catalog.grids import PrefixRunner, final_logits
-from catalog.patching import effect_from_logprobs, log_effect, pair_batches
+from catalog.patching import effect_from_logprobs, gradient_tap, log_effect, pair_batches
 from catalog.prompts import PromptTable
 from catalog.vocab import ROLES
 
@@ -134,7 +134,7 @@ def attribution(runner: PrefixRunner, clean: np.ndarray, cf: np.ndarray,
         saved: dict[str, torch.Tensor] = {}
 
         def keep(act, hook, _saved=saved):
-            act.retain_grad()
+            act = gradient_tap(act)
             _saved[hook.name] = act
             return act
 

@@ -209,6 +209,19 @@ def exact_patching(
     return (out, out_log) if with_log else out
 
 
+def gradient_tap(act: torch.Tensor) -> torch.Tensor:
+    """``act`` in the autograd graph with its gradient kept, for a forward hook to return.
+    Loaded models' weights require no gradient (``catalog.sources.load_model``: a gradient
+    for every weight would double the memory of a run), so nothing before the first tapped
+    activation is in the graph: that one becomes a leaf that requires grad, and every later
+    activation depends on it, so each tapped gradient is the full derivative. On a model
+    whose weights do require grad it only keeps the gradient."""
+    if not act.requires_grad:
+        return act.detach().requires_grad_(True)
+    act.retain_grad()
+    return act
+
+
 def attribution_patching(
     model: HookedTransformer,
     table: PromptTable,
@@ -244,7 +257,7 @@ def attribution_patching(
                 runner.run(group[:1], skip)  # builds the operator's prefix cache once
 
         def keep(act, hook, _saved=saved):
-            act.retain_grad()
+            act = gradient_tap(act)
             _saved[hook.layer()] = act
             return act
 

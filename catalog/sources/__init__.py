@@ -98,7 +98,8 @@ def load_model(
 
     Weights are read, hashed and processed (LayerNorm folding, centering) in float32 and
     then cast to ``dtype``, so a checkpoint's weights hash does not depend on the dtype a
-    run asks for, and the processing does not round twice.
+    run asks for, and the processing does not round twice. No weight requires grad (the
+    catalog's backward passes need gradients of activations only).
     """
     source = find_source(name)
     lm = _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
@@ -108,6 +109,9 @@ def load_model(
         lm.model.to(dtype)
         lm.model.cfg.dtype = dtype
     transposed_layout(lm.model)
+    # the catalog never trains: a weight that requires grad gets a gradient as large as
+    # itself in every backward pass (attribution patching), which doubled a run's memory
+    lm.model.requires_grad_(False)
     return lm
 
 

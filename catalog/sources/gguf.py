@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
-from catalog.sources.hf import context_length, from_hf_model
+from catalog.sources.hf import check_convertible, context_length, from_hf_model
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
 
@@ -32,9 +32,14 @@ def _gguf_path(name: str, checkpoint: int | None) -> Path:
 
 def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.float32,
                **_) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path = _gguf_path(name, checkpoint)
+    try:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:
+        raise ModelSourceError(f"GGUF file {name!r} cannot be read: {exc}") from exc
+    check_convertible(config, name)  # from the metadata, before any weight is dequantized
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=dtype)

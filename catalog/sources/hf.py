@@ -24,6 +24,47 @@ _TL_ALIASES: dict[str, dict[str, Callable[[Any], Any]]] = {
 }
 
 
+def _cannot_convert(arch: str, shown: str, exc: Exception) -> ModelSourceError:
+    from importlib.metadata import version
+
+    return ModelSourceError(
+        f"TransformerLens {version('transformer-lens')} cannot convert the {arch} "
+        f"model {shown!r}: {exc} (it converts Llama, Mistral, Qwen2, GPT-2, "
+        "GPT-NeoX/Pythia, GPT-J, GPT-Neo, OPT, Bloom and others; see its model table)")
+
+
+def _architecture(config, model_class: str | None = None) -> str:
+    """The config's causal-LM class name; GGUF configs do not record it, so it is the
+    loaded model's class or the one transformers maps the config's model type to."""
+    if not config.architectures:
+        if model_class is None:
+            from transformers.models.auto.modeling_auto import (
+                MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            )
+
+            model_class = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type,
+                                                                config.model_type)
+        config.architectures = [model_class]
+    arch = config.architectures[0]
+    for old, find in _TL_ALIASES.get(arch, {}).items():
+        if not hasattr(config, old) and (value := find(config)) is not None:
+            setattr(config, old, value)
+    return arch
+
+
+def check_convertible(config, shown: str) -> None:
+    """Refuse, from the config alone, a model TransformerLens cannot convert: before its
+    weights are read (a Gemma-3 GGUF was refused only after 86 s of dequantizing)."""
+    arch = _architecture(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        neutral = str(Path(tmp) / "model")
+        config.save_pretrained(neutral)
+        try:
+            tl_loading.get_pretrained_model_config(neutral, fold_ln=True)
+        except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
+            raise _cannot_convert(arch, shown, exc) from exc
+
+
 def from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTransformer:
     """Convert a loaded Hugging Face causal LM into a weight-processed HookedTransformer.
 
@@ -35,12 +76,7 @@ def from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTrans
     convert is a ModelSourceError naming it and the model (``shown``).
     """
     config = hf_model.config
-    if not config.architectures:  # GGUF configs do not record it
-        config.architectures = [type(hf_model).__name__]
-    arch = config.architectures[0]
-    for old, find in _TL_ALIASES.get(arch, {}).items():
-        if not hasattr(config, old) and (value := find(config)) is not None:
-            setattr(config, old, value)
+    arch = _architecture(config, type(hf_model).__name__)
     with tempfile.TemporaryDirectory() as tmp:
         neutral = str(Path(tmp) / "model")
         config.save_pretrained(neutral)
@@ -50,13 +86,7 @@ def from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTrans
             state_dict = tl_loading.get_pretrained_state_dict(neutral, cfg, hf_model,
                                                               dtype=dtype)
         except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
-            from importlib.metadata import version
-
-            raise ModelSourceError(
-                f"TransformerLens {version('transformer-lens')} cannot convert the {arch} "
-                f"model {shown!r}: {exc} (it converts Llama, Mistral, Qwen2, GPT-2, "
-                "GPT-NeoX/Pythia, GPT-J, GPT-Neo, OPT, Bloom and others; see its model "
-                "table)") from exc
+            raise _cannot_convert(arch, shown, exc) from exc
         # built while the folder exists: without a tokenizer, TransformerLens looks there
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
     model.cfg.model_name = shown

@@ -185,3 +185,35 @@ def test_exact_effects_do_not_see_the_full_forwards_rounding(monkeypatch):
             again = exact_patching(model, run.table, layer, clean, cf, acts[cf], with_log=True)
         np.testing.assert_array_equal(again[0], base[0])
         np.testing.assert_array_equal(again[1], base[1])
+
+
+def test_attribution_needs_no_gradient_on_the_weights(tiny_builtin):
+    """Loaded models' weights require no grad (a gradient per weight doubled a run's
+    memory): attribution patching of every layer at once, and of every head and MLP
+    layer, equals what the same model gives with trainable weights, and leaves no
+    gradient on any weight."""
+    from catalog.components import component_effects
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", builtin_config=cfg, cache_root=root)
+    assert not any(p.requires_grad for p in lm.model.parameters())
+    prep = CheckpointRun(lm.model, lm.tokenizer,
+                         ScienceConfig(operand_hi=20, pairs_per_op=20)).prepare()
+    prep.table.correct[:] = True
+    clean, cf = sample_pairs(prep.table, "+", 20, seed=0)
+    layers = list(range(lm.model.cfg.n_layers))
+
+    def both():
+        attr = attribution_patching(lm.model, prep.table, layers, clean, None, cf)
+        comp = component_effects(lm.model, prep.table, clean, cf, (), "mean")
+        return attr, comp
+
+    frozen_attr, frozen_comp = both()
+    assert all(p.grad is None for p in lm.model.parameters())
+    lm.model.requires_grad_(True)
+    attr, comp = both()
+    for layer in layers:
+        assert np.abs(attr[layer]).max() > 1e-3
+        np.testing.assert_allclose(frozen_attr[layer], attr[layer], rtol=1e-5, atol=1e-7)
+    assert np.nanmax(np.abs(comp.effect_log)) > 1e-3
+    np.testing.assert_allclose(frozen_comp.effect_log, comp.effect_log, rtol=1e-5, atol=1e-7)

@@ -283,3 +283,25 @@ def test_quiet_loads_draw_no_loader_bars(tmp_path, capfd):
     assert "GGUF tensors" in capfd.readouterr().err
     load_model(path, progress=False)
     assert "GGUF tensors" not in capfd.readouterr().err
+
+
+def test_a_gguf_that_cannot_be_converted_is_refused_before_its_weights_are_read(
+        tmp_path, monkeypatch):
+    """The architecture is in the GGUF's metadata: a model TransformerLens cannot convert
+    is refused from it, naming the architecture, and no weight is dequantized (a Gemma-3
+    file was refused only after 86 s of loading)."""
+    import transformers
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    path = str(write_llama_gguf(tmp_path / "tiny.gguf"))
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights were read")
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("LlamaForCausalLM is not currently supported")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    monkeypatch.setattr(tl_loading, "get_pretrained_model_config", refuse)
+    with pytest.raises(ModelSourceError, match=r"cannot convert the LlamaForCausalLM model"):
+        load_model(path)
