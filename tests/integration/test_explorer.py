@@ -210,6 +210,22 @@ def test_neuron_page_without_parameters_says_what_to_do(catalog_env):
     assert "Open a neuron from the search page" in text_of(at)
 
 
+def _model_name(url) -> str:
+    with store.connect(url) as conn:
+        return conn.execute("SELECT name FROM model").fetchone()[0]
+
+
+@pytest.mark.parametrize("page, where", [("heuristics", "every checkpoint"),
+                                         ("circuits", "step 300"), ("search", "step 300")])
+def test_every_page_names_the_model_checkpoint_and_config_it_shows(catalog_env, page, where):
+    """Issue 32: the sidebar's choices are named on the page itself."""
+    _, _, config_id = ids(catalog_env)
+    at = run_page(page)
+    captions = [c.value for c in at.caption]
+    want = f"{_model_name(catalog_env)} · {where} · measurement config #{config_id}:"
+    assert any(c.startswith(want) for c in captions), captions
+
+
 def test_heuristics_page(catalog_env):
     at = run_page("heuristics")
     charts = [c.proto.spec for c in at.get("plotly_chart")]

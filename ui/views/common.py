@@ -18,8 +18,10 @@ def require_catalog() -> bool:
     return True
 
 
-def pick_model_checkpoint_config(key: str):
-    """Sidebar selectors; returns (model row, checkpoint row, config id)."""
+def pick_model_checkpoint_config(key: str, across_training: bool = False):
+    """Sidebar selectors, and a line on the page naming what it shows (the model, the
+    checkpoint, or every checkpoint with ``across_training``, and the measurement config);
+    returns (model row, checkpoint row, config id)."""
     models = data.models()
     names = models.name.tolist()
     name = st.sidebar.selectbox("Model", names, key=f"{key}-model")
@@ -38,6 +40,9 @@ def pick_model_checkpoint_config(key: str):
               for r in cfgs.itertuples()]
     choice = st.sidebar.selectbox("Measurement config", labels, key=f"{key}-config")
     config_id = int(cfgs.id.iloc[labels.index(choice)])
+    where = "every checkpoint" if across_training else (
+        "final weights" if pd.isna(step) else f"step {int(step)}")
+    st.caption(f"{name} · {where} · measurement config {choice}")
     return model, ck, config_id
 
 

@@ -14,7 +14,7 @@ def render() -> None:
     st.title("Heuristics across training")
     if not require_catalog():
         return
-    model, _, config_id = pick_model_checkpoint_config("heuristics")
+    model, _, config_id = pick_model_checkpoint_config("heuristics", across_training=True)
     census = data.census(int(model.id), config_id)
     if census.empty:
         st.info("No circuit neuron implements a heuristic yet (the config's label rule: by "
