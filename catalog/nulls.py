@@ -114,8 +114,8 @@ class ValueNull:
         direct = np.array([h.direct for h in heuristics], dtype=bool)[heuristic]
         draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
         side_key = direct.astype(np.int64) * 2 + bottom.astype(np.int64)
-        pending: list[tuple] = []  # the conditional tests, computed together at the end
         kinds = _Kinds.of(heuristics)
+        tests = _Deferred()
         for sk in np.unique(side_key[draws > 0]):
             is_direct, is_bottom = bool(sk // 2), bool(sk % 2)
             on_side = np.nonzero((side_key == sk) & (draws > 0))[0]
@@ -135,23 +135,91 @@ class ValueNull:
             for d, rows, sums, slot, dense in self._top_sums(maps, is_bottom, on_side, at,
                                                              draws, order):
                 pos = slot[np.searchsorted(neurons, neuron[rows])]
-                p = self._rows_p(sums, pos, kinds, heuristic[rows], dense,
-                                 score[rows] >= threshold)
-                near = np.nonzero((p <= decide_at) & (score[rows] >= threshold))[0]
-                if len(near):
-                    counts = score[rows[near]].astype(np.float64) * d
-                    pending += self._conditional_p(sums, pos[near], kinds,
-                                                   heuristic[rows[near]], counts, rows[near])
-                out[rows] = p
-        for t in {t for t, *_ in pending}:
-            parts = [x for x in pending if x[0] == t]
-            p = within_class_tail(torch.cat([x[2] for x in parts]),
-                                  torch.cat([x[3] for x in parts]),
+                self._keep_tests(tests, sums, pos, rows, kinds, heuristic[rows], dense,
+                                 score[rows], d, threshold)
+        # the value tests of every step and side at once (one exact tail per layout)
+        for t, parts in tests.value.items():
+            rows = np.concatenate([r for r, _, _ in parts])
+            share = torch.cat([x for _, x, _ in parts])
+            hidx = np.concatenate([h for _, _, h in parts])
+            out[rows] = self._set_p(share, hidx, kinds, t)
+        for rows, (share1, h1), (share2, h2) in tests.both:
+            out[rows] = fisher(self._set_p(share1, h1, kinds, "op1"),
+                               self._set_p(share2, h2, kinds, "op2"))
+        for rows, p in tests.identical:
+            out[rows] = p
+        # the conditional tests of the rows they decide: a value p-value at most decide_at
+        value_p = out.copy()
+        for t, parts in tests.conditional.items():
+            rows = np.concatenate([r for r, _, _ in parts])
+            near = value_p[rows] <= decide_at
+            if not near.any():
+                continue
+            w_c = torch.cat([x for _, x, _ in parts])[torch.as_tensor(near)]
+            counts = np.concatenate([c for _, _, c in parts])[near]
+            rows = rows[near]
+            uniq, h_of = np.unique(heuristic[rows], return_inverse=True)
+            s_c = torch.as_tensor(np.stack([self.class_counts(kinds.heuristics[u], t)
+                                            for u in uniq]), device=w_c.device)
+            p = within_class_tail(w_c, s_c[torch.as_tensor(h_of, device=w_c.device)],
                                   torch.as_tensor(self.groups[t].size, dtype=torch.float64),
-                                  torch.as_tensor(np.concatenate([x[4] for x in parts])))
-            rows = np.concatenate([x[1] for x in parts])
+                                  torch.as_tensor(counts))
             np.maximum.at(out, rows, p)
         return out
+
+    def _keep_tests(self, tests: _Deferred, sums: dict[str, torch.Tensor], pos: np.ndarray,
+                    rows: np.ndarray, kinds: _Kinds, hidx: np.ndarray, dense,
+                    score: np.ndarray, d: int, threshold: float) -> None:
+        """Keep what the tests of the rows of one draws value need from this step's top-cell
+        sums (``pos``: each row's slot in them; ``hidx``: its heuristic): each row's value
+        shares for the exact value tail; for rows that score at least ``threshold``, the
+        class sums of the conditional tests (the other numbers held fixed: an operand
+        heuristic must beat maps shuffled within each result, a function of the result
+        having no operand structure of its own; a result heuristic maps shuffled within
+        each op1 row and within each op2 column; the largest of these p-values and the
+        value null's is the row's p-value, an intersection-union test valid under each
+        null). op1 = op2 is Monte Carlo, computed here: rows that cannot be labelled draw
+        at most ``UNLABELLED_PERMUTATIONS`` permutations (valid, only coarser, where a
+        label's would need the full count: most such rows, measured on Qwen2.5-Coder-0.5B)."""
+        target, fam = kinds.target[hidx], kinds.family[hidx]
+        multi = fam == "multi_result"
+
+        def share(t: str, sel: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+            size = torch.as_tensor(self.groups[t].size, dtype=torch.float64)
+            return sums[t][torch.as_tensor(pos[sel])] / size.to(sums[t].device), hidx[sel]
+
+        for t in SINGLE_TARGETS:
+            sel = np.nonzero((target == t) & ~multi)[0]
+            if len(sel):
+                tests.value.setdefault(t, []).append((rows[sel], *share(t, sel)))
+        sel = np.nonzero(target == "both")[0]
+        if len(sel):
+            tests.both.append((rows[sel], share("op1", sel), share("op2", sel)))
+        sel = np.nonzero(target == "identical")[0]
+        if len(sel):
+            limit = np.full(len(sel), self.permutations)
+            limit[score[sel] < threshold] = min(self.permutations, UNLABELLED_PERMUTATIONS)
+            tests.identical.append((rows[sel], identical_p(
+                dense(pos[sel]), self.cells, self.groups["op1"], self.groups["op2"],
+                self.permutations, self.seed, limit=limit)))
+        can = (score >= threshold) & ~multi
+        direct = kinds.direct[hidx]
+        for conds, sel_mask in ((("result",), can & ~direct), (("op1", "op2"), can & direct)):
+            sel = np.nonzero(sel_mask)[0]
+            if not len(sel):
+                continue
+            for t in conds:
+                tests.conditional.setdefault(t, []).append(
+                    (rows[sel], sums[t][torch.as_tensor(pos[sel])],
+                     score[sel].astype(np.float64) * d))
+
+    def _set_p(self, share: torch.Tensor, hidx: np.ndarray, kinds: _Kinds,
+               t: str) -> np.ndarray:
+        """Exact value-null p-values of rows (their shares of number t's values, their
+        heuristics)."""
+        uniq, inv = np.unique(hidx, return_inverse=True)
+        table = np.stack([self.member(kinds.heuristics[u], t) for u in uniq])
+        return set_p_values(share, table[inv], self.groups[t])
 
     def _top_sums(self, maps: torch.Tensor, bottom: bool, rows: np.ndarray, at: np.ndarray,
                   draws: np.ndarray, order: torch.Tensor | None = None):
@@ -240,63 +308,15 @@ class ValueNull:
             self._member[key] = h.contains(c.a, c.b, c.result)
         return self._member[key]
 
-    def _conditional_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, kinds: _Kinds,
-                       hidx: np.ndarray, counts: np.ndarray, rows: np.ndarray) -> list:
-        """The other numbers held fixed: an operand heuristic must beat maps shuffled within
-        each result (a function of the result has no operand structure of its own), a
-        result heuristic maps shuffled within each op1 row and within each op2 column.
-        ``hidx``: each row's heuristic (index into ``kinds``); ``counts``: each row's
-        top-cell weight on its set (score x draws). The largest of these p-values and the
-        value null's is the row's p-value (an intersection-union test, valid under each
-        null). Returns the tests to compute, (number, rows, class weights, class counts,
-        counts), for ``within_class_tail``."""
-        out = []
-        direct, multi = kinds.direct[hidx], kinds.family[hidx] == "multi_result"
-        for conds, sel in ((("result",), ~direct & ~multi), (("op1", "op2"), direct & ~multi)):
-            idx = np.nonzero(sel)[0]
-            if not len(idx):
-                continue
-            uniq, h_of = np.unique(hidx[idx], return_inverse=True)
-            for t in conds:
-                s_c = torch.as_tensor(np.stack([self.class_counts(kinds.heuristics[u], t)
-                                                for u in uniq]), device=sums[t].device)
-                out.append((t, rows[idx], sums[t][torch.as_tensor(pos[idx])],
-                            s_c[torch.as_tensor(h_of, device=s_c.device)], counts[idx]))
-        return out
 
-    def _rows_p(self, sums: dict[str, torch.Tensor], pos: np.ndarray, kinds: _Kinds,
-                hidx: np.ndarray, dense, can_label: np.ndarray | None = None) -> np.ndarray:
-        """P-values of rows of one draws value: ``pos`` each row's map in ``sums``, ``hidx``
-        its heuristic (index into ``kinds``); ``can_label`` (rows,) bool: rows that score
-        high enough to be labelled. The others' op1 = op2 p-value is drawn from at most
-        ``UNLABELLED_PERMUTATIONS`` permutations: valid, only coarser, where a label's
-        would need the full count (most such rows, measured on Qwen2.5-Coder-0.5B)."""
-        out = np.ones(len(hidx))
-        target, fam = kinds.target[hidx], kinds.family[hidx]
+@dataclass
+class _Deferred:
+    """The tests of one p_values call, kept step by step and computed at the end."""
 
-        def single(sel: np.ndarray, t: str) -> np.ndarray:
-            uniq, inv = np.unique(hidx[sel], return_inverse=True)
-            table = np.stack([self.member(kinds.heuristics[u], t) for u in uniq])
-            size = torch.as_tensor(self.groups[t].size, dtype=torch.float64)
-            share = sums[t][torch.as_tensor(pos[sel])] / size.to(sums[t].device)
-            return set_p_values(share, table[inv], self.groups[t])
-
-        for t in SINGLE_TARGETS:
-            sel = np.nonzero((target == t) & (fam != "multi_result"))[0]
-            if len(sel):
-                out[sel] = single(sel, t)
-        sel = np.nonzero(target == "both")[0]
-        if len(sel):
-            out[sel] = fisher(single(sel, "op1"), single(sel, "op2"))
-        sel = np.nonzero(target == "identical")[0]
-        if len(sel):
-            limit = np.full(len(sel), self.permutations)
-            if can_label is not None:
-                limit[~can_label[sel]] = min(self.permutations, UNLABELLED_PERMUTATIONS)
-            out[sel] = identical_p(dense(pos[sel]), self.cells,
-                                   self.groups["op1"], self.groups["op2"], self.permutations,
-                                   self.seed, limit=limit)
-        return out
+    value: dict[str, list] = field(default_factory=dict)  # t -> [(rows, shares, heuristics)]
+    both: list = field(default_factory=list)  # [(rows, op1 (shares, h), op2 (shares, h))]
+    identical: list = field(default_factory=list)  # [(rows, p-values)]
+    conditional: dict[str, list] = field(default_factory=dict)  # t -> [(rows, sums, counts)]
 
 
 @dataclass
