@@ -87,10 +87,6 @@ def from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTrans
                                                               dtype=dtype)
         except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
             raise _cannot_convert(arch, shown, exc) from exc
-        # the Hugging Face weights that the conversion copied are freed now, before the
-        # weight processing makes its own copies (the caller's model is spent: its weights
-        # are on the meta device; those the state dict shares stay alive through it)
-        hf_model.to("meta")
         # built while the folder exists: without a tokenizer, TransformerLens looks there
         model = HookedTransformer(cfg, tokenizer, move_to_device=False)
     model.cfg.model_name = shown

@@ -186,8 +186,12 @@ def test_neuron_page_shows_grids_lens_matches_and_evolution(catalog_env):
     assert any("Patching effect" in t for t in titles) and any("Best heuristic" in t
                                                                 for t in titles)
     assert any("logit-lens value" in t for t in titles)
-    ops = at.dataframe[0].value
-    assert sorted(ops.op) == ["*", "+", "-", "/"]
+    facts = at.dataframe[0].value  # a row per fact, a column per operator in their order
+    assert list(facts.columns) == ["fact", "+", "-", "*", "/", "what it means"]
+    with store.connect(catalog_env) as conn:
+        rank = conn.execute("SELECT rank FROM neuron_op WHERE checkpoint_id = %s AND layer = 1 "
+                            "AND neuron = 5 AND op = '+'", (ck,)).fetchone()[0]
+    assert facts.set_index("fact").loc["rank in the layer", "+"] == str(rank)
     with store.connect(catalog_env) as conn:
         n = conn.execute("SELECT count(*) FROM neuron_score WHERE checkpoint_id = %s AND "
                          "layer = 1 AND neuron = 5", (ck,)).fetchone()[0]
