@@ -40,7 +40,9 @@ TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 
 # the config fields that change a unit's cost (the rest change how many units there are)
 # bumped when a calibration's meaning changes, so older cached ones are measured again
-PLANNER_VERSION = 3  # 3: grids coded with 2-D prediction (fewer bytes per cell)
+# 3: grids coded with 2-D prediction (fewer bytes per cell); 4: correct shares (pairs and
+# faithfulness prompts drawn from the correct prompts) and the label rule's time
+PLANNER_VERSION = 4
 
 
 # the config fields that decide the grid-only costs (heuristics, matching)
@@ -161,6 +163,8 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
                        bytes=large["bytes"], rows_per_neuron_op=large["rows_per_neuron_op"],
                        live_by_layer=live,
                        matching_ratio=large["matching_ratio"],
+                       significance_ratio=large["significance_ratio"],
+                       correct_share=large["correct_share"],
                        calibration_s=round(time.perf_counter() - t_all, 1),
                        measured_at=time.strftime("%Y-%m-%d %H:%M"),
                        block_macs=block_macs, unembed_macs=unembed_macs)
@@ -323,10 +327,15 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
                         run.with_bottom)
     random_s = sum(random.per_neuron[op] * live_maps / ops for op in small.operators) \
         + len(layers) * sum(random.per_call.values())
+    usable = run.table.usable()
+    correct = {op: float(usable[run.table.op_index(op)].sum()) for op in small.operators}
     return {
         "matching_ratio": phases.get("matching", 0.0) / max(random_s, 1e-9),
+        "significance_ratio": phases.get("significance", 0.0) / max(random_s, 1e-9),
+        "correct_share": {op: correct[op] / max(len(run.table.op_index(op)), 1)
+                          for op in small.operators},
         "units": {"grid": len(run.table), "lens": len(layers), "attribution": n_pairs,
-                  "exact": exact_work, "summary": summary_units(small),
+                  "exact": exact_work, "summary": summary_units(small, correct),
                   "means": mean_units, "write": total_bytes,
                   "components": n_pairs if small.component_positions else 0},
         "seconds": {"grid": grid_s, "lens": phases.get("lens", 0.0),

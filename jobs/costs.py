@@ -34,6 +34,12 @@ class Calibration:
     # the blocks after the patched layer, then the unembedding (exact_row_macs)
     block_macs: float = 0.0
     unembed_macs: float = 0.0
+    # per operator, the share of the large calibration grid's prompts the model answers
+    # correctly (and are not solved examples): pairs and faithfulness prompts are drawn
+    # from these, so a model that answers few has few to patch. Empty: every prompt.
+    correct_share: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the label rule's time (significance) over random maps' matching time on that grid
+    significance_ratio: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,12 +72,33 @@ def exact_units(cal: Calibration, rows_per_layer: float, layers: list[int]) -> f
                                                cal.n_layers, layer) for layer in layers) / 1e9
 
 
-def summary_units(config: ScienceConfig) -> int:
+def summary_units(config: ScienceConfig, correct: dict[str, float] | None = None) -> float:
     """The summary's work: faithfulness prompts x seeds x operators x protocols (each
     protocol's curve and controls run every drawn prompt; component effects are per pair
-    and small beside them)."""
-    return (config.faithfulness_prompts * config.faithfulness_seeds * len(config.operators)
-            * len(config.faithfulness_protocols))
+    and small beside them). ``correct``: per operator, the correct prompts there are to
+    draw from (None: as many as asked)."""
+    drawn = sum(config.faithfulness_prompts if correct is None
+                else min(config.faithfulness_prompts, correct.get(op, 0.0))
+                for op in config.operators)
+    return drawn * config.faithfulness_seeds * len(config.faithfulness_protocols)
+
+
+def expected_correct(cal: Calibration, cells: dict[str, int]) -> dict[str, float] | None:
+    """Per operator, the correct prompts a request's grid should hold: its cells times the
+    calibration grid's correct share (None for an older calibration that did not count
+    them). Larger operands are usually answered less often, so this errs high."""
+    if not cal.correct_share:
+        return None
+    return {op: cal.correct_share.get(op, 0.0) * n for op, n in cells.items()}
+
+
+def pairs_per_op(config: ScienceConfig, correct: dict[str, float] | None) -> dict[str, float]:
+    """Per operator, the counterfactual pairs a run draws: as many as asked, at most one
+    per correct prompt (none where fewer than two correct prompts exist)."""
+    return {op: float(config.pairs_per_op) if correct is None
+            else (min(config.pairs_per_op, correct.get(op, 0.0))
+                  if sum(correct.values()) >= 2 else 0.0)
+            for op in config.operators}
 
 
 def grid_cells(config: ScienceConfig, limit: int | None) -> dict[str, np.ndarray]:

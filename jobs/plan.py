@@ -22,7 +22,9 @@ from jobs.costs import (
     Calibration,
     GridCosts,
     exact_units,
+    expected_correct,
     grid_cells,
+    pairs_per_op,
     sketch_codes,
     summary_units,
 )
@@ -120,25 +122,31 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     phases = [Phase("grid pass", prompts * passes, "prompts", passes * s("grid", prompts)),
               Phase("heuristics", ops, "operators", costs.heuristics_s),
               Phase("lens", n_layers, "layers", s("lens", n_layers))]
+    correct = expected_correct(cal, cells)  # pairs and faithfulness prompts come from these
+    pairs = sum(pairs_per_op(config, correct).values())
     if "attribution" in config.patching:
-        units = config.pairs_per_op * ops
+        units = pairs
         phases.append(Phase("attribution", units, "pairs x ops", s("attribution", units)))
     if "exact" in config.patching:
         top = config.exact_top()
         per_layer = d_mlp if top is None else min(top, d_mlp)
-        rows = per_layer * config.pairs_per_op * ops
+        rows = per_layer * pairs
         units = exact_units(cal, rows, todo)
         phases.append(Phase("exact patching", units, "G multiply-adds" if cal.unembed_macs
                             else "neurons x pairs x ops", s("exact", units)))
     live_share = [cal.live_by_layer[layer] for layer in todo]
     live = sum(live_share) * d_mlp  # live neurons x layers (averaged over operators)
-    phases.append(Phase("matching", live * ops, "live neurons x ops", cal.matching_ratio * (
-        live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values()))))
+    random_s = live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values())
+    phases.append(Phase("matching", live * ops, "live neurons x ops",
+                        cal.matching_ratio * random_s))
+    if cal.significance_ratio:  # the label rule's null, over the same maps
+        phases.append(Phase("labels (null)", live * ops, "live neurons x ops",
+                            cal.significance_ratio * random_s))
     if config.component_positions:  # every head and MLP layer patched per pair
-        units = config.pairs_per_op * ops
+        units = pairs
         phases.append(Phase("component effects", units, "pairs x ops",
                             s("components", units)))
-    units = summary_units(config)  # every run ends with one
+    units = summary_units(config, correct)  # every run ends with one
     means = sum(config.mean_population_size(kind, cap, prompts)
                 for kind, _, cap in config.mean_passes())
     phases.append(Phase("summary", units, "prompts x seeds x ops x protocols",
@@ -163,6 +171,12 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     total = sum(storage.values())
     phases.append(Phase("writing", total, "bytes", s("write", total)))
     notes = []
+    if correct is not None and pairs < config.pairs_per_op * ops:
+        shares = ", ".join(f"{op} {cal.correct_share.get(op, 0.0):.1%}" for op in config.operators)
+        notes.append(f"The model answers few prompts correctly on the calibration grid "
+                     f"({shares}): about {pairs:,.0f} counterfactual pairs in all, not "
+                     f"{config.pairs_per_op * ops:,}; patching and the summary are costed "
+                     "for those.")
     if not fits:
         notes.append(f"The activations do not fit NCAT_ACTIVATION_BUDGET "
                      f"({execution.activation_budget:,} bytes): one grid pass per layer.")

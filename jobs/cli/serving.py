@@ -102,7 +102,7 @@ def cmd_explore(args) -> int:
         proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app),
                                  "--server.port", str(port), "--server.address", args.host,
                                  "--server.headless", "true", "--browser.gatherUsageStats",
-                                 "false"],
+                                 "false", "--server.fileWatcherType", "none"],
                                 env=child_env(settings), preexec_fn=_die_with_parent)
         try:
             return proc.wait()
