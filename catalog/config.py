@@ -52,7 +52,8 @@ from catalog.vocab import (
 # effects, curve controls and areas, well-conditioned faithfulness statistics)
 # 0.6.0: labels under the value-permutation null (label_rule values, null_strata), each
 # cell set scored once (dedupe_heuristics), correctness needs a non-digit after the answer
-CATALOG_VERSION = "0.6.0"
+# 0.7.0: periodic structure of every map (catalog.spectra: spectra, helix fit, null)
+CATALOG_VERSION = "0.7.0"
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
     """A config field with its help text; ``form`` puts it on the explorer's job form."""
@@ -352,6 +353,9 @@ class ExecutionConfig:
     activation_budget: int = _opt(
         2 * 1024**3, "bytes of activations one grid pass may keep; over it, each layer's "
                      "grid is computed when the layer runs and dropped once it is done")
+    memory_budget: int = _opt(
+        0, "bytes of host memory a run may use; a request estimated over it is refused "
+           "before loading (0: NCAT_MEMORY_BUDGET, such as 12G, else the memory available)")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "patch_chunk"):
@@ -359,5 +363,7 @@ class ExecutionConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.activation_budget < 0:
             raise ValueError(f"activation_budget must be >= 0, got {self.activation_budget}")
+        if self.memory_budget < 0:
+            raise ValueError(f"memory_budget must be >= 0, got {self.memory_budget}")
         if not self.device:
             raise ValueError("device is empty; use cpu, cuda or cuda:N")

@@ -19,6 +19,7 @@ from catalog.lens import LensResult
 from catalog.maps import kv_map
 from catalog.matches import Matches
 from catalog.prompts import PromptTable
+from catalog.spectra import LayerSpectra
 from catalog.tokens import NumberTokens
 
 
@@ -103,6 +104,8 @@ class LayerResult:
     # op -> {"labelled", "n"}: the label rule on a sample of this layer's maps whose values
     # are relabelled at random (a control that needs no untrained checkpoint)
     label_control: dict[str, dict] = field(default_factory=dict)
+    # periodic structure of every (neuron, operator) map (catalog.spectra); None: not run
+    spectra: LayerSpectra | None = None
 
     def effect(self, sign: str) -> np.ndarray:
         """What circuits order neurons by, largest first (catalog.effects.rank_key)."""

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from catalog import effects, nulls
+from catalog import effects, nulls, spectra
 from catalog.builtin.model import BUILTIN_NAME
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import mlp_width, run_grid
@@ -248,6 +248,7 @@ class CheckpointRun(CheckpointSummary):
                           k=config.lens_top_k)
         answer_lens = clock.time("lens", lens_at, model, layer, table.answer)
         parts, patching, control = [], {}, {}
+        spec = spectra.LayerSpectra.empty(*shape)
         for o, op in enumerate(config.operators):
             idx = table.op_index(op)
             k_map = acts[idx].T  # (d_mlp, cells)
@@ -271,6 +272,10 @@ class CheckpointRun(CheckpointSummary):
                 control[op] = clock.time("significance", self._label_control, layer, o, op,
                                          k_map[live], kv)
                 m.neuron = live[m.neuron].astype(np.int32)
+                cells = self.cells[op]
+                spec.set(live, o, clock.time("spectra", spectra.op_spectra, k_map[live], kv,
+                                             cells.a, cells.b, cells.result,
+                                             [config.seed, layer, o]))
             parts.append(m)
         rank = effects.ranks(effects.rank_key(out.rank_value, config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching
@@ -285,7 +290,7 @@ class CheckpointRun(CheckpointSummary):
             effect_trimmed=out.effect_trimmed, moved_share=out.moved_share,
             is_exact=out.is_exact, rank_value=out.rank_value,
             constant=out.constant, rank=rank, matches=Matches.concat(parts), patching=patching,
-            seconds=clock.seconds, label_control=control,
+            seconds=clock.seconds, label_control=control, spectra=spec,
         )
 
     def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: LayerStats,

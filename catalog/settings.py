@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     ncat_activation_budget: int = Field(
         2 * 1024**3, ge=0, description="bytes of activations a worker keeps from one grid "
                                        "pass; over it, layers are captured one at a time")
+    ncat_memory_budget: str | None = Field(
+        None, description="host memory a run may use (12G, 512M or bytes); a request "
+                          "estimated over it is refused before loading; unset: the memory "
+                          "available at the time")
     ncat_busy_retry_seconds: float = Field(
         30.0, gt=0, description="seconds before a layer whose lock another session holds is "
                                 "tried again")

@@ -361,6 +361,22 @@ CREATE TABLE neuron_op (
     constant boolean,
     best_bottom boolean,
     labelled boolean,
+    spec_periodic smallint,
+    op1_period smallint,
+    op2_period smallint,
+    result_period smallint,
+    kv_period smallint,
+    op1_share smallint,
+    op2_share smallint,
+    result_share smallint,
+    kv_share smallint,
+    op1_fit smallint,
+    op2_fit smallint,
+    result_fit smallint,
+    op1_linear smallint,
+    op2_linear smallint,
+    result_linear smallint,
+    helix_r2 smallint,
     CONSTRAINT neuron_op_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
 ) PARTITION BY HASH (model_id);
 -- grants on neuron_op: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
@@ -432,9 +448,13 @@ CREATE UNIQUE INDEX model_pkey ON public.model USING btree (id);
 CREATE UNIQUE INDEX neuron_grid_pkey ON ONLY public.neuron_grid USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
 CREATE UNIQUE INDEX neuron_lens_pkey ON ONLY public.neuron_lens USING btree (model_id, checkpoint_id, config_id, layer, neuron);
 CREATE INDEX ix_neuron_op_effect_size ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, abs(rank_value) DESC NULLS LAST);
+CREATE INDEX ix_neuron_op_kv_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, kv_period) WHERE (((spec_periodic)::integer & 8) <> 0);
 CREATE INDEX ix_neuron_op_neuron ON ONLY public.neuron_op USING btree (model_id, layer, neuron, op);
+CREATE INDEX ix_neuron_op_op1_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op1_period) WHERE (((spec_periodic)::integer & 1) <> 0);
+CREATE INDEX ix_neuron_op_op2_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op2_period) WHERE (((spec_periodic)::integer & 2) <> 0);
 CREATE INDEX ix_neuron_op_rank ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op, rank);
 CREATE INDEX ix_neuron_op_rank_order ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, rank);
+CREATE INDEX ix_neuron_op_result_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, result_period) WHERE (((spec_periodic)::integer & 4) <> 0);
 CREATE INDEX ix_neuron_op_score_order ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, best_score DESC NULLS LAST, layer, neuron, op);
 CREATE UNIQUE INDEX neuron_op_pkey ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
 CREATE INDEX ix_neuron_score_checkpoint_heuristic ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, heuristic_id, score);
@@ -707,6 +727,256 @@ CREATE VIEW neuron_evolution AS
      JOIN model m ON m.id = n.model_id
      LEFT JOIN heuristic h ON h.id = n.best_heuristic_id;
 -- grants on neuron_evolution: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW neuron_spectrum AS
+ SELECT m.name AS model,
+    c.step,
+    n.config_id,
+    n.layer,
+    n.neuron,
+    n.op,
+    n.op1_period,
+    n.op1_share::double precision / '10000'::numeric::double precision AS op1_share,
+    (n.spec_periodic::integer & 1) <> 0 AS op1_periodic,
+    n.op2_period,
+    n.op2_share::double precision / '10000'::numeric::double precision AS op2_share,
+    (n.spec_periodic::integer & 2) <> 0 AS op2_periodic,
+    n.result_period,
+    n.result_share::double precision / '10000'::numeric::double precision AS result_share,
+    (n.spec_periodic::integer & 4) <> 0 AS result_periodic,
+    n.kv_period,
+    n.kv_share::double precision / '10000'::numeric::double precision AS kv_share,
+    (n.spec_periodic::integer & 8) <> 0 AS kv_periodic,
+    n.op1_fit::double precision / '10000'::numeric::double precision AS op1_fit,
+    n.op2_fit::double precision / '10000'::numeric::double precision AS op2_fit,
+    n.result_fit::double precision / '10000'::numeric::double precision AS result_fit,
+    n.op1_linear::double precision / '10000'::numeric::double precision AS op1_linear,
+    n.op2_linear::double precision / '10000'::numeric::double precision AS op2_linear,
+    n.result_linear::double precision / '10000'::numeric::double precision AS result_linear,
+    n.helix_r2::double precision / '10000'::numeric::double precision AS helix_r2,
+    n.model_id,
+    n.checkpoint_id
+   FROM neuron_op n
+     JOIN model m ON m.id = n.model_id
+     JOIN checkpoint c ON c.id = n.checkpoint_id
+  WHERE n.spec_periodic IS NOT NULL AND NOT COALESCE(n.constant, false);
+-- grants on neuron_spectrum: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW period_distribution AS
+ WITH maps AS (
+         SELECT n.model_id,
+            n.checkpoint_id,
+            n.config_id,
+            n.layer,
+            n.op,
+            a.axis,
+            a.period,
+            a.periodic
+           FROM neuron_op n
+             CROSS JOIN LATERAL ( VALUES ('op1'::text,n.op1_period,(n.spec_periodic::integer & 1) <> 0), ('op2'::text,n.op2_period,(n.spec_periodic::integer & 2) <> 0), ('result'::text,n.result_period,(n.spec_periodic::integer & 4) <> 0), ('kv'::text,n.kv_period,(n.spec_periodic::integer & 8) <> 0)) a(axis, period, periodic)
+          WHERE n.spec_periodic IS NOT NULL AND NOT COALESCE(n.constant, false)
+        ), live AS (
+         SELECT maps.model_id,
+            maps.checkpoint_id,
+            maps.config_id,
+            maps.layer,
+            maps.op,
+            maps.axis,
+            count(*) AS n_live,
+            count(*) FILTER (WHERE maps.periodic) AS n_periodic
+           FROM maps
+          GROUP BY maps.model_id, maps.checkpoint_id, maps.config_id, maps.layer, maps.op, maps.axis
+        ), by_period AS (
+         SELECT maps.model_id,
+            maps.checkpoint_id,
+            maps.config_id,
+            maps.layer,
+            maps.op,
+            maps.axis,
+            maps.period,
+            count(*) AS n
+           FROM maps
+          WHERE maps.periodic
+          GROUP BY maps.model_id, maps.checkpoint_id, maps.config_id, maps.layer, maps.op, maps.axis, maps.period
+        )
+ SELECT md.name AS model,
+    c.step,
+    l.config_id,
+    l.layer,
+    l.op,
+    l.axis,
+    p.period,
+    COALESCE(p.n, 0::bigint) AS n,
+    l.n_periodic,
+    l.n_live,
+    COALESCE(p.n, 0::bigint)::double precision / NULLIF(l.n_live, 0)::double precision AS share,
+    wilson_low(COALESCE(p.n, 0::bigint), l.n_live) AS share_low,
+    wilson_high(COALESCE(p.n, 0::bigint), l.n_live) AS share_high,
+    l.model_id,
+    l.checkpoint_id
+   FROM live l
+     LEFT JOIN by_period p USING (model_id, checkpoint_id, config_id, layer, op, axis)
+     JOIN model md ON md.id = l.model_id
+     JOIN checkpoint c ON c.id = l.checkpoint_id;
+-- grants on period_distribution: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW period_label_overlap AS
+ WITH live AS (
+         SELECT n.model_id,
+            n.checkpoint_id,
+            n.config_id,
+            n.layer,
+            n.neuron,
+            n.op,
+            n.max_act,
+            n.mean_act,
+            n.density,
+            n.effect_exact,
+            n.effect_exact_std,
+            n.effect_attr,
+            n.effect_attr_std,
+            n.rank,
+            n.op_accuracy,
+            n.best_heuristic_id,
+            n.best_score,
+            n.effect_log,
+            n.effect_median,
+            n.effect_trimmed,
+            n.moved_share,
+            n.rank_value,
+            n.is_exact,
+            n.constant,
+            n.best_bottom,
+            n.labelled,
+            n.spec_periodic,
+            n.op1_period,
+            n.op2_period,
+            n.result_period,
+            n.kv_period,
+            n.op1_share,
+            n.op2_share,
+            n.result_share,
+            n.kv_share,
+            n.op1_fit,
+            n.op2_fit,
+            n.result_fit,
+            n.op1_linear,
+            n.op2_linear,
+            n.result_linear,
+            n.helix_r2,
+            (n.spec_periodic::integer & 1) <> 0 AS p1,
+            (n.spec_periodic::integer & 2) <> 0 AS p2,
+            (n.spec_periodic::integer & 4) <> 0 AS pr
+           FROM neuron_op n
+          WHERE n.spec_periodic IS NOT NULL AND NOT COALESCE(n.constant, false)
+        ), axis AS (
+         SELECT l.model_id,
+            l.checkpoint_id,
+            l.config_id,
+            l.layer,
+            l.neuron,
+            l.op,
+            a.target,
+            a.period,
+            a.periodic,
+            a.share,
+            a.linear
+           FROM live l
+             CROSS JOIN LATERAL ( VALUES ('op1'::text,l.op1_period,l.p1,l.op1_share,l.op1_linear), ('op2'::text,l.op2_period,l.p2,l.op2_share,l.op2_linear), ('result'::text,l.result_period,l.pr,l.result_share,l.result_linear)) a(target, period, periodic, share, linear)
+        ), labels AS (
+         SELECT s.model_id,
+            s.checkpoint_id,
+            s.config_id,
+            s.layer,
+            s.neuron,
+            s.op,
+            h.family,
+            h.target,
+                CASE
+                    WHEN h.family::text = 'modulo'::text THEN (h.params ->> 0)::integer
+                    ELSE NULL::integer
+                END AS modulus
+           FROM neuron_score s
+             JOIN heuristic h ON h.id = s.heuristic_id
+          WHERE s.implements AND (h.family::text = ANY (ARRAY['modulo'::character varying, 'range'::character varying]::text[]))
+        ), matched AS (
+         SELECT DISTINCT l.model_id,
+            l.checkpoint_id,
+            l.config_id,
+            l.layer,
+            l.neuron,
+            l.op,
+            l.family,
+            l.target,
+            bool_or(
+                CASE
+                    WHEN l.family::text = 'modulo'::text THEN a.periodic AND (l.modulus % a.period::integer) = 0
+                    ELSE a.linear > a.share
+                END) OVER (PARTITION BY l.model_id, l.checkpoint_id, l.config_id, l.layer, l.neuron, l.op, l.family, l.target) AS agrees
+           FROM labels l
+             JOIN axis a USING (model_id, checkpoint_id, config_id, layer, neuron, op, target)
+        ), layers AS (
+         SELECT DISTINCT matched.model_id,
+            matched.checkpoint_id,
+            matched.config_id,
+            matched.op,
+            matched.family,
+            matched.target,
+            matched.layer
+           FROM matched
+        ), base AS (
+         SELECT y.model_id,
+            y.checkpoint_id,
+            y.config_id,
+            y.op,
+            y.family,
+            y.target,
+            count(*) AS n_live,
+            count(*) FILTER (WHERE
+                CASE
+                    WHEN y.family::text = 'modulo'::text THEN a.periodic
+                    ELSE a.linear > a.share
+                END) AS n_base
+           FROM layers y
+             JOIN axis a ON a.model_id = y.model_id AND a.checkpoint_id = y.checkpoint_id AND a.config_id = y.config_id AND a.op::text = y.op::text AND a.layer = y.layer AND a.target = y.target::text
+          GROUP BY y.model_id, y.checkpoint_id, y.config_id, y.op, y.family, y.target
+        ), counted AS (
+         SELECT matched.model_id,
+            matched.checkpoint_id,
+            matched.config_id,
+            matched.op,
+            matched.family,
+            matched.target,
+            count(*) AS n_labelled,
+            count(*) FILTER (WHERE matched.agrees) AS n_agree
+           FROM matched
+          GROUP BY matched.model_id, matched.checkpoint_id, matched.config_id, matched.op, matched.family, matched.target
+        )
+ SELECT md.name AS model,
+    c.step,
+    k.config_id,
+    k.op,
+    k.family,
+    k.target,
+        CASE k.family
+            WHEN 'modulo'::text THEN 'periodic, period dividing the modulus'::text
+            ELSE 'magnitude: a line explains more than any period'::text
+        END AS agreement,
+    k.n_labelled,
+    k.n_agree,
+    k.n_agree::double precision / NULLIF(k.n_labelled, 0)::double precision AS share,
+    wilson_low(k.n_agree, k.n_labelled) AS share_low,
+    wilson_high(k.n_agree, k.n_labelled) AS share_high,
+    b.n_live,
+    b.n_base,
+    b.n_base::double precision / NULLIF(b.n_live, 0)::double precision AS base_rate,
+    k.model_id,
+    k.checkpoint_id
+   FROM counted k
+     JOIN base b USING (model_id, checkpoint_id, config_id, op, family, target)
+     JOIN model md ON md.id = k.model_id
+     JOIN checkpoint c ON c.id = k.checkpoint_id;
+-- grants on period_label_overlap: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE OR REPLACE FUNCTION public.emergence_histogram_track()
  RETURNS trigger

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from catalog.config import CATALOG_VERSION, ScienceConfig
 from schema import jobs as jobdb
@@ -45,6 +45,7 @@ class Planned:
     model: str
     step: int | None
     layers: list[int]
+    shape: object = field(default=None, compare=False, repr=False)  # its ModelShape
 
 
 def parse_checkpoints(model: str, spec: str | list | None) -> list[int | None]:
@@ -112,7 +113,7 @@ def validate_request(model: str, checkpoints, config: ScienceConfig,
             if bad:
                 raise EnqueueError(f"layers {bad} do not exist; {model} has layers "
                                    f"0..{shape.n_layers - 1}")
-            out.append(Planned(model, step, todo))
+            out.append(Planned(model, step, todo, shape))
         return out
     except ModelSourceError as exc:
         raise EnqueueError(str(exc)) from None

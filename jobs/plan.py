@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog.config import ExecutionConfig, ScienceConfig
+from catalog.memory import MemoryEstimate
 from jobs.calibration import (
     cached_calibration,
     cached_grid_costs,
@@ -50,6 +51,7 @@ class Plan:
     storage: dict[str, float]  # bytes per checkpoint, by table
     calibration: Calibration
     notes: list[str] = field(default_factory=list)
+    memory: MemoryEstimate | None = None  # peak memory, estimated before loading
 
     @property
     def seconds_per_checkpoint(self) -> float:
@@ -74,6 +76,8 @@ class Plan:
             lines.append(f"{table:<16}{_size(b):>16}{_size(b * self.checkpoints):>18}")
         lines.append(f"{'total':<16}{_size(self.bytes_per_checkpoint):>16}"
                      f"{_size(self.bytes_per_checkpoint * self.checkpoints):>18}")
+        if self.memory is not None:
+            lines += ["", self.memory.render()]
         lines += ["", f"Total: {_duration(self.seconds_per_checkpoint * self.checkpoints)} "
                       f"of one worker, {_size(self.bytes_per_checkpoint * self.checkpoints)}."]
         c = self.calibration
@@ -192,6 +196,7 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     """The estimate of a request (validated as ``ncat enqueue`` validates it). Calibrates
     on the first checkpoint when no cached calibration fits (or ``recalibrate``); with
     ``calibrate_if_missing`` False returns None instead."""
+    from catalog.memory import check_request
     from catalog.settings import get_settings
     from catalog.sources import load_model
     from jobs.enqueue import validate_request
@@ -201,6 +206,9 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     name = planned[0].model
     home = home or get_settings().ncat_home
     key = cost_key(name, execution.device, config)
+    # the request must fit before anything is loaded (the calibration loads the model)
+    memory = check_request(planned[0].shape, config, execution, len(planned[0].layers),
+                           f"{name} with this request")
     cal = None if recalibrate else cached_calibration(home, key)
     if cal is None:
         if not calibrate_if_missing:
@@ -210,15 +218,15 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
                         dtype=config.torch_dtype(), cache_root=settings.builtin_root)
         cal = calibrate(url, lm, config, execution, progress)
         store_calibration(home, key, cal)
-    from catalog.sources import inspect_model
-
-    numbers = inspect_model(name, planned[0].step).numbers
+    numbers = planned[0].shape.numbers
     limit = None if numbers.digit_level else numbers.limit
     with_bottom = config.scores_bottom(cal.gated)
     costs = cached_grid_costs(home, config, limit, execution.device, with_bottom,
                               again=recalibrate)
-    return estimate(cal, config, n_checkpoints=len(planned), layers=layers, limit=limit,
+    plan = estimate(cal, config, n_checkpoints=len(planned), layers=layers, limit=limit,
                     costs=costs, execution=execution)
+    plan.memory = memory
+    return plan
 
 
 def estimate_in_child(url: str, model: str, checkpoints, config: ScienceConfig, device: str,

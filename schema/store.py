@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
+from catalog.spectra import SPECTRUM_COLS
 from schema.quantize import quantize_rows
 from schema.rows import HeuristicLike, LayerRows
 from schema.sketch import (
@@ -28,7 +29,8 @@ from schema.sketch import (
 
 NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
                   "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
-                  "effect_trimmed", "moved_share", "rank_value", "is_exact", "constant")
+                  "effect_trimmed", "moved_share", "rank_value", "is_exact", "constant",
+                  *SPECTRUM_COLS)
 
 
 KEY = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
@@ -154,6 +156,11 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
     stats = rows.stats
 
     def value(c, n, o):
+        if c in SPECTRUM_COLS:  # smallints; -1 or absent: not measured
+            if c not in stats:
+                return None
+            v = stats[c][n, o]
+            return None if v < 0 else int(v)
         v = stats[c][n, o]
         if c == "rank":
             return int(v)

@@ -39,6 +39,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB
 from sqlmodel import Field, SQLModel
 
+from schema.spectrum_columns import SpectrumColumns
+
 N_PARTITIONS = 8
 PARTITIONED = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 
@@ -348,7 +350,7 @@ class _NeuronOpKey(_NeuronKey):
     op: str = Field(sa_type=String(1), primary_key=True)
 
 
-class NeuronOp(_NeuronOpKey, table=True):
+class NeuronOp(_NeuronOpKey, SpectrumColumns, table=True):
     __tablename__ = "neuron_op"
     __table_args__ = (
         Index("ix_neuron_op_rank", "model_id", "checkpoint_id", "op", "rank"),
@@ -360,6 +362,10 @@ class NeuronOp(_NeuronOpKey, table=True):
         Index("ix_neuron_op_rank_order", "model_id", "checkpoint_id", "config_id", "rank"),
         Index("ix_neuron_op_score_order", "model_id", "checkpoint_id", "config_id",
               text("best_score DESC NULLS LAST"), "layer", "neuron", "op"),
+        # the significant periods of each axis (migration 0023)
+        *(Index(f"ix_neuron_op_{x}_period", "model_id", "checkpoint_id", f"{x}_period",
+                postgresql_where=text(f"(spec_periodic & {1 << i}) <> 0"))
+          for i, x in enumerate(("op1", "op2", "result", "kv"))),
         {"postgresql_partition_by": "HASH (model_id)"},
     )
     max_act: float = Field(sa_column=Column(REAL, nullable=False))

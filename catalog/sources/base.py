@@ -54,6 +54,7 @@ class ModelShape:
     numbers: object  # catalog.tokens.NumberTokens
     n_ctx: int | None = None  # positions the model reads (None: not known without weights)
     tokenizer: object = None  # for checking prompt lengths before anything is queued
+    footprint: object = None  # catalog.memory.Footprint: parameters and widths, for memory
 
 
 @dataclass(frozen=True)

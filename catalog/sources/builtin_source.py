@@ -60,7 +60,20 @@ def _inspect_builtin(name, checkpoint, builtin_config=None, cache_root=None, **_
         raise ModelSourceError(f"built-in checkpoint step {checkpoint} not found; "
                                f"available steps: {steps}")
     tok = builtin.builtin_tokenizer()
-    return ModelShape(cfg.n_layers, detect_number_tokens(tok), n_ctx=N_CTX, tokenizer=tok)
+    return ModelShape(cfg.n_layers, detect_number_tokens(tok), n_ctx=N_CTX, tokenizer=tok,
+                      footprint=_footprint(cfg))
+
+
+def _footprint(cfg: builtin.TrainConfig):
+    """The built-in model's parameters, counted on the meta device."""
+    from transformer_lens import HookedTransformer
+
+    from catalog.memory import Footprint
+
+    tl = builtin.builtin_model_config(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_mlp)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in HookedTransformer(tl, move_to_device=False).parameters())
+    return Footprint("builtin", int(n), tl.n_layers, tl.d_model, int(tl.d_mlp or 0), tl.d_vocab)
 
 
 def _canonical_builtin(name, builtin_config=None, cache_root=None, **_) -> str:

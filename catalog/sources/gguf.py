@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
-from catalog.sources.hf import check_convertible, context_length, from_hf_model
+from catalog.sources.hf import check_convertible, context_length, from_hf_model, hf_footprint
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
 
@@ -64,7 +64,8 @@ def _inspect_gguf_file(path: Path) -> ModelShape:
     # TransformerLens prepends BOS where the tokenizer has one (not for GPT-NeoX)
     prepend = cfg.model_type != "gpt_neox" and tok.bos_token_id is not None
     return ModelShape(int(cfg.num_hidden_layers), detect_number_tokens(tok, prepend_bos=prepend),
-                      n_ctx=context_length(cfg), tokenizer=tok)
+                      n_ctx=context_length(cfg), tokenizer=tok,
+                      footprint=hf_footprint(cfg, "gguf"))
 
 
 def _inspect_gguf(name, checkpoint, **_) -> ModelShape:

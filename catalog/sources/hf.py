@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformer_lens import HookedTransformer
 from transformer_lens import loading_from_pretrained as tl_loading
 
@@ -97,7 +98,28 @@ def from_hf_model(hf_model, tokenizer, shown: str, device, dtype) -> HookedTrans
     return model
 
 
-def inspect_hf(target: str, revision: str | None) -> ModelShape:
+def hf_footprint(hf_cfg, source: str):
+    """The memory footprint of a Hugging Face config: its parameters counted on the meta
+    device (nothing allocated), a tied embedding counted twice (TransformerLens keeps a
+    separate unembedding)."""
+    from transformers import AutoModelForCausalLM
+
+    from catalog.memory import Footprint
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_cfg)
+    n = sum(p.numel() for p in model.parameters())  # a tied weight once
+    d_model = int(getattr(hf_cfg, "hidden_size", 0) or getattr(hf_cfg, "n_embd", 0))
+    vocab = int(getattr(hf_cfg, "vocab_size", 0))
+    if getattr(hf_cfg, "tie_word_embeddings", False):
+        n += vocab * d_model
+    n_layers = getattr(hf_cfg, "num_hidden_layers", None) or hf_cfg.n_layer
+    d_mlp = int(getattr(hf_cfg, "intermediate_size", 0) or getattr(hf_cfg, "n_inner", 0)
+                or 4 * d_model)
+    return Footprint(source, int(n), int(n_layers), d_model, d_mlp, vocab)
+
+
+def inspect_hf(target: str, revision: str | None, source: str = "hub") -> ModelShape:
     """Layers and number tokens from a Hugging Face config and tokenizer (no weights)."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -112,7 +134,8 @@ def inspect_hf(target: str, revision: str | None) -> ModelShape:
     # TransformerLens prepends BOS for most architectures, not for GPT-NeoX (Pythia)
     prepend = hf_cfg.model_type != "gpt_neox"
     return ModelShape(int(n_layers), detect_number_tokens(tok, prepend_bos=prepend),
-                      n_ctx=context_length(hf_cfg), tokenizer=tok)
+                      n_ctx=context_length(hf_cfg), tokenizer=tok,
+                      footprint=hf_footprint(hf_cfg, source))
 
 
 def context_length(hf_cfg) -> int | None:

@@ -39,7 +39,7 @@ def _inspect_local(name, checkpoint, **_) -> ModelShape:
         raise ModelSourceError(f"local model directory {name!r} has no training checkpoints; "
                                f"got checkpoint {checkpoint}")
     check_weight_files(Path(name))
-    return inspect_hf(name, None)
+    return inspect_hf(name, None, source="local")
 
 
 def _canonical_path(name, **_) -> str:

@@ -111,11 +111,16 @@ def cmd_checkpoints(args) -> int:
 
 def cmd_measure(args) -> int:
     from catalog.measurement import measure
-    from catalog.sources import ModelSourceError, load_model
+    from catalog.memory import check_request
+    from catalog.sources import ModelSourceError, inspect_model, load_model
 
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
+        shape = inspect_model(args.model, args.checkpoint)
+        check_request(shape, config, execution,
+                      shape.n_layers if layers is None else len(set(layers)),
+                      f"measuring {args.model}")
         lm = load_model(args.model, args.checkpoint, device=execution.device,
                         dtype=config.torch_dtype(), progress=not args.quiet)
         t0 = time.perf_counter()
@@ -131,6 +136,7 @@ def cmd_measure(args) -> int:
 
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
+    from catalog.memory import check_request
     from catalog.sources import ModelSourceError, load_model
     from jobs.enqueue import validate_request
     from jobs.store_results import catalog_checkpoint
@@ -154,6 +160,8 @@ def cmd_catalog(args) -> int:
                     print(f"{at_checkpoint(name, step)}: already in the catalog "
                           "(--force recomputes)")
                     continue
+            check_request(p.shape, config, execution, len(p.layers),
+                          f"cataloguing {at_checkpoint(name, step)}")
             lm = load_model(args.model, step, device=execution.device,
                             dtype=config.torch_dtype(), progress=not args.quiet)
             t0 = time.perf_counter()

@@ -22,7 +22,7 @@ CIRCUIT_K = 20
 def queries() -> dict[str, str]:
     text = DOC.read_text()
     found = dict(re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", text, flags=re.S))
-    assert len(found) == 13, sorted(found)
+    assert len(found) == 14, sorted(found)
     return found
 
 
@@ -410,3 +410,48 @@ def test_label_enrichment_equals_the_top_sets_of_the_library_and_the_summary(see
                 n_top, k_top, n_layer, k_layer = got[(step, r["layer"], r["op"])]
                 assert (r["n_top"], r["labelled_top"], r["n_layer"], r["labelled_layer"]) == (
                     n_top, k_top, n_layer, k_layer)
+
+
+def test_stored_spectra_and_period_views_equal_the_library(seeded, direct):
+    """Issue 34: each map's spectrum columns are the library's own run's (catalog.spectra),
+    period_distribution counts the significant periods per layer, operator and axis as
+    numpy does, and neuron_spectrum turns ten-thousandths back into fractions."""
+    from catalog.spectra import AXES, SPECTRUM_COLS
+
+    cols = ", ".join(f"n.{c}" for c in SPECTRUM_COLS)
+    with store.connect(seeded) as conn:
+        stored = {(step, layer, neuron, op): tuple(row) for step, layer, neuron, op, *row in
+                  conn.execute(f"SELECT c.step, n.layer, n.neuron, n.op, {cols} "
+                               "FROM neuron_op n JOIN checkpoint c ON c.id = n.checkpoint_id")}
+        dist = {(step, layer, op, axis, period): (n, n_live) for step, layer, op, axis, period,
+                n, n_live in conn.execute(
+                    "SELECT step, layer, op, axis, period, n, n_live FROM period_distribution "
+                    "WHERE period IS NOT NULL")}
+        spectrum = conn.execute(
+            "SELECT step, layer, neuron, op, op1_share, op1_periodic, helix_r2 "
+            "FROM neuron_spectrum ORDER BY step, layer, neuron, op LIMIT 50").fetchall()
+    want_dist: dict = {}
+    periodic = 0
+    for step, result in direct.items():
+        for layer, lr in result.layers.items():
+            cols_lr = lr.spectra.cols
+            for o, op in enumerate(SEED_CONFIG.operators):
+                live = ~lr.constant[:, o]
+                for n in range(lr.constant.shape[0]):
+                    want = tuple(None if (v := int(cols_lr[c][n, o])) < 0 else v
+                                 for c in SPECTRUM_COLS)
+                    assert stored[(step, layer, n, op)] == want, (step, layer, n, op)
+                for i, axis in enumerate(AXES):
+                    bits = (cols_lr["spec_periodic"][:, o] >> i) & 1
+                    sig = live & (bits == 1)
+                    periodic += int(sig.sum())
+                    for t in np.unique(cols_lr[f"{axis}_period"][sig, o]):
+                        n_t = int((sig & (cols_lr[f"{axis}_period"][:, o] == t)).sum())
+                        want_dist[(step, layer, op, axis, int(t))] = (n_t, int(live.sum()))
+    assert dist == want_dist
+    assert periodic > 0  # some periodic maps to count
+    for step, layer, neuron, op, share, is_periodic, helix in spectrum:
+        row = stored[(step, layer, neuron, op)]
+        assert share == pytest.approx(row[SPECTRUM_COLS.index("op1_share")] / 1e4)
+        assert is_periodic == bool(row[0] & 1)
+        assert helix == pytest.approx(row[SPECTRUM_COLS.index("helix_r2")] / 1e4)

@@ -1,0 +1,151 @@
+"""Memory as a budget (issue 33): a request's peak memory estimated from the model's
+config before loading, a measure that stays within it, and a refusal before loading
+when the budget is smaller."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from catalog.config import ExecutionConfig, ScienceConfig
+from catalog.memory import (
+    GIB,
+    PROCESS_BYTES,
+    Footprint,
+    MemoryBudgetError,
+    estimate_memory,
+    memory_budget,
+    parse_bytes,
+    request_memory,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_sizes_parse_with_binary_units_and_bad_ones_are_named():
+    assert parse_bytes("12G") == 12 * GIB
+    assert parse_bytes("512M") == 512 * 1024**2
+    assert parse_bytes("1.5GiB") == int(1.5 * GIB)
+    assert parse_bytes("8000") == 8000
+    assert parse_bytes(" 2 tb ") == 2 * 1024**4
+    for bad in ("", "12X", "G", "-1G", "1e9"):
+        with pytest.raises(ValueError, match="NCAT_MEMORY_BUDGET must be a size"):
+            parse_bytes(bad)
+
+
+def test_the_budget_comes_from_the_flag_then_the_environment_then_the_machine(monkeypatch):
+    monkeypatch.setenv("NCAT_MEMORY_BUDGET", "3G")
+    assert memory_budget(5000) == (5000, "--memory-budget")
+    assert memory_budget(0) == (3 * GIB, "NCAT_MEMORY_BUDGET")
+    monkeypatch.delenv("NCAT_MEMORY_BUDGET")
+    have, where = memory_budget(0)
+    assert where == "the memory available on this machine"
+    assert 0 < have <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_estimate_parts_follow_the_shape_and_the_activation_budget():
+    # Qwen2.5-Coder-0.5B's footprint as its GGUF config gives it (630,167,424 parameters
+    # with the tied unembedding counted twice); loading measured 10.47 GiB at its peak
+    fp = Footprint("gguf", 630_167_424, 24, 896, 4864, 151_936)
+    kw = dict(prompts=2_000, n_layers=24, pairs=50, n_ctx=40, dtype="float32", device="cpu",
+              batch_size=4096, patch_chunk=64, exact=True)
+    big = estimate_memory(fp, activation_budget=2 * GIB, **kw)
+    assert big.host_peak >= 10.47 * GIB
+    assert big.host_peak <= 1.25 * 10.47 * GIB  # an upper bound, not a wild one
+    grid = 2_000 * 24 * 4864 * 4  # 0.87 GiB of activations: under the budget, kept
+    one = estimate_memory(fp, activation_budget=grid - 1, **kw)  # over it: one layer's
+    assert big.parts["measuring (host)"] - one.parts["measuring (host)"] == pytest.approx(
+        grid - 2_000 * 4864 * 4)
+    # on a GPU the weights, forwards and patching move there
+    gpu = estimate_memory(fp, activation_budget=2 * GIB, **{**kw, "device": "cuda",
+                                                            "dtype": "bfloat16"})
+    assert gpu.gpu_peak >= 630_167_424 * 2
+    assert gpu.parts["measuring (host)"] < big.parts["measuring (host)"]
+    assert "GPU peak" in gpu.render() and "GPU peak" not in big.render()
+    assert big.host_peak == PROCESS_BYTES + max(big.parts["loading (float32, converted)"],
+                                                big.parts["measuring (host)"])
+
+
+def test_footprints_count_the_parameters_transformerlens_loads(pythia_hub, tiny_builtin,
+                                                                monkeypatch):
+    from catalog.builtin import model_name
+    from catalog.sources import inspect_model, load_model
+
+    cfg, root = tiny_builtin
+    for name, kwargs in ((pythia_hub, {}), (model_name(cfg), {"cache_root": root})):
+        step = 1000 if name == pythia_hub else None
+        fp = inspect_model(name, step, **kwargs).footprint
+        lm = load_model(name, step, progress=False, **kwargs)
+        loaded = sum(p.numel() for p in lm.model.parameters())
+        # TransformerLens folds the LayerNorms' weights and biases away: a few thousand
+        assert 0 <= fp.n_params - loaded <= 0.01 * loaded, (name, fp, loaded)
+        assert (fp.n_layers, fp.d_mlp, fp.d_model) == (
+            lm.model.cfg.n_layers, lm.model.cfg.d_mlp, lm.model.cfg.d_model)
+
+
+def _ncat(args, env, code="") -> subprocess.CompletedProcess:
+    """``ncat ARGS`` in a child that prints its own peak resident bytes on its last line."""
+    script = ("import resource, sys\nfrom jobs.cli import main\n"
+              f"rc = main({args!r})\n"
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+              "sys.exit(rc)\n")
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_tiny_measure_stays_within_its_estimate_and_a_smaller_budget_refuses_it(
+        tiny_builtin):
+    from catalog.builtin import model_name
+    from catalog.sources import inspect_model
+
+    cfg, root = tiny_builtin
+    name = model_name(cfg)
+    args = ["measure", name, "--ops", "+-", "--hi", "40", "--exact", "top:16", "--quiet"]
+    config = ScienceConfig(operators=("+", "-"), operand_hi=40, exact="top:16")
+    shape = inspect_model(name, None, cache_root=root)
+    est = request_memory(shape, config, ExecutionConfig(), shape.n_layers)
+    env = {**os.environ, "NCAT_HOME": str(root.parent)}
+    env.pop("NCAT_MEMORY_BUDGET", None)
+    ran = _ncat(args, env)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    peak = int(ran.stdout.strip().splitlines()[-1])
+    print(f"tiny measure: peak {peak / 2**20:.0f} MiB, estimated {est.host_peak / 2**20:.0f}")
+    assert peak <= est.host_peak
+    # the budget just under the estimate: refused with exit 2, before loading (the
+    # model is never read: its checkpoint folder is not even listed again)
+    small = {**env, "NCAT_MEMORY_BUDGET": str(int(est.host_peak) - 1)}
+    refused = _ncat(args, small)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    err = refused.stderr
+    assert f"needs about {est.host_peak / GIB:.2f} GiB" in err
+    assert "(NCAT_MEMORY_BUDGET); nothing was loaded" in err
+    assert "host peak" in err
+    # the refusal happens before loading: its own peak is the bare process's
+    assert int(refused.stdout.strip().splitlines()[-1]) < peak
+
+
+def test_plan_and_measure_refuse_before_loading(tiny_builtin, monkeypatch, tmp_path):
+    """load_model is never reached: both commands check the budget first."""
+    import catalog.sources
+    from catalog.builtin import model_name
+    from jobs.cli import main
+    from jobs.plan import plan_request
+
+    cfg, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    monkeypatch.setenv("NCAT_MEMORY_BUDGET", "1M")
+
+    def no_load(*a, **k):
+        raise AssertionError("loaded a model over the budget")
+    monkeypatch.setattr(catalog.sources, "load_model", no_load)
+    assert main(["measure", model_name(cfg), "--hi", "20", "--quiet"]) == 2
+    with pytest.raises(MemoryBudgetError, match="budget of 0.00 GiB"):
+        plan_request("postgresql://unused@localhost:1/none", model_name(cfg), None,
+                     ScienceConfig(operand_hi=20), home=tmp_path)
+    # the flag wins over the environment: with a budget of 1 TiB the command goes on to
+    # load the model (here, the stand-in that fails)
+    with pytest.raises(AssertionError, match="loaded a model over the budget"):
+        main(["measure", model_name(cfg), "--hi", "20", "--quiet",
+              "--memory-budget", str(1 << 40)])

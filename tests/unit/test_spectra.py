@@ -1,0 +1,147 @@
+"""Periodic structure of neuron maps (catalog.spectra, issue 34): planted neurons found with
+their period, noise not, and the shares equal to numpy's FFT of the axis profile."""
+
+import numpy as np
+import pytest
+
+from catalog import spectra
+from catalog.arith import apply_op, is_valid
+
+
+def _grid(op: str, lo: int, hi: int):
+    r = np.arange(lo, hi)
+    a, b = (x.ravel() for x in np.meshgrid(r, r, indexing="ij"))
+    ok = is_valid(op, a, b, 10**9)
+    a, b = a[ok], b[ok]
+    return a, b, apply_op(op, a, b)
+
+
+def _noise(rng, n):
+    return rng.normal(scale=0.3, size=n)
+
+
+def test_planted_neurons_are_found_with_their_period_and_noise_is_not():
+    rng = np.random.default_rng(0)
+    a, b, res = _grid("+", 0, 200)  # results 0..398: periods up to 100 fit twice
+    maps = np.stack([
+        np.cos(2 * np.pi * a / 10) + _noise(rng, len(a)),  # op1, period 10
+        np.cos(2 * np.pi * res / 100 + 0.3) + _noise(rng, len(a)),  # result, period 100
+        a / 200.0 + _noise(rng, len(a)) * 0.1,  # a magnitude ramp in op1
+        np.sin(2 * np.pi * b / 7) + _noise(rng, len(a)),  # op2, period 7
+    ] + [rng.normal(size=len(a)) for _ in range(40)])  # noise
+    s = spectra.op_spectra(maps, None, a, b, res, seed=1)
+    op1, op2, result = s.axes["op1"], s.axes["op2"], s.axes["result"]
+    assert op1.period[0] == 10 and op1.significant[0] and op1.share[0] > 0.95
+    assert result.period[1] == 100 and result.significant[1] and result.share[1] > 0.95
+    assert op2.period[3] == 7 and op2.significant[3]
+    # the ramp: a line explains it, no period dominates it beyond chance's reach
+    assert op1.linear[2] > 0.95
+    assert op1.share[2] < op1.linear[2] and not op1.significant[2]
+    # R^2 near 1 where the map IS its periodic component (noise 0.3 against amplitude 1:
+    # a cosine's variance 0.5 against 0.09)
+    assert op1.fit_r2[0] > 0.8 and result.fit_r2[1] > 0.8
+    assert s.helix_r2[1] > 0.8  # period 100 is one of the helix's
+    assert s.helix_r2[0] < 0.05  # the op1 cosine is not a function of the result
+    # the noise: a pure permutation null calls about 1 in 100 periodic on each axis
+    noise = slice(4, None)
+    called = sum(int(s.axes[x].significant[noise].sum()) for x in ("op1", "op2", "result"))
+    assert called <= 4, called  # 120 tests at 1%: 4 or more has probability < 0.04
+    assert (s.axes["kv"].period == -1).all()  # no KV map given
+
+
+def test_value_permuted_maps_lose_their_period():
+    """A planted neuron's map with its op1 values relabelled at random (the null the
+    significance test draws from) is not called periodic."""
+    rng = np.random.default_rng(3)
+    a, b, res = _grid("+", 0, 60)
+    clean = np.cos(2 * np.pi * a / 10)
+    relabel = rng.permutation(60)
+    maps = np.stack([clean, np.cos(2 * np.pi * relabel[a] / 10)])
+    s = spectra.op_spectra(maps, None, a, b, res, seed=2).axes["op1"]
+    assert s.significant[0] and not s.significant[1]
+
+
+def test_shares_equal_numpys_fft_of_the_profile():
+    """On a contiguous axis of N values, the share of a period T dividing N is the FFT
+    power at frequency N / T (doubled below Nyquist) over the profile's variance."""
+    rng = np.random.default_rng(5)
+    n_values = 60
+    a, b, res = _grid("+", 0, n_values)
+    maps = rng.normal(size=(6, len(a))) + np.cos(2 * np.pi * a / 6)
+    values, prof = spectra.profile(maps, a)
+    assert np.array_equal(values, np.arange(n_values))
+    # the profile is the mean over each op1 value's cells (a slow reference)
+    slow = np.array([[m[a == v].mean() for v in values] for m in maps])
+    np.testing.assert_allclose(prof, slow, rtol=1e-12)
+    periods = spectra.periods_for(values)
+    assert periods[0] == 2 and periods[-1] == 30
+    shares = spectra.period_shares(prof, values, periods)
+    centred = prof - prof.mean(1, keepdims=True)
+    power = np.abs(np.fft.rfft(centred, axis=1)) ** 2
+    total = (centred ** 2).sum(1) * n_values  # Parseval
+    for j, t in enumerate(periods):
+        if n_values % t:
+            continue
+        k = n_values // t
+        want = power[:, k] * (1 if 2 * k == n_values else 2) / total
+        np.testing.assert_allclose(shares[:, j], want, rtol=1e-9, atol=1e-12)
+
+
+def test_multiplication_results_are_not_contiguous_and_still_fit():
+    """`*`'s results skip values (primes above the range): the profile has only the
+    present ones, and a period on them is still found."""
+    rng = np.random.default_rng(7)
+    a, b, res = _grid("*", 1, 40)
+    values, _ = spectra.profile(res[None].astype(float), res)
+    assert len(values) < values.max() - values.min() + 1  # gaps
+    maps = np.stack([np.cos(2 * np.pi * res / 10) + _noise(rng, len(a)),
+                     rng.normal(size=len(a))])
+    s = spectra.op_spectra(maps, None, a, b, res, seed=3).axes["result"]
+    assert s.period[0] == 10 and s.significant[0]
+
+
+def test_constant_maps_and_short_axes_get_no_period():
+    a, b, res = _grid("+", 0, 3)  # a span of 3 values: no period with two cycles
+    maps = np.stack([np.cos(np.pi * a), np.ones(len(a))])
+    s = spectra.op_spectra(maps, maps, a, b, res, seed=0)
+    assert (s.axes["op1"].period == -1).all() and not s.axes["op1"].significant.any()
+    a, b, res = _grid("+", 0, 20)
+    s = spectra.op_spectra(np.ones((2, len(a))), None, a, b, res, seed=0)
+    assert (s.axes["op1"].period == -1).all()
+    assert np.isnan(s.axes["op1"].share).all()
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*", "/"])
+def test_seeded_spectra_are_reproducible(op):
+    rng = np.random.default_rng(11)
+    a, b, res = _grid(op, 1, 30)
+    maps = rng.normal(size=(5, len(a)))
+    one = spectra.op_spectra(maps, maps * 2, a, b, res, seed=4)
+    two = spectra.op_spectra(maps, maps * 2, a, b, res, seed=4)
+    for x in spectra.AXES:
+        np.testing.assert_array_equal(one.axes[x].period, two.axes[x].period)
+        np.testing.assert_array_equal(one.axes[x].significant, two.axes[x].significant)
+
+
+def _slow_fit_r2(y, x, periods):
+    """The reference: an ordinary least-squares fit over cells, one map at a time."""
+    cols = [np.ones_like(x, dtype=float), x.astype(float)]
+    for t in periods:
+        if t >= 2:
+            cols += [np.cos(2 * np.pi * x / t), np.sin(2 * np.pi * x / t)]
+    design = np.stack(cols, 1)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    return 1 - ((y - design @ coef) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*"])
+def test_fit_r2_equals_a_least_squares_fit_over_cells(op):
+    """The weighted profile fit (all maps at once) equals a plain fit over the cells."""
+    rng = np.random.default_rng(13)
+    a, b, res = _grid(op, 1, 25)
+    maps = rng.normal(size=(6, len(a))) + np.cos(2 * np.pi * res / 4)
+    periods = np.array([[4, 3, 2], [5, 0, 0], [2, 7, 11], [4, 3, 2], [6, 6, 2], [12, 3, 0]])
+    got = spectra.fit_r2(maps, res, periods)
+    for i in range(len(maps)):
+        want = _slow_fit_r2(maps[i], res, [t for t in periods[i] if t >= 2])
+        assert got[i] == pytest.approx(want, abs=1e-9)
