@@ -382,3 +382,28 @@ def test_pages_work_for_a_model_without_steps(db, tiny_builtin, monkeypatch):
     assert "(no steps)" in [o for sb in at.sidebar.selectbox for o in sb.options]
     overview = run_page("overview")
     assert overview.dataframe[0].value.step.isna().all()
+
+
+def test_sql_console_cuts_long_arrays_for_display_and_keeps_them_whole_for_the_csv(
+        catalog_env):
+    """A cell of 20,000 values cannot be read in a grid, and drawing ten sessions of them
+    held the browser and the explorer's event loop: cells show the first 50 values and
+    the count; short arrays and scalars are untouched."""
+    import pandas as pd
+
+    from ui.views.sql_console import PREVIEW, preview
+
+    df = pd.DataFrame({"g": [1, 2], "xs": [list(range(20_000)), [0.5, 1.5]],
+                       "short": [[1, 2], [3]]})
+    shown, cut = preview(df)
+    assert cut == ["xs"] and PREVIEW == 50
+    assert shown["xs"][0] == "[" + ", ".join(map(str, range(50))) + ", ...] (20,000 values)"
+    assert shown["xs"][1] == "[0.5, 1.5]"
+    assert shown["short"].tolist() == [[1, 2], [3]] and shown["g"].tolist() == [1, 2]
+    assert len(df["xs"][0]) == 20_000  # the frame the CSV is written from is unchanged
+    at = run_page("sql_console")
+    at.text_area[0].input("SELECT g, array_fill(0.5::float8, array[60]) AS xs "
+                          "FROM generate_series(1, 2) g").run()
+    at.button[0].click().run()
+    assert at.dataframe[0].value["xs"].tolist()[0].endswith("...] (60 values)")
+    assert "shown cut (xs)" in at.caption[-1].value

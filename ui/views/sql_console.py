@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -37,5 +38,38 @@ def _show(res) -> None:
         st.warning(f"{len(res.oversized)} row(s) larger than {data.SQL_MAX_ROW_BYTES >> 20} MB "
                    f"are shown empty (rows {', '.join(map(str, res.oversized[:10]))}); select "
                    "fewer or shorter columns.")
-    st.dataframe(df, hide_index=True, width="stretch")
-    st.download_button("Download CSV", df.to_csv(index=False), "query.csv", "text/csv")
+    shown, cut = preview(df)
+    if cut:
+        st.caption(f"Arrays longer than {PREVIEW} values are shown cut "
+                   f"({', '.join(cut)}); the CSV holds them whole.")
+    st.dataframe(shown, hide_index=True, width="stretch")
+    # written when clicked: ten sessions' CSVs of large arrays held the server's CPU
+    st.download_button("Download CSV", lambda: df.to_csv(index=False), "query.csv",
+                       "text/csv")
+
+
+PREVIEW = 50  # array values shown per cell
+
+
+def preview(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """``df`` with each column holding an array longer than PREVIEW written as text, its
+    first PREVIEW values and the count (a grid cannot show 20,000 values, and drawing
+    them held the browser and the server); the names of those columns."""
+    def long(v) -> bool:
+        return isinstance(v, list | tuple | np.ndarray) and len(v) > PREVIEW
+
+    def text(v) -> str | None:
+        if v is None:
+            return None
+        if not isinstance(v, list | tuple | np.ndarray):
+            return str(v)
+        head = ", ".join(map(str, list(v[:PREVIEW])))
+        return f"[{head}, ...] ({len(v):,} values)" if len(v) > PREVIEW else f"[{head}]"
+
+    cut = [c for c in df.columns if df[c].dtype == object and any(long(v) for v in df[c])]
+    if not cut:
+        return df, []
+    shown = df.copy()
+    for c in cut:
+        shown[c] = [text(v) for v in df[c]]
+    return shown, [str(c) for c in cut]

@@ -1,0 +1,134 @@
+"""Periodic structure of a model's neurons across its checkpoints (issue 34's figures): per
+checkpoint, layer, operator and axis, how many live maps are significantly periodic, with
+a Wilson 95% interval and the dominant periods; their overlap with the heuristic labels;
+what the spectra cost beside the whole run; and their bytes beside neuron_op's.
+
+    python bench/spectra.py [MODEL] [--steps 0,256,3000] [--hi 100] [--ops +-*/]
+                            [--layers 20,21] [--database-url URL]
+
+Defaults: the built-in model at every cached checkpoint, the demo's config (operands
+[0, 100)). Each checkpoint is catalogued into a scratch database on the server of
+--database-url (default: the catalog's), the answers read through the views, and the
+database dropped. Writes bench/results/spectra_<model>.json.
+"""
+
+import argparse
+import sys
+import time
+import uuid
+
+import _common  # noqa: F401  (sets the offline Hugging Face cache first)
+from _common import save
+
+
+def main() -> int:
+    from catalog.config import ScienceConfig
+    from catalog.settings import get_settings
+    from catalog.sources import list_checkpoints, load_model
+    from jobs.store_results import catalog_checkpoint
+    from schema import store
+    from schema.database import resolve_database_url
+    from schema.engine import migrate, scratch_url
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", default="builtin")
+    p.add_argument("--steps", default=None, help="comma-separated steps (default: all)")
+    p.add_argument("--hi", type=int, default=100)
+    p.add_argument("--ops", default="+-*/")
+    p.add_argument("--layers", default=None)
+    p.add_argument("--database-url", default=None)
+    args = p.parse_args()
+    steps = ([int(s) for s in args.steps.split(",")] if args.steps
+             else list_checkpoints(args.model) or [None])
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    config = ScienceConfig(operand_hi=args.hi, operators=tuple(args.ops))
+    server = args.database_url or resolve_database_url()
+    out: dict = {"model": args.model, "config": {"operand_hi": args.hi, "ops": args.ops},
+                 "layers": layers, "checkpoints": []}
+    for step in steps:
+        lm = load_model(args.model, step, progress=False,
+                        cache_root=get_settings().builtin_root)
+        url = scratch_url(server, f"ncat_spectra_{uuid.uuid4().hex[:10]}")
+        migrate(url)
+        try:
+            t0 = time.perf_counter()
+            seconds: dict[str, float] = {}
+
+            from catalog import run as run_module
+            original = run_module.CheckpointRun.run_layer
+
+            def timed_layer(self, layer, _orig=original):
+                result = _orig(self, layer)
+                for k, v in result.seconds.items():
+                    seconds[k] = seconds.get(k, 0.0) + v
+                return result
+            run_module.CheckpointRun.run_layer = timed_layer
+            try:
+                catalog_checkpoint(url, lm, config, layers=layers)
+            finally:
+                run_module.CheckpointRun.run_layer = original
+            total = time.perf_counter() - t0
+            with store.connect(url) as conn:
+                out["checkpoints"].append(_read(conn, step, total, seconds))
+        finally:
+            store.drop_database(url)
+        c = out["checkpoints"][-1]
+        print(f"step {step}: {c['periodic_maps']} periodic of {c['live_maps']} live maps "
+              f"(axes x ops x layers); spectra {c['spectra_s']:.1f} s of {total:.1f} s "
+              f"({c['cost_share']:.1%}); columns {c['storage_share']:.1%} of neuron_op",
+              file=sys.stderr)
+    save(f"spectra_{args.model.replace('/', '_')}", out)
+    return 0
+
+
+def _read(conn, step, total: float, seconds: dict) -> dict:
+    from catalog.spectra import SPECTRUM_COLS
+
+    dist = [dict(zip(("layer", "op", "axis", "period", "n", "n_periodic", "n_live", "share",
+                      "low", "high"), r)) for r in conn.execute(
+        "SELECT layer, op, axis, period, n, n_periodic, n_live, share, share_low, share_high "
+        "FROM period_distribution ORDER BY layer, op, axis, n DESC")]
+    by_axis: dict = {}
+    for r in dist:
+        key = (r["layer"], r["op"], r["axis"])
+        e = by_axis.setdefault(key, {"layer": r["layer"], "op": r["op"], "axis": r["axis"],
+                                     "n_periodic": r["n_periodic"], "n_live": r["n_live"],
+                                     "top_periods": []})
+        if r["period"] is not None and len(e["top_periods"]) < 3:
+            e["top_periods"].append([r["period"], r["n"]])
+    for e in by_axis.values():
+        k, n = e["n_periodic"], e["n_live"]
+        low, high = conn.execute("SELECT wilson_low(%s, %s), wilson_high(%s, %s)",
+                                 (k, n, k, n)).fetchone()
+        e.update(share=k / n if n else None, low=low, high=high)
+    overlap = [dict(zip(("op", "family", "target", "n_labelled", "n_agree", "share", "low",
+                         "high", "n_live", "n_base", "base_rate"), r)) for r in conn.execute(
+        "SELECT op, family, target, n_labelled, n_agree, share, share_low, share_high, "
+        "n_live, n_base, base_rate FROM period_label_overlap ORDER BY op, family, target")]
+    helix = conn.execute(
+        "SELECT count(*), avg(helix_r2), percentile_cont(0.9) WITHIN GROUP (ORDER BY helix_r2) "
+        "FROM neuron_spectrum").fetchone()
+    cols = " + ".join(f"coalesce(pg_column_size({c}), 0)" for c in SPECTRUM_COLS)
+    col_bytes = conn.execute(f"SELECT sum({cols}) FROM neuron_op").fetchone()[0] or 0
+    index_bytes = conn.execute(
+        "SELECT coalesce(sum(pg_relation_size(i.indexrelid)), 0) FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname LIKE '%period%'").fetchone()[0]
+    table_bytes = conn.execute(
+        "SELECT sum(pg_total_relation_size(inhrelid)) FROM pg_inherits "
+        "WHERE inhparent = 'neuron_op'::regclass").fetchone()[0]
+    live = sum(e["n_live"] for e in by_axis.values())
+    periodic = sum(e["n_periodic"] for e in by_axis.values())
+    spectra_s = seconds.get("spectra", 0.0)
+    return {"step": step, "seconds_total": round(total, 2), "spectra_s": round(spectra_s, 3),
+            "cost_share": spectra_s / total if total else None,
+            "phase_seconds": {k: round(v, 3) for k, v in seconds.items()},
+            "spectrum_bytes": int(col_bytes) + int(index_bytes),
+            "neuron_op_bytes": int(table_bytes),
+            "storage_share": (int(col_bytes) + int(index_bytes)) / int(table_bytes),
+            "live_maps": live, "periodic_maps": periodic,
+            "by_axis": list(by_axis.values()), "overlap": overlap,
+            "helix": {"n": helix[0], "mean_r2": helix[1], "p90_r2": helix[2]}}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
