@@ -41,7 +41,7 @@ def main() -> int:
     steps = ([int(s) for s in args.steps.split(",")] if args.steps
              else list_checkpoints(args.model) or [None])
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    config = ScienceConfig(operand_hi=args.hi, operators=tuple(args.ops))
+    config = ScienceConfig(operand_hi=args.hi, operators=tuple(args.ops), spectra=True)
     server = args.database_url or resolve_database_url()
     out: dict = {"model": args.model, "config": {"operand_hi": args.hi, "ops": args.ops},
                  "layers": layers, "checkpoints": []}
@@ -57,7 +57,7 @@ def main() -> int:
             from catalog import run as run_module
             original = run_module.CheckpointRun.run_layer
 
-            def timed_layer(self, layer, _orig=original):
+            def timed_layer(self, layer, _orig=original, seconds=seconds):
                 result = _orig(self, layer)
                 for k, v in result.seconds.items():
                     seconds[k] = seconds.get(k, 0.0) + v
@@ -85,7 +85,7 @@ def _read(conn, step, total: float, seconds: dict) -> dict:
     from catalog.spectra import SPECTRUM_COLS
 
     dist = [dict(zip(("layer", "op", "axis", "period", "n", "n_periodic", "n_live", "share",
-                      "low", "high"), r)) for r in conn.execute(
+                      "low", "high"), r, strict=True)) for r in conn.execute(
         "SELECT layer, op, axis, period, n, n_periodic, n_live, share, share_low, share_high "
         "FROM period_distribution ORDER BY layer, op, axis, n DESC")]
     by_axis: dict = {}
@@ -102,7 +102,8 @@ def _read(conn, step, total: float, seconds: dict) -> dict:
                                  (k, n, k, n)).fetchone()
         e.update(share=k / n if n else None, low=low, high=high)
     overlap = [dict(zip(("op", "family", "target", "n_labelled", "n_agree", "share", "low",
-                         "high", "n_live", "n_base", "base_rate"), r)) for r in conn.execute(
+                         "high", "n_live", "n_base", "base_rate"), r, strict=True))
+               for r in conn.execute(
         "SELECT op, family, target, n_labelled, n_agree, share, share_low, share_high, "
         "n_live, n_base, base_rate FROM period_label_overlap ORDER BY op, family, target")]
     helix = conn.execute(

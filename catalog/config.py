@@ -52,7 +52,7 @@ from catalog.vocab import (
 # effects, curve controls and areas, well-conditioned faithfulness statistics)
 # 0.6.0: labels under the value-permutation null (label_rule values, null_strata), each
 # cell set scored once (dedupe_heuristics), correctness needs a non-digit after the answer
-# 0.7.0: periodic structure of every map (catalog.spectra: spectra, helix fit, null)
+# 0.7.0: periodic structure of every map, with the config's spectra on (catalog.spectra)
 CATALOG_VERSION = "0.7.0"
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
@@ -129,6 +129,9 @@ class ScienceConfig:
         "digits", "values the 'values' rule permutes among: digits (values with the same "
         "number of digits: one- against two-digit operands is tokenisation, not arithmetic) "
         "or none (all values of the operand or result)", choices=NULL_STRATA)
+    spectra: bool = _opt(
+        False, "the periodic structure of every map (catalog.spectra, docs/method.md section "
+               "11); off by default while its null over-calls maps of the operands alone")
     dedupe_heuristics: bool = _opt(
         True, "score each cell set once, under its simplest name (the others are its "
               "aliases); off: every heuristic, as before 0.6.0")

@@ -272,10 +272,11 @@ class CheckpointRun(CheckpointSummary):
                 control[op] = clock.time("significance", self._label_control, layer, o, op,
                                          k_map[live], kv)
                 m.neuron = live[m.neuron].astype(np.int32)
-                cells = self.cells[op]
-                spec.set(live, o, clock.time("spectra", spectra.op_spectra, k_map[live], kv,
-                                             cells.a, cells.b, cells.result,
-                                             [config.seed, layer, o]))
+                if config.spectra:
+                    cells = self.cells[op]
+                    spec.set(live, o, clock.time(
+                        "spectra", spectra.op_spectra, k_map[live], kv, cells.a, cells.b,
+                        cells.result, [config.seed, layer, o]))
             parts.append(m)
         rank = effects.ranks(effects.rank_key(out.rank_value, config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching
@@ -290,7 +291,8 @@ class CheckpointRun(CheckpointSummary):
             effect_trimmed=out.effect_trimmed, moved_share=out.moved_share,
             is_exact=out.is_exact, rank_value=out.rank_value,
             constant=out.constant, rank=rank, matches=Matches.concat(parts), patching=patching,
-            seconds=clock.seconds, label_control=control, spectra=spec,
+            seconds=clock.seconds, label_control=control,
+            spectra=spec if config.spectra else None,
         )
 
     def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: LayerStats,

@@ -12,7 +12,8 @@ from catalog.config import ScienceConfig
 from schema import store
 
 SEED_STEPS = (64, 128, 300)
-SEED_CONFIG = ScienceConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40)
+SEED_CONFIG = ScienceConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=40,
+                            spectra=True)
 
 
 def as_role(url: str, role: str) -> str:
