@@ -106,8 +106,11 @@ def hf_footprint(hf_cfg, source: str):
 
     from catalog.memory import Footprint
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_cfg)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_cfg)
+    except Exception:  # noqa: BLE001  an architecture transformers cannot build: no estimate
+        return None
     n = sum(p.numel() for p in model.parameters())  # a tied weight once
     d_model = int(getattr(hf_cfg, "hidden_size", 0) or getattr(hf_cfg, "n_embd", 0))
     vocab = int(getattr(hf_cfg, "vocab_size", 0))
