@@ -86,10 +86,13 @@ def test_footprints_count_the_parameters_transformerlens_loads(pythia_hub, tiny_
 
 
 def _ncat(args, env, code="") -> subprocess.CompletedProcess:
-    """``ncat ARGS`` in a child that prints its own peak resident bytes on its last line."""
-    script = ("import resource, sys\nfrom jobs.cli import main\n"
+    """``ncat ARGS`` in a child that prints its own peak resident bytes on its last line:
+    the kernel's high-water mark of its address space (VmHWM), which starts afresh at
+    exec (getrusage's ru_maxrss does not: it kept the forking pytest worker's 650 MiB)."""
+    script = ("import re, sys\nfrom jobs.cli import main\n"
               f"rc = main({args!r})\n"
-              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+              "kib = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]\n"
+              "print(int(kib) * 1024)\n"
               "sys.exit(rc)\n")
     return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
