@@ -84,14 +84,16 @@ class AxisProfile:
         return (self.prof - mean) * np.sqrt(self.counts)
 
 
-def profile(maps: np.ndarray, axis: np.ndarray) -> AxisProfile:
-    """The profiles of ``maps`` (n, cells) along ``axis`` (cells,)."""
+def profile(maps: np.ndarray, axis: np.ndarray, total: np.ndarray | None = None) -> AxisProfile:
+    """The profiles of ``maps`` (n, cells) along ``axis`` (cells,); ``total``: the maps'
+    sums of squares, when the caller has them (one per map set, whatever the axis)."""
     order = np.argsort(axis, kind="stable")
     values, starts, counts = np.unique(axis[order], return_index=True, return_counts=True)
     if len(values) == 0:
         return AxisProfile(values, counts, np.zeros((len(maps), 0)), np.zeros(len(maps)))
     sums = np.add.reduceat(maps[:, order], starts, axis=1).astype(np.float64)
-    total = (np.var(maps, axis=1, dtype=np.float64) * maps.shape[1])
+    if total is None:
+        total = np.var(maps, axis=1, dtype=np.float64) * maps.shape[1]
     return AxisProfile(values, counts, sums / counts, total)
 
 
@@ -229,8 +231,8 @@ def op_spectra(k_map: np.ndarray, kv_map: np.ndarray | None, a: np.ndarray, b: n
     operands ``a``, ``b`` and ``result``). Seeded: the same maps give the same null."""
     rng = np.random.default_rng([seed, 9])
     by_result = profile(k_map, result)
-    axes = {"op1": axis_spectrum(profile(k_map, a), rng),
-            "op2": axis_spectrum(profile(k_map, b), rng),
+    axes = {"op1": axis_spectrum(profile(k_map, a, by_result.total), rng),
+            "op2": axis_spectrum(profile(k_map, b, by_result.total), rng),
             "result": axis_spectrum(by_result, rng)}
     axes["kv"] = (axis_spectrum(profile(kv_map, result), rng) if kv_map is not None
                   else AxisSpectrum.empty(len(k_map)))
