@@ -55,6 +55,30 @@ def _guarded(to: str) -> str:
         END LOOP;"""
 
 
+# The role's settings are one row of a catalog shared by every database of the server, so
+# catalogs migrating at the same time race on it (as in 0002): an ALTER ROLE waits for the
+# other migration's transaction and then fails with "tuple concurrently updated"
+# (internal_error). A setting already in place is left alone; after a collision the other
+# side has committed, so the retry finds the setting and goes on.
+TEMP_FILE_LIMIT = """
+            FOR tries IN 1..50 LOOP
+              BEGIN
+                IF NOT EXISTS (
+                    SELECT FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+                    WHERE r.rolname = 'catalog_reader' AND s.setdatabase = 0
+                      AND s.setconfig @> ARRAY['temp_file_limit=1GB']) THEN
+                  ALTER ROLE catalog_reader SET temp_file_limit = '1GB';
+                END IF;
+                EXIT;
+              EXCEPTION WHEN internal_error THEN
+                IF tries = 50 THEN
+                  RAISE;
+                END IF;
+                PERFORM pg_sleep(0.05 + 0.2 * random());
+              END;
+            END LOOP;"""
+
+
 def upgrade() -> None:
     op.execute(f"""
         DO $$ DECLARE f text; BEGIN
@@ -62,7 +86,7 @@ def upgrade() -> None:
           EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO %I', current_database(),
                          current_user);
           BEGIN
-            ALTER ROLE catalog_reader SET temp_file_limit = '1GB';
+            {TEMP_FILE_LIMIT}
             EXECUTE format('GRANT USAGE ON LANGUAGE plpgsql TO %I', current_user);
             REVOKE USAGE ON LANGUAGE plpgsql FROM PUBLIC;
             {_guarded("owner")}

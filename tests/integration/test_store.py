@@ -460,6 +460,75 @@ def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builti
         assert len(kept) < 0.5 * len(full), (len(kept), len(full))
 
 
+READER_SETTINGS = {"default_transaction_read_only": "on", "statement_timeout": "10s",
+                   "temp_file_limit": "1GB"}
+
+
+@pytest.mark.parametrize("held", [("default_transaction_read_only", "statement_timeout"),
+                                  ("temp_file_limit",)], ids=["migration 0002", "0022"])
+def test_a_migration_that_waits_on_the_readers_settings_goes_on_when_they_commit(
+        pg_server, held):
+    """The race of the test below made certain: another session (another catalog's
+    migration) has set the reader's settings in a transaction still open while a new
+    catalog migrates. The migration must wait for it (observed: its backend waits on a
+    lock), then, once the other side commits, reach head instead of failing with "tuple
+    concurrently updated" (the CI failure of migration 0022's temp_file_limit)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from schema.engine import current_revision, head_revision
+
+    server = make_url(pg_server).set(drivername="postgresql", database="postgres") \
+        .render_as_string(hide_password=False)
+    migrate(scratch := new_database_url(pg_server))  # the role exists with its settings
+    drop_database(scratch)
+    url = new_database_url(pg_server)
+    name = make_url(url).database
+    holder = psycopg.connect(server)
+    proc = None
+    try:
+        with psycopg.connect(server, autocommit=True) as admin:
+            for k in held:
+                admin.execute(f"ALTER ROLE catalog_reader RESET {k}")
+        for k in held:
+            holder.execute(f"ALTER ROLE catalog_reader SET {k} = '{READER_SETTINGS[k]}'")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from schema.engine import migrate; "
+             "migrate(sys.argv[1])", url],
+            cwd=Path(__file__).parents[2], stderr=subprocess.PIPE, text=True)
+        waited = False
+        deadline = time.monotonic() + 180
+        with psycopg.connect(server, autocommit=True) as watch:
+            while proc.poll() is None and time.monotonic() < deadline and not waited:
+                waited = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                    "AND wait_event_type = 'Lock'", (name,)).fetchone()[0] > 0
+                time.sleep(0.05)
+        assert waited, ("the migration never waited on the held settings", proc.poll())
+        time.sleep(0.5)  # it stays blocked while the other transaction is open
+        assert proc.poll() is None
+        holder.commit()
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+        assert current_revision(url) == head_revision()
+        with psycopg.connect(server) as conn:
+            settings = conn.execute(
+                "SELECT s.setconfig FROM pg_db_role_setting s JOIN pg_roles r "
+                "ON r.oid = s.setrole WHERE r.rolname = 'catalog_reader' "
+                "AND s.setdatabase = 0").fetchone()[0]
+        assert {f"{k}={v}" for k, v in READER_SETTINGS.items()} <= set(settings)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        holder.rollback()
+        holder.close()
+        with psycopg.connect(server, autocommit=True) as admin:  # the server as it was
+            for k in held:
+                admin.execute(f"ALTER ROLE catalog_reader SET {k} = '{READER_SETTINGS[k]}'")
+        drop_database(url)
+
+
 def test_catalogs_on_one_server_migrate_at_the_same_time(pg_server):
     """The analysts' role and its settings belong to the whole server, so two catalogs
     migrated at once both create and configure it. Alembic runs a database's migrations in
