@@ -53,7 +53,9 @@ from catalog.vocab import (
 # 0.6.0: labels under the value-permutation null (label_rule values, null_strata), each
 # cell set scored once (dedupe_heuristics), correctness needs a non-digit after the answer
 # 0.7.0: periodic structure of every map, with the config's spectra on (catalog.spectra)
-CATALOG_VERSION = "0.7.0"
+# 0.8.0: the spectra's null fits the other operands' effects (catalog.spectra), periods
+# with three cycles on the axis, the cubic guard
+CATALOG_VERSION = "0.8.0"
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
     """A config field with its help text; ``form`` puts it on the explorer's job form."""

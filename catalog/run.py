@@ -276,7 +276,7 @@ class CheckpointRun(CheckpointSummary):
                     cells = self.cells[op]
                     spec.set(live, o, clock.time(
                         "spectra", spectra.op_spectra, k_map[live], kv, cells.a, cells.b,
-                        cells.result, [config.seed, layer, o]))
+                        cells.result, [config.seed, o]))
             parts.append(m)
         rank = effects.ranks(effects.rank_key(out.rank_value, config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching

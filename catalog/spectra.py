@@ -1,6 +1,6 @@
 """Periodic structure of neuron maps (docs/method.md section 11): per neuron and operator,
 the spectrum of its K map along op1, op2 and the result, of its KV map along the result,
-a helix fit on the result, and a value-permutation null for the dominant period.
+a helix fit on the result, and a null of the other operands' effects for the dominant period.
 
 Definitions, for one map y over the operator's valid cells and one axis x (op1, op2 or
 the result of each cell):
@@ -11,8 +11,8 @@ the result of each cell):
   least-squares fit of cos(2 pi v / T) and sin(2 pi v / T) explains. On a contiguous axis
   of N values with T dividing N this is the discrete Fourier power at frequency N / T
   (twice it, below the Nyquist frequency) over the total: the test checks it against
-  numpy's FFT. Periods run from 2 to min(100, span // 2), span = max(v) - min(v) + 1: at
-  least two cycles on the axis; slower change is the linear (magnitude) part;
+  numpy's FFT. Periods run from 2 to min(100, span // 3), span = max(v) - min(v) + 1: at
+  least three cycles on the axis; slower change is the smooth (magnitude) part;
 - the dominant period is the period of the largest share; the linear share is the
   fraction a straight line in v explains (a magnitude, or low-frequency, profile);
 - the fit R^2 is the fraction of the MAP's variance (over cells, not the profile)
@@ -20,15 +20,27 @@ the result of each cell):
 - the helix R^2 (result axis only) is that fraction for a line plus cos and sin at
   HELIX_PERIODS, the periods Kantamneni & Tegmark (2025) fit numbers with;
 - the dominant period is significant when its share beats the largest share of every
-  one of N_PERM profiles whose axis values are permuted at random (the same
-  permutations for every neuron): a permutation p-value of 1 / (N_PERM + 1), so about
-  1 in N_PERM + 1 maps without periodic structure is called periodic by chance; and
-  when it explains more of the profile than a line does (a ramp has power at the
-  longest periods too, and beats permuted profiles there: it is a magnitude map).
+  one of 2 x N_NULL null profiles, and when it explains more of the profile than a cubic
+  in the value does (smooth change, a ramp or a bend, has power at the longest periods
+  too: it is a magnitude map). A null profile is what the axis would show if the map had
+  no PERIODIC effect of that axis. Both kinds start from the map's least-squares fit on
+  the OTHER operands' main effects (a constant and one level per op2 value for the op1
+  axis, per op1 value for op2, per op1 and per op2 value for the result and KV axes),
+  because an axis's values average different sets of cells: along the result of `+`
+  each value's mean runs over an anti-diagonal, so a map of the operands alone has a
+  smooth (moving-average) result profile, and along op2 of `-` each value's mean runs
+  over the op1 values above it. To the fit's profile, N_NULL nulls add Gaussian noise of
+  the fit's residual variance, projected off the fit's columns as a residual is (a
+  Freedman-Lane null drawn in closed form: exact for a map of the other operands'
+  effects plus independent noise), and N_NULL add the observed residual profile with
+  the axis values relabelled at random (a non-periodic effect of the axis itself,
+  whatever its size per value). Permuting the profile's values alone (this module's
+  first null) called 16-79% of an untrained model's result profiles periodic.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +48,9 @@ import numpy as np
 MAX_PERIOD = 100
 TOP = 3  # periods in the fit R^2
 HELIX_PERIODS = (2, 5, 10, 100)
-N_PERM = 99
+CYCLES = 3  # a period is a candidate with at least this many cycles on the axis
+POLY_DEGREE = 3  # a period must explain more than a polynomial of this degree
+N_NULL = 99  # null profiles per axis: p = 1 / (N_NULL + 1)
 AXES = ("op1", "op2", "result", "kv")  # kv: the KV map along the result
 
 
@@ -48,7 +62,7 @@ class AxisSpectrum:
     share: np.ndarray  # float32: its share of the profile's variance
     linear: np.ndarray  # float32: the share a line explains (magnitude, low frequency)
     fit_r2: np.ndarray  # float32: map variance explained by a line and the TOP periods
-    significant: np.ndarray  # bool: the dominant share beats every permuted profile
+    significant: np.ndarray  # bool: the dominant share beats every null profile
 
     @classmethod
     def empty(cls, n: int) -> AxisSpectrum:
@@ -57,9 +71,10 @@ class AxisSpectrum:
 
 
 def periods_for(values: np.ndarray) -> np.ndarray:
-    """The candidate periods of an axis with these (sorted, distinct) values."""
+    """The candidate periods of an axis with these (sorted, distinct) values: at least
+    CYCLES cycles on the axis."""
     span = int(values.max() - values.min()) + 1 if len(values) else 0
-    return np.arange(2, min(MAX_PERIOD, span // 2) + 1)
+    return np.arange(2, min(MAX_PERIOD, span // CYCLES) + 1)
 
 
 @dataclass
@@ -142,6 +157,18 @@ def linear_share(ap: AxisProfile) -> np.ndarray:
         return np.where(between > 0, proj / between, np.nan)
 
 
+def polynomial_share(ap: AxisProfile, degree: int = POLY_DEGREE) -> np.ndarray:
+    """The share of each map's variance between axis values that a polynomial of this
+    degree in the value explains: smooth, non-periodic change (a ramp, a bend)."""
+    z = ap.weighted()
+    between = (z ** 2).sum(1)
+    v0, span = float(ap.values.min()), max(1.0, float(np.ptp(ap.values)))
+    cols = tuple((lambda v, k=k: ((v - v0) / span) ** k) for k in range(1, degree + 1))
+    proj = ((z @ _bases(ap.values, ap.counts, [cols])) ** 2).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(between > 0, proj / between, np.nan)
+
+
 def fit_r2(ap: AxisProfile, periods_per_map: np.ndarray) -> np.ndarray:
     """Per map, the R^2 over cells of a least-squares fit of an intercept, a line in the
     axis value and cos and sin at that map's periods (a row of ``periods_per_map``;
@@ -149,25 +176,34 @@ def fit_r2(ap: AxisProfile, periods_per_map: np.ndarray) -> np.ndarray:
 
     The regressors are functions of the axis value, so the fit over cells is the fit of
     the profile weighted by each value's cell count, and the map's variance within a
-    value is left unexplained: one small weighted problem per map, solved all at once."""
-    prof, counts, total = ap.prof, ap.counts, ap.total
+    value is left unexplained. The explained part is the weighted, centred profile's
+    projection on the span of the map's columns: every candidate column is built and
+    multiplied once, and each map solves only its own small (q x q) normal equations."""
+    per = np.asarray(periods_per_map, np.int64)
+    n, k = per.shape
+    cand = np.unique(per[per >= 2])
     v = ap.values.astype(np.float64)
-    per = np.asarray(periods_per_map, np.float64)
-    n = len(prof)
-    cols = [np.ones((n, len(v))), np.broadcast_to(v, (n, len(v)))]
-    for j in range(per.shape[1]):
-        t = per[:, j:j + 1]
-        use = t >= 2
-        arg = 2 * np.pi * v[None, :] / np.where(use, t, 1.0)
-        cols += [np.where(use, np.cos(arg), 0.0), np.where(use, np.sin(arg), 0.0)]
-    w = np.sqrt(counts.astype(np.float64))
-    design = np.stack(cols, 2) * w[None, :, None]  # (n, values, 2 + 2k)
-    target = prof * w[None, :]
-    coef = np.linalg.pinv(design, rcond=1e-10) @ target[:, :, None]
-    resid = ((target - (design @ coef)[:, :, 0]) ** 2).sum(1)
-    between = (ap.weighted() ** 2).sum(1)
+    c = ap.counts.astype(np.float64)
+    line = (v - v[0]) / max(1.0, float(v[-1] - v[0]))  # on the periodic columns' scale
+    funcs = [line] + [f(2 * np.pi * v / t) for t in cand for f in (np.cos, np.sin)]
+    cols = np.stack(funcs, 1)
+    cols = (cols - (cols * c[:, None]).sum(0) / c.sum()) * np.sqrt(c)[:, None]
+    gram_all = cols.T @ cols
+    zc = ap.weighted() @ cols  # (n, 1 + 2 * len(cand))
+    pos = np.searchsorted(cand, np.where(per >= 2, per, cand[0] if len(cand) else 0))
+    idx = np.zeros((n, 1 + 2 * k), np.int64)  # a left-out period repeats the line
+    idx[:, 1::2] = np.where(per >= 2, 1 + 2 * pos, 0)
+    idx[:, 2::2] = np.where(per >= 2, 2 + 2 * pos, 0)
+    gram = gram_all[idx[:, :, None], idx[:, None, :]]
+    r = np.take_along_axis(zc, idx, 1)
+    # a ridge far below any real column's weight: a column that vanishes on the values
+    # (sin at period 2 on integers) or repeats another gets no share of the fit
+    diag = np.einsum("nii->ni", gram)
+    ridge = 1e-12 * (diag + diag.max(1, keepdims=True)) + 1e-300
+    gram = gram + np.eye(gram.shape[1]) * ridge[:, :, None]
+    explained = (r * np.linalg.solve(gram, r[:, :, None])[:, :, 0]).sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(total > 0, (between - resid) / total, np.nan)
+        return np.where(ap.total > 0, explained / ap.total, np.nan)
 
 
 def helix_r2(ap: AxisProfile) -> np.ndarray:
@@ -176,9 +212,152 @@ def helix_r2(ap: AxisProfile) -> np.ndarray:
     return fit_r2(ap, np.tile(np.array(HELIX_PERIODS), (len(ap.prof), 1)))
 
 
-def axis_spectrum(ap: AxisProfile, rng: np.random.Generator,
-                  n_perm: int = N_PERM) -> AxisSpectrum:
-    """The spectrum of every map along one axis, from its profiles."""
+@dataclass
+class Nuisance:
+    """The null's reduced model over one operator's cells: least squares of each map on a
+    constant and one level per value of each operand named (its ``codes``: each cell's
+    value index, of ``sizes`` values). Its normal equations come from the maps' sums per
+    operand value, which the op1 and op2 profiles already hold: no pass over the cells."""
+
+    codes: list[np.ndarray]
+    sizes: list[int]
+    pinv: np.ndarray  # (p, p): the pseudo-inverse of the design's Gram matrix
+    df: int  # cells - rank: the residual's degrees of freedom
+
+    @classmethod
+    def of(cls, codes: list[np.ndarray], sizes: list[int]) -> Nuisance:
+        cols = cls._columns(codes, sizes)
+        p = 1 + sum(sizes)
+        gram = np.zeros((p, p))
+        for i in range(cols.shape[1]):
+            for j in range(cols.shape[1]):
+                np.add.at(gram, (cols[:, i], cols[:, j]), 1.0)
+        w, v = np.linalg.eigh(gram)
+        keep = w > w.max() * p * np.finfo(np.float64).eps
+        pinv = (v[:, keep] / w[keep]) @ v[:, keep].T
+        return cls(codes, sizes, pinv, len(cols) - int(keep.sum()))
+
+    @staticmethod
+    def _columns(codes: list[np.ndarray], sizes: list[int]) -> np.ndarray:
+        """(cells, 1 + factors): each cell's design columns (the constant is column 0)."""
+        offsets = np.cumsum([1] + sizes[:-1])
+        return np.stack([np.zeros(len(codes[0]), np.int64)]
+                        + [c + o for c, o in zip(codes, offsets, strict=True)], 1)
+
+    def fit(self, xty: np.ndarray, ss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Coefficients (n, p) and residual sums of squares (n,) of maps whose X'y is
+        ``xty`` and whose centred sum of squares is ``ss`` (the maps centred: the constant
+        takes their mean)."""
+        beta = xty @ self.pinv
+        return beta, np.maximum(ss - (beta * xty).sum(1), 0.0)
+
+    def xty(self, sums: list[np.ndarray]) -> np.ndarray:
+        """X'y of centred maps from their sums per value of each factor (same order)."""
+        return np.concatenate([np.zeros((len(sums[0]), 1))] + sums, 1)
+
+    def at_cells(self, beta: np.ndarray) -> np.ndarray:
+        """The fit's value at every cell, (n, cells)."""
+        return beta[:, self._columns(self.codes, self.sizes)].sum(2)
+
+    def axis_means(self, axis_codes: np.ndarray, n_values: int) -> np.ndarray:
+        """(p, n_values): each design column's mean over the cells of each axis value, so
+        that ``beta @ axis_means`` is the fit's profile along the axis."""
+        cols = self._columns(self.codes, self.sizes)
+        out = np.zeros((1 + sum(self.sizes), n_values))
+        for i in range(cols.shape[1]):
+            np.add.at(out, (cols[:, i], axis_codes), 1.0)
+        return out / np.bincount(axis_codes, minlength=n_values)
+
+
+@dataclass
+class AxisNull:
+    """The null draws of one axis of one operator's cells, shared by every map (and by
+    the K and KV maps): per draw, a profile of projected standard Gaussian noise and a
+    relabelling of the axis values. A map's null profiles are ``fitted + sigma * noise``
+    and ``fitted + (profile - fitted)[perm]`` (``for_maps``)."""
+
+    nuisance: Nuisance
+    means: np.ndarray  # (p, values): each design column's mean per axis value
+    noise: np.ndarray  # (N_NULL, values)
+    perms: np.ndarray  # (N_NULL, values)
+
+    @classmethod
+    def draw(cls, nuisance: Nuisance, axis_codes: np.ndarray, n_values: int,
+             rng: np.random.Generator, n_null: int = N_NULL) -> AxisNull:
+        xi = rng.standard_normal((n_null, len(axis_codes)))
+        xi -= xi.mean(1, keepdims=True)
+        xi_sums = [profile(xi, c).prof * np.bincount(c, minlength=k)
+                   for c, k in zip(nuisance.codes, nuisance.sizes, strict=True)]
+        xi_beta, _ = nuisance.fit(nuisance.xty(xi_sums), np.zeros(n_null))
+        noise = profile(xi - nuisance.at_cells(xi_beta), axis_codes).prof
+        perms = np.stack([rng.permutation(n_values) for _ in range(n_null)])
+        return cls(nuisance, nuisance.axis_means(axis_codes, n_values), noise, perms)
+
+    def for_maps(self, sums: list[np.ndarray], ss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The fit's profile (n, values) and the residual's standard deviation per cell
+        (n,) of maps with these centred sums per value of the nuisance's operands and
+        centred sums of squares."""
+        beta, rss = self.nuisance.fit(self.nuisance.xty(sums), ss)
+        # a map the other operands explain to rounding has no effect of this axis to test
+        rss = np.where(rss > 1e-9 * ss, rss, 0.0)
+        df = self.nuisance.df
+        return beta @ self.means, (np.sqrt(rss / df) if df > 0 else np.zeros(len(rss)))
+
+
+def _max_share(z: np.ndarray, bases: np.ndarray, n_periods: int) -> np.ndarray:
+    """The largest period share of each weighted, centred profile (a row of ``z``)."""
+    proj = ((z @ bases) ** 2).reshape(len(z), n_periods, 2).sum(2).max(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return proj / (z ** 2).sum(1)
+
+
+def _beats(observed: np.ndarray, null_share: np.ndarray) -> np.ndarray:
+    """Beaten by more than rounding; a null without variance (0/0) is beaten."""
+    return ~(observed <= null_share * (1 + 1e-9) + 1e-12)
+
+
+def _null_beaten(ap: AxisProfile, null: AxisNull, fitted_prof: np.ndarray,
+                 sigma: np.ndarray, bases: np.ndarray, n_periods: int,
+                 observed: np.ndarray, chunk: int = 16) -> np.ndarray:
+    """Per map, whether the observed dominant share beats the largest share of every
+    null profile of both kinds (docs/method.md section 11): the other operands' fit plus
+    Gaussian noise, and the other operands' fit plus the observed residual profile with
+    its axis values relabelled."""
+    fitted = AxisProfile(ap.values, ap.counts, fitted_prof, ap.total).weighted()
+    noise = AxisProfile(ap.values, ap.counts, null.noise, np.ones(len(null.noise))).weighted()
+    pf, pn = fitted @ bases, noise @ bases
+    ff = (fitted ** 2).sum(1)
+    fn = fitted @ noise.T  # (n, draws)
+    nn = (noise ** 2).sum(1)
+    live = np.arange(len(fitted))
+    for d0 in range(0, len(noise), chunk):  # the Gaussian draws, a chunk at a time
+        d = slice(d0, d0 + chunk)
+        sig = sigma[live, None]
+        proj = (pf[live, None, :] + sig[:, :, None] * pn[None, d, :]) ** 2
+        between = ff[live, None] + 2 * sig * fn[live, d] + sig ** 2 * nn[None, d]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = proj.reshape(len(live), -1, n_periods, 2).sum(3).max(2) / between
+        live = live[_beats(observed[live, None], share).all(1)]
+        if not len(live):
+            return np.zeros(len(fitted), bool)
+    resid = ap.prof[live] - fitted_prof[live]
+    for perm in null.perms:
+        z = AxisProfile(ap.values, ap.counts, fitted_prof[live] + resid[:, perm],
+                        ap.total[live]).weighted()
+        keep = _beats(observed[live], _max_share(z, bases, n_periods))
+        live, resid = live[keep], resid[keep]
+        if not len(live):
+            break
+    out = np.zeros(len(fitted), bool)
+    out[live] = True
+    return out
+
+
+def axis_spectrum(ap: AxisProfile, null: tuple[AxisNull, np.ndarray, np.ndarray] | None = None
+                  ) -> AxisSpectrum:
+    """The spectrum of every map along one axis, from its profiles; significance against
+    ``null``: the axis's draws, and the maps' fitted profiles and residual deviations
+    (``AxisNull.for_maps``); none: nothing is significant."""
     n = len(ap.prof)
     out = AxisSpectrum.empty(n)
     periods = periods_for(ap.values)
@@ -198,22 +377,14 @@ def axis_spectrum(ap: AxisProfile, rng: np.random.Generator,
     top = np.where(ok[:, None], periods[order[:, :min(TOP, len(periods))]], 0)
     sub = AxisProfile(ap.values, ap.counts, ap.prof[ok], ap.total[ok])
     out.fit_r2[ok] = fit_r2(sub, top[ok])
-    # the null: the same weighted profiles over permuted values; significant where the
-    # observed dominant share beats the largest share of every permuted profile
-    z = sub.weighted()
-    between = (z ** 2).sum(1)
-    observed = out.share[ok]
-    beaten = np.ones(len(z), bool)
-    for _ in range(n_perm):
-        perm = rng.permutation(len(ap.values))
-        proj = (z[:, perm] @ bases) ** 2
-        null = proj.reshape(len(z), len(periods), 2).sum(2).max(1) / between
-        beaten &= observed > null
-        if not beaten.any():
-            break
-    # a line (magnitude, low frequency) that explains more is not a period: a ramp's
-    # profile also has power at the longest periods, and beats permuted profiles there
-    out.significant[ok] = beaten & (observed > out.linear[ok])
+    if null is not None:
+        observed = out.share[ok].astype(np.float64)
+        draws, fitted, sigma = null
+        beaten = _null_beaten(sub, draws, fitted[ok], sigma[ok], bases, len(periods),
+                              observed)
+        # smooth change (a ramp, a bend: magnitude, low frequency) that a cubic explains
+        # better is not a period, though it beats noise at the longest periods
+        out.significant[ok] = beaten & (observed > polynomial_share(sub))
     return out
 
 
@@ -225,17 +396,67 @@ class Spectra:
     helix_r2: np.ndarray  # float32 over neurons
 
 
+OTHERS = {"op1": ("op2",), "op2": ("op1",), "result": ("op1", "op2")}
+
+
+def _map_spectra(maps: np.ndarray, values: dict[str, np.ndarray], nulls: dict[str, AxisNull],
+                 axes: tuple[str, ...]) -> tuple[dict[str, AxisSpectrum], AxisProfile]:
+    """The spectra of one map set along ``axes`` (of op1, op2, result; ``values``: each
+    cell's value on each), each against its null; also the result profile (the helix)."""
+    by_r = profile(maps, values["result"])
+    by = {"op1": profile(maps, values["op1"], by_r.total),
+          "op2": profile(maps, values["op2"], by_r.total), "result": by_r}
+    mean = (by_r.prof * by_r.counts).sum(1, keepdims=True) / max(1, by_r.counts.sum())
+    sums = {x: (by[x].prof - mean) * by[x].counts for x in ("op1", "op2")}  # centred
+    out = {}
+    for x in axes:
+        fitted, sigma = nulls[x].for_maps([sums[f] for f in OTHERS[x]], by_r.total)
+        out[x] = axis_spectrum(by[x], (nulls[x], fitted, sigma))
+    return out, by_r
+
+
+def op_nulls(a: np.ndarray, b: np.ndarray, result: np.ndarray, rng: np.random.Generator,
+             n_null: int = N_NULL) -> dict[str, AxisNull]:
+    """The null draws of each axis of one operator's cells."""
+    values = {"op1": a, "op2": b, "result": result}
+    uniq = {x: np.unique(v, return_inverse=True) for x, v in values.items()}
+    out = {}
+    for x in ("op1", "op2", "result"):
+        nuisance = Nuisance.of([uniq[f][1] for f in OTHERS[x]],
+                               [len(uniq[f][0]) for f in OTHERS[x]])
+        out[x] = AxisNull.draw(nuisance, uniq[x][1], len(uniq[x][0]), rng, n_null)
+    return out
+
+
+_NULLS: dict[tuple, dict[str, AxisNull]] = {}
+
+
+def cached_op_nulls(a: np.ndarray, b: np.ndarray, result: np.ndarray, seed,
+                    n_null: int = N_NULL) -> dict[str, AxisNull]:
+    """``op_nulls`` seeded by ``seed``, kept for the next layer with the same cells (the
+    draws depend on the cells and the seed alone; a few operators' worth are kept)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for x in (a, b, result):
+        digest.update(np.ascontiguousarray(x, np.int64).tobytes())
+    key = (tuple(np.atleast_1d(seed).tolist()), n_null, digest.hexdigest())
+    if key not in _NULLS:
+        if len(_NULLS) >= 8:
+            _NULLS.pop(next(iter(_NULLS)))
+        _NULLS[key] = op_nulls(a, b, result, np.random.default_rng([*key[0], 9]), n_null)
+    return _NULLS[key]
+
+
 def op_spectra(k_map: np.ndarray, kv_map: np.ndarray | None, a: np.ndarray, b: np.ndarray,
-               result: np.ndarray, seed: int) -> Spectra:
+               result: np.ndarray, seed, n_null: int = N_NULL) -> Spectra:
     """Spectra of one operator's maps (rows: neurons; columns: its valid cells with
-    operands ``a``, ``b`` and ``result``). Seeded: the same maps give the same null."""
-    rng = np.random.default_rng([seed, 9])
-    by_result = profile(k_map, result)
-    axes = {"op1": axis_spectrum(profile(k_map, a, by_result.total), rng),
-            "op2": axis_spectrum(profile(k_map, b, by_result.total), rng),
-            "result": axis_spectrum(by_result, rng)}
-    axes["kv"] = (axis_spectrum(profile(kv_map, result), rng) if kv_map is not None
-                  else AxisSpectrum.empty(len(k_map)))
+    operands ``a``, ``b`` and ``result``). Seeded: the same cells and seed give the same
+    null draws (the catalog seeds them by its config's seed and the operator, so every
+    layer is tested against the same draws)."""
+    nulls = cached_op_nulls(a, b, result, seed, n_null)
+    values = {"op1": a, "op2": b, "result": result}
+    axes, by_result = _map_spectra(k_map, values, nulls, ("op1", "op2", "result"))
+    axes["kv"] = (_map_spectra(kv_map, values, nulls, ("result",))[0]["result"]
+                  if kv_map is not None else AxisSpectrum.empty(len(k_map)))
     helix = (helix_r2(by_result).astype(np.float32) if len(k_map)
              else np.zeros(0, np.float32))
     return Spectra(axes, helix)
