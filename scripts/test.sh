@@ -4,7 +4,8 @@
 # With no arguments the suite runs in two parts: every test not marked `serial` in
 # NCAT_TEST_WORKERS processes (default 2; pytest-xdist, each file's tests in one process
 # and in order), then the `serial` tests alone on the machine: they compare a measured
-# time with a bound, which a second process running beside them would skew. With
+# time with a bound, which a second process running beside them would skew, or take
+# away for a moment what the whole server holds (the reader role's settings). With
 # arguments, one plain pytest run with those arguments.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -104,7 +104,8 @@ def downgrade() -> None:
         DO $$ DECLARE f text; BEGIN
           EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO PUBLIC', current_database());
           BEGIN
-            ALTER ROLE catalog_reader RESET temp_file_limit;
+            -- catalog_reader's temp_file_limit stays: the role and its settings belong to
+            -- the server, whose other catalogs keep relying on them (as 0002 keeps the role)
             GRANT USAGE ON LANGUAGE plpgsql TO PUBLIC;
             {_guarded("public")}
             GRANT SELECT ON pg_catalog.pg_stat_activity TO PUBLIC;

@@ -464,6 +464,7 @@ READER_SETTINGS = {"default_transaction_read_only": "on", "statement_timeout": "
                    "temp_file_limit": "1GB"}
 
 
+@pytest.mark.serial  # other tests read the reader's settings, which this one takes away
 @pytest.mark.parametrize("held", [("default_transaction_read_only", "statement_timeout"),
                                   ("temp_file_limit",)], ids=["migration 0002", "0022"])
 def test_a_migration_that_waits_on_the_readers_settings_goes_on_when_they_commit(
