@@ -1,26 +1,26 @@
-"""The spectrum columns of ``neuron_op`` (migration 0023; catalog.spectra): a mixin of
-``schema.tables.NeuronOp``, apart so that the table module stays short."""
+"""The spectrum columns of ``neuron_op`` (migrations 0023 and 0024; catalog.spectra): a
+mixin of ``schema.tables.NeuronOp``, apart so that the table module stays short."""
+
+from typing import Any
 
 from sqlalchemy import Column, SmallInteger
 from sqlmodel import Field, SQLModel
 
 
+def _small() -> Any:
+    return Field(default=None, sa_column=Column(SmallInteger))
+
+
 class SpectrumColumns(SQLModel):
-    # periodic structure (catalog.spectra, migration 0023): periods, and shares and R^2 in
-    # ten-thousandths; spec_periodic has a bit per axis whose period is significant
-    spec_periodic: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op1_period: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op2_period: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    result_period: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    kv_period: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op1_share: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op2_share: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    result_share: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    kv_share: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op1_fit: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op2_fit: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    result_fit: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op1_linear: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    op2_linear: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    result_linear: int | None = Field(default=None, sa_column=Column(SmallInteger))
-    helix_r2: int | None = Field(default=None, sa_column=Column(SmallInteger))
+    # periodic structure (catalog.spectra, migration 0024), packed: {axis}_spec is the
+    # period * 300 + its share in 299ths, {axis}_fitlin the fit R^2 * 181 + the linear
+    # share (180ths each), spec_helix the helix R^2 in 2000ths * 16 + a bit per axis
+    # whose period is significant; the view neuron_spectrum unpacks them
+    spec_helix: int | None = _small()
+    op1_spec: int | None = _small()
+    op2_spec: int | None = _small()
+    result_spec: int | None = _small()
+    kv_spec: int | None = _small()
+    op1_fitlin: int | None = _small()
+    op2_fitlin: int | None = _small()
+    result_fitlin: int | None = _small()

@@ -362,9 +362,10 @@ class NeuronOp(_NeuronOpKey, SpectrumColumns, table=True):
         Index("ix_neuron_op_rank_order", "model_id", "checkpoint_id", "config_id", "rank"),
         Index("ix_neuron_op_score_order", "model_id", "checkpoint_id", "config_id",
               text("best_score DESC NULLS LAST"), "layer", "neuron", "op"),
-        # the significant periods of each axis (migration 0023)
-        *(Index(f"ix_neuron_op_{x}_period", "model_id", "checkpoint_id", f"{x}_period",
-                postgresql_where=text(f"(spec_periodic & {1 << i}) <> 0"))
+        # the significant periods of each axis (migrations 0023, 0024)
+        *(Index(f"ix_neuron_op_{x}_period", "model_id", "checkpoint_id",
+                text(f"({x}_spec / 300)"),
+                postgresql_where=text(f"(spec_helix & {1 << i}) <> 0"))
           for i, x in enumerate(("op1", "op2", "result", "kv"))),
         {"postgresql_partition_by": "HASH (model_id)"},
     )

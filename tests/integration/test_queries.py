@@ -413,12 +413,16 @@ def test_label_enrichment_equals_the_top_sets_of_the_library_and_the_summary(see
 
 
 def test_stored_spectra_and_period_views_equal_the_library(seeded, direct):
-    """Issue 34: each map's spectrum columns are the library's own run's (catalog.spectra),
-    period_distribution counts the significant periods per layer, operator and axis as
-    numpy does, and neuron_spectrum turns ten-thousandths back into fractions."""
-    from catalog.spectra import AXES, SPECTRUM_COLS
+    """Issue 34: each map's packed spectrum columns are the library's own run's
+    (catalog.spectra), period_distribution counts the significant periods per layer,
+    operator and axis as numpy does, and neuron_spectrum unpacks the columns as
+    ``catalog.spectra.unpack`` does."""
+    from catalog.spectra import AXES, SPECTRUM_COLS, unpack
 
     cols = ", ".join(f"n.{c}" for c in SPECTRUM_COLS)
+    view_cols = ["op1_period", "op1_share", "op1_fit", "op1_linear", "result_period",
+                 "result_share", "kv_period", "kv_share", "helix_r2", "op1_periodic",
+                 "result_periodic", "kv_periodic"]
     with store.connect(seeded) as conn:
         stored = {(step, layer, neuron, op): tuple(row) for step, layer, neuron, op, *row in
                   conn.execute(f"SELECT c.step, n.layer, n.neuron, n.op, {cols} "
@@ -428,30 +432,39 @@ def test_stored_spectra_and_period_views_equal_the_library(seeded, direct):
                     "SELECT step, layer, op, axis, period, n, n_live FROM period_distribution "
                     "WHERE period IS NOT NULL")}
         spectrum = conn.execute(
-            "SELECT step, layer, neuron, op, op1_share, op1_periodic, helix_r2 "
-            "FROM neuron_spectrum ORDER BY step, layer, neuron, op LIMIT 50").fetchall()
+            f"SELECT step, layer, neuron, op, {', '.join(view_cols)} FROM neuron_spectrum "
+            "ORDER BY step, layer, neuron, op").fetchall()
     want_dist: dict = {}
     periodic = 0
     for step, result in direct.items():
         for layer, lr in result.layers.items():
             cols_lr = lr.spectra.cols
+            values = unpack(cols_lr)
             for o, op in enumerate(SEED_CONFIG.operators):
                 live = ~lr.constant[:, o]
                 for n in range(lr.constant.shape[0]):
                     want = tuple(None if (v := int(cols_lr[c][n, o])) < 0 else v
                                  for c in SPECTRUM_COLS)
                     assert stored[(step, layer, n, op)] == want, (step, layer, n, op)
-                for i, axis in enumerate(AXES):
-                    bits = (cols_lr["spec_periodic"][:, o] >> i) & 1
-                    sig = live & (bits == 1)
+                for axis in AXES:
+                    sig = live & values[f"{axis}_periodic"][:, o]
                     periodic += int(sig.sum())
-                    for t in np.unique(cols_lr[f"{axis}_period"][sig, o]):
-                        n_t = int((sig & (cols_lr[f"{axis}_period"][:, o] == t)).sum())
+                    period = values[f"{axis}_period"][:, o]
+                    for t in np.unique(period[sig]):
+                        n_t = int((sig & (period == t)).sum())
                         want_dist[(step, layer, op, axis, int(t))] = (n_t, int(live.sum()))
     assert dist == want_dist
     assert periodic > 0  # some periodic maps to count
-    for step, layer, neuron, op, share, is_periodic, helix in spectrum:
+    assert len(spectrum) > 100
+    for step, layer, neuron, op, *got in spectrum:
         row = stored[(step, layer, neuron, op)]
-        assert share == pytest.approx(row[SPECTRUM_COLS.index("op1_share")] / 1e4)
-        assert is_periodic == bool(row[0] & 1)
-        assert helix == pytest.approx(row[SPECTRUM_COLS.index("helix_r2")] / 1e4)
+        one = unpack({c: np.array([-1 if v is None else v]) for c, v in
+                      zip(SPECTRUM_COLS, row, strict=True)})
+        for c, g in zip(view_cols, got, strict=True):
+            w = one[c][0]
+            if c.endswith("_periodic"):
+                assert g is bool(w), (c, g, w)
+            elif c.endswith("_period"):
+                assert (g is None) if w < 0 else g == w, (c, g, w)
+            else:
+                assert (g is None) if np.isnan(w) else g == pytest.approx(w, abs=1e-12), c

@@ -229,3 +229,32 @@ def test_a_weak_result_period_under_operand_effects_is_found(op):
             + rng.normal(size=(n, 60))[:, b] + rng.normal(size=(n, len(a))))
     s = spectra.op_spectra(maps, None, a, b, res, seed=3).axes["result"]
     assert (s.significant & (s.period == 10)).mean() > 0.8
+
+
+def test_packed_columns_round_trip_within_their_steps():
+    """The eight stored smallints (migration 0024) give back each period exactly and each
+    share and R^2 within half a step; maps not measured stay -1 (NULL in the table)."""
+    rng = np.random.default_rng(37)
+    a, b, res = _grid("+", 0, 60)
+    maps = np.stack([np.cos(2 * np.pi * a / 6) + 0.3 * rng.normal(size=len(a)),
+                     np.cos(2 * np.pi * res / 10) + 0.3 * rng.normal(size=len(a)),
+                     a / 60 + 0.1 * rng.normal(size=len(a))]
+                    + [rng.normal(size=len(a)) for _ in range(5)])
+    s = spectra.op_spectra(maps, maps * 2, a, b, res, seed=0)
+    layer = spectra.LayerSpectra.empty(10, 2)
+    layer.set(np.arange(8), 1, s)
+    for c in spectra.SPECTRUM_COLS:
+        assert layer.cols[c].dtype == np.int16 and (layer.cols[c][:, 0] == -1).all()
+        assert (layer.cols[c][8:, 1] == -1).all() and (layer.cols[c][:8, 1] >= 0).all()
+    got = spectra.unpack({c: v[:8, 1] for c, v in layer.cols.items()})
+    for x in spectra.AXES:
+        ax = s.axes[x]
+        assert np.array_equal(got[f"{x}_period"], ax.period)
+        assert np.array_equal(got[f"{x}_periodic"], ax.significant)
+        np.testing.assert_allclose(got[f"{x}_share"], ax.share, atol=0.5 / 299 + 1e-7)
+        if x != "kv":
+            np.testing.assert_allclose(got[f"{x}_fit"], ax.fit_r2, atol=0.5 / 180 + 1e-7)
+            np.testing.assert_allclose(got[f"{x}_linear"], ax.linear, atol=0.5 / 180 + 1e-7)
+    np.testing.assert_allclose(got["helix_r2"], s.helix_r2, atol=0.5 / 2000 + 1e-7)
+    assert got["op1_periodic"][0] and got["op1_period"][0] == 6
+    assert got["result_periodic"][1] and got["result_period"][1] == 10
