@@ -51,6 +51,7 @@ HELIX_PERIODS = (2, 5, 10, 100)
 CYCLES = 3  # a period is a candidate with at least this many cycles on the axis
 POLY_DEGREE = 3  # a period must explain more than a polynomial of this degree
 N_NULL = 99  # null profiles per axis: p = 1 / (N_NULL + 1)
+ONE_HOT_MAX = 512  # profiles over at most this many values are one matrix product
 AXES = ("op1", "op2", "result", "kv")  # kv: the KV map along the result
 
 
@@ -106,7 +107,12 @@ def profile(maps: np.ndarray, axis: np.ndarray, total: np.ndarray | None = None)
     values, starts, counts = np.unique(axis[order], return_index=True, return_counts=True)
     if len(values) == 0:
         return AxisProfile(values, counts, np.zeros((len(maps), 0)), np.zeros(len(maps)))
-    sums = np.add.reduceat(maps[:, order], starts, axis=1).astype(np.float64)
+    if len(values) <= ONE_HOT_MAX:  # one matrix product beats gathering every map's cells
+        onehot = np.zeros((len(axis), len(values)), maps.dtype)
+        onehot[np.arange(len(axis)), np.searchsorted(values, axis)] = 1
+        sums = (maps @ onehot).astype(np.float64)
+    else:
+        sums = np.add.reduceat(maps[:, order], starts, axis=1).astype(np.float64)
     if total is None:
         total = np.var(maps, axis=1, dtype=np.float64) * maps.shape[1]
     return AxisProfile(values, counts, sums / counts, total)
@@ -341,10 +347,16 @@ def _null_beaten(ap: AxisProfile, null: AxisNull, fitted_prof: np.ndarray,
         if not len(live):
             return np.zeros(len(fitted), bool)
     resid = ap.prof[live] - fitted_prof[live]
-    for perm in null.perms:
-        z = AxisProfile(ap.values, ap.counts, fitted_prof[live] + resid[:, perm],
-                        ap.total[live]).weighted()
-        keep = _beats(observed[live], _max_share(z, bases, n_periods))
+    w = np.sqrt(ap.counts)
+    for d0 in range(0, len(null.perms), chunk // 2):  # the relabellings, a chunk at a time
+        perms = null.perms[d0:d0 + chunk // 2]
+        prof = fitted_prof[live, None, :] + resid[:, perms]  # (live, draws, values)
+        mean = (prof * ap.counts).sum(2, keepdims=True) / ap.counts.sum()
+        z = (prof - mean) * w
+        proj = ((z @ bases) ** 2).reshape(len(live), len(perms), n_periods, 2).sum(3).max(2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = proj / (z ** 2).sum(2)
+        keep = _beats(observed[live, None], share).all(1)
         live, resid = live[keep], resid[keep]
         if not len(live):
             break
