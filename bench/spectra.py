@@ -4,21 +4,29 @@ a Wilson 95% interval and the dominant periods; their overlap with the heuristic
 what the spectra cost beside the whole run; and their bytes beside neuron_op's.
 
     python bench/spectra.py [MODEL] [--steps 0,256,3000] [--hi 100] [--ops +-*/]
-                            [--layers 20,21] [--database-url URL]
+                            [--layers 20,21] [--shots 3] [--pairs 50] [--exact top:50]
+                            [--database-url URL]
+    python bench/spectra.py --markdown bench/results/spectra_builtin.json
 
 Defaults: the built-in model at every cached checkpoint, the demo's config (operands
 [0, 100)). Each checkpoint is catalogued into a scratch database on the server of
 --database-url (default: the catalog's), the answers read through the views, and the
-database dropped. Writes bench/results/spectra_<model>.json.
+database dropped. Writes bench/results/spectra_<model>.json and, from it, the tables the
+README and docs/periodic.md quote (spectra_<model>.md): per checkpoint, layer and axis the
+periodic maps of all operators with a Wilson 95% interval and the commonest periods, and
+the labels' agreement with the periodic account beside its base rate.
 """
 
 import argparse
+import json
+import math
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import _common  # noqa: F401  (sets the offline Hugging Face cache first)
-from _common import save
+from _common import RESULTS, save
 
 
 def main() -> int:
@@ -36,14 +44,24 @@ def main() -> int:
     p.add_argument("--hi", type=int, default=100)
     p.add_argument("--ops", default="+-*/")
     p.add_argument("--layers", default=None)
+    p.add_argument("--shots", type=int, default=None)
+    p.add_argument("--pairs", type=int, default=None)
+    p.add_argument("--exact", default=None)
     p.add_argument("--database-url", default=None)
+    p.add_argument("--markdown", default=None, help="only render this results file's tables")
     args = p.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return 0
     steps = ([int(s) for s in args.steps.split(",")] if args.steps
              else list_checkpoints(args.model) or [None])
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    config = ScienceConfig(operand_hi=args.hi, operators=tuple(args.ops), spectra=True)
+    extra = {k: v for k, v in (("shots", args.shots), ("pairs_per_op", args.pairs),
+                               ("exact", args.exact)) if v is not None}
+    config = ScienceConfig(operand_hi=args.hi, operators=tuple(args.ops), spectra=True, **extra)
     server = args.database_url or resolve_database_url()
-    out: dict = {"model": args.model, "config": {"operand_hi": args.hi, "ops": args.ops},
+    out: dict = {"model": args.model, "config": {"operand_hi": args.hi, "ops": args.ops,
+                                                 **extra},
                  "layers": layers, "checkpoints": []}
     for step in steps:
         lm = load_model(args.model, step, progress=False,
@@ -77,8 +95,64 @@ def main() -> int:
               f"(axes x ops x layers); spectra {c['spectra_s']:.1f} s of {total:.1f} s "
               f"({c['cost_share']:.1%}); columns {c['storage_share']:.1%} of neuron_op",
               file=sys.stderr)
-    save(f"spectra_{args.model.replace('/', '_')}", out)
+    name = f"spectra_{args.model.replace('/', '_')}"
+    save(name, out)
+    (RESULTS / f"{name}.md").write_text(markdown(out))
     return 0
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score 95% interval of k successes in n."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _pct(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} ({100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}])" if n else "-"
+
+
+def markdown(out: dict) -> str:
+    """The figures as markdown: periodic maps per checkpoint, layer and axis (all
+    operators pooled, with the commonest significant periods), then the labels'
+    agreement with the periodic account at each checkpoint."""
+    axes = ("op1", "op2", "result", "kv")
+    lines = [f"Model `{out['model']}`, config {json.dumps(out['config'])}.", "",
+             "| step | layer | " + " | ".join(axes) + " |",
+             "|---|---|" + "---|" * len(axes)]
+    for c in out["checkpoints"]:
+        cells: dict = {}
+        for e in c["by_axis"]:
+            k, n, periods = cells.setdefault((e["layer"], e["axis"]), [0, 0, {}])
+            cells[(e["layer"], e["axis"])][0] += e["n_periodic"]
+            cells[(e["layer"], e["axis"])][1] += e["n_live"]
+            for t, m in e["top_periods"]:
+                periods[t] = periods.get(t, 0) + m
+        for layer in sorted({k[0] for k in cells}):
+            row = []
+            for x in axes:
+                k, n, periods = cells.get((layer, x), [0, 0, {}])
+                top = sorted(periods.items(), key=lambda tm: -tm[1])[:3]
+                row.append(_pct(k, n) + (" " + ", ".join(f"T={t}: {m}" for t, m in top)
+                                         if top else ""))
+            lines.append(f"| {c['step']} | {layer} | " + " | ".join(row) + " |")
+    lines += ["", "| step | operator | labels | target | agree with the periodic account "
+              "| base rate among live maps |", "|---|---|---|---|---|---|"]
+    for c in out["checkpoints"]:
+        for o in c["overlap"]:
+            lines.append(f"| {c['step']} | `{o['op']}` | {o['family']} | {o['target']} | "
+                         f"{_pct(o['n_agree'], o['n_labelled'])} | "
+                         f"{_pct(o['n_base'], o['n_live'])} |")
+    lines += ["", "| step | spectra s | whole run s | share | spectrum bytes / neuron_op "
+              "bytes |", "|---|---|---|---|---|"]
+    for c in out["checkpoints"]:
+        lines.append(f"| {c['step']} | {c['spectra_s']:.1f} | {c['seconds_total']:.1f} | "
+                     f"{100 * c['cost_share']:.1f}% | {100 * c['storage_share']:.1f}% |")
+    return "\n".join(lines) + "\n"
 
 
 def _read(conn, step, total: float, seconds: dict) -> dict:

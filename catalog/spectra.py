@@ -346,18 +346,35 @@ def _null_beaten(ap: AxisProfile, null: AxisNull, fitted_prof: np.ndarray,
         live = live[_beats(observed[live, None], share).all(1)]
         if not len(live):
             return np.zeros(len(fitted), bool)
-    resid = ap.prof[live] - fitted_prof[live]
-    w = np.sqrt(ap.counts)
-    for d0 in range(0, len(null.perms), chunk // 2):  # the relabellings, a chunk at a time
-        perms = null.perms[d0:d0 + chunk // 2]
-        prof = fitted_prof[live, None, :] + resid[:, perms]  # (live, draws, values)
-        mean = (prof * ap.counts).sum(2, keepdims=True) / ap.counts.sum()
-        z = (prof - mean) * w
-        proj = ((z @ bases) ** 2).reshape(len(live), len(perms), n_periods, 2).sum(3).max(2)
+    # The relabelled nulls, a chunk at a time, by linearity: with R the residual profile
+    # and p a relabelling (value v takes R[p[v]]), the null profile F + R[p] projects on
+    # the weighted period columns B (orthogonal to the weighted constant) as
+    # (w F) B + R (w B)[p^-1], and its weighted sum of squares about its weighted mean
+    # comes from R, R^2 and c F against the counts relabelled: no null profile is built.
+    c = ap.counts.astype(np.float64)
+    wb = np.sqrt(c)[:, None] * bases
+    inv = np.argsort(null.perms, axis=1)  # value u goes to inv[u]
+    fit = fitted_prof[live]
+    resid = ap.prof[live] - fit
+    cf = c * fit
+    sum_cf, sum_cff = cf.sum(1), (cf * fit).sum(1)
+    for d0 in range(0, len(inv), chunk):
+        ip = inv[d0:d0 + chunk]  # (draws, values)
+        k = len(ip)
+        proj = pf[live, None, :] + (resid @ wb[ip].transpose(1, 0, 2).reshape(
+            len(c), -1)).reshape(len(live), k, -1)
+        top = (proj ** 2).reshape(len(live), k, n_periods, 2).sum(3).max(2)
+        c_p = c[ip]  # each value's count, carried to where its residual lands
+        sum_cr = resid @ c_p.T  # (live, draws)
+        sum_crr = (resid ** 2) @ c_p.T
+        sum_cfr = np.einsum("lv,ldv->ld", resid, cf[:, ip])
+        between = (sum_cff[:, None] + 2 * sum_cfr + sum_crr
+                   - (sum_cf[:, None] + sum_cr) ** 2 / c.sum())
         with np.errstate(invalid="ignore", divide="ignore"):
-            share = proj / (z ** 2).sum(2)
+            share = top / between
         keep = _beats(observed[live, None], share).all(1)
-        live, resid = live[keep], resid[keep]
+        live, resid, fit = live[keep], resid[keep], fit[keep]
+        cf, sum_cf, sum_cff = cf[keep], sum_cf[keep], sum_cff[keep]
         if not len(live):
             break
     out = np.zeros(len(fitted), bool)

@@ -258,3 +258,41 @@ def test_packed_columns_round_trip_within_their_steps():
     np.testing.assert_allclose(got["helix_r2"], s.helix_r2, atol=0.5 / 2000 + 1e-7)
     assert got["op1_periodic"][0] and got["op1_period"][0] == 6
     assert got["result_periodic"][1] and got["result_period"][1] == 10
+
+
+def _null_beaten_reference(ap, null, fitted, sigma, periods, observed):
+    """Every null profile built outright, one map and draw at a time."""
+    out = np.ones(len(ap.prof), bool)
+    for i in range(len(ap.prof)):
+        profiles = [fitted[i] + sigma[i] * e for e in null.noise]
+        profiles += [fitted[i] + (ap.prof[i] - fitted[i])[p] for p in null.perms]
+        for prof in profiles:
+            one = spectra.AxisProfile(ap.values, ap.counts, prof[None, :], ap.total[i:i + 1])
+            share = np.nanmax(spectra.period_shares(one, periods)[0])
+            out[i] &= bool(observed[i] > share * (1 + 1e-9) + 1e-12)
+    return out
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*"])
+def test_the_null_by_linearity_equals_null_profiles_built_outright(op):
+    """The null draws are scored by linearity, without building the profiles: the same
+    decisions as a slow reference that builds every null profile."""
+    rng = np.random.default_rng(41)
+    a, b, res = _grid(op, 1, 25)
+    n = 30
+    maps = rng.normal(size=(n, 25))[:, a - 1] + rng.normal(size=(n, 25))[:, b - 1] \
+        + rng.normal(size=(n, len(a)))
+    maps[:10] += 0.8 * np.cos(2 * np.pi * res / 4)
+    nulls = spectra.op_nulls(a, b, res, np.random.default_rng(3), n_null=19)
+    by = spectra.profile(maps, res)
+    sums = [spectra.profile(maps, v, by.total) for v in (a, b)]
+    mean = (by.prof * by.counts).sum(1, keepdims=True) / by.counts.sum()
+    fitted, sigma = nulls["result"].for_maps([(s.prof - mean) * s.counts for s in sums],
+                                             by.total)
+    periods = spectra.periods_for(by.values)
+    bases = spectra._period_bases(by.values, by.counts, periods)
+    observed = np.nanmax(spectra.period_shares(by, periods, bases), 1)
+    got = spectra._null_beaten(by, nulls["result"], fitted, sigma, bases, len(periods),
+                               observed)
+    want = _null_beaten_reference(by, nulls["result"], fitted, sigma, periods, observed)
+    assert np.array_equal(got, want) and 0 < got.sum() < n
