@@ -270,6 +270,19 @@ def neuron_ops(model_id, checkpoint_id, config_id, layer, neuron) -> pd.DataFram
 
 
 @st.cache_data(ttl=TTL)
+def spectrum(model_id, checkpoint_id, config_id, layer, neuron) -> pd.DataFrame:
+    """The neuron's row of ``neuron_spectrum`` per operator (empty without spectra)."""
+    axes = ("op1", "op2", "result", "kv")
+    cols = ", ".join(f"s.{x}_{c}" for x in axes for c in ("period", "share", "periodic"))
+    fits = ", ".join(f"s.{x}_{c}" for x in axes[:3] for c in ("fit", "linear"))
+    return query(
+        f"SELECT s.op, {cols}, {fits}, s.helix_r2 FROM neuron_spectrum s "
+        "WHERE s.model_id = :m AND s.checkpoint_id = :c AND s.config_id = :g "
+        "AND s.layer = :l AND s.neuron = :n ORDER BY s.op",
+        m=model_id, c=checkpoint_id, g=config_id, l=layer, n=neuron)
+
+
+@st.cache_data(ttl=TTL)
 def layer_patching(checkpoint_id, config_id, layer) -> dict:
     """op -> {"n_pairs", "n_exact", "spearman"} of one stored layer ({} if not recorded)."""
     df = query("SELECT patching FROM layer_result WHERE checkpoint_id = :c AND config_id = :g "

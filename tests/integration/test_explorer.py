@@ -202,6 +202,19 @@ def test_neuron_page_shows_grids_lens_matches_and_evolution(catalog_env):
     tables = [d.value for d in at.dataframe]
     match_table = next(t for t in tables if "label" in t.columns)
     assert len(match_table) == min(n, 200) and match_table.label.iloc[0] == best[0]
+    # the periodic structure (issue 34): a row per operator and axis, as the view has it
+    spectrum = next(t for t in tables if "axis" in t.columns)
+    with store.connect(catalog_env) as conn:
+        want = conn.execute(
+            "SELECT op, op1_period, op1_periodic, result_period, helix_r2 FROM neuron_spectrum "
+            "WHERE checkpoint_id = %s AND layer = 1 AND neuron = 5", (ck,)).fetchall()
+    assert want
+    got = spectrum.set_index(["operator", "axis"])
+    for op, period, periodic, result_period, helix in want:
+        assert got.loc[(op, "op1"), "period"] == period
+        assert bool(got.loc[(op, "op1"), "periodic"]) == periodic
+        assert got.loc[(op, "result"), "period"] == result_period
+        assert got.loc[(op, "result"), "helix R^2"] == pytest.approx(helix)
     # grids carry NaN where a cell is invalid (blank in the heatmap): '-' needs b <= a
     from ui import data
 

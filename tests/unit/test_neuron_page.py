@@ -58,3 +58,28 @@ def test_missing_effects_are_explained_by_the_pairs():
     assert neuron.no_effect_note(ops.iloc[:1], {"+": {"n_pairs": 50}}) is None
     other = neuron.no_effect_note(ops, {"*": {"n_pairs": 40}})
     assert "did not patch" in other
+
+
+def test_the_spectrum_table_has_a_row_per_operator_and_measured_axis():
+    """The neuron page's periodic structure (issue 34): one row per operator and axis with
+    a period, in the usual operator order; the KV axis has no fits; the helix R^2 sits on
+    the result row."""
+    def row(op, periodic_op1, kv_period):
+        r = {"op": op, "helix_r2": 0.4}
+        for x in ("op1", "op2", "result", "kv"):
+            r.update({f"{x}_period": 10, f"{x}_share": 0.5, f"{x}_periodic": False})
+        for x in ("op1", "op2", "result"):
+            r.update({f"{x}_fit": 0.6, f"{x}_linear": 0.1})
+        r["op1_periodic"] = periodic_op1
+        r["kv_period"] = kv_period
+        return r
+    spec = pd.DataFrame([row("*", False, None), row("+", True, 5)])
+    table = neuron.spectrum_table(spec)
+    assert list(table.operator) == ["+"] * 4 + ["*"] * 3
+    assert list(table.axis[:4]) == ["op1", "op2", "result", "result, KV map"]
+    plus = table[table.operator == "+"].set_index("axis")
+    assert plus.loc["op1", "periodic"] and not plus.loc["op2", "periodic"]
+    assert plus.loc["result, KV map", "period"] == 5
+    assert pd.isna(plus.loc["result, KV map", "fit R^2"])
+    assert plus.loc["result", "helix R^2"] == 0.4 and pd.isna(plus.loc["op1", "helix R^2"])
+    assert neuron.spectrum_table(spec.iloc[:0]).empty

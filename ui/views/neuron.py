@@ -80,6 +80,31 @@ def no_effect_note(ops: pd.DataFrame, patching: dict) -> str | None:
             "patch it (see its patching setting).")
 
 
+SPECTRUM_AXES = (("op1", "op1"), ("op2", "op2"), ("result", "result"),
+                 ("kv", "result, KV map"))
+
+
+def spectrum_table(spec: pd.DataFrame) -> pd.DataFrame:
+    """``data.spectrum`` turned: one row per operator and axis, the dominant period with
+    its share, whether it beats the null, and the fits (docs/method.md section 11)."""
+    order = {op: i for i, op in enumerate(OPERATORS)}
+    spec = spec.sort_values("op", key=lambda col: col.map(lambda o: order.get(o, len(order))))
+    rows = []
+    for _, r in spec.iterrows():
+        for x, name in SPECTRUM_AXES:
+            period = r[f"{x}_period"]
+            if period is None or pd.isna(period):
+                continue
+            rows.append({"operator": str(r["op"]), "axis": name, "period": int(period),
+                         "share": float(r[f"{x}_share"]),
+                         "periodic": bool(r[f"{x}_periodic"]),
+                         "fit R^2": (float(r[f"{x}_fit"]) if x != "kv" else None),
+                         "linear share": (float(r[f"{x}_linear"]) if x != "kv" else None),
+                         "helix R^2": float(r["helix_r2"]) if x == "result" else None})
+    return pd.DataFrame(rows, columns=["operator", "axis", "period", "share", "periodic",
+                                       "fit R^2", "linear share", "helix R^2"])
+
+
 def _params() -> dict | None:
     qp = st.query_params
     try:
@@ -185,6 +210,20 @@ def render() -> None:
                      hide_index=True)
         c2.dataframe(pd.DataFrame({"suppressed": lens["bottom_tokens"],
                                    "value": lens["bottom_values"]}), hide_index=True)
+
+    spec = data.spectrum(*p.values())
+    if not spec.empty:
+        st.markdown("#### Periodic structure")
+        st.caption("Per axis, the period whose cosine and sine explain most of the map's "
+                   "profile along that number, and that share; periodic: it beats the null "
+                   "of the other operands' effects (p = 0.01) and a cubic; fit R^2: a line "
+                   "and the three largest periods over the map's cells; linear share: the "
+                   "magnitude part; helix R^2: periods 2, 5, 10 and 100 of the result "
+                   "(docs/method.md section 11).")
+        st.dataframe(spectrum_table(spec), hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(format="%.2f")
+                                    for c in ("share", "fit R^2", "linear share",
+                                              "helix R^2")})
 
     st.markdown("#### Heuristic matches")
     st.caption("Score: share of the heuristic's cells among the neuron's top-k cells; base "
