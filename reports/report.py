@@ -32,6 +32,7 @@ from markdown_it import MarkdownIt
 
 from reports import circuits as report_circuits
 from reports import labels as report_labels
+from reports import periodic as report_periodic
 from schema import reads, store
 
 PAPER = {
@@ -70,6 +71,8 @@ class ReportData:
     sketch: list[bool] = field(default_factory=list)  # which of them are sketches
     circuits: report_circuits.CircuitData = field(default_factory=report_circuits.CircuitData)
     labels: report_labels.LabelData = field(default_factory=report_labels.LabelData)
+    periodic: report_periodic.PeriodicData = field(
+        default_factory=report_periodic.PeriodicData)
 
 
 def _share_se(k: int, n: int) -> tuple[float, float]:
@@ -162,6 +165,7 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
                   for op, layer, neuron, _, _ in data.top_neurons]
         data.circuits = report_circuits.gather(conn, *key)
         data.labels = report_labels.gather(conn, *key, config)
+        data.periodic = report_periodic.gather(conn, *key)
         data.grids = [g.values for g in stored]
         data.sketch = [g.sketch for g in stored]
     return data
@@ -217,6 +221,7 @@ def markdown(d: ReportData) -> str:
         fam = ", ".join(f"{f} {k}" for f, k in sorted(d.top_by_family.get(op, {}).items()))
         out.append(f"| {op} | {tk}/{tn} | {_fmt(tp)} ± {_fmt(tse)} | {ak}/{an} | "
                    f"{_fmt(ap)} ± {_fmt(ase)} | {fam or '-'} |")
+    out += report_periodic.markdown(d.periodic)
     out += ["", "## Knockouts", ""]
     for row in d.heuristic_knockouts[:10]:
         out.append(f"- `{row.get('op')}` {row.get('label')}: {row.get('n_neurons')} neurons "
@@ -296,6 +301,7 @@ def numbers(d: ReportData) -> dict:
             "top_labelled": d.top_labelled, "all_labelled": d.all_labelled,
             "top_by_family": d.top_by_family, "enrichment": d.labels.enrichment,
             "label_control": d.labels.control, "untrained_labelled": d.labels.untrained,
+            "periodic": report_periodic.numbers(d.periodic),
             "circuits": [{k: v for k, v in row.items() if not k.endswith("_id")}
                          for row in d.circuits.summaries],
             "top_neurons": [list(map(lambda x: float(x) if isinstance(x, np.floating) else x, t))

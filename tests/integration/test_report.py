@@ -8,7 +8,7 @@ import numpy as np
 
 from catalog.builtin import model_name
 from jobs.cli import main
-from reports.report import gather, markdown
+from reports.report import gather, markdown, numbers
 from schema import store
 
 from helpers import SEED_STEPS
@@ -50,6 +50,33 @@ def test_report_numbers_equal_sql(seeded):
     md = markdown(d)
     for op, (k, n) in d.top_labelled.items():
         assert f"| {op} | {k}/{n} |" in md
+
+
+def test_report_periodic_section_equals_the_stored_bits(seeded):
+    """Issue 34: the report's periodic maps per layer and axis are the rows of neuron_op
+    whose packed spectrum has that axis's bit, of its live rows with spectra (counted
+    here from the table, not through the views the report reads), and the section shows
+    each count."""
+    name = model_name(TINY)
+    d = gather(seeded, name, None, top_n=5)
+    with store.connect(seeded) as conn:
+        ck = conn.execute("SELECT c.id FROM checkpoint c JOIN model m ON m.id = c.model_id "
+                          "WHERE m.name = %s AND c.step = %s", (name, d.step)).fetchone()[0]
+        want = {}
+        for i, axis in enumerate(("op1", "op2", "result", "kv")):
+            for layer, k, n in conn.execute(
+                    f"SELECT layer, count(*) FILTER (WHERE (spec_helix & {1 << i}) <> 0), "
+                    "count(*) FROM neuron_op WHERE checkpoint_id = %s AND config_id = %s "
+                    "AND spec_helix IS NOT NULL AND NOT coalesce(constant, false) "
+                    "GROUP BY layer", (ck, d.config_id)):
+                want[(layer, axis)] = [k, n]
+    assert d.periodic.counts == want and sum(k for k, _ in want.values()) > 0
+    md = markdown(d)
+    assert "## Periodic structure" in md
+    for k, n in want.values():
+        assert f"{k}/{n}" in md
+    assert numbers(d)["periodic"]["counts"] == {f"{la}/{x}": v
+                                                for (la, x), v in sorted(want.items())}
 
 
 def test_ncat_report_writes_html_and_markdown(seeded, tmp_path, capsys):
