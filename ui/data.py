@@ -116,6 +116,11 @@ class Filters:
     min_effect: float | None = None
     max_rank: int | None = None
     sort: str = "effect"
+    periodic: str | None = None  # an axis of SPECTRUM_AXES, or "any": periodic there
+    period: int | None = None  # with ``periodic``: that axis's dominant period
+
+
+SPECTRUM_AXES = ("op1", "op2", "result", "kv")  # the bits of neuron_op.spec_helix, in order
 
 
 SORTS = {"effect": "abs(n.rank_value) DESC NULLS LAST", "rank": "n.rank ASC",
@@ -139,6 +144,20 @@ def _where(f: Filters) -> tuple[str, dict]:
     if f.max_rank is not None:
         cond.append("n.rank <= :max_rank")
         params["max_rank"] = f.max_rank
+    if f.periodic:
+        # the packed spectrum (migration 0024): a bit per axis, the period in {axis}_spec
+        axes = SPECTRUM_AXES if f.periodic == "any" else (f.periodic,)
+        if f.periodic != "any" and f.periodic not in SPECTRUM_AXES:
+            raise ValueError(f"periodic must be 'any' or one of {SPECTRUM_AXES}, "
+                             f"not {f.periodic!r}")
+        parts = []
+        for x in axes:
+            bit = 1 << SPECTRUM_AXES.index(x)
+            parts.append(f"((n.spec_helix & {bit}) <> 0"
+                         + (f" AND n.{x}_spec / 300 = :period)" if f.period else ")"))
+        cond.append("(" + " OR ".join(parts) + ")")
+        if f.period:
+            params["period"] = f.period
     if f.family or f.label or f.min_score > 0:
         # constants (not correlations) so PostgreSQL prunes to one partition and hashes
         # the matching (layer, neuron, op) set once

@@ -175,6 +175,37 @@ def test_search_filters_and_pages_server_side(catalog_env):
     assert not seen & set(zip(second.layer, second.neuron, second.op, strict=True))
 
 
+def test_search_filters_periodic_maps_by_axis_and_period(catalog_env):
+    """Issue 34's period filter: the rows whose packed spectrum has the axis's bit, and
+    with a period, whose packed period is it (counted here from the table directly)."""
+    at = run_page("search")
+
+    def count(where: str) -> int:
+        with store.connect(catalog_env) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM neuron_op n JOIN checkpoint c ON c.id = n.checkpoint_id "
+                f"WHERE c.step = 300 AND {where}").fetchone()[0]
+    any_axis = count("(n.spec_helix & 15) <> 0")
+    assert any_axis > 0
+    at.selectbox(key="s-periodic").select("any").run()
+    assert f"**{any_axis}** neuron-operator rows match" in text_of(at)
+    with store.connect(catalog_env) as conn:
+        axis, period = conn.execute(  # the commonest (axis, period) of result and KV
+            "SELECT a.axis, a.spec / 300 FROM neuron_op n JOIN checkpoint c ON "
+            "c.id = n.checkpoint_id CROSS JOIN LATERAL (VALUES ('result', 4, n.result_spec), "
+            "('kv', 8, n.kv_spec)) AS a(axis, bit, spec) "
+            "WHERE c.step = 300 AND (n.spec_helix & a.bit) <> 0 "
+            "GROUP BY 1, 2 ORDER BY count(*) DESC, 1, 2 LIMIT 1").fetchone()
+    bit = 4 if axis == "result" else 8
+    want = count(f"(n.spec_helix & {bit}) <> 0 AND n.{axis}_spec / 300 = {period}")
+    at.selectbox(key="s-periodic").select(axis).run()
+    at.number_input(key="s-period").set_value(period).run()
+    assert 0 < want < any_axis + 1
+    assert f"**{want}** neuron-operator rows match" in text_of(at)
+    rows = at.dataframe[0].value
+    assert len(rows) == min(want, 50)
+
+
 def test_neuron_page_shows_grids_lens_matches_and_evolution(catalog_env):
     model_id, ck, config_id = ids(catalog_env)
     at = run_page("neuron", dict(model_id=model_id, checkpoint_id=ck, config_id=config_id,

@@ -32,12 +32,23 @@ def render() -> None:
     max_rank = c7.number_input("Max rank", min_value=0, value=None, placeholder="any",
                                key="s-rank")
     sort = c8.selectbox("Sort by", list(data.SORTS), key="s-sort")
+    c9, c10, _, _ = st.columns(4)
+    periodic = c9.selectbox(
+        "Periodic on", ["—", "any", *data.SPECTRUM_AXES], key="s-periodic",
+        help="maps whose dominant period on this axis (kv: the KV map along the result) "
+             "beats the null of the other operands' effects (docs/method.md section 11); "
+             "needs a config measured with spectra on")
+    period = c10.number_input("Period", min_value=2, max_value=100, value=None,
+                              placeholder="any", key="s-period",
+                              disabled=periodic == "—")
     f = data.Filters(
         model_id=int(model.id), checkpoint_id=int(ck.checkpoint_id), config_id=config_id,
         layer=None if layer == "any" else int(layer), op=None if op == "any" else op,
         family=None if family == "any" else family, label=label.strip(),
         min_score=float(min_score), min_effect=min_effect,
-        max_rank=None if max_rank is None else int(max_rank), sort=sort)
+        max_rank=None if max_rank is None else int(max_rank), sort=sort,
+        periodic=None if periodic == "—" else periodic,
+        period=None if periodic == "—" or period is None else int(period))
     page = int(st.session_state.get("search-page", 0))
     cap = data.COUNT_CAP
     rows, total = data.search(f, page, PAGE_SIZE, cap)
