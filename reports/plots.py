@@ -80,6 +80,22 @@ def evolution_lines(df: pd.DataFrame, column: str, title: str) -> go.Figure:
     return fig
 
 
+AXIS_COLORS = {"op1": "#1f77b4", "op2": "#ff7f0e", "result": "#2ca02c", "kv": "#9467bd"}
+
+
+def periodic_lines(df: pd.DataFrame, title: str) -> go.Figure:
+    """The share of periodic maps per axis over training steps (``data.
+    periodic_through_training`` of one config), on the same step axis as
+    ``evolution_lines``."""
+    fig = evolution_lines(df.rename(columns={"axis": "op"}), "share", title)
+    for trace in fig.data:
+        trace.line.color = AXIS_COLORS.get(trace.name, trace.line.color)
+        trace.marker.color = trace.line.color
+    fig.update_layout(legend_title_text="axis")
+    fig.update_yaxes(title="share of live maps", rangemode="tozero")
+    return fig
+
+
 # one colour per heuristic family in every chart
 FAMILY_COLORS = {"range": "#1f77b4", "modulo": "#ff7f0e", "pattern": "#2ca02c",
                  "value": "#d62728", "identical": "#9467bd", "multi_result": "#8c564b"}

@@ -339,6 +339,29 @@ def evolution(model_id, config_id, layer, neuron) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL)
+def periodic_through_training(model_id: int) -> pd.DataFrame:
+    """Per config, step and axis, the share of live maps whose dominant period is
+    significant (the packed bits of neuron_op.spec_helix); empty, after one probe of a
+    partial index, for a model without periodic maps (most catalogs measure no spectra)."""
+    probe = " OR ".join(f"EXISTS (SELECT 1 FROM neuron_op WHERE model_id = :m AND "
+                        f"(spec_helix & {1 << i}) <> 0)" for i in range(len(SPECTRUM_AXES)))
+    if not bool(query(f"SELECT {probe} AS any_periodic", m=model_id).any_periodic[0]):
+        return pd.DataFrame(columns=["config_id", "step", "axis", "share", "n_periodic",
+                                     "n_live"])
+    sums = ", ".join(f"count(*) FILTER (WHERE (n.spec_helix & {1 << i}) <> 0) AS {x}"
+                     for i, x in enumerate(SPECTRUM_AXES))
+    wide = query(
+        f"SELECT n.config_id, c.step, {sums}, count(*) AS n_live FROM neuron_op n "
+        "JOIN checkpoint c ON c.id = n.checkpoint_id WHERE n.model_id = :m "
+        "AND n.spec_helix IS NOT NULL AND NOT coalesce(n.constant, false) "
+        "GROUP BY n.config_id, c.step ORDER BY n.config_id, c.step", m=model_id)
+    long = wide.melt(id_vars=["config_id", "step", "n_live"], value_vars=list(SPECTRUM_AXES),
+                     var_name="axis", value_name="n_periodic")
+    return long.assign(share=long.n_periodic / long.n_live)[
+        ["config_id", "step", "axis", "share", "n_periodic", "n_live"]]
+
+
+@st.cache_data(ttl=TTL)
 def census(model_id: int, config_id: int) -> pd.DataFrame:
     return query("SELECT step, op, family, circuit_neurons FROM heuristic_census "
                  "WHERE model_id = :m AND config_id = :g ORDER BY step, op, family",

@@ -58,6 +58,24 @@ def test_overview_lists_models_checkpoints_and_accuracy(catalog_env):
                            "ON c.id = s.checkpoint_id WHERE c.step = 300").fetchone()[0]
     assert table["acc +"].iloc[0] == pytest.approx(float(acc))
     assert "No jobs yet" in text_of(at)
+    # periodic maps through training (issue 34): the chart is drawn from these shares,
+    # per step and axis, equal to the bits counted here
+    assert any("Periodic maps through training" in c.proto.spec
+               for c in at.get("plotly_chart"))
+    from ui import data
+
+    model_id = ids(catalog_env)[0]
+    shares = data.periodic_through_training.__wrapped__(model_id)
+    with store.connect(catalog_env) as conn:
+        want = conn.execute(
+            "SELECT c.step, count(*) FILTER (WHERE (n.spec_helix & 1) <> 0), count(*) "
+            "FROM neuron_op n JOIN checkpoint c ON c.id = n.checkpoint_id "
+            "WHERE n.spec_helix IS NOT NULL AND NOT coalesce(n.constant, false) "
+            "GROUP BY c.step ORDER BY c.step").fetchall()
+    op1 = shares[shares.axis == "op1"].sort_values("step")
+    assert list(zip(op1.step, op1.n_periodic, op1.n_live, strict=True)) == \
+        [tuple(r) for r in want]
+    np.testing.assert_allclose(op1.share, [k / n for _, k, n in want])
     # the report of the chosen checkpoint, built on demand (ncat report's numbers)
     at.button(key=next(b.key for b in at.button if b.key.startswith("repb-"))).click().run()
     assert not at.exception, [e.value for e in at.exception]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from reports import plots
 from schema.jobs import at_checkpoint
 from ui import data
 from ui.views.common import EMPTY
@@ -60,6 +61,17 @@ def render() -> None:
                        "carries a heuristic label, beside a random set of as many other "
                        "neurons of the same layer; the report gives intervals and the exact "
                        "test (docs/method.md section 7)")
+        # through training: checkpoints with a step (a model's final weights have none)
+        periodic = data.periodic_through_training(int(model.id)).dropna(subset=["step"])
+        if not periodic.empty:
+            config_id = periodic.groupby("config_id").step.nunique().idxmax()
+            st.plotly_chart(plots.periodic_lines(
+                periodic[periodic.config_id == config_id],
+                f"Periodic maps through training (config {config_id})"),
+                key=f"periodic-{model.id}")
+            st.caption("Share of live maps (every layer and operator) whose dominant period "
+                       "on the axis beats the null of the other operands' effects; about 1% "
+                       "by chance (docs/method.md section 11, docs/periodic.md)")
         report_button(model.name, cks)
     st.subheader("Jobs")
     jobs_panel()
