@@ -107,7 +107,8 @@ def profile(maps: np.ndarray, axis: np.ndarray, total: np.ndarray | None = None)
     values, starts, counts = np.unique(axis[order], return_index=True, return_counts=True)
     if len(values) == 0:
         return AxisProfile(values, counts, np.zeros((len(maps), 0)), np.zeros(len(maps)))
-    if len(values) <= ONE_HOT_MAX:  # one matrix product beats gathering every map's cells
+    if len(values) <= ONE_HOT_MAX and len(maps) >= 64:
+        # one matrix product beats gathering every map's cells (for many maps)
         onehot = np.zeros((len(axis), len(values)), maps.dtype)
         onehot[np.arange(len(axis)), np.searchsorted(values, axis)] = 1
         sums = (maps @ onehot).astype(np.float64)
@@ -292,10 +293,11 @@ class AxisNull:
              rng: np.random.Generator, n_null: int = N_NULL) -> AxisNull:
         xi = rng.standard_normal((n_null, len(axis_codes)))
         xi -= xi.mean(1, keepdims=True)
-        xi_sums = [profile(xi, c).prof * np.bincount(c, minlength=k)
+        unused = np.zeros(n_null)  # the draws' sums of squares are not needed
+        xi_sums = [profile(xi, c, unused).prof * np.bincount(c, minlength=k)
                    for c, k in zip(nuisance.codes, nuisance.sizes, strict=True)]
-        xi_beta, _ = nuisance.fit(nuisance.xty(xi_sums), np.zeros(n_null))
-        noise = profile(xi - nuisance.at_cells(xi_beta), axis_codes).prof
+        xi_beta, _ = nuisance.fit(nuisance.xty(xi_sums), unused)
+        noise = profile(xi - nuisance.at_cells(xi_beta), axis_codes, unused).prof
         perms = np.stack([rng.permutation(n_values) for _ in range(n_null)])
         return cls(nuisance, nuisance.axis_means(axis_codes, n_values), noise, perms)
 
