@@ -92,10 +92,10 @@ class AxisProfile:
 
     def weighted(self) -> np.ndarray:
         """sqrt(count) x (profile - its cell-weighted mean): the values whose squares sum
-        to the map's variance between axis values. A value of few cells (the ends of a
-        sum's result axis, a prime product) has a noisier mean: weighted so, those values
-        are exchangeable under the null, which raw means are not (unweighted, 44% of an
-        untrained model's result profiles beat permuted ones)."""
+        to the map's variance between axis values, so that a share is a share of the
+        map's variance (a least-squares fit over cells), and a value of few cells (the
+        ends of a sum's result axis, a prime product), whose mean is noisier, weighs
+        less."""
         mean = (self.prof * self.counts).sum(1, keepdims=True) / self.counts.sum()
         return (self.prof - mean) * np.sqrt(self.counts)
 
