@@ -361,22 +361,14 @@ CREATE TABLE neuron_op (
     constant boolean,
     best_bottom boolean,
     labelled boolean,
-    spec_periodic smallint,
-    op1_period smallint,
-    op2_period smallint,
-    result_period smallint,
-    kv_period smallint,
-    op1_share smallint,
-    op2_share smallint,
-    result_share smallint,
-    kv_share smallint,
-    op1_fit smallint,
-    op2_fit smallint,
-    result_fit smallint,
-    op1_linear smallint,
-    op2_linear smallint,
-    result_linear smallint,
-    helix_r2 smallint,
+    spec_helix smallint,
+    op1_spec smallint,
+    op2_spec smallint,
+    result_spec smallint,
+    kv_spec smallint,
+    op1_fitlin smallint,
+    op2_fitlin smallint,
+    result_fitlin smallint,
     CONSTRAINT neuron_op_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
 ) PARTITION BY HASH (model_id);
 -- grants on neuron_op: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
@@ -448,13 +440,13 @@ CREATE UNIQUE INDEX model_pkey ON public.model USING btree (id);
 CREATE UNIQUE INDEX neuron_grid_pkey ON ONLY public.neuron_grid USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
 CREATE UNIQUE INDEX neuron_lens_pkey ON ONLY public.neuron_lens USING btree (model_id, checkpoint_id, config_id, layer, neuron);
 CREATE INDEX ix_neuron_op_effect_size ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, abs(rank_value) DESC NULLS LAST);
-CREATE INDEX ix_neuron_op_kv_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, kv_period) WHERE (((spec_periodic)::integer & 8) <> 0);
+CREATE INDEX ix_neuron_op_kv_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, ((kv_spec / 300))) WHERE (((spec_helix)::integer & 8) <> 0);
 CREATE INDEX ix_neuron_op_neuron ON ONLY public.neuron_op USING btree (model_id, layer, neuron, op);
-CREATE INDEX ix_neuron_op_op1_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op1_period) WHERE (((spec_periodic)::integer & 1) <> 0);
-CREATE INDEX ix_neuron_op_op2_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op2_period) WHERE (((spec_periodic)::integer & 2) <> 0);
+CREATE INDEX ix_neuron_op_op1_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, ((op1_spec / 300))) WHERE (((spec_helix)::integer & 1) <> 0);
+CREATE INDEX ix_neuron_op_op2_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, ((op2_spec / 300))) WHERE (((spec_helix)::integer & 2) <> 0);
 CREATE INDEX ix_neuron_op_rank ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, op, rank);
 CREATE INDEX ix_neuron_op_rank_order ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, rank);
-CREATE INDEX ix_neuron_op_result_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, result_period) WHERE (((spec_periodic)::integer & 4) <> 0);
+CREATE INDEX ix_neuron_op_result_period ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, ((result_spec / 300))) WHERE (((spec_helix)::integer & 4) <> 0);
 CREATE INDEX ix_neuron_op_score_order ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, best_score DESC NULLS LAST, layer, neuron, op);
 CREATE UNIQUE INDEX neuron_op_pkey ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
 CREATE INDEX ix_neuron_score_checkpoint_heuristic ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, heuristic_id, score);
@@ -735,31 +727,31 @@ CREATE VIEW neuron_spectrum AS
     n.layer,
     n.neuron,
     n.op,
-    n.op1_period,
-    n.op1_share::double precision / '10000'::numeric::double precision AS op1_share,
-    (n.spec_periodic::integer & 1) <> 0 AS op1_periodic,
-    n.op2_period,
-    n.op2_share::double precision / '10000'::numeric::double precision AS op2_share,
-    (n.spec_periodic::integer & 2) <> 0 AS op2_periodic,
-    n.result_period,
-    n.result_share::double precision / '10000'::numeric::double precision AS result_share,
-    (n.spec_periodic::integer & 4) <> 0 AS result_periodic,
-    n.kv_period,
-    n.kv_share::double precision / '10000'::numeric::double precision AS kv_share,
-    (n.spec_periodic::integer & 8) <> 0 AS kv_periodic,
-    n.op1_fit::double precision / '10000'::numeric::double precision AS op1_fit,
-    n.op2_fit::double precision / '10000'::numeric::double precision AS op2_fit,
-    n.result_fit::double precision / '10000'::numeric::double precision AS result_fit,
-    n.op1_linear::double precision / '10000'::numeric::double precision AS op1_linear,
-    n.op2_linear::double precision / '10000'::numeric::double precision AS op2_linear,
-    n.result_linear::double precision / '10000'::numeric::double precision AS result_linear,
-    n.helix_r2::double precision / '10000'::numeric::double precision AS helix_r2,
+    n.op1_spec / 300 AS op1_period,
+    (n.op1_spec::integer % 300)::double precision / 299::double precision AS op1_share,
+    (n.spec_helix::integer & 1) <> 0 AS op1_periodic,
+    n.op2_spec / 300 AS op2_period,
+    (n.op2_spec::integer % 300)::double precision / 299::double precision AS op2_share,
+    (n.spec_helix::integer & 2) <> 0 AS op2_periodic,
+    n.result_spec / 300 AS result_period,
+    (n.result_spec::integer % 300)::double precision / 299::double precision AS result_share,
+    (n.spec_helix::integer & 4) <> 0 AS result_periodic,
+    n.kv_spec / 300 AS kv_period,
+    (n.kv_spec::integer % 300)::double precision / 299::double precision AS kv_share,
+    (n.spec_helix::integer & 8) <> 0 AS kv_periodic,
+    (n.op1_fitlin / 181)::double precision / 180::double precision AS op1_fit,
+    (n.op2_fitlin / 181)::double precision / 180::double precision AS op2_fit,
+    (n.result_fitlin / 181)::double precision / 180::double precision AS result_fit,
+    (n.op1_fitlin::integer % 181)::double precision / 180::double precision AS op1_linear,
+    (n.op2_fitlin::integer % 181)::double precision / 180::double precision AS op2_linear,
+    (n.result_fitlin::integer % 181)::double precision / 180::double precision AS result_linear,
+    (n.spec_helix >> 4)::double precision / 2000::double precision AS helix_r2,
     n.model_id,
     n.checkpoint_id
    FROM neuron_op n
      JOIN model m ON m.id = n.model_id
      JOIN checkpoint c ON c.id = n.checkpoint_id
-  WHERE n.spec_periodic IS NOT NULL AND NOT COALESCE(n.constant, false);
+  WHERE n.spec_helix IS NOT NULL AND NOT COALESCE(n.constant, false);
 -- grants on neuron_spectrum: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW period_distribution AS
@@ -773,8 +765,8 @@ CREATE VIEW period_distribution AS
             a.period,
             a.periodic
            FROM neuron_op n
-             CROSS JOIN LATERAL ( VALUES ('op1'::text,n.op1_period,(n.spec_periodic::integer & 1) <> 0), ('op2'::text,n.op2_period,(n.spec_periodic::integer & 2) <> 0), ('result'::text,n.result_period,(n.spec_periodic::integer & 4) <> 0), ('kv'::text,n.kv_period,(n.spec_periodic::integer & 8) <> 0)) a(axis, period, periodic)
-          WHERE n.spec_periodic IS NOT NULL AND NOT COALESCE(n.constant, false)
+             CROSS JOIN LATERAL ( VALUES ('op1'::text,n.op1_spec / 300,(n.spec_helix::integer & 1) <> 0), ('op2'::text,n.op2_spec / 300,(n.spec_helix::integer & 2) <> 0), ('result'::text,n.result_spec / 300,(n.spec_helix::integer & 4) <> 0), ('kv'::text,n.kv_spec / 300,(n.spec_helix::integer & 8) <> 0)) a(axis, period, periodic)
+          WHERE n.spec_helix IS NOT NULL AND NOT COALESCE(n.constant, false)
         ), live AS (
          SELECT maps.model_id,
             maps.checkpoint_id,
@@ -828,47 +820,20 @@ CREATE VIEW period_label_overlap AS
             n.layer,
             n.neuron,
             n.op,
-            n.max_act,
-            n.mean_act,
-            n.density,
-            n.effect_exact,
-            n.effect_exact_std,
-            n.effect_attr,
-            n.effect_attr_std,
-            n.rank,
-            n.op_accuracy,
-            n.best_heuristic_id,
-            n.best_score,
-            n.effect_log,
-            n.effect_median,
-            n.effect_trimmed,
-            n.moved_share,
-            n.rank_value,
-            n.is_exact,
-            n.constant,
-            n.best_bottom,
-            n.labelled,
-            n.spec_periodic,
-            n.op1_period,
-            n.op2_period,
-            n.result_period,
-            n.kv_period,
-            n.op1_share,
-            n.op2_share,
-            n.result_share,
-            n.kv_share,
-            n.op1_fit,
-            n.op2_fit,
-            n.result_fit,
-            n.op1_linear,
-            n.op2_linear,
-            n.result_linear,
-            n.helix_r2,
-            (n.spec_periodic::integer & 1) <> 0 AS p1,
-            (n.spec_periodic::integer & 2) <> 0 AS p2,
-            (n.spec_periodic::integer & 4) <> 0 AS pr
+            (n.spec_helix::integer & 1) <> 0 AS p1,
+            (n.spec_helix::integer & 2) <> 0 AS p2,
+            (n.spec_helix::integer & 4) <> 0 AS pr,
+            n.op1_spec / 300 AS op1_period,
+            n.op2_spec / 300 AS op2_period,
+            n.result_spec / 300 AS result_period,
+            (n.op1_spec::integer % 300)::double precision / 299::double precision AS op1_share,
+            (n.op2_spec::integer % 300)::double precision / 299::double precision AS op2_share,
+            (n.result_spec::integer % 300)::double precision / 299::double precision AS result_share,
+            (n.op1_fitlin::integer % 181)::double precision / 180::double precision AS op1_linear,
+            (n.op2_fitlin::integer % 181)::double precision / 180::double precision AS op2_linear,
+            (n.result_fitlin::integer % 181)::double precision / 180::double precision AS result_linear
            FROM neuron_op n
-          WHERE n.spec_periodic IS NOT NULL AND NOT COALESCE(n.constant, false)
+          WHERE n.spec_helix IS NOT NULL AND NOT COALESCE(n.constant, false)
         ), axis AS (
          SELECT l.model_id,
             l.checkpoint_id,
@@ -910,7 +875,7 @@ CREATE VIEW period_label_overlap AS
             l.target,
             bool_or(
                 CASE
-                    WHEN l.family::text = 'modulo'::text THEN a.periodic AND (l.modulus % a.period::integer) = 0
+                    WHEN l.family::text = 'modulo'::text THEN a.periodic AND (l.modulus % a.period) = 0
                     ELSE a.linear > a.share
                 END) OVER (PARTITION BY l.model_id, l.checkpoint_id, l.config_id, l.layer, l.neuron, l.op, l.family, l.target) AS agrees
            FROM labels l
