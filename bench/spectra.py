@@ -19,7 +19,6 @@ the labels' agreement with the periodic account beside its base rate.
 
 import argparse
 import json
-import math
 import sys
 import time
 import uuid
@@ -101,19 +100,10 @@ def main() -> int:
     return 0
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score 95% interval of k successes in n."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def _pct(k: int, n: int) -> str:
-    lo, hi = wilson(k, n)
-    return f"{k}/{n} ({100 * k / n:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}])" if n else "-"
+    from reports.periodic import share_text  # k/n, the share and its Wilson interval
+
+    return share_text(k, n)
 
 
 def markdown(out: dict) -> str:

@@ -51,7 +51,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def _share(k: int, n: int) -> str:
+def share_text(k: int, n: int) -> str:
     if not n:
         return "-"
     lo, hi = wilson(k, n)
@@ -73,7 +73,7 @@ def markdown(d: PeriodicData) -> list[str]:
         for x in AXES:
             k, n = d.counts.get((layer, x), [0, 0])
             top = sorted(d.periods.get((layer, x), {}).items(), key=lambda tm: (-tm[1], tm[0]))
-            cells.append(_share(k, n) + ("; " + ", ".join(f"T={t}: {m}" for t, m in top[:3])
+            cells.append(share_text(k, n) + ("; " + ", ".join(f"T={t}: {m}" for t, m in top[:3])
                                          if top else ""))
         out.append(f"| {layer} | " + " | ".join(cells) + " |")
     if d.overlap:
@@ -83,8 +83,8 @@ def markdown(d: PeriodicData) -> list[str]:
                 "all live maps of the same layers:", "",
                 "| op | labels | target | agree | base rate |", "|---|---|---|---|---|"]
         for op, family, target, n_lab, n_agree, n_live, n_base in d.overlap:
-            out.append(f"| {op} | {family} | {target} | {_share(n_agree, n_lab)} | "
-                       f"{_share(n_base, n_live)} |")
+            out.append(f"| {op} | {family} | {target} | {share_text(n_agree, n_lab)} | "
+                       f"{share_text(n_base, n_live)} |")
     return out
 
 
