@@ -36,7 +36,7 @@ from transformer_lens.utilities import get_act_name
 
 from catalog import effects
 from catalog.ablation import z_hook_name
-from catalog.grids import PrefixRunner, final_logits
+from catalog.grids import PrefixRunner, cache_keys, final_logits
 from catalog.patching import effect_from_logprobs, gradient_tap, log_effect, pair_batches
 from catalog.prompts import PromptTable
 from catalog.vocab import ROLES
@@ -249,8 +249,8 @@ def _exact_at(runner: PrefixRunner, got: dict[str, torch.Tensor], op: int, skip:
         keys: list[torch.Tensor | None] = [None] * n_layers
         values: list[torch.Tensor | None] = [None] * n_layers
         for lay in range(layer, n_layers):
-            k = got[get_act_name("k", lay)][rows, :p]
-            v = got[get_act_name("v", lay)][rows, :p]
+            k, v = cache_keys(model, lay, got[get_act_name("k", lay)][rows, :p],
+                              got[get_act_name("v", lay)][rows, :p])
             if prefix is not None:
                 pk, pv = prefix.entries[lay].past_keys, prefix.entries[lay].past_values
                 k = torch.cat([pk.expand(n, -1, -1, -1), k], dim=1)

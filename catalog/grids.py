@@ -18,6 +18,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
+from transformer_lens.utilities.activation_functions import apply_softcap
 
 from catalog.prompts import PromptTable
 
@@ -45,15 +46,18 @@ def final_logits(
     float32 copy of W_U kept with the model): rounded to bfloat16, a logit near 10 moves
     in steps of 0.06, which would quantize every patching effect of a small neuron to 0
     or to one step. Probabilities, effects and their logarithms are then float32 too;
-    float32 and float64 models are unembedded as they are."""
+    float32 and float64 models are unembedded as they are. A soft cap on the logits
+    (Gemma 2) is applied as the model's forward applies it."""
     ln = getattr(model, "ln_final", None)
     if resid.dtype in (torch.float32, torch.float64):
-        return model.unembed(ln(resid) if ln is not None else resid)
-    x = resid.float()
-    if ln is not None:
-        x = _norm_float(ln, x)
-    w_u, b_u = _float_unembed(model)
-    return x @ w_u + b_u
+        logits = model.unembed(ln(resid) if ln is not None else resid)
+    else:
+        x = resid.float()
+        if ln is not None:
+            x = _norm_float(ln, x)
+        w_u, b_u = _float_unembed(model)
+        logits = x @ w_u + b_u
+    return apply_softcap(logits, model.cfg.output_logits_soft_cap)
 
 
 def _norm_float(ln: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -98,6 +102,29 @@ def prefix_cache(model: HookedTransformer, prefix: np.ndarray) -> TransformerLen
     tokens = torch.from_numpy(prefix[None]).to(model.cfg.device)
     model(tokens, past_kv_cache=cache, attention_mask=torch.ones_like(tokens))
     return cache
+
+
+# architectures whose query/key norm acts on all heads' vectors at once (TransformerLens's
+# attention applies it before splitting heads for these, per head for the others)
+_WHOLE_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
+
+
+def cache_keys(model: HookedTransformer, layer: int, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values as a key/value cache entry holds them, from what ``hook_k`` and
+    ``hook_v`` see: TransformerLens appends keys to the cache after the query/key norm
+    (Qwen 3, Gemma 3, OLMo 2) and the clipping (OLMo), which come after those hooks.
+    Without this, a single-position forward attending to hooked keys computed a
+    different model on those architectures (tests/unit/test_architectures.py)."""
+    cfg, attn = model.cfg, model.blocks[layer].attn
+    if cfg.original_architecture in _WHOLE_VECTOR_QK_NORM and attn.k_norm is not None:
+        k = attn.k_norm(k.flatten(-2)).view(k.shape)
+    elif cfg.use_qk_norm and attn.k_norm is not None:
+        k = attn._apply_qk_norm(k, attn.k_norm)
+    if cfg.clip_qkv is not None:
+        k = k.clamp(-cfg.clip_qkv, cfg.clip_qkv)
+        v = v.clamp(-cfg.clip_qkv, cfg.clip_qkv)
+    return k, v
 
 
 def expand_cache(cache: TransformerLensKeyValueCache, batch: int) -> TransformerLensKeyValueCache:

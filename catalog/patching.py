@@ -39,6 +39,7 @@ from transformer_lens.utilities import get_act_name
 
 from catalog.grids import (
     PrefixRunner,
+    cache_keys,
     final_logits,
     last_activations,
     mlp_width,
@@ -119,6 +120,20 @@ def _last_position_forward(
     return final_logits(model, h)[:, 0]
 
 
+def mlp_output_norm(model: HookedTransformer, layer: int) -> torch.nn.Module | None:
+    """The norm a block applies to its MLP's output before adding it to the residual, where
+    it has one: Gemma 2 and 3 (a norm before and after each sublayer), OLMo 2 (after only).
+    None for the others, where a neuron adds its activation times its W_out row."""
+    from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+    block = model.blocks[layer]
+    if model.cfg.use_normalization_before_and_after:
+        return block.ln2_post
+    if model.cfg.original_architecture in POST_NORM_ARCHITECTURES:
+        return block.ln2
+    return None
+
+
 @torch.no_grad()
 def exact_patching(
     model: HookedTransformer,
@@ -151,6 +166,9 @@ def exact_patching(
     w_out = model.W_out[layer][sel_t]  # (n_neurons, d_model)
     later = list(range(layer + 1, n_layers))
     names = {get_act_name("resid_post", layer), post_hook_name(layer)}
+    post_norm = mlp_output_norm(model, layer)
+    if post_norm is not None:
+        names.add(get_act_name("resid_mid", layer))
     for lay in later:
         names |= {get_act_name("k", lay), get_act_name("v", lay)}
     runner = PrefixRunner(model, table, reuse_prefix)
@@ -167,10 +185,18 @@ def exact_patching(
         runner.last_logits(group, skip, fwd_hooks=[(n, grab) for n in names])
         resid = cache[get_act_name("resid_post", layer)][:, -1]  # (P, d_model)
         act_clean = cache[post_hook_name(layer)][:, -1][:, sel_t]  # (P, n_neurons)
+        if post_norm is not None:
+            # the MLP's output is normalised before the residual adds it: a neuron moves
+            # the residual by norm(out + delta w_out) - norm(out), not by delta w_out; the
+            # clean residual is rebuilt the same way, so that equal inputs round equally
+            resid_mid = cache[get_act_name("resid_mid", layer)][:, -1]
+            mlp_raw = (cache[post_hook_name(layer)][:, -1] @ model.W_out[layer]
+                       + model.b_out[layer])  # (P, d_model), before the norm
+            resid = resid_mid + post_norm(mlp_raw)
         delta_all = torch.as_tensor(cf_acts[pb.positions][:, sel_all], device=device,
                                     dtype=act_clean.dtype) - act_clean
-        past = [(cache[get_act_name("k", lay)][:, :-1],
-                 cache[get_act_name("v", lay)][:, :-1]) for lay in later]
+        past = [cache_keys(model, lay, cache[get_act_name("k", lay)][:, :-1],
+                           cache[get_act_name("v", lay)][:, :-1]) for lay in later]
         if skip:  # the prefix's keys and values, then the prompt's own
             n_g = len(group)
             past = [(torch.cat([pk.expand(n_g, -1, -1, -1), k], dim=1),
@@ -192,7 +218,11 @@ def exact_patching(
             sl = slice(start, min(start + chunk, d_sel))
             c = sl.stop - sl.start
             delta = delta_all[:, sl]  # (P, c)
-            x = resid[:, None, :] + delta[..., None] * w_out[sl][None]  # (P, c, d_model)
+            if post_norm is None:
+                x = resid[:, None, :] + delta[..., None] * w_out[sl][None]  # (P, c, d_model)
+            else:
+                x = resid_mid[:, None, :] + post_norm(
+                    mlp_raw[:, None, :] + delta[..., None] * w_out[sl][None])
             x = x.reshape(n_pairs * c, -1)
             if later:
                 patched = _last_position_forward(model, x, layer + 1, past, repeat=c)
