@@ -192,3 +192,30 @@ def write_llama_gguf(path: Path, seed: int = 0) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+OLMO2_REPO = "allenai/OLMo-2-0425-1B"
+
+
+def write_olmo2_cache(hub_cache: Path, revisions: list[str], repo: str = OLMO2_REPO) -> Path:
+    """Write a tiny random OLMo 2 at each branch name of ``revisions`` (OLMo's naming:
+    ``stage1-step1000-tokens3B``) into a Hugging Face cache layout, one seed per branch;
+    refs/main is the last. The shape is small (2 layers, width 64): the catalog reads the
+    architecture from the config, not from TransformerLens's table for the hub name."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    tokenizer = number_tokenizer(limit=100)
+    folder = hub_cache / ("models--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    for i, revision in enumerate(revisions):
+        commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+        torch.manual_seed(i)
+        model = Olmo2ForCausalLM(Olmo2Config(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+            max_position_embeddings=512, pad_token_id=1, bos_token_id=0, eos_token_id=0))
+        model.save_pretrained(folder / "snapshots" / commit)
+        tokenizer.save_pretrained(folder / "snapshots" / commit)
+        (folder / "refs" / revision).write_text(commit)
+    (folder / "refs" / "main").write_text((folder / "refs" / revisions[-1]).read_text())
+    return folder

@@ -1,18 +1,22 @@
 """A TransformerLens / Hugging Face hub name (``EleutherAI/pythia-14m``), with a
-training checkpoint given as a step (Pythia revisions ``step{N}``). With
-``HF_HUB_OFFLINE=1`` the same code reads the local Hugging Face cache."""
+training checkpoint given as a step: Pythia's revisions ``step{N}`` (TransformerLens's
+labels), or the step in the repository's branch names (OLMo's ``step{N}-tokens{M}B`` and
+``stage1-step{N}-tokens{M}B``). The checkpoint's own transformers model is converted and
+checked as every source's is (``catalog.sources.hf``). With ``HF_HUB_OFFLINE=1`` the same
+code reads the local Hugging Face cache."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformer_lens import HookedTransformer
 from transformer_lens import loading_from_pretrained as tl_loading
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
-from catalog.sources.hf import inspect_hf
+from catalog.sources.hf import from_hf_model, inspect_hf
 from catalog.weights import weights_hash
 
 
@@ -55,17 +59,57 @@ def _cached_snapshot(official: str, revision: str | None) -> str | None:
         return None
 
 
+# a training step in a branch name: Pythia's step1000, OLMo's step1000-tokens4B, OLMo 2's
+# stage1-step1000-tokens3B
+_STEP = re.compile(r"(?:^|-)step(\d+)(?:-|$)")
+
+
+def step_revisions(revisions: Iterable[str]) -> dict[int, str]:
+    """Training step -> the revision (branch) that holds it, from branch names that carry a
+    step. Where several branches carry one step (OLMo 2's later stages and their
+    ingredients count their own steps), the main run's: a name that starts with ``step``
+    or ``stage1-``, else the first in sorted order."""
+    found: dict[int, list[str]] = {}
+    for name in revisions:
+        m = _STEP.search(name)
+        if m:
+            found.setdefault(int(m.group(1)), []).append(name)
+    return {step: sorted(names, key=lambda n: (not n.startswith(("step", "stage1-")), n))[0]
+            for step, names in sorted(found.items())}
+
+
+def _hub_branches(official: str) -> list[str]:
+    """The repository's branches on the hub; offline (HF_HUB_OFFLINE) or where the hub does
+    not answer, the revisions the local cache holds."""
+    if not _hub_offline():
+        from huggingface_hub import list_repo_refs
+
+        try:
+            return [b.name for b in list_repo_refs(official).branches]
+        except Exception:  # noqa: BLE001 - no network, a private repo: what the cache holds
+            pass
+    return cached_revisions(official)
+
+
 def _cached_steps(official: str) -> list[int]:
-    return sorted(int(r[4:]) for r in cached_revisions(official)
-                  if r.startswith("step") and r[4:].isdigit())
+    return list(step_revisions(cached_revisions(official)))
 
 
-def _published_steps(official: str) -> list[int] | None:
+def _published(official: str) -> dict[int, str] | None:
+    """Published training step -> revision: TransformerLens's labels where it has them
+    (Pythia: ``step{N}``), else the steps in the hub's branch names (OLMo)."""
     try:
         labels, label_type = tl_loading.get_checkpoint_labels(official)
     except ValueError:
-        return None
-    return list(labels) if label_type == "step" else None
+        labels, label_type = None, None
+    if labels is not None:
+        return {int(s): f"step{s}" for s in labels} if label_type == "step" else None
+    return step_revisions(_hub_branches(official)) or None
+
+
+def _published_steps(official: str) -> list[int] | None:
+    published = _published(official)
+    return None if published is None else list(published)
 
 
 def _hub_checkpoints(name: str, **_) -> list[int] | None:
@@ -98,13 +142,12 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
         raise ModelSourceError(
             f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
-    # The checkpoint's own HF model is passed in, so TransformerLens converts exactly
-    # these weights (its config is the same at every revision).
+    # the checkpoint's own model is converted (its config at this revision), checked
+    # against transformers as every other source's
     try:
-        model = HookedTransformer.from_pretrained(
-            official, hf_model=hf_model, tokenizer=tok, device=device, dtype=dtype,
-            fold_ln=True, center_writing_weights=True, center_unembed=True,
-            **_revision_kwargs(revision))  # its config at this revision
+        model = from_hf_model(hf_model, tok, official, device, dtype)
+    except ModelSourceError:
+        raise
     except (OSError, ValueError) as exc:
         raise ModelSourceError(
             f"cannot convert {official} at {revision or 'main'}: {type(exc).__name__}: "
@@ -118,10 +161,11 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
 def _hub_revision(target: str, checkpoint: int | None) -> str | None:
     if checkpoint is None:
         return None
-    labels = _published_steps(target)
-    if labels is None:
+    published = _published(target)
+    if published is None:
         raise ModelSourceError(f"{target} has no training checkpoints; got checkpoint "
                                f"{checkpoint}")
+    labels = list(published)
     if checkpoint in labels and _hub_offline() and checkpoint not in _cached_steps(target):
         cached = _cached_steps(target)
         raise ModelSourceError(
@@ -133,7 +177,7 @@ def _hub_revision(target: str, checkpoint: int | None) -> str | None:
         raise ModelSourceError(f"checkpoint step {checkpoint} does not exist for {target}; "
                                f"nearest published steps: {near} ({len(labels)} in all, "
                                f"{labels[0]}..{labels[-1]})")
-    return f"step{checkpoint}"
+    return published[checkpoint]
 
 
 def _inspect_hub(name, checkpoint, **_) -> ModelShape:

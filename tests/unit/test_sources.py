@@ -78,6 +78,41 @@ def test_a_cache_holding_only_step_revisions_loads_offline(pythia_hub):
         main.write_text(saved)
 
 
+def test_steps_are_read_from_branch_names():
+    from catalog.sources.hub import step_revisions
+
+    names = ["main", "step20000", "step1000-tokens4B", "stage1-step0-tokens0B",
+             "stage2-ingredient2-step500-tokens5B", "stage1-step500-tokens1B",
+             "stage2-ingredient1-step700-tokens3B", "mystep12", "fix-steps"]
+    assert step_revisions(names) == {
+        0: "stage1-step0-tokens0B", 500: "stage1-step500-tokens1B",
+        700: "stage2-ingredient1-step700-tokens3B", 1000: "step1000-tokens4B",
+        20000: "step20000"}
+
+
+def test_olmo_checkpoints_are_listed_from_branch_names_and_load_offline():
+    """OLMo publishes its training checkpoints as branches named by stage, step and tokens;
+    TransformerLens knows no labels for them. Offline, the cached branches give the steps,
+    a step loads the main run's branch (stage 1, not a later stage counting its own steps),
+    and the model is read from its own config (a tiny OLMo 2, not the hub name's shape)."""
+    from huggingface_hub import constants
+
+    from offline_models import OLMO2_REPO, write_olmo2_cache
+
+    write_olmo2_cache(Path(constants.HF_HUB_CACHE), [
+        "stage1-step1000-tokens3B", "stage1-step2000-tokens5B",
+        "stage2-ingredient1-step1000-tokens2B"])
+    assert list_checkpoints(OLMO2_REPO) == [1000, 2000]
+    a = load_model(OLMO2_REPO, checkpoint=1000)
+    assert a.info.revision == "stage1-step1000-tokens3B" and a.info.checkpoint == 1000
+    assert a.model.cfg.original_architecture == "Olmo2ForCausalLM" and a.info.d_model == 64
+    b = load_model(OLMO2_REPO, checkpoint=2000)
+    main = load_model(OLMO2_REPO)  # refs/main: the stage-2 branch
+    assert len({a.info.weights_hash, b.info.weights_hash, main.info.weights_hash}) == 3
+    with pytest.raises(ModelSourceError, match=r"step 1500 does not exist.*\[1000, 2000\]"):
+        load_model(OLMO2_REPO, checkpoint=1500)
+
+
 def test_local_directory_and_gguf(tmp_path):
     local = load_model(str(write_local_model(tmp_path / "model", seed=3)))
     assert local.info.source == "local" and local.info.n_layers == 6
@@ -239,7 +274,7 @@ def test_local_directories_load_and_predict_as_the_hf_model_does(tmp_path, folde
 def test_an_architecture_transformer_lens_cannot_convert_is_named(tmp_path):
     """A causal LM that transformers loads but TransformerLens cannot convert gives a
     ModelSourceError naming the architecture and the directory, not a traceback (so do
-    Gemma and Phi directories saved by transformers 5, checked by hand)."""
+    Phi-1/2 directories saved by transformers 5, checked by hand)."""
     from transformers import FalconConfig, FalconForCausalLM
 
     from offline_models import number_tokenizer
