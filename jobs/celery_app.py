@@ -55,4 +55,17 @@ def make_app(settings: Settings | None = None) -> Celery:
     return app
 
 
+def workers_on_queue(settings: Settings | None = None, timeout: float = 1.0) -> int:
+    """How many workers consuming this settings' queue answer on the broker within
+    ``timeout`` seconds (workers of other queues on the same broker are not counted)."""
+    settings = settings or get_settings()
+    ask = make_app(settings)
+    try:
+        replies = ask.control.inspect(timeout=timeout).active_queues() or {}
+    finally:
+        ask.close()
+    return sum(any(q.get("name") == settings.ncat_queue for q in queues)
+               for queues in replies.values())
+
+
 app = make_app()

@@ -98,6 +98,18 @@ def jobs(limit: int = 50) -> pd.DataFrame:
                  "updated_at"])
 
 
+@st.cache_data(ttl=10, show_spinner=False)
+def workers_listening() -> int | None:
+    """Workers consuming this catalog's queue that answer on the broker within a second;
+    None where the broker does not answer (the page says nothing then)."""
+    from jobs.celery_app import workers_on_queue
+
+    try:
+        return workers_on_queue(timeout=1.0)
+    except Exception:  # noqa: BLE001 - an unreachable broker: no hint rather than an error
+        return None
+
+
 @st.cache_data(ttl=TTL)
 def families() -> list[str]:
     return query("SELECT DISTINCT family FROM heuristic ORDER BY family").family.tolist()

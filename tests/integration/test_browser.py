@@ -228,6 +228,9 @@ def test_the_job_form_estimates_a_request(queue):
             page.get_by_role("button", name="Queue").click()
             page.get_by_text("job(s) queued").wait_for(timeout=60_000)
             assert page.get_by_text("Cost estimate").count() == 1  # from the cache
+            # no worker consumes this queue: the progress panel says how to start one
+            page.get_by_text("No worker is listening on this catalog's queue").wait_for(
+                timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "jobs-estimate.png"), full_page=True)
             browser.close()
     finally:
@@ -421,3 +424,29 @@ def test_overview_answers_at_its_own_path(server):
         assert page.get_by_text("Page not found").count() == 0
         assert page.get_by_text("does not seem to exist").count() == 0
         browser.close()
+
+
+def test_each_family_has_one_colour_in_every_chart_the_browser_draws(server, seeded):
+    """Issue 32: the heuristics page's two charts gave `range` and `value` each other's
+    colours. Read from the figures Plotly drew in Chromium: each family's bars have one
+    colour, the same in both charts, the app's colour for that family."""
+    from reports.plots import FAMILY_COLORS
+
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.goto(f"{server}/heuristics", wait_until="networkidle")
+        chart_titles(page, ["Circuit neurons implementing", "When the final"])
+        traces = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(el => "
+            "(el.data || []).filter(t => t.type === 'bar')"
+            ".map(t => [t.name, t.marker && t.marker.color]))")
+        browser.close()
+    seen: dict[str, set] = {}
+    for chart in traces:
+        for name, color in chart:
+            if name in FAMILY_COLORS:
+                seen.setdefault(name, set()).add(color)
+    charts_with_families = sum(any(n in FAMILY_COLORS for n, _ in c) for c in traces)
+    assert charts_with_families >= 2 and len(seen) >= 2, traces
+    assert all(colors == {FAMILY_COLORS[f]} for f, colors in seen.items()), seen

@@ -463,3 +463,17 @@ def test_a_broker_restarted_empty_while_messages_go_out_is_not_called_queued(
         assert "restarted" not in capsys.readouterr().err
     finally:
         broker.stop()
+
+
+def test_workers_are_counted_on_their_own_queue_only(queue):
+    """The explorer's hint that queued jobs wait for a worker (issue 32.6) asks the broker
+    which workers consume this catalog's queue: none before one starts, one after, and a
+    worker of this queue is not counted for another queue on the same broker."""
+    from catalog.settings import get_settings
+    from jobs.celery_app import workers_on_queue
+
+    assert workers_on_queue(timeout=1.0) == 0
+    queue.start_worker()
+    wait_until(lambda: workers_on_queue(timeout=1.0) == 1, timeout=120,
+               what="the worker to answer on its queue")
+    assert workers_on_queue(get_settings(ncat_queue="another-queue"), timeout=1.0) == 0

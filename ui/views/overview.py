@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from reports import plots
-from schema.jobs import at_checkpoint
+from schema.jobs import ACTIVE, at_checkpoint
 from ui import data
 from ui.views.common import EMPTY
 
@@ -83,6 +83,11 @@ def jobs_panel() -> None:
     if jobs.empty:
         st.caption("No jobs yet. Queue one on the Jobs page or with `ncat enqueue`.")
         return
+    waiting = jobs.status.isin([str(s) for s in ACTIVE]).any()
+    if waiting and data.workers_listening() == 0:
+        st.warning("No worker is listening on this catalog's queue, so queued jobs wait: "
+                   "start one with `ncat worker` (the demo stops its own worker before it "
+                   "serves the explorer).")
     for job in jobs.itertuples():
         frac = job.done / job.layers if job.layers else 0.0
         text = (f"job {job.id}: {at_checkpoint(job.model, job.step)}: {job.status} "
