@@ -72,6 +72,49 @@ def over_runs(runs: list[dict], keys: tuple[str, ...], digits: int = 3) -> dict:
     return out
 
 
+def sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def matmul_rate(m: int, k: int, n: int, device: str = "cpu", dtype=None,
+                repeat: int = 10) -> float:
+    """FLOP/s of an (m, k) @ (k, n) matrix product in ``dtype`` (default float32) on
+    ``device``: the best of ``repeat`` timed products after three untimed ones."""
+    import torch
+
+    a = torch.randn(m, k, device=device, dtype=dtype or torch.float32)
+    b = torch.randn(k, n, device=device, dtype=dtype or torch.float32)
+    best = float("inf")
+    for i in range(repeat + 3):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        if i >= 3:
+            best = min(best, time.perf_counter() - t)
+    return 2.0 * m * k * n / best
+
+
+def matmul_peak(device: str = "cpu", dtype=None, n: int | None = None,
+                repeat: int = 10) -> float:
+    """FLOP/s of a square matrix product (n = 8192 on a GPU, 2048 on the CPU)."""
+    n = n or (8192 if str(device).startswith("cuda") else 2048)
+    return matmul_rate(n, n, n, device, dtype, repeat)
+
+
+def flop_per_row(model) -> tuple[float, float]:
+    """Multiply-add FLOPs of one position through one block (2 x its matrix weights:
+    attention and MLP; the attention over cached keys is left out) and through the final
+    unembedding: what one exactly patched row costs per block it crosses."""
+    block = model.blocks[0]
+    weights = sum(p.numel() for name, p in block.named_parameters()
+                  if p.dim() >= 2 and not name.rsplit(".", 1)[-1].lstrip("_").startswith("b_"))
+    return 2.0 * weights, 2.0 * model.cfg.d_model * model.cfg.d_vocab
+
+
 def save(name: str, data: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))

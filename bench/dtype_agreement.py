@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, save
+from _common import RESULTS, flop_per_row, matmul_peak, save
 
 MODEL = "qwen2.5-coder-0.5b"
 TOP = 50
@@ -34,36 +34,6 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     rx = np.argsort(np.argsort(x[ok])).astype(np.float64)
     ry = np.argsort(np.argsort(y[ok])).astype(np.float64)
     return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def matmul_peak(device: str, dtype) -> float:
-    """Measured TFLOP/s of a large square matrix product in ``dtype`` on ``device``."""
-    import torch
-
-    n = 8192 if device.startswith("cuda") else 1024
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    reps = 10
-    for _ in range(reps):
-        a @ b
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e12
-
-
-def flop_per_row(model) -> tuple[float, float]:
-    """Multiply-add FLOPs of one position through one block (2 x its matrix weights:
-    attention and MLP; the attention over cached keys is left out) and through the final
-    unembedding: what one exactly patched row costs per block it crosses."""
-    block = model.blocks[0]
-    weights = sum(p.numel() for name, p in block.named_parameters()
-                  if p.dim() >= 2 and not name.rsplit(".", 1)[-1].lstrip("_").startswith("b_"))
-    return 2.0 * weights, 2.0 * model.cfg.d_model * model.cfg.d_vocab
 
 
 def one_dtype(args, dtype: str) -> dict:
@@ -191,7 +161,7 @@ def main() -> None:
         name = "dtype_agreement" + suffix
     else:
         runs = [one_dtype(args, d) for d in args.dtypes.split(",")]
-        peaks = {d: round(matmul_peak(args.device, getattr(torch, d)), 1)
+        peaks = {d: round(matmul_peak(args.device, getattr(torch, d)) / 1e12, 1)
                  for d in args.dtypes.split(",")}
         head = {"model": MODEL, "device": args.device,
                 "device_name": (torch.cuda.get_device_name()

@@ -16,21 +16,7 @@ import argparse
 import statistics
 import time
 
-from _common import save
-
-
-def matmul_peak(n: int = 2048, repeat: int = 5) -> float:
-    """Measured float32 GEMM rate (FLOP/s) of this process."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+from _common import matmul_peak, save
 
 
 def main() -> None:

@@ -32,33 +32,7 @@ import json
 import time
 from pathlib import Path
 
-from _common import RESULTS  # first: it points the hub cache at a temp folder
-
-
-def matmul_peak(device: str, dtype, n: int = 8192, repeat: int = 10) -> float:
-    """FLOP/s of an n x n x n matrix product in ``dtype`` on ``device`` (best of repeat)."""
-    import torch
-
-    if device == "cpu":
-        n = 2048
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    best = float("inf")
-    for i in range(repeat + 3):
-        _sync(device)
-        t = time.perf_counter()
-        (a @ b).sum().item()
-        _sync(device)
-        if i >= 3:
-            best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
-
-
-def _sync(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+from _common import RESULTS, matmul_peak, sync  # first: it points the hub cache at a temp folder
 
 
 def _peak_gib(device: str) -> float | None:
@@ -117,7 +91,7 @@ def measure(shape: str, args) -> dict:
     unembed_flop = 2 * cfg.d_model * cfg.d_vocab
 
     def account(result) -> None:
-        _sync(device)
+        sync(device)
         for k, v in result.seconds.items():
             layer_phases[k] = layer_phases.get(k, 0.0) + v
         rows = sum(f["n_exact"] * f["n_pairs"] for f in result.patching.values())
