@@ -47,7 +47,7 @@ def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.fl
     except Exception as exc:
         raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
-    model = from_hf_model(hf_model, tok, name, device, dtype)
+    model = from_hf_model(hf_model, tok, name, device, dtype, release_source=True)
     info = model_info(str(path.resolve()), "gguf", None, None, whash, model, tok)
     return LoadedModel(model, tok, info)
 

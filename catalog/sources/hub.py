@@ -145,7 +145,7 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
     # the checkpoint's own model is converted (its config at this revision), checked
     # against transformers as every other source's
     try:
-        model = from_hf_model(hf_model, tok, official, device, dtype)
+        model = from_hf_model(hf_model, tok, official, device, dtype, release_source=True)
     except ModelSourceError:
         raise
     except (OSError, ValueError) as exc:

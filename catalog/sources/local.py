@@ -29,7 +29,7 @@ def _load_local(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.f
     except Exception as exc:
         raise ModelSourceError(f"local model directory {name!r} cannot be loaded: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
-    model = from_hf_model(hf_model, tok, name, device, dtype)
+    model = from_hf_model(hf_model, tok, name, device, dtype, release_source=True)
     info = model_info(str(Path(name).resolve()), "local", None, None, whash, model, tok)
     return LoadedModel(model, tok, info)
 

@@ -120,3 +120,40 @@ def test_grouped_key_values_of_olmo_are_refused_with_the_reason(tokenizer):
     hf = random_model(T.Olmo2Config, T.Olmo2ForCausalLM, {}, len(tokenizer))  # 2 of 4 heads
     with pytest.raises(ModelSourceError, match="grouped key/value heads"):
         from_hf_model(hf, tokenizer, "random OLMo 2 (GQA)", "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("name,config_cls,model_cls,extra,out_proj",
+                         [a for a in ARCHITECTURES if a[0] in ("Qwen 2.5", "GPT-NeoX (Pythia)",
+                                                               "Gemma 2", "OLMo 2")],
+                         ids=["Qwen 2.5", "Gemma 2", "OLMo 2", "GPT-NeoX (Pythia)"])
+def test_the_loader_that_frees_its_source_gives_transformer_lens_own_weights(
+        tokenizer, name, config_cls, model_cls, extra, out_proj):
+    """``from_hf_model(release_source=True)`` processes the weights one step at a time and
+    assigns them (at most two copies alive); its weights equal TransformerLens's own
+    ``load_and_process_state_dict`` to the bit, and the transformers model it was given
+    has given up its weights."""
+    from transformer_lens import HookedTransformer
+
+    hf = random_model(config_cls, model_cls, extra, len(tokenizer))
+    plain = from_hf_model(hf, tokenizer, name, "cpu", torch.float32)  # keeps hf usable
+    reference = HookedTransformer(plain.cfg, tokenizer, move_to_device=False)
+    import tempfile
+    from pathlib import Path
+
+    from transformer_lens.utilities.activation_functions import softcap_enabled
+
+    from catalog.sources.hf import POST_NORM_ARCHITECTURES, tl_loading
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.config.save_pretrained(Path(tmp) / "m")
+        state_dict = tl_loading.get_pretrained_state_dict(str(Path(tmp) / "m"), plain.cfg, hf)
+    post = plain.cfg.original_architecture in POST_NORM_ARCHITECTURES
+    reference.load_and_process_state_dict(
+        state_dict, fold_ln=not post, center_writing_weights=not post,
+        center_unembed=not softcap_enabled(plain.cfg.output_logits_soft_cap))
+    freed = from_hf_model(hf, tokenizer, name, "cpu", torch.float32, release_source=True)
+    want = dict(reference.named_parameters())
+    for key, got in freed.named_parameters():
+        assert got.is_contiguous(), key
+        assert torch.equal(got, want[key]), key
+    assert all(p.numel() == 0 for p in hf.parameters())
