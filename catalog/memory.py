@@ -6,11 +6,12 @@ with the load's factor measured on real models:
 
 - the process itself: Python with torch, transformers and TransformerLens imported
   (466 MB measured on this project's CPU machine);
-- loading: every source reads the weights in float32 and converts them; at the peak the
-  source's tensors, the Hugging Face model and TransformerLens' copy are alive together,
-  and weight processing (LayerNorm folding, centring) copies some of them again.
-  Measured peak over the float32 weights: 4.26x for Qwen2.5-Coder-0.5B from its GGUF
-  (10.47 GiB for 2.35 GiB); LOAD_FACTOR keeps a margin over it;
+- loading: every source reads the weights in float32 and converts them; at the peak a
+  processing step's input and its full copy are alive together (the transformers model
+  has given up its weights by then: ``catalog.sources.hf.load_processed``). Measured peak
+  over the float32 weights: 2.3x for Qwen2.5-Coder-0.5B from its GGUF (5.91 GiB with the
+  process for 2.35 GiB; 4.1x before the loader freed its source); LOAD_FACTOR keeps a
+  margin over it;
 - measuring: the weights in the run's dtype, the grid's activations (all layers when
   they fit the activation budget, else one layer's), one layer's matching work, and
   exact patching's batched forwards with their key/value caches and logits.
@@ -27,7 +28,7 @@ GIB = 1024**3
 PROCESS_BYTES = 640 * 1024**2  # imports (466 MB measured) and the interpreter's own growth
 
 # peak while loading, in float32 weights (TransformerLens' count, untied unembedding)
-LOAD_FACTOR = {"gguf": 4.6, "hub": 4.6, "local": 4.6, "builtin": 3.0}
+LOAD_FACTOR = {"gguf": 3.0, "hub": 3.0, "local": 3.0, "builtin": 3.0}
 
 # one layer's matching work over its maps: activations, ranks, sorted copies, scores
 LAYER_COPIES = 6
