@@ -218,14 +218,13 @@ def reference_logprobs(hf_model, d_vocab: int) -> tuple[torch.Tensor, torch.Tens
     return tokens, logits[..., :vocab].float().log_softmax(-1).cpu()
 
 
-def check_against_transformers(reference, model: HookedTransformer, shown: str) -> float:
+def check_against_transformers(reference: tuple[torch.Tensor, torch.Tensor],
+                               model: HookedTransformer, shown: str) -> float:
     """Refuse a conversion (ModelSourceError, with the difference) whose next-token
-    log-probabilities differ from transformers' (``reference``: a transformers model, or
-    ``reference_logprobs`` of one) by more than ``AGREEMENT_NATS``: a converter that misses
-    a detail of an architecture (a norm after a sublayer, a sliding window, a soft cap)
+    log-probabilities differ from transformers' (``reference``: ``reference_logprobs`` of
+    the transformers model) by more than ``AGREEMENT_NATS``: a converter that misses a
+    detail of an architecture (a norm after a sublayer, a sliding window, a soft cap)
     would otherwise catalog a different model without a word. Returns the difference."""
-    if not isinstance(reference, tuple):
-        reference = reference_logprobs(reference, model.cfg.d_vocab)
     tokens, want = reference
     vocab = want.shape[-1]
     with torch.no_grad():

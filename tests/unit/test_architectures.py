@@ -6,14 +6,21 @@ gets an architecture wrong is refused at load (``check_against_transformers``)."
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 import transformers as T
 from test_patching import check_exact_equals_naive
+from transformer_lens import HookedTransformer
+from transformer_lens import loading_from_pretrained as tl_loading
+from transformer_lens.utilities.activation_functions import softcap_enabled
+from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
 from catalog.sources import from_hf_model
 from catalog.sources.base import ModelSourceError
-from catalog.sources.hf import AGREEMENT_NATS, check_against_transformers
+from catalog.sources.hf import AGREEMENT_NATS, check_against_transformers, reference_logprobs
 
 SIZE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256,
@@ -109,11 +116,12 @@ def test_each_architecture_loads_equal_to_transformers_and_patches_equal_to_naiv
 def test_a_conversion_that_disagrees_with_transformers_is_refused(tokenizer):
     hf = random_model(T.LlamaConfig, T.LlamaForCausalLM, {}, len(tokenizer))
     model = from_hf_model(hf, tokenizer, "random Llama", "cpu", torch.float32)
-    assert check_against_transformers(hf, model, "random Llama") < AGREEMENT_NATS
-    with torch.no_grad():  # a converter that lost a detail: one norm weight off
+    reference = reference_logprobs(hf, model.cfg.d_vocab)
+    assert check_against_transformers(reference, model, "random Llama") < AGREEMENT_NATS
+    with torch.no_grad():  # a converter that lost a detail: one layer's output scaled
         model.blocks[2].mlp.W_out.mul_(1.5)
     with pytest.raises(ModelSourceError, match="disagrees with transformers"):
-        check_against_transformers(hf, model, "random Llama")
+        check_against_transformers(reference, model, "random Llama")
 
 
 def test_grouped_key_values_of_olmo_are_refused_with_the_reason(tokenizer):
@@ -132,18 +140,9 @@ def test_the_loader_that_frees_its_source_gives_transformer_lens_own_weights(
     assigns them (at most two copies alive); its weights equal TransformerLens's own
     ``load_and_process_state_dict`` to the bit, and the transformers model it was given
     has given up its weights."""
-    from transformer_lens import HookedTransformer
-
     hf = random_model(config_cls, model_cls, extra, len(tokenizer))
     plain = from_hf_model(hf, tokenizer, name, "cpu", torch.float32)  # keeps hf usable
     reference = HookedTransformer(plain.cfg, tokenizer, move_to_device=False)
-    import tempfile
-    from pathlib import Path
-
-    from transformer_lens.utilities.activation_functions import softcap_enabled
-
-    from catalog.sources.hf import POST_NORM_ARCHITECTURES, tl_loading
-
     with tempfile.TemporaryDirectory() as tmp:
         hf.config.save_pretrained(Path(tmp) / "m")
         state_dict = tl_loading.get_pretrained_state_dict(str(Path(tmp) / "m"), plain.cfg, hf)
