@@ -61,6 +61,20 @@ def execution_for(job: JobRow, settings: Settings | None = None):
     return ExecutionConfig(**changes)
 
 
+def check_memory(job: JobRow, config, execution, settings: Settings) -> None:
+    """Refuse (MemoryBudgetError) a job whose estimated peak is over THIS worker's budget
+    (NCAT_MEMORY_BUDGET, else the memory available here), before its model is loaded: the
+    machine that enqueued or planned the job may not be the one running it. The layer and
+    its job fail with the need and the budget in the message instead of the process
+    being killed for memory, which the queue would retry NCAT_MAX_ATTEMPTS times."""
+    from catalog.memory import check_request
+    from catalog.sources import inspect_model
+
+    shape = inspect_model(job.model_name, job.step, cache_root=settings.builtin_root)
+    check_request(shape, config, execution, len(job.layers),
+                  f"job {job.id} ({job.model_name}, {len(job.layers)} layers) on this worker")
+
+
 def _loaded(conn, job: JobRow) -> _Loaded:
     """The model, prepared run and catalog ids of the job, cached per process."""
     global _CURRENT
@@ -73,10 +87,11 @@ def _loaded(conn, job: JobRow) -> _Loaded:
     if _CURRENT is None or _CURRENT.key != key:
         _CURRENT = None  # free the previous model first
         settings = get_settings()
+        execution = execution_for(job, settings)
+        check_memory(job, config, execution, settings)
         lm = load_model(job.model_name, job.step, device=job.device,
                         dtype=config.torch_dtype(), cache_root=settings.builtin_root)
-        run = CheckpointRun(lm.model, lm.tokenizer, config, execution_for(job, settings),
-                            layers=None).prepare()
+        run = CheckpointRun(lm.model, lm.tokenizer, config, execution, layers=None).prepare()
         ids = store_results.register(conn, lm, config)
         store_results.write_layouts(conn, run, ids)
         _CURRENT = _Loaded(key, lm, run, ids, {})

@@ -177,6 +177,42 @@ def test_a_worker_over_its_activation_budget_holds_one_layer_grid_at_a_time(queu
     assert dump(queue.url) == with_budget
 
 
+def test_a_worker_refuses_a_job_over_its_memory_budget_before_loading(queue, monkeypatch):
+    """The worker's own budget decides (the enqueuing machine may be another): a job whose
+    estimate is over NCAT_MEMORY_BUDGET fails with the need and the budget in its error,
+    its model never loaded; under a budget that fits, the same job runs."""
+    import catalog.sources
+    from jobs import runner
+    from schema import jobs as jobdb
+
+    monkeypatch.setattr(runner, "_CURRENT", None)
+    monkeypatch.setenv("NCAT_MEMORY_BUDGET", "64M")
+    loads = []
+    real_load = catalog.sources.load_model
+    monkeypatch.setattr(catalog.sources, "load_model",
+                        lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    job = enq.enqueue(queue.url, queue.name, "300", CONFIG, send=lambda *a: None)[0]
+    assert runner.process_layer(queue.url, job.job_id, 0, "in-process") == \
+        runner.Outcome.FAILED
+    assert loads == []
+    with store.connect(queue.url) as conn:
+        row = jobdb.load_job(conn, job.job_id)
+        error = conn.execute("SELECT error FROM job WHERE id = %s", (job.job_id,)).fetchone()[0]
+    assert row.status == "failed"
+    assert re.search(r"MemoryBudgetError: job \d+ .* needs about [0-9.]+ GiB of host memory "
+                     r"at its peak, over the budget of 0\.06 GiB \(NCAT_MEMORY_BUDGET\); "
+                     r"nothing was loaded", error), error
+    assert count(queue.url, "SELECT count(*) FROM neuron_op") == 0
+
+    monkeypatch.setenv("NCAT_MEMORY_BUDGET", "16G")
+    again = enq.enqueue(queue.url, queue.name, "300", CONFIG, force=True,
+                        send=lambda *a: None)[0]
+    for layer in range(TINY.n_layers):
+        assert runner.process_layer(queue.url, again.job_id, layer, "in-process") == \
+            runner.Outcome.COMPUTED
+    assert len(loads) == 1 and all_done(queue.url)
+
+
 BAD = [
     (dict(model="no-such-model"), "unknown model 'no-such-model'"),
     (dict(model=""), "model name is empty"),
