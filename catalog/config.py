@@ -352,15 +352,18 @@ class ExecutionConfig:
     """How the work runs. Never hashed: each changes speed and memory, not the numbers."""
 
     batch_size: int = _opt(4096, "prompts per forward pass (lower it on a small GPU)")
-    patch_chunk: int = _opt(64, "neurons patched together in one batched forward")
+    patch_chunk: int = _opt(64, "neurons patched together in one batched forward (at most: "
+                                "halved where the run would not fit the memory budget)")
     device: str = _opt("cpu", "torch device of the forward passes: cpu, cuda, cuda:1, ...",
                        form=True)
     activation_budget: int = _opt(
         2 * 1024**3, "bytes of activations one grid pass may keep; over it, each layer's "
-                     "grid is computed when the layer runs and dropped once it is done")
+                     "grid is computed when the layer runs and dropped once it is done (also "
+                     "where keeping them would not fit the memory budget)")
     memory_budget: int = _opt(
-        0, "bytes of host memory a run may use; a request estimated over it is refused "
-           "before loading (0: NCAT_MEMORY_BUDGET, such as 12G, else the memory available)")
+        0, "bytes of host memory a run may use; over it, the patch chunk and the activations "
+           "kept are lowered, and a request that still does not fit is refused before loading "
+           "(0: NCAT_MEMORY_BUDGET, such as 12G, else the memory available)")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "patch_chunk"):

@@ -6,12 +6,14 @@ with the load's factor measured on real models:
 
 - the process itself: Python with torch, transformers and TransformerLens imported
   (466 MB measured on this project's CPU machine);
-- loading: every source reads the weights in float32 and converts them; at the peak a
-  processing step's input and its full copy are alive together (the transformers model
-  has given up its weights by then: ``catalog.sources.hf.load_processed``). Measured peak
-  over the float32 weights: 2.3x for Qwen2.5-Coder-0.5B from its GGUF (5.91 GiB with the
-  process for 2.35 GiB; 4.1x before the loader freed its source); LOAD_FACTOR keeps a
-  margin over it;
+- loading: every source reads the weights in float32 and converts them; each weight-
+  processing step copies one tensor at a time, freeing its source as it goes
+  (``catalog.sources.hf.load_processed``), and freed tensors go back to the system
+  (``freed_memory_returned``). Measured peak over the float32 weights (the process
+  apart), 2026-11-26: 1.42x for Qwen2.5-Coder-0.5B from its GGUF (3.78 GiB; the peak is
+  transformers' dequantization, before any processing), 2.06x for a random 0.9 GiB Qwen 2
+  from safetensors (half of it the file's pages, mapped and clean, freed only when every
+  tensor of the file is: the whole file is one storage). LOAD_FACTOR keeps a margin;
 - measuring: the weights in the run's dtype, the grid's activations (all layers when
   they fit the activation budget, else one layer's), one layer's matching work, and
   exact patching's batched forwards with their key/value caches and logits.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 GIB = 1024**3
@@ -28,14 +31,56 @@ GIB = 1024**3
 PROCESS_BYTES = 640 * 1024**2  # imports (466 MB measured) and the interpreter's own growth
 
 # peak while loading, in float32 weights (TransformerLens' count, untied unembedding)
-LOAD_FACTOR = {"gguf": 3.0, "hub": 3.0, "local": 3.0, "builtin": 3.0}
+LOAD_FACTOR = {"gguf": 2.0, "hub": 3.0, "local": 3.0, "builtin": 3.0}
 
-# one layer's matching work over its maps: activations, ranks, sorted copies, scores
-LAYER_COPIES = 6
+# one layer's matching work over its maps: activations, ranks, sorted copies, scores,
+# the value null's walks (the built-in model's default request, every layer: the matching
+# phase peaked at 6.20 GiB, 4.3 GiB estimated with 6 copies; 2026-11-26)
+LAYER_COPIES = 12
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
           "mib": 1024**2, "g": GIB, "gb": GIB, "gib": GIB, "t": 1024**4, "tb": 1024**4,
           "tib": 1024**4}
+
+
+# glibc's mallopt parameter, and the thresholds set while loading and after it
+_M_MMAP_THRESHOLD = -3
+_LOADING_MMAP_THRESHOLD = 1024**2
+_AFTER_MMAP_THRESHOLD = 32 * 1024**2  # glibc's own ceiling of its sliding threshold
+
+
+def _glibc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+@contextmanager
+def freed_memory_returned():
+    """While loading a model, give every freed tensor of 1 MiB or more back to the system.
+
+    glibc raises its mmap threshold to the size of each large block freed (up to 32 MiB),
+    after which blocks of that size come from the heap, whose holes stay resident. A
+    loader that frees each source tensor as it copies it (``hf.load_processed``) then
+    still grows: Qwen2.5-Coder-0.5B's load peaked at 4.29 GiB and kept 4.26 resident; with
+    the threshold held at 1 MiB, 3.78 GiB (transformers' dequantization of the GGUF file)
+    and 3.23 after. On leaving, the threshold is set to 32 MiB (where glibc's own sliding
+    one ends) so that the run's forwards reuse heap blocks, and the heap is trimmed. Does
+    nothing where the C library is not glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, _LOADING_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, _AFTER_MMAP_THRESHOLD)
+            libc.malloc_trim(0)
 
 
 class MemoryBudgetError(ValueError):
@@ -153,7 +198,8 @@ def check_budget(est: MemoryEstimate, budget: int, where: str, what: str) -> Non
         raise MemoryBudgetError(
             f"{what} needs about {_gib(est.host_peak)} of host memory at its peak, over the "
             f"budget of {_gib(budget)} ({where}); nothing was loaded. Measure fewer layers "
-            f"or operands, lower --activation-budget, or raise the budget "
+            f"or operands (the need shown is with one layer's activations at a time and "
+            f"the smallest patch chunk that can be lowered to), or raise the budget "
             f"(NCAT_MEMORY_BUDGET=24G or --memory-budget).\n{est.render()}")
 
 
@@ -182,11 +228,60 @@ def request_memory(shape, config, execution, n_layers: int) -> MemoryEstimate | 
         exact="exact" in config.patching)
 
 
-def check_request(shape, config, execution, n_layers: int, what: str) -> MemoryEstimate | None:
-    """Refuse (MemoryBudgetError) a request whose estimated host peak is over the budget
-    (execution.memory_budget, NCAT_MEMORY_BUDGET or the memory available now)."""
+# the smallest patch chunk tried while the grid's activations of every layer are kept;
+# below it, each layer's grid is computed when the layer runs instead
+_KEEP_ACTIVATIONS_MIN_CHUNK = 16
+
+
+@dataclass
+class Fitted:
+    """The execution a request runs with, its estimate, and what was lowered to fit."""
+
+    execution: object  # catalog.config.ExecutionConfig
+    estimate: MemoryEstimate | None
+    note: str | None = None  # None: nothing changed
+
+
+def _halvings(chunk: int, down_to: int) -> list[int]:
+    out = [chunk]
+    while out[-1] > down_to:
+        out.append(max(out[-1] // 2, down_to))
+    return out
+
+
+def fit_request(shape, config, execution, n_layers: int, what: str) -> Fitted:
+    """The request sized to the budget (execution.memory_budget, NCAT_MEMORY_BUDGET or the
+    memory available now): ``execution``'s patch chunk and activation budget are ceilings;
+    where the estimate is over the budget, the patch chunk is halved (down to 16) with
+    every layer's grid activations kept, then the activations are given up (each layer's
+    grid computed when it runs) and the chunk halved again from its ceiling down to 1.
+    The first that fits is returned. None fits: MemoryBudgetError with the need of the
+    smallest (nothing is loaded). None of these changes a stored number."""
+    from dataclasses import replace
+
     est = request_memory(shape, config, execution, n_layers)
-    if est is not None:
-        budget, where = memory_budget(execution.memory_budget)
-        check_budget(est, budget, where, what)
-    return est
+    if est is None:
+        return Fitted(execution, None)
+    budget, where = memory_budget(execution.memory_budget)
+    if est.host_peak <= budget:
+        return Fitted(execution, est)
+    chunk = execution.patch_chunk
+    tries = [replace(execution, patch_chunk=c)
+             for c in _halvings(chunk, min(chunk, _KEEP_ACTIVATIONS_MIN_CHUNK))[1:]]
+    tries += [replace(execution, patch_chunk=c, activation_budget=0)
+              for c in _halvings(chunk, 1)]
+    for fitted in tries:
+        est = request_memory(shape, config, fitted, n_layers)
+        assert est is not None
+        if est.host_peak <= budget:
+            lowered = ([f"patch chunk {chunk} -> {fitted.patch_chunk}"]
+                       if fitted.patch_chunk != chunk else [])
+            lowered.append("every layer's grid activations kept" if fitted.activation_budget
+                           else "each layer's grid computed when the layer runs")
+            return Fitted(fitted, est, (
+                f"{what}: memory budget {_gib(budget)} ({where}): {', '.join(lowered)}; "
+                f"estimated peak {_gib(est.host_peak)}"))
+    check_budget(est, budget, where, what)
+    raise AssertionError("unreachable: check_budget raises over the budget")
+
+

@@ -196,7 +196,7 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     """The estimate of a request (validated as ``ncat enqueue`` validates it). Calibrates
     on the first checkpoint when no cached calibration fits (or ``recalibrate``); with
     ``calibrate_if_missing`` False returns None instead."""
-    from catalog.memory import check_request
+    from catalog.memory import fit_request
     from catalog.settings import get_settings
     from catalog.sources import load_model
     from jobs.enqueue import validate_request
@@ -207,8 +207,9 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     home = home or get_settings().ncat_home
     key = cost_key(name, execution.device, config)
     # the request must fit before anything is loaded (the calibration loads the model)
-    memory = check_request(planned[0].shape, config, execution, len(planned[0].layers),
-                           f"{name} with this request")
+    fitted = fit_request(planned[0].shape, config, execution, len(planned[0].layers),
+                         f"{name} with this request")
+    execution, memory = fitted.execution, fitted.estimate
     cal = None if recalibrate else cached_calibration(home, key)
     if cal is None:
         if not calibrate_if_missing:
@@ -226,6 +227,8 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     plan = estimate(cal, config, n_checkpoints=len(planned), layers=layers, limit=limit,
                     costs=costs, execution=execution)
     plan.memory = memory
+    if fitted.note:
+        plan.notes.append(fitted.note)
     return plan
 
 

@@ -61,18 +61,23 @@ def execution_for(job: JobRow, settings: Settings | None = None):
     return ExecutionConfig(**changes)
 
 
-def check_memory(job: JobRow, config, execution, settings: Settings) -> None:
-    """Refuse (MemoryBudgetError) a job whose estimated peak is over THIS worker's budget
-    (NCAT_MEMORY_BUDGET, else the memory available here), before its model is loaded: the
-    machine that enqueued or planned the job may not be the one running it. The layer and
-    its job fail with the need and the budget in the message instead of the process
-    being killed for memory, which the queue would retry NCAT_MAX_ATTEMPTS times."""
-    from catalog.memory import check_request
+def fit_memory(job: JobRow, config, execution, settings: Settings):
+    """The execution sized to THIS worker's memory budget (NCAT_MEMORY_BUDGET, else the
+    memory available here), before the job's model is loaded: the machine that enqueued or
+    planned the job may not be the one running it. A smaller patch chunk, or one layer's
+    activations at a time, where that fits; MemoryBudgetError where nothing does (the
+    layer and its job fail with the need and the budget in the message instead of the
+    process being killed for memory, which the queue would retry NCAT_MAX_ATTEMPTS times)."""
+    from catalog.memory import fit_request
     from catalog.sources import inspect_model
 
     shape = inspect_model(job.model_name, job.step, cache_root=settings.builtin_root)
-    check_request(shape, config, execution, len(job.layers),
-                  f"job {job.id} ({job.model_name}, {len(job.layers)} layers) on this worker")
+    fitted = fit_request(shape, config, execution, len(job.layers),
+                         f"job {job.id} ({job.model_name}, {len(job.layers)} layers) on "
+                         "this worker")
+    if fitted.note:
+        log.warning("%s", fitted.note)
+    return fitted.execution
 
 
 def _loaded(conn, job: JobRow) -> _Loaded:
@@ -87,8 +92,7 @@ def _loaded(conn, job: JobRow) -> _Loaded:
     if _CURRENT is None or _CURRENT.key != key:
         _CURRENT = None  # free the previous model first
         settings = get_settings()
-        execution = execution_for(job, settings)
-        check_memory(job, config, execution, settings)
+        execution = fit_memory(job, config, execution_for(job, settings), settings)
         lm = load_model(job.model_name, job.step, device=job.device,
                         dtype=config.torch_dtype(), cache_root=settings.builtin_root)
         run = CheckpointRun(lm.model, lm.tokenizer, config, execution, layers=None).prepare()

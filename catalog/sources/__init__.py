@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from catalog import builtin
+from catalog.memory import freed_memory_returned
 from catalog.sources import builtin_source, gguf, hub, local
 from catalog.sources.base import (
     SOURCES,
@@ -102,13 +103,14 @@ def load_model(
     catalog's backward passes need gradients of activations only).
     """
     source = find_source(name)
-    lm = _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
-                dtype=torch.float32, builtin_config=builtin_config, cache_root=cache_root,
-                progress=progress)
-    if dtype != torch.float32:
-        lm.model.to(dtype)
-        lm.model.cfg.dtype = dtype
-    transposed_layout(lm.model)
+    with freed_memory_returned():
+        lm = _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
+                    dtype=torch.float32, builtin_config=builtin_config,
+                    cache_root=cache_root, progress=progress)
+        if dtype != torch.float32:
+            lm.model.to(dtype)
+            lm.model.cfg.dtype = dtype
+        transposed_layout(lm.model)
     # the catalog never trains: a weight that requires grad gets a gradient as large as
     # itself in every backward pass (attribution patching), which doubled a run's memory
     lm.model.requires_grad_(False)

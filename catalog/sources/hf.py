@@ -136,16 +136,34 @@ def from_hf_model(hf_model, tokenizer, shown: str, device, dtype,
 _LN_KEYS = (".ln1.w", ".ln2.w", "ln_final.w")
 
 
+class _Draining(dict):
+    """A state dict that gives up each entry as it is read through ``items()``.
+
+    TransformerLens's copying processing steps start with ``{k: v.clone() for k, v in
+    state_dict.items()}``, then replace the copy's tensors one at a time. Read from this
+    dict, each source tensor is freed as soon as its clone exists, so a step holds one set
+    of weights and the tensors of the layer it is working on, not two full sets. A step
+    that does not copy (``center_writing_weights``) changes this dict in place, which is
+    as good. Only ``items()`` drains; membership, ``get`` and assignment are a dict's.
+    """
+
+    def items(self):
+        for key in list(self.keys()):
+            yield key, self.pop(key)
+
+
 def load_processed(model: HookedTransformer, holder: list[dict], *, fold_ln: bool,
                    center_writing_weights: bool, center_unembed: bool) -> None:
     """TransformerLens's ``load_and_process_state_dict`` for the state dict in ``holder``
-    (its only reference: the list is emptied), holding at most two copies of the weights.
+    (its only reference: the list is emptied), holding one copy of the weights and one
+    layer's tensors besides.
 
     TransformerLens's processing steps each return a full copy of the state dict; called
     through ``process_weights`` the input stays alive through every step, and the model's
-    own initial weights besides. Here each step's input is freed when it returns, the
-    model's initial weights of the keys the state dict holds are given up first, and the
-    processed weights are assigned to the model rather than copied into it. The steps and
+    own initial weights besides. Here each step reads its input from a ``_Draining`` dict
+    (every source tensor freed once copied), the model's initial weights of the keys the
+    state dict holds are given up first, and the processed weights are assigned to the
+    model rather than copied into it. The steps and
     their order are ``ProcessWeights.process_weights``'s; a model whose norms are still
     to be swapped for folding, or weights not in float32, take TransformerLens's own path.
     """
@@ -178,11 +196,11 @@ def load_processed(model: HookedTransformer, holder: list[dict], *, fold_ln: boo
     if center_unembed:
         steps.append(lambda sd: PW.center_unembed(sd, cfg=cfg))
     steps.append(lambda sd: PW.fold_value_biases(sd, cfg))
-    holder.append(state_dict)
+    holder.append(_Draining(state_dict))
     del state_dict
     for step in steps:
-        holder.append(step(holder.pop()))
-    state_dict = holder.pop()
+        holder.append(_Draining(step(holder.pop())))
+    state_dict = dict(holder.pop())
     if center_writing_weights and layer_norm:
         for layer in range(cfg.n_layers):
             key = f"blocks.{layer}.attn.b_O"

@@ -109,18 +109,28 @@ def cmd_checkpoints(args) -> int:
     return 0
 
 
+def fitted_execution(shape, config, execution, n_layers: int, what: str):
+    """``execution`` sized to the memory budget (what was lowered said on stderr);
+    MemoryBudgetError (a ValueError: exit 2) where the request cannot fit."""
+    from catalog.memory import fit_request
+
+    fitted = fit_request(shape, config, execution, n_layers, what)
+    if fitted.note:
+        print(fitted.note, file=sys.stderr)
+    return fitted.execution
+
+
 def cmd_measure(args) -> int:
     from catalog.measurement import measure
-    from catalog.memory import check_request
     from catalog.sources import ModelSourceError, inspect_model, load_model
 
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
         shape = inspect_model(args.model, args.checkpoint)
-        check_request(shape, config, execution,
-                      shape.n_layers if layers is None else len(set(layers)),
-                      f"measuring {args.model}")
+        execution = fitted_execution(shape, config, execution,
+                                     shape.n_layers if layers is None else len(set(layers)),
+                                     f"measuring {args.model}")
         lm = load_model(args.model, args.checkpoint, device=execution.device,
                         dtype=config.torch_dtype(), progress=not args.quiet)
         t0 = time.perf_counter()
@@ -136,7 +146,6 @@ def cmd_measure(args) -> int:
 
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
-    from catalog.memory import check_request
     from catalog.sources import ModelSourceError, load_model
     from jobs.enqueue import validate_request
     from jobs.store_results import catalog_checkpoint
@@ -160,8 +169,8 @@ def cmd_catalog(args) -> int:
                     print(f"{at_checkpoint(name, step)}: already in the catalog "
                           "(--force recomputes)")
                     continue
-            check_request(p.shape, config, execution, len(p.layers),
-                          f"cataloguing {at_checkpoint(name, step)}")
+            run_with = fitted_execution(p.shape, config, execution, len(p.layers),
+                                        f"cataloguing {at_checkpoint(name, step)}")
             lm = load_model(args.model, step, device=execution.device,
                             dtype=config.torch_dtype(), progress=not args.quiet)
             t0 = time.perf_counter()
@@ -171,7 +180,7 @@ def cmd_catalog(args) -> int:
                       "(an earlier run); computing the rest")
 
             ids = catalog_checkpoint(url, lm, config, layers=layers, progress=not args.quiet,
-                                     execution=execution, resume=not args.force,
+                                     execution=run_with, resume=not args.force,
                                      on_resume=resumed)
             print(f"{at_checkpoint(lm.info.name, step)}: stored in "
                   f"{time.perf_counter() - t0:.1f} s (checkpoint id {ids.checkpoint_id}, "

@@ -137,7 +137,7 @@ def test_grouped_key_values_of_olmo_are_refused_with_the_reason(tokenizer):
 def test_the_loader_that_frees_its_source_gives_transformer_lens_own_weights(
         tokenizer, name, config_cls, model_cls, extra, out_proj):
     """``from_hf_model(release_source=True)`` processes the weights one step at a time and
-    assigns them (at most two copies alive); its weights equal TransformerLens's own
+    assigns them (one copy and a tensor alive); its weights equal TransformerLens's own
     ``load_and_process_state_dict`` to the bit, and the transformers model it was given
     has given up its weights."""
     hf = random_model(config_cls, model_cls, extra, len(tokenizer))
@@ -156,3 +156,55 @@ def test_the_loader_that_frees_its_source_gives_transformer_lens_own_weights(
         assert got.is_contiguous(), key
         assert torch.equal(got, want[key]), key
     assert all(p.numel() == 0 for p in hf.parameters())
+
+
+
+@pytest.mark.parametrize("draining", [True, False], ids=["draining", "plain dicts"])
+def test_weight_processing_holds_one_copy_of_the_weights(tokenizer, monkeypatch, draining):
+    """While TransformerLens's processing steps copy the state dict, the weights alive are
+    one set plus the tensor being copied: each source is freed once its copy exists. The
+    same count with plain dicts (TransformerLens's own way) reaches two sets, so the
+    count can tell the difference. Counted at every copy over the tensors the processing
+    was given, the tensors it copied and their copies (weak references: only those still
+    alive count; a storage shared by two tensors counts once)."""
+    import weakref
+
+    import catalog.sources.hf as hf_mod
+
+    hf = random_model(T.Qwen2Config, T.Qwen2ForCausalLM,
+                      {"num_hidden_layers": 6, "intermediate_size": 256}, len(tokenizer))
+    if not draining:
+        monkeypatch.setattr(hf_mod, "_Draining", dict)
+    seen: dict[str, int] = {"peak": 0}
+    tracked: list = []
+    real_load, real_clone = hf_mod.load_processed, torch.Tensor.clone
+
+    def alive() -> int:
+        storages = {}
+        for ref in tracked:
+            t = ref()
+            if t is not None:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    def clone(t, *a, **k):
+        out = real_clone(t, *a, **k)
+        tracked.extend((weakref.ref(t), weakref.ref(out)))
+        seen["peak"] = max(seen["peak"], alive())
+        return out
+
+    def load_processed(model, holder, **kw):
+        tracked.extend(weakref.ref(v) for v in holder[0].values())
+        seen["weights"], seen["largest"] = alive(), max(v.nbytes for v in holder[0].values())
+        with monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "clone", clone)
+            return real_load(model, holder, **kw)
+
+    monkeypatch.setattr(hf_mod, "load_processed", load_processed)
+    from_hf_model(hf, tokenizer, "random Qwen 2.5", "cpu", torch.float32, release_source=True)
+    w = seen["weights"]
+    print(f"weights {w} B, largest tensor {seen['largest']} B, peak {seen['peak'] / w:.2f}x")
+    if draining:
+        assert seen["peak"] <= w + 2 * seen["largest"]
+    else:
+        assert seen["peak"] >= 1.9 * w
