@@ -44,7 +44,7 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb":
 
 
 # glibc's mallopt parameter, and the thresholds set while loading and after it
-_M_MMAP_THRESHOLD = -3
+_M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD = -3, -1
 _LOADING_MMAP_THRESHOLD = 1024**2
 _AFTER_MMAP_THRESHOLD = 32 * 1024**2  # glibc's own ceiling of its sliding threshold
 
@@ -70,7 +70,8 @@ def freed_memory_returned():
     still grows: Qwen2.5-Coder-0.5B's load peaked at 4.29 GiB and kept 4.26 resident; with
     the threshold held at 1 MiB, 3.78 GiB (transformers' dequantization of the GGUF file)
     and 3.23 after. On leaving, the threshold is set to 32 MiB (where glibc's own sliding
-    one ends) so that the run's forwards reuse heap blocks, and the heap is trimmed. Does
+    one ends) and the trim threshold to twice that, so that the run's forwards reuse heap
+    blocks as they would have, and the heap is trimmed. Does
     nothing where the C library is not glibc."""
     libc = _glibc()
     if libc is not None:
@@ -80,6 +81,9 @@ def freed_memory_returned():
     finally:
         if libc is not None:
             libc.mallopt(_M_MMAP_THRESHOLD, _AFTER_MMAP_THRESHOLD)
+            # as glibc's sliding thresholds would have it: the heap's top is given back
+            # only past twice the mmap threshold, not after every large free
+            libc.mallopt(_M_TRIM_THRESHOLD, 2 * _AFTER_MMAP_THRESHOLD)
             libc.malloc_trim(0)
 
 
