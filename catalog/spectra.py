@@ -200,11 +200,17 @@ def axis_spectrum(ap: AxisProfile, null: tuple[AxisNull, np.ndarray, np.ndarray]
     if null is not None:
         observed = out.share[ok].astype(np.float64)
         draws, fitted, sigma = null
-        beaten = _null_beaten(sub, draws, fitted[ok], sigma[ok], bases, len(periods),
-                              observed)
         # smooth change (a ramp, a bend: magnitude, low frequency) that a cubic explains
-        # better is not a period, though it beats noise at the longest periods
-        out.significant[ok] = beaten & (observed > polynomial_share(sub))
+        # better is not a period, though it beats noise at the longest periods; only the
+        # maps past this guard go through the nulls (each map's test is its own)
+        smooth = ~(observed > polynomial_share(sub))
+        test = np.flatnonzero(~smooth)
+        beaten = np.zeros(len(observed), bool)
+        if len(test):
+            tested = AxisProfile(sub.values, sub.counts, sub.prof[test], sub.total[test])
+            beaten[test] = _null_beaten(tested, draws, fitted[ok][test], sigma[ok][test],
+                                        bases, len(periods), observed[test])
+        out.significant[ok] = beaten
     return out
 
 
