@@ -55,7 +55,10 @@ from catalog.vocab import (
 # 0.7.0: periodic structure of every map, with the config's spectra on (catalog.spectra)
 # 0.8.0: the spectra's null fits the other operands' effects (catalog.spectra), periods
 # with three cycles on the axis, the cubic guard
-CATALOG_VERSION = "0.8.0"
+# 0.9.0: the spectra's guard also needs a period to beat a cubic plus one range of values
+# on the axis's own effect (windows of the result were called periodic at the longest
+# candidate periods)
+CATALOG_VERSION = "0.9.0"
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
     """A config field with its help text; ``form`` puts it on the explorer's job form."""

@@ -296,3 +296,76 @@ def test_the_null_by_linearity_equals_null_profiles_built_outright(op):
                                observed)
     want = _null_beaten_reference(by, nulls["result"], fitted, sigma, periods, observed)
     assert np.array_equal(got, want) and 0 < got.sum() < n
+
+
+def _range_maps(rng, a, b, axis, n=200):
+    """Maps that are one range of an axis's values (a window of the result: the
+    heuristics' commonest pattern) on top of operand effects and noise."""
+    lo = rng.integers(axis.min(), axis.max(), n)
+    width = rng.integers(3, (axis.max() - axis.min()) // 2, n)
+    window = (axis[None] >= lo[:, None]) & (axis[None] < (lo + width)[:, None])
+    hi = int(max(a.max(), b.max())) + 1
+    return (window + 0.3 * rng.normal(size=(n, hi))[:, a] + 0.3 * rng.normal(size=(n, hi))[:, b]
+            + 0.5 * rng.normal(size=(n, len(a))))
+
+
+@pytest.mark.parametrize("op", ["+", "-"])
+def test_a_range_of_values_is_not_a_period(op, monkeypatch):
+    """A window of the result correlates with half a cycle of the longest candidate
+    periods (T = 66 on the results [0, 198] of `+`): with a cubic as the only guard these
+    maps were called periodic there; the range in the guard leaves them near 1%."""
+    rng = np.random.default_rng(43)
+    a, b, res = _grid(op, 0, 100)
+    maps = _range_maps(rng, a, b, res)
+    new = spectra.op_spectra(maps, maps, a, b, res, seed=1)
+    for axis in ("result", "kv"):
+        called = int(new.axes[axis].significant.sum())
+        assert called <= 4, (axis, called)  # 200 maps at 1%: 5 or more has p < 0.06
+    # the same maps under the cubic alone (the guard before): the longest periods
+    monkeypatch.setattr(spectra, "_beats_a_range",
+                        lambda sub, rows, *rest: np.ones(len(rows), bool))
+    old = spectra.op_spectra(maps, None, a, b, res, seed=1).axes["result"]
+    long = np.asarray(old.period)[old.significant]
+    assert len(long) >= 10 and (long >= 20).all(), long
+
+
+def _smooth_share_reference(ap, edges):
+    """Least squares over cells of a constant, the cubic and each range values[i:j]
+    between the given boundaries, one range at a time; the best share."""
+    w = np.sqrt(ap.counts.astype(float))
+    v0, span = ap.values.min(), max(1.0, float(np.ptp(ap.values)))
+    x = (ap.values - v0) / span
+    base = np.stack([np.ones_like(x), x, x ** 2, x ** 3], 1)
+    out = []
+    for prof in ap.prof:
+        y = prof * w
+        mean = (prof * ap.counts).sum() / ap.counts.sum()
+        between = (((prof - mean) * w) ** 2).sum()
+        best = 0.0
+        for i in range(len(edges)):
+            for j in range(i + 1, len(edges)):
+                box = np.zeros(len(x))
+                box[edges[i]:edges[j]] = 1.0
+                design = np.column_stack([base, box]) * w[:, None]
+                coef = np.linalg.lstsq(design, y, rcond=None)[0]
+                rss = ((y - design @ coef) ** 2).sum()
+                best = max(best, 1 - rss / between)
+        out.append(best)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("edges", [None, 9], ids=["every boundary", "9 boundaries"])
+def test_the_smooth_guard_equals_least_squares_with_each_range(edges, monkeypatch):
+    """``smooth_share`` by cumulative sums equals a least-squares fit of the cubic and
+    each range, one at a time (unequal counts: the result axis of `+`)."""
+    rng = np.random.default_rng(47)
+    a, b, res = _grid("+", 0, 12)
+    maps = rng.normal(size=(5, len(a))) + ((res >= 7) & (res < 12)) * 2.0 + 0.1 * res
+    ap = spectra.profile(maps, res)
+    if edges:
+        monkeypatch.setattr(spectra, "RANGE_EDGES", edges)
+        cut = np.unique(np.linspace(0, len(ap.values), edges).round().astype(int))
+    else:
+        cut = np.arange(len(ap.values) + 1)
+    np.testing.assert_allclose(spectra.smooth_share(ap), _smooth_share_reference(ap, cut),
+                               rtol=1e-9, atol=1e-12)
