@@ -5,13 +5,15 @@ what the spectra cost beside the whole run; and their bytes beside neuron_op's.
 
     python bench/spectra.py [MODEL] [--steps 0,256,3000] [--hi 100] [--ops +-*/]
                             [--layers 20,21] [--shots 3] [--pairs 50] [--exact top:50]
-                            [--database-url URL]
+                            [--repeat 3] [--database-url URL]
     python bench/spectra.py --markdown bench/results/spectra_builtin.json
 
 Defaults: the built-in model at every cached checkpoint, the demo's config (operands
 [0, 100)). Each checkpoint is catalogued into a scratch database on the server of
 --database-url (default: the catalog's), the answers read through the views, and the
-database dropped. Writes bench/results/spectra_<model>.json and, from it, the tables the
+database dropped; --repeat N catalogs each checkpoint N times and reports the cost as the
+median of the N runs with its range (the figures must come out the same each time: the
+run stops otherwise). Writes bench/results/spectra_<model>.json and, from it, the tables the
 README and docs/periodic.md quote (spectra_<model>.md): per checkpoint, layer and axis the
 periodic maps of all operators with a Wilson 95% interval and the commonest periods, and
 the labels' agreement with the periodic account beside its base rate.
@@ -24,6 +26,8 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+
 import _common  # noqa: F401  (sets the offline Hugging Face cache first)
 from _common import RESULTS, save
 
@@ -32,10 +36,7 @@ def main() -> int:
     from catalog.config import ScienceConfig
     from catalog.settings import get_settings
     from catalog.sources import list_checkpoints, load_model
-    from jobs.store_results import catalog_checkpoint
-    from schema import store
     from schema.database import resolve_database_url
-    from schema.engine import migrate, scratch_url
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", nargs="?", default="builtin")
@@ -46,6 +47,7 @@ def main() -> int:
     p.add_argument("--shots", type=int, default=None)
     p.add_argument("--pairs", type=int, default=None)
     p.add_argument("--exact", default=None)
+    p.add_argument("--repeat", type=int, default=1, help="runs per checkpoint (cost median)")
     p.add_argument("--database-url", default=None)
     p.add_argument("--markdown", default=None, help="only render this results file's tables")
     args = p.parse_args()
@@ -65,39 +67,60 @@ def main() -> int:
     for step in steps:
         lm = load_model(args.model, step, progress=False,
                         cache_root=get_settings().builtin_root)
-        url = scratch_url(server, f"ncat_spectra_{uuid.uuid4().hex[:10]}")
-        migrate(url)
-        try:
-            t0 = time.perf_counter()
-            seconds: dict[str, float] = {}
-
-            from catalog import run as run_module
-            original = run_module.CheckpointRun.run_layer
-
-            def timed_layer(self, layer, _orig=original, seconds=seconds):
-                result = _orig(self, layer)
-                for k, v in result.seconds.items():
-                    seconds[k] = seconds.get(k, 0.0) + v
-                return result
-            run_module.CheckpointRun.run_layer = timed_layer
-            try:
-                catalog_checkpoint(url, lm, config, layers=layers)
-            finally:
-                run_module.CheckpointRun.run_layer = original
-            total = time.perf_counter() - t0
-            with store.connect(url) as conn:
-                out["checkpoints"].append(_read(conn, step, total, seconds))
-        finally:
-            store.drop_database(url)
-        c = out["checkpoints"][-1]
+        runs = [_one_run(server, lm, config, layers, step) for _ in range(max(1, args.repeat))]
+        c = runs[0]
+        for r in runs[1:]:
+            if (r["by_axis"], r["overlap"]) != (c["by_axis"], c["overlap"]):
+                raise SystemExit(f"step {step}: a repeated run gave other figures")
+        shares = sorted(r["cost_share"] for r in runs)
+        c["runs"] = [{k: r[k] for k in ("seconds_total", "spectra_s", "cost_share")}
+                     for r in runs]
+        c["cost_share"] = float(np.median(shares))
+        c["cost_share_range"] = [shares[0], shares[-1]]
+        c["spectra_s"] = float(np.median([r["spectra_s"] for r in runs]))
+        c["seconds_total"] = float(np.median([r["seconds_total"] for r in runs]))
+        out["checkpoints"].append(c)
         print(f"step {step}: {c['periodic_maps']} periodic of {c['live_maps']} live maps "
-              f"(axes x ops x layers); spectra {c['spectra_s']:.1f} s of {total:.1f} s "
-              f"({c['cost_share']:.1%}); columns {c['storage_share']:.1%} of neuron_op",
-              file=sys.stderr)
+              f"(axes x ops x layers); spectra {c['spectra_s']:.1f} s of "
+              f"{c['seconds_total']:.1f} s ({c['cost_share']:.1%}, {shares[0]:.1%}-"
+              f"{shares[-1]:.1%} over {len(runs)} runs); columns {c['storage_share']:.1%} "
+              "of neuron_op", file=sys.stderr)
     name = f"spectra_{args.model.replace('/', '_')}"
     save(name, out)
     (RESULTS / f"{name}.md").write_text(markdown(out))
     return 0
+
+
+def _one_run(server: str, lm, config, layers, step) -> dict:
+    """Catalog one checkpoint into a scratch database, time its phases, read the figures
+    back through the views, and drop the database."""
+    from catalog import run as run_module
+    from jobs.store_results import catalog_checkpoint
+    from schema import store
+    from schema.engine import migrate, scratch_url
+
+    url = scratch_url(server, f"ncat_spectra_{uuid.uuid4().hex[:10]}")
+    migrate(url)
+    try:
+        t0 = time.perf_counter()
+        seconds: dict[str, float] = {}
+        original = run_module.CheckpointRun.run_layer
+
+        def timed_layer(self, layer, _orig=original, seconds=seconds):
+            result = _orig(self, layer)
+            for k, v in result.seconds.items():
+                seconds[k] = seconds.get(k, 0.0) + v
+            return result
+        run_module.CheckpointRun.run_layer = timed_layer
+        try:
+            catalog_checkpoint(url, lm, config, layers=layers)
+        finally:
+            run_module.CheckpointRun.run_layer = original
+        total = time.perf_counter() - t0
+        with store.connect(url) as conn:
+            return _read(conn, step, total, seconds)
+    finally:
+        store.drop_database(url)
 
 
 def _pct(k: int, n: int) -> str:
@@ -140,8 +163,10 @@ def markdown(out: dict) -> str:
     lines += ["", "| step | spectra s | whole run s | share | spectrum bytes / neuron_op "
               "bytes |", "|---|---|---|---|---|"]
     for c in out["checkpoints"]:
+        lo, hi = c.get("cost_share_range", [c["cost_share"]] * 2)
+        spread = f" ({100 * lo:.1f}-{100 * hi:.1f}%, {len(c['runs'])} runs)" if "runs" in c else ""
         lines.append(f"| {c['step']} | {c['spectra_s']:.1f} | {c['seconds_total']:.1f} | "
-                     f"{100 * c['cost_share']:.1f}% | {100 * c['storage_share']:.1f}% |")
+                     f"{100 * c['cost_share']:.1f}%{spread} | {100 * c['storage_share']:.1f}% |")
     return "\n".join(lines) + "\n"
 
 
