@@ -50,6 +50,7 @@ from catalog.results import (
     LayerStats,
     Summary,
 )
+from catalog.settings import get_settings
 from catalog.summarize import CheckpointSummary
 from catalog.tokens import continuing_ids, detect_number_tokens, number_token_ids
 
@@ -166,6 +167,9 @@ class CheckpointRun(CheckpointSummary):
         self.pairs = {op: sample_pairs(self.table, op, config.pairs_per_op, config.seed)
                       for op in config.operators}
         self.cells, self.partitions, self.n_tests, self.nulls = {}, {}, {}, {}
+        # the spectra's null draws depend on the cells and the seed alone: kept on disk
+        # for the next checkpoint (catalog.spectra.cached_op_nulls)
+        self._null_cache = get_settings().ncat_home / "spectra-nulls" if config.spectra else None
         self._control: dict[str, tuple] = {}  # op -> the relabelled-values control's setup
         for op in config.operators:
             idx = self.table.op_index(op)
@@ -276,7 +280,7 @@ class CheckpointRun(CheckpointSummary):
                     cells = self.cells[op]
                     spec.set(live, o, clock.time(
                         "spectra", spectra.op_spectra, k_map[live], kv, cells.a, cells.b,
-                        cells.result, [config.seed, o]))
+                        cells.result, [config.seed, o], cache_dir=self._null_cache))
             parts.append(m)
         rank = effects.ranks(effects.rank_key(out.rank_value, config.rank_sign))
         exact, attr = "exact" in config.patching, "attribution" in config.patching

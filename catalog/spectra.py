@@ -25,8 +25,9 @@ the result of each cell):
   too: it is a magnitude map), and when, on the axis's own effect (the profile less the
   other operands' fit below), it explains more than a cubic plus one range of values
   (a window of values, the heuristics' range, looks like half a cycle of the longest
-  candidate periods: T = 19 on results [0, 58], T = 66 on [0, 198]). A null profile is what the axis would show if the map had
-  no PERIODIC effect of that axis. Both kinds start from the map's least-squares fit on
+  candidate periods: T = 19 on results [0, 58], T = 66 on [0, 198]; catalog.spectra_guard).
+  A null profile is what the axis would show if the map had no PERIODIC effect of that
+  axis. Both kinds start from the map's least-squares fit on
   the OTHER operands' main effects (a constant and one level per op2 value for the op1
   axis, per op1 value for op2, per op1 and per op2 value for the result and KV axes),
   because an axis's values average different sets of cells: along the result of `+`
@@ -43,11 +44,17 @@ the result of each cell):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from catalog.spectra_guard import (  # the smooth guard, apart
+    _beats_a_range,
+    polynomial_share,
+)
 from catalog.spectra_null import (  # the profiles and the null, apart
     N_NULL,
     AxisNull,
@@ -58,15 +65,15 @@ from catalog.spectra_null import (  # the profiles and the null, apart
     _max_share,
     _null_beaten,
     _period_bases,
+    load_nulls,
     profile,
+    save_nulls,
 )
 
 MAX_PERIOD = 100
 TOP = 3  # periods in the fit R^2
 HELIX_PERIODS = (2, 5, 10, 100)
 CYCLES = 3  # a period is a candidate with at least this many cycles on the axis
-POLY_DEGREE = 3  # a period must explain more than a polynomial of this degree
-RANGE_EDGES = 257  # ... plus one range of values between at most this many boundaries
 AXES = ("op1", "op2", "result", "kv")  # kv: the KV map along the result
 
 __all__ = ["AXES", "N_NULL", "AxisNull", "AxisProfile", "AxisSpectrum", "LayerSpectra",
@@ -120,66 +127,6 @@ def linear_share(ap: AxisProfile) -> np.ndarray:
     proj = (z @ _bases(ap.values, ap.counts, [(lambda v: v,)]))[:, 0] ** 2
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(between > 0, proj / between, np.nan)
-
-
-def polynomial_share(ap: AxisProfile, degree: int = POLY_DEGREE) -> np.ndarray:
-    """The share of each map's variance between axis values that a polynomial of this
-    degree in the value explains: smooth, non-periodic change (a ramp, a bend)."""
-    z = ap.weighted()
-    between = (z ** 2).sum(1)
-    proj = ((z @ _poly_basis(ap)) ** 2).sum(1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(between > 0, proj / between, np.nan)
-
-
-def _poly_basis(ap: AxisProfile, degree: int = POLY_DEGREE) -> np.ndarray:
-    """(len(values), <= degree): the weighted polynomial directions, constant taken out."""
-    v0, span = float(ap.values.min()), max(1.0, float(np.ptp(ap.values)))
-    cols = tuple((lambda v, k=k: ((v - v0) / span) ** k) for k in range(1, degree + 1))
-    return _bases(ap.values, ap.counts, [cols])
-
-
-def smooth_share(ap: AxisProfile, degree: int = POLY_DEGREE) -> np.ndarray:
-    """The share of each map's variance between axis values that a polynomial of this
-    degree plus the best single RANGE of axis values (an indicator of values[i:j])
-    explain together: the smooth guard a period must beat. A range is the heuristics'
-    commonest pattern and has power at the longest candidate periods (a window of the
-    result looks like half a cycle of T = 19 on [0, 58], T = 66 on [0, 198]); a cubic
-    alone does not absorb it, so before this guard range maps were called periodic there.
-
-    Exact least squares: the range column's part along the polynomial is taken out of
-    the column as of the map, so the share is the polynomial's plus the best range's on
-    what the polynomial leaves. Ranges run between every pair of value boundaries, or,
-    past RANGE_EDGES boundaries, between evenly spaced ones (a window's edges then within
-    len(values) / RANGE_EDGES values)."""
-    z = ap.weighted()
-    n, nv = z.shape
-    between = (z ** 2).sum(1)
-    q = _poly_basis(ap, degree)
-    coef = z @ q
-    resid = z - coef @ q.T
-    w = np.sqrt(ap.counts.astype(np.float64))
-    edges = (np.arange(nv + 1) if nv + 1 <= RANGE_EDGES
-             else np.unique(np.linspace(0, nv, RANGE_EDGES).round().astype(np.int64)))
-    # per boundary, cumulative sums of the residual's, the polynomial's and the counts'
-    # weighted values: a range's products are differences of two of them
-    cum_z = np.concatenate([np.zeros((n, 1)), np.cumsum(resid * w, 1)], 1)[:, edges]
-    cum_q = np.concatenate([np.zeros((1, q.shape[1])), np.cumsum(q * w[:, None], 0)], 0)[edges]
-    cum_c = np.concatenate([[0.0], np.cumsum(ap.counts.astype(np.float64))])[edges]
-    i, j = np.triu_indices(len(edges), 1)
-    inside = cum_c[j] - cum_c[i]
-    total_c = float(ap.counts.sum())
-    # |range column|^2 once centred (C p (1 - p)), less its part along the polynomial
-    den = inside * (1.0 - inside / total_c) - ((cum_q[j] - cum_q[i]) ** 2).sum(1)
-    ok = den > 1e-9 * total_c
-    i, j, den = i[ok], j[ok], den[ok]
-    best = np.zeros(n)
-    step = max(1, 2_000_000 // max(1, len(den)))
-    for s0 in range(0, n, step):
-        num = (cum_z[s0:s0 + step, j] - cum_z[s0:s0 + step, i]) ** 2
-        best[s0:s0 + step] = (num / den).max(1) if len(den) else 0.0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(between > 0, ((coef ** 2).sum(1) + best) / between, np.nan)
 
 
 def fit_r2(ap: AxisProfile, periods_per_map: np.ndarray) -> np.ndarray:
@@ -254,32 +201,18 @@ def axis_spectrum(ap: AxisProfile, null: tuple[AxisNull, np.ndarray, np.ndarray]
         draws, fitted, sigma = null
         # smooth change (a ramp, a bend: magnitude, low frequency) or one range of values
         # that a cubic and a range explain better is not a period, though it beats noise
-        # at the longest periods; only the maps past the cubic, then past the cubic and
-        # a range, go through the nulls (each map's test is its own)
+        # at the longest periods. Each map's test is its own, so the tests run cheapest
+        # first on the maps still standing: the cubic, the nulls, the cubic and a range
         test = np.flatnonzero(observed > polynomial_share(sub))
-        if len(test):
-            test = test[_beats_a_range(sub, test, fitted[ok][test], bases, best[ok][test])]
         beaten = np.zeros(len(observed), bool)
         if len(test):
             tested = AxisProfile(sub.values, sub.counts, sub.prof[test], sub.total[test])
-            beaten[test] = _null_beaten(tested, draws, fitted[ok][test], sigma[ok][test],
-                                        bases, len(periods), observed[test])
+            test = test[_null_beaten(tested, draws, fitted[ok][test], sigma[ok][test],
+                                     bases, len(periods), observed[test])]
+        if len(test):
+            beaten[test] = _beats_a_range(sub, test, fitted[ok][test], bases, best[ok][test])
         out.significant[ok] = beaten
     return out
-
-
-def _beats_a_range(sub: AxisProfile, rows: np.ndarray, fitted: np.ndarray, bases: np.ndarray,
-                   best: np.ndarray) -> np.ndarray:
-    """Per map (``rows`` of ``sub``), whether its dominant period (column ``best`` of the
-    period ``bases``) explains more of the axis's own effect, the profile less the other
-    operands' fit (``fitted``), than a cubic plus one range of values do."""
-    own = AxisProfile(sub.values, sub.counts, sub.prof[rows] - fitted, sub.total[rows])
-    z = own.weighted()
-    cols = np.stack([2 * best, 2 * best + 1], 1)
-    proj = np.take_along_axis(z @ bases, cols, 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = (proj ** 2).sum(1) / (z ** 2).sum(1)
-    return share > smooth_share(own)
 
 
 @dataclass
@@ -325,10 +258,29 @@ def op_nulls(a: np.ndarray, b: np.ndarray, result: np.ndarray, rng: np.random.Ge
 _NULLS: dict[tuple, dict[str, AxisNull]] = {}
 
 
+@functools.cache
+def _draws_version() -> str:
+    """What the draws are computed by: the null module's text, ``op_nulls``'s and
+    numpy's version (a change to any of them must not read draws made before it)."""
+    import inspect
+
+    from catalog import spectra_null
+
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(Path(spectra_null.__file__).read_bytes())
+    digest.update(inspect.getsource(op_nulls).encode())
+    digest.update(np.__version__.encode())
+    return digest.hexdigest()
+
+
 def cached_op_nulls(a: np.ndarray, b: np.ndarray, result: np.ndarray, seed,
-                    n_null: int = N_NULL) -> dict[str, AxisNull]:
+                    n_null: int = N_NULL, cache_dir: Path | None = None
+                    ) -> dict[str, AxisNull]:
     """``op_nulls`` seeded by ``seed``, kept for the next layer with the same cells (the
-    draws depend on the cells and the seed alone; a few operators' worth are kept)."""
+    draws depend on the cells and the seed alone; a few operators' worth are kept) and,
+    with ``cache_dir``, on disk for the next run with the same cells and seed (the next
+    checkpoint of a model: the draws are a fixed cost of each run, most of the spectra's
+    time where few maps are periodic)."""
     digest = hashlib.blake2b(digest_size=16)
     for x in (a, b, result):
         digest.update(np.ascontiguousarray(x, np.int64).tobytes())
@@ -336,17 +288,30 @@ def cached_op_nulls(a: np.ndarray, b: np.ndarray, result: np.ndarray, seed,
     if key not in _NULLS:
         if len(_NULLS) >= 8:
             _NULLS.pop(next(iter(_NULLS)))
-        _NULLS[key] = op_nulls(a, b, result, np.random.default_rng([*key[0], 9]), n_null)
+        path = None
+        if cache_dir is not None:
+            name = hashlib.blake2b(repr((key, _draws_version())).encode(), digest_size=16)
+            path = Path(cache_dir) / f"{name.hexdigest()}.npz"
+        nulls = load_nulls(path) if path is not None else None
+        if nulls is None:
+            nulls = op_nulls(a, b, result, np.random.default_rng([*key[0], 9]), n_null)
+            if path is not None:
+                try:
+                    save_nulls(path, nulls)
+                except OSError:
+                    pass  # a read-only or full cache: drawn again next time
+        _NULLS[key] = nulls
     return _NULLS[key]
 
 
 def op_spectra(k_map: np.ndarray, kv_map: np.ndarray | None, a: np.ndarray, b: np.ndarray,
-               result: np.ndarray, seed, n_null: int = N_NULL) -> Spectra:
+               result: np.ndarray, seed, n_null: int = N_NULL,
+               cache_dir: Path | None = None) -> Spectra:
     """Spectra of one operator's maps (rows: neurons; columns: its valid cells with
     operands ``a``, ``b`` and ``result``). Seeded: the same cells and seed give the same
     null draws (the catalog seeds them by its config's seed and the operator, so every
     layer is tested against the same draws)."""
-    nulls = cached_op_nulls(a, b, result, seed, n_null)
+    nulls = cached_op_nulls(a, b, result, seed, n_null, cache_dir)
     values = {"op1": a, "op2": b, "result": result}
     axes, by_result = _map_spectra(k_map, values, nulls, ("op1", "op2", "result"))
     axes["kv"] = (_map_spectra(kv_map, values, nulls, ("result",))[0]["result"]

@@ -5,7 +5,11 @@ closed-form Freedman-Lane null) or plus its own residual profile relabelled."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -237,4 +241,46 @@ def _null_beaten(ap: AxisProfile, null: AxisNull, fitted_prof: np.ndarray,
             break
     out = np.zeros(len(fitted), bool)
     out[live] = True
+    return out
+
+
+def save_nulls(path: Path, nulls: dict[str, AxisNull]) -> None:
+    """Write one operator's null draws (``op_nulls``) to ``path`` (.npz), atomically: a
+    reader sees the whole file or none (workers share the cache)."""
+    arrays: dict[str, np.ndarray] = {}
+    for x, n in nulls.items():
+        nu = n.nuisance
+        arrays.update({f"{x}.pinv": nu.pinv, f"{x}.df": np.array(nu.df),
+                       f"{x}.sizes": np.array(nu.sizes, np.int64), f"{x}.means": n.means,
+                       f"{x}.noise": n.noise, f"{x}.perms": n.perms})
+        arrays.update({f"{x}.code{i}": c for i, c in enumerate(nu.codes)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, allow_pickle=False, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_nulls(path: Path) -> dict[str, AxisNull] | None:
+    """The null draws ``save_nulls`` wrote, or None where the file is missing or not
+    readable as such (it is then drawn again)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return None
+    out = {}
+    try:
+        for x in sorted({k.split(".")[0] for k in arrays}):
+            sizes = [int(v) for v in arrays[f"{x}.sizes"]]
+            codes = [arrays[f"{x}.code{i}"] for i in range(len(sizes))]
+            nu = Nuisance(codes, sizes, arrays[f"{x}.pinv"], int(arrays[f"{x}.df"]))
+            out[x] = AxisNull(nu, arrays[f"{x}.means"], arrays[f"{x}.noise"],
+                              arrays[f"{x}.perms"])
+    except KeyError:
+        return None
     return out

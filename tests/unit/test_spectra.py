@@ -4,7 +4,7 @@ their period, noise not, and the shares equal to numpy's FFT of the axis profile
 import numpy as np
 import pytest
 
-from catalog import spectra
+from catalog import spectra, spectra_guard
 from catalog.arith import apply_op, is_valid
 
 
@@ -363,9 +363,46 @@ def test_the_smooth_guard_equals_least_squares_with_each_range(edges, monkeypatc
     maps = rng.normal(size=(5, len(a))) + ((res >= 7) & (res < 12)) * 2.0 + 0.1 * res
     ap = spectra.profile(maps, res)
     if edges:
-        monkeypatch.setattr(spectra, "RANGE_EDGES", edges)
+        monkeypatch.setattr(spectra_guard, "RANGE_EDGES", edges)
         cut = np.unique(np.linspace(0, len(ap.values), edges).round().astype(int))
     else:
         cut = np.arange(len(ap.values) + 1)
-    np.testing.assert_allclose(spectra.smooth_share(ap), _smooth_share_reference(ap, cut),
+    np.testing.assert_allclose(spectra_guard.smooth_share(ap), _smooth_share_reference(ap, cut),
                                rtol=1e-9, atol=1e-12)
+
+
+def test_null_draws_kept_on_disk_are_the_draws_and_give_the_same_spectra(tmp_path, monkeypatch):
+    """The next run with the same cells and seed reads the draws from the cache folder
+    instead of drawing them: the same arrays, the same spectra; a damaged file is drawn
+    again and replaced; another seed is another file."""
+    rng = np.random.default_rng(53)
+    a, b, res = _grid("-", 0, 30)
+    maps = rng.normal(size=(40, len(a))) + np.cos(2 * np.pi * res / 4)
+    spectra._NULLS.clear()
+    first = spectra.op_spectra(maps, maps, a, b, res, seed=[0, 1], cache_dir=tmp_path)
+    files = sorted(tmp_path.glob("*.npz"))
+    assert len(files) == 1
+    spectra._NULLS.clear()
+    drawn = []
+    monkeypatch.setattr(spectra, "op_nulls", lambda *args: drawn.append(1) or 1 / 0)
+    again = spectra.op_spectra(maps, maps, a, b, res, seed=[0, 1], cache_dir=tmp_path)
+    assert not drawn  # read from the file, not drawn
+    monkeypatch.undo()
+    fresh = spectra.op_nulls(a, b, res, np.random.default_rng([0, 1, 9]))
+    loaded = spectra.load_nulls(files[0])
+    for x in ("op1", "op2", "result"):
+        for field in ("means", "noise", "perms"):
+            assert np.array_equal(getattr(loaded[x], field), getattr(fresh[x], field))
+        assert np.array_equal(loaded[x].nuisance.pinv, fresh[x].nuisance.pinv)
+    for x in spectra.AXES:
+        for field in ("period", "share", "significant", "fit_r2"):
+            assert np.array_equal(getattr(first.axes[x], field), getattr(again.axes[x], field),
+                                  equal_nan=field != "significant")
+    assert first.axes["result"].significant.sum() > 20  # the planted period 4 is found
+    files[0].write_bytes(b"not an npz")  # damaged: drawn again and written anew
+    spectra._NULLS.clear()
+    redone = spectra.op_spectra(maps, maps, a, b, res, seed=[0, 1], cache_dir=tmp_path)
+    assert np.array_equal(redone.axes["result"].significant, first.axes["result"].significant)
+    assert spectra.load_nulls(files[0]) is not None
+    spectra.op_spectra(maps, maps, a, b, res, seed=[0, 2], cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 2
