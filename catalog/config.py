@@ -135,8 +135,8 @@ class ScienceConfig:
         "number of digits: one- against two-digit operands is tokenisation, not arithmetic) "
         "or none (all values of the operand or result)", choices=NULL_STRATA)
     spectra: bool = _opt(
-        False, "the periodic structure of every map (catalog.spectra, docs/method.md section "
-               "11); off by default while its null over-calls maps of the operands alone")
+        True, "the periodic structure of every map (catalog.spectra, docs/method.md section "
+              "11): about 7% of a run's time, 3-5% of neuron_op's bytes")
     dedupe_heuristics: bool = _opt(
         True, "score each cell set once, under its simplest name (the others are its "
               "aliases); off: every heuristic, as before 0.6.0")
