@@ -18,7 +18,7 @@ def polynomial_share(ap: AxisProfile, degree: int = POLY_DEGREE) -> np.ndarray:
     degree in the value explains: smooth, non-periodic change (a ramp, a bend)."""
     z = ap.weighted()
     between = (z ** 2).sum(1)
-    proj = ((z @ _poly_basis(ap)) ** 2).sum(1)
+    proj = ((z @ _poly_basis(ap, degree)) ** 2).sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(between > 0, proj / between, np.nan)
 
