@@ -37,6 +37,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
+from catalog import single_position
 from catalog.grids import (
     PrefixRunner,
     cache_keys,
@@ -120,6 +121,19 @@ def _last_position_forward(
     return final_logits(model, h)[:, 0]
 
 
+def _later_logits(model: HookedTransformer, x: torch.Tensor, layer: int,
+                  past: list[tuple[torch.Tensor, torch.Tensor]],
+                  laid_out: list | None, repeat: int) -> torch.Tensor:
+    """Logits of rows ``x`` (residual after ``layer``'s block at the last position), run
+    through the later blocks: by ``single_position`` where ``laid_out`` holds its keys,
+    else by TransformerLens's cached forward."""
+    if layer + 1 == model.cfg.n_layers:
+        return final_logits(model, x[:, None, :])[:, 0]
+    if laid_out is not None:
+        return final_logits(model, single_position.forward(model, x, layer + 1, laid_out))[:, 0]
+    return _last_position_forward(model, x, layer + 1, past, repeat)
+
+
 def mlp_output_norm(model: HookedTransformer, layer: int) -> torch.nn.Module | None:
     """The norm a block applies to its MLP's output before adding it to the residual, where
     it has one: Gemma 2 and 3 (a norm before and after each sublayer), OLMo 2 (after only).
@@ -146,6 +160,7 @@ def exact_patching(
     neurons: np.ndarray | None = None,
     with_log: bool = False,
     reuse_prefix: bool = True,
+    grouped: bool = True,
 ):
     """Exact patching effect of the neurons of ``layer`` (all, or ``neurons``) on every pair.
 
@@ -153,7 +168,10 @@ def exact_patching(
     prompt ``cf[j]``. Returns a float32 (n_neurons, n_pairs) array of the paper's
     effect, and with ``with_log`` also the log-space effect of the same shape. With
     ``reuse_prefix`` the clean run starts after the operator's shared prefix, whose keys
-    and values come from its cache (catalog.grids.PrefixRunner).
+    and values come from its cache (catalog.grids.PrefixRunner). With ``grouped`` (and a
+    model ``catalog.single_position`` supports) the rows of a pair attend to its cached
+    keys without copies of them (``single_position``); otherwise through TransformerLens's
+    cached forward, a copy of the keys per row.
     """
     n_layers = model.cfg.n_layers
     device = model.cfg.device
@@ -206,10 +224,9 @@ def exact_patching(
         # the clean baseline goes through the same single-position path as the patched
         # rows: in bfloat16 on a GPU, two kernel paths round differently, and that
         # difference (not the neuron) would be every small neuron's "effect"
-        if later:
-            base = _last_position_forward(model, resid, layer + 1, past, repeat=1)
-        else:
-            base = final_logits(model, resid[:, None, :])[:, 0]
+        laid_out = (single_position.prepare(model, layer + 1, past)
+                    if later and grouped and single_position.supports(model) else None)
+        base = _later_logits(model, resid, layer, past, laid_out, repeat=1)
         lp = base.log_softmax(-1)
         rows = torch.arange(len(pb.answer), device=device)
         lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
@@ -223,11 +240,8 @@ def exact_patching(
             else:
                 x = resid_mid[:, None, :] + post_norm(
                     mlp_raw[:, None, :] + delta[..., None] * w_out[sl][None])
-            x = x.reshape(n_pairs * c, -1)
-            if later:
-                patched = _last_position_forward(model, x, layer + 1, past, repeat=c)
-            else:
-                patched = final_logits(model, x[:, None, :])[:, 0]
+            patched = _later_logits(model, x.reshape(n_pairs * c, -1), layer, past, laid_out,
+                                    repeat=c)
             lps = patched.log_softmax(-1).reshape(n_pairs, c, -1)
             lps_r = lps.gather(-1, pb.answer[:, None, None].expand(n_pairs, c, 1))[..., 0]
             lps_rp = lps.gather(-1, pb.cf_answer[:, None, None].expand(n_pairs, c, 1))[..., 0]

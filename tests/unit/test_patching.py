@@ -31,7 +31,7 @@ def test_effect_metric_on_hand_computed_numbers():
     assert float(effect_from_logprobs(*lp)) == pytest.approx(1.0, rel=1e-12)
 
 
-def check_exact_equals_naive(model, tokenizer, layers, hi):
+def check_exact_equals_naive(model, tokenizer, layers, hi, grouped=True):
     model = model.to(torch.float64)
     config = ScienceConfig(operand_hi=hi, pairs_per_op=6)
     prep = CheckpointRun(model, tokenizer, config, layers=layers).prepare()
@@ -40,7 +40,8 @@ def check_exact_equals_naive(model, tokenizer, layers, hi):
         clean, cf = sample_pairs(prep.table, op, 6, seed=1)
         for layer in layers:
             fast = exact_patching(model, prep.table, layer, clean, cf,
-                                  prep.activations(layer)[cf].astype(np.float64), chunk=24)
+                                  prep.activations(layer)[cf].astype(np.float64), chunk=24,
+                                  grouped=grouped)
             slow = naive_patching(model, prep.table, layer, clean, cf)
             assert np.abs(slow).max() > 1e-3  # the check is not vacuous
             np.testing.assert_allclose(fast, slow, rtol=1e-4, atol=1e-7)
@@ -50,6 +51,15 @@ def test_exact_patching_equals_naive_loop_on_builtin(tiny_builtin):
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root, dtype=torch.float64)
     check_exact_equals_naive(lm.model, lm.tokenizer, [0, 1], hi=20)
+
+
+def test_exact_patching_through_transformer_lens_cached_forward_equals_naive_loop(
+        tiny_builtin):
+    """The path of models that catalog.single_position does not reproduce (ALiBi, attention
+    sinks, ...): each row through TransformerLens's cached forward."""
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", builtin_config=cfg, cache_root=root, dtype=torch.float64)
+    check_exact_equals_naive(lm.model, lm.tokenizer, [0, 1], hi=20, grouped=False)
 
 
 def test_exact_patching_equals_naive_loop_on_builtin_default_shape():
