@@ -227,9 +227,11 @@ def exact_patching(
         laid_out = (single_position.prepare(model, layer + 1, past)
                     if later and grouped and single_position.supports(model) else None)
         base = _later_logits(model, resid, layer, past, laid_out, repeat=1)
-        lp = base.log_softmax(-1)
+        # log-probabilities of the two answers only: a logit less the row's log-sum-exp
+        # (log_softmax would write a second full-vocabulary tensor per forward)
+        norm = torch.logsumexp(base, -1)
         rows = torch.arange(len(pb.answer), device=device)
-        lp_r, lp_rp = lp[rows, pb.answer], lp[rows, pb.cf_answer]
+        lp_r, lp_rp = base[rows, pb.answer] - norm, base[rows, pb.cf_answer] - norm
         n_pairs = len(pb.answer)
         for start in range(0, d_sel, chunk):
             sl = slice(start, min(start + chunk, d_sel))
@@ -242,9 +244,11 @@ def exact_patching(
                     mlp_raw[:, None, :] + delta[..., None] * w_out[sl][None])
             patched = _later_logits(model, x.reshape(n_pairs * c, -1), layer, past, laid_out,
                                     repeat=c)
-            lps = patched.log_softmax(-1).reshape(n_pairs, c, -1)
-            lps_r = lps.gather(-1, pb.answer[:, None, None].expand(n_pairs, c, 1))[..., 0]
-            lps_rp = lps.gather(-1, pb.cf_answer[:, None, None].expand(n_pairs, c, 1))[..., 0]
+            norm = torch.logsumexp(patched, -1).reshape(n_pairs, c)
+            logits = patched.reshape(n_pairs, c, -1)
+            lps_r = logits.gather(-1, pb.answer[:, None, None].expand(n_pairs, c, 1))[..., 0] - norm
+            lps_rp = logits.gather(-1, pb.cf_answer[:, None, None].expand(n_pairs, c, 1))[..., 0] \
+                - norm
             eff = effect_from_logprobs(lp_r[:, None], lp_rp[:, None], lps_r, lps_rp)  # (P, c)
             out[sl][:, pb.positions] = eff.T.float().cpu().numpy()
             if with_log:
