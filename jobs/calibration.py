@@ -41,8 +41,9 @@ TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 # the config fields that change a unit's cost (the rest change how many units there are)
 # bumped when a calibration's meaning changes, so older cached ones are measured again
 # 3: grids coded with 2-D prediction (fewer bytes per cell); 4: correct shares (pairs and
-# faithfulness prompts drawn from the correct prompts) and the label rule's time
-PLANNER_VERSION = 4
+# faithfulness prompts drawn from the correct prompts) and the label rule's time;
+# 5: the periodic spectra's time (on by default since catalog 0.9.0)
+PLANNER_VERSION = 5
 
 
 # the config fields that decide the grid-only costs (heuristics, matching)
@@ -54,7 +55,7 @@ COST_FIELDS = ("template", "few_shot", "shots", "shot_separator", "operators", "
                "families", "heuristic_variant", "score_bottom", "lens_top_k",
                "scores_per_family", "label_rule", "rank_statistic", "full_grids",
                "significance_level", "match_threshold", "score_floor", "null_strata",
-               "dedupe_heuristics")
+               "dedupe_heuristics", "spectra")
 
 
 SMALL_RUN = (20, 8, 20)  # (operand span, pairs, faithfulness prompts)
@@ -164,6 +165,7 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
                        live_by_layer=live,
                        matching_ratio=large["matching_ratio"],
                        significance_ratio=large["significance_ratio"],
+                       spectra_ratio=large["spectra_ratio"],
                        correct_share=large["correct_share"],
                        calibration_s=round(time.perf_counter() - t_all, 1),
                        measured_at=time.strftime("%Y-%m-%d %H:%M"),
@@ -332,6 +334,7 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
     return {
         "matching_ratio": phases.get("matching", 0.0) / max(random_s, 1e-9),
         "significance_ratio": phases.get("significance", 0.0) / max(random_s, 1e-9),
+        "spectra_ratio": phases.get("spectra", 0.0) / max(random_s, 1e-9),
         "correct_share": {op: correct[op] / max(len(run.table.op_index(op)), 1)
                           for op in small.operators},
         "units": {"grid": len(run.table), "lens": len(layers), "attribution": n_pairs,

@@ -40,6 +40,8 @@ class Calibration:
     correct_share: dict[str, float] = dataclasses.field(default_factory=dict)
     # the label rule's time (significance) over random maps' matching time on that grid
     significance_ratio: float = 0.0
+    # the periodic spectra's time (catalog.spectra) over the same, where the config asks
+    spectra_ratio: float = 0.0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -146,6 +146,9 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     if cal.significance_ratio:  # the label rule's null, over the same maps
         phases.append(Phase("labels (null)", live * ops, "live neurons x ops",
                             cal.significance_ratio * random_s))
+    if config.spectra and cal.spectra_ratio:  # periodic spectra of the same maps
+        phases.append(Phase("spectra", live * ops, "live neurons x ops",
+                            cal.spectra_ratio * random_s))
     if config.component_positions:  # every head and MLP layer patched per pair
         units = pairs
         phases.append(Phase("component effects", units, "pairs x ops",
