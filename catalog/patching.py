@@ -16,6 +16,8 @@ patched run only needs the LAST position recomputed from layer L+1 on, attending
 to the clean run's cached keys and values of the earlier positions. Every
 (pair, neuron) becomes one row of a batch of single-position forwards; for the
 last layer the patched logits are just ``unembed(ln_final(resid + delta * v_n))``.
+The rows of one pair share its cached keys (``catalog.single_position``: one product
+per pair, no copy of them per neuron).
 The naive way, one full forward with a hook per neuron, is kept in the tests as
 the reference this must equal.
 
