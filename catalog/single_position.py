@@ -82,7 +82,10 @@ def prepare(model: HookedTransformer, first_block: int,
         w_o = attn.W_O.permute(2, 0, 1).reshape(attn.W_O.shape[2], -1).contiguous()
         w_qkv, b_qkv = _projections(attn)
         rotated = False
-        if model.cfg.positional_embedding_type == "rotary" and _linear_before_rotary(attn):
+        # folded only in float32 and float64: rounded to bfloat16, rotated weights would be
+        # a second rounding of the model itself, not of one product
+        if (model.cfg.positional_embedding_type == "rotary" and _linear_before_rotary(attn)
+                and w_qkv.dtype in (torch.float32, torch.float64)):
             w_qkv, b_qkv = _rotated_projections(attn, w_qkv, b_qkv, n_pos)
             rotated = True
         out.append(_Past(k.permute(0, 2, 3, 1).contiguous(), v.permute(0, 2, 1, 3).contiguous(),
