@@ -68,3 +68,14 @@ def test_features_it_does_not_reproduce_take_transformer_lens_path(field):
     cfg = HookedTransformerConfig(n_layers=1, d_model=16, d_head=4, n_heads=4, d_mlp=16,
                                   d_vocab=20, n_ctx=16, act_fn="gelu", **field)
     assert not single_position.supports(HookedTransformer(cfg))
+
+
+def test_rotation_is_folded_into_the_projections_in_float32_only(pythia_hub):
+    """Rotated weights rounded to bfloat16 would round the model a second time: there the
+    rows are rotated after their product, as TransformerLens does."""
+    model = load_model(pythia_hub, checkpoint=1000).model
+    k = torch.zeros(2, 3, model.cfg.n_heads, model.cfg.d_head)
+    assert all(p.rotated for p in single_position.prepare(model, 4, [(k, k), (k, k)]))
+    model = model.to(torch.bfloat16)
+    kb = k.to(torch.bfloat16)
+    assert not any(p.rotated for p in single_position.prepare(model, 4, [(kb, kb), (kb, kb)]))
