@@ -136,6 +136,16 @@ def _later_logits(model: HookedTransformer, x: torch.Tensor, layer: int,
     return _last_position_forward(model, x, layer + 1, past, repeat)
 
 
+def _answer_logprobs(logits: torch.Tensor, answer: torch.Tensor,
+                     cf_answer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of each row's two answers (rows, vocabulary -> two (rows,)): a
+    logit less the row's log-sum-exp (log_softmax would write a second full-vocabulary
+    tensor per forward)."""
+    norm = torch.logsumexp(logits, -1)
+    rows = torch.arange(len(logits), device=logits.device)
+    return logits[rows, answer] - norm, logits[rows, cf_answer] - norm
+
+
 def mlp_output_norm(model: HookedTransformer, layer: int) -> torch.nn.Module | None:
     """The norm a block applies to its MLP's output before adding it to the residual, where
     it has one: Gemma 2 and 3 (a norm before and after each sublayer), OLMo 2 (after only).
@@ -229,11 +239,7 @@ def exact_patching(
         laid_out = (single_position.prepare(model, layer + 1, past)
                     if later and grouped and single_position.supports(model) else None)
         base = _later_logits(model, resid, layer, past, laid_out, repeat=1)
-        # log-probabilities of the two answers only: a logit less the row's log-sum-exp
-        # (log_softmax would write a second full-vocabulary tensor per forward)
-        norm = torch.logsumexp(base, -1)
-        rows = torch.arange(len(pb.answer), device=device)
-        lp_r, lp_rp = base[rows, pb.answer] - norm, base[rows, pb.cf_answer] - norm
+        lp_r, lp_rp = _answer_logprobs(base, pb.answer, pb.cf_answer)
         n_pairs = len(pb.answer)
         for start in range(0, d_sel, chunk):
             sl = slice(start, min(start + chunk, d_sel))
@@ -246,11 +252,8 @@ def exact_patching(
                     mlp_raw[:, None, :] + delta[..., None] * w_out[sl][None])
             patched = _later_logits(model, x.reshape(n_pairs * c, -1), layer, past, laid_out,
                                     repeat=c)
-            norm = torch.logsumexp(patched, -1).reshape(n_pairs, c)
-            logits = patched.reshape(n_pairs, c, -1)
-            lps_r = logits.gather(-1, pb.answer[:, None, None].expand(n_pairs, c, 1))[..., 0] - norm
-            lps_rp = logits.gather(-1, pb.cf_answer[:, None, None].expand(n_pairs, c, 1))[..., 0] \
-                - norm
+            lps_r, lps_rp = (lp.view(n_pairs, c) for lp in _answer_logprobs(
+                patched, pb.answer.repeat_interleave(c), pb.cf_answer.repeat_interleave(c)))
             eff = effect_from_logprobs(lp_r[:, None], lp_rp[:, None], lps_r, lps_rp)  # (P, c)
             out[sl][:, pb.positions] = eff.T.float().cpu().numpy()
             if with_log:
