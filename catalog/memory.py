@@ -33,6 +33,20 @@ PROCESS_BYTES = 640 * 1024**2  # imports (466 MB measured) and the interpreter's
 # peak while loading, in float32 weights (TransformerLens' count, untied unembedding)
 LOAD_FACTOR = {"gguf": 2.0, "hub": 3.0, "local": 3.0, "builtin": 3.0}
 
+# a GGUF file loaded one tensor at a time (``sources.gguf_stream``) holds the weights in
+# the run's dtype and, until the end, the unembedding in float32; at its start, the
+# embedding and unembedding group holds three float32 copies of the larger of the two.
+# Measured (2026-11-26, over the process): Qwen2.5-Coder-0.5B 1.66 GiB in bfloat16
+# (estimated 1.68 before the margin), 2.54 GiB in float32 (2.86)
+STREAMED_MARGIN = 1.1
+
+
+def streamed_load(fp: Footprint, dtype: str) -> float:
+    """Peak bytes of a streamed GGUF load, beyond the process (see STREAMED_MARGIN)."""
+    head32 = 4.0 * fp.d_vocab * fp.d_model
+    return STREAMED_MARGIN * max(fp.n_params * float(dtype_bytes(dtype)) + head32,
+                                 3 * head32)
+
 # one layer's matching work over its maps: activations, ranks, sorted copies, scores,
 # the value null's walks (the built-in model's default request, every layer: the matching
 # phase peaked at 6.20 GiB, 4.3 GiB estimated with 6 copies; 2026-11-26)
@@ -87,6 +101,15 @@ def freed_memory_returned():
             libc.malloc_trim(0)
 
 
+def trim() -> None:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): after a
+    burst of small allocations, such as a GGUF file's metadata parsed into a hundred
+    thousand small arrays, which otherwise stay resident. Does nothing elsewhere."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 class MemoryBudgetError(ValueError):
     """A request whose estimated peak memory is over the budget (nothing was loaded)."""
 
@@ -132,7 +155,7 @@ def memory_budget(explicit: int = 0) -> tuple[int, str]:
 class Footprint:
     """A model's shape as far as memory goes (read from its config, no weights)."""
 
-    source: str  # gguf, hub, local, builtin
+    source: str  # gguf-streamed (one tensor at a time), gguf (whole), hub, local, builtin
     n_params: int  # as TransformerLens holds them (a tied embedding counted twice)
     n_layers: int
     d_model: int
@@ -171,7 +194,10 @@ def estimate_memory(fp: Footprint, *, prompts: int, n_layers: int, pairs: int,
     ``pairs`` counterfactual pairs per operator at most, prompts ``n_ctx`` tokens long."""
     w32 = fp.n_params * 4.0
     w_run = fp.n_params * float(dtype_bytes(dtype))
-    load = LOAD_FACTOR.get(fp.source, max(LOAD_FACTOR.values())) * w32
+    if fp.source == "gguf-streamed":
+        load = streamed_load(fp, dtype)
+    else:
+        load = LOAD_FACTOR.get(fp.source, max(LOAD_FACTOR.values())) * w32
     grid_all = float(prompts) * n_layers * fp.d_mlp * 4
     acts = grid_all if grid_all <= activation_budget else float(prompts) * fp.d_mlp * 4
     layer = LAYER_COPIES * float(prompts) * fp.d_mlp * 4
@@ -186,7 +212,8 @@ def estimate_memory(fp: Footprint, *, prompts: int, n_layers: int, pairs: int,
         patch = rows * (fp.d_vocab + 4 * fp.d_model + 2 * fp.d_mlp) * 4 + cache
     on_gpu = device.startswith("cuda")
     parts = {"process (Python, torch imported)": float(PROCESS_BYTES),
-             "loading (float32, converted)": load}
+             ("loading (one tensor at a time)" if fp.source == "gguf-streamed"
+              else "loading (float32, converted)"): load}
     run = acts + layer + (0.0 if on_gpu else w_run + forward + patch)
     parts["measuring (host)"] = run
     host = PROCESS_BYTES + max(load, run)

@@ -10,7 +10,8 @@ write small, randomly initialised models in exactly the formats real users load:
   ``load_model("EleutherAI/pythia-14m", checkpoint=N)`` with ``HF_HUB_OFFLINE=1``
   takes the same code path as an online user;
 - ``write_local_model``: a Hugging Face model directory;
-- ``write_llama_gguf``: a tiny Llama in a GGUF file whose SentencePiece-style
+- ``write_llama_gguf`` (``write_gguf`` for other shapes, Qwen 2, tied or Q8_0 weights):
+  a tiny Llama in a GGUF file whose SentencePiece-style
   tokenizer splits numbers into single digits (like Llama 2 or Mistral).
 
 Their tokenizers are built with the ``tokenizers`` library: numbers up to a limit
@@ -148,21 +149,35 @@ def write_pythia_cache(hub_cache: Path, steps: list[int], repo: str = PYTHIA_REP
 
 def write_llama_gguf(path: Path, seed: int = 0) -> Path:
     """A tiny random Llama (2 layers, d_model 64, d_mlp 128) in GGUF, digit-level tokenizer."""
+    return write_gguf(path, seed=seed)
+
+
+def write_gguf(path: Path, *, arch: str = "llama", seed: int = 0, d: int = 64,
+               n_layers: int = 2, d_ff: int = 128, n_heads: int = 4, n_kv_heads: int = 4,
+               extra_tokens: int = 0, tied: bool = False, quantized: bool = False,
+               norm_scale: float = 0.0) -> Path:
+    """A random decoder in GGUF with a digit-level SentencePiece-style vocabulary
+    (``extra_tokens`` more tokens widen it): ``arch`` "llama" or "qwen2" (biases on Q, K,
+    V); ``tied``: no output tensor (the head is the embedding); ``quantized``: the
+    matrices in Q8_0, dequantized in blocks on load, as a real model's are; norm weights
+    1 + ``norm_scale`` x N(0, 1) (ones by default, the weights the defaults always had)."""
     import gguf
+    from gguf import GGMLQuantizationType, quants
 
     rng = np.random.default_rng(seed)
     specials = ["<unk>", "<s>", "</s>"]
     chars = ["\u2581"] + list(string.digits) + list("+-*/=:?.,") + list(string.ascii_letters)
+    chars += [f"\u2581w{i}" for i in range(extra_tokens)]
     tokens = specials + chars
-    n_vocab, d, n_layers, d_ff, n_heads = len(tokens), 64, 2, 128, 4
-    w = gguf.GGUFWriter(str(path), "llama")
+    n_vocab, d_head = len(tokens), d // n_heads
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(64)
     w.add_embedding_length(d)
     w.add_block_count(n_layers)
     w.add_feed_forward_length(d_ff)
     w.add_head_count(n_heads)
-    w.add_head_count_kv(n_heads)
-    w.add_rope_dimension_count(d // n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_dimension_count(d_head)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("llama")
@@ -173,20 +188,33 @@ def write_llama_gguf(path: Path, seed: int = 0) -> Path:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
 
-    def t(*shape):
-        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    def add(name, *shape, scale=0.1, offset=0.0):
+        x = (rng.standard_normal(shape) * scale + offset if scale else
+             np.full(shape, offset)).astype(np.float32)
+        if quantized and len(shape) == 2:
+            w.add_tensor(name, quants.quantize(x, GGMLQuantizationType.Q8_0),
+                         raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, x)
 
-    w.add_tensor("token_embd.weight", t(n_vocab, d))
+    add("token_embd.weight", n_vocab, d)
     for i in range(n_layers):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(d, dtype=np.float32))
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            w.add_tensor(f"blk.{i}.{name}.weight", t(d, d))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(d, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.ffn_gate.weight", t(d_ff, d))
-        w.add_tensor(f"blk.{i}.ffn_up.weight", t(d_ff, d))
-        w.add_tensor(f"blk.{i}.ffn_down.weight", t(d, d_ff))
-    w.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
-    w.add_tensor("output.weight", t(n_vocab, d))
+        add(f"blk.{i}.attn_norm.weight", d, scale=norm_scale, offset=1.0)
+        add(f"blk.{i}.attn_q.weight", d, d)
+        add(f"blk.{i}.attn_k.weight", n_kv_heads * d_head, d)
+        add(f"blk.{i}.attn_v.weight", n_kv_heads * d_head, d)
+        if arch == "qwen2":
+            add(f"blk.{i}.attn_q.bias", d)
+            add(f"blk.{i}.attn_k.bias", n_kv_heads * d_head)
+            add(f"blk.{i}.attn_v.bias", n_kv_heads * d_head)
+        add(f"blk.{i}.attn_output.weight", d, d)
+        add(f"blk.{i}.ffn_norm.weight", d, scale=norm_scale, offset=1.0)
+        add(f"blk.{i}.ffn_gate.weight", d_ff, d)
+        add(f"blk.{i}.ffn_up.weight", d_ff, d)
+        add(f"blk.{i}.ffn_down.weight", d, d_ff)
+    add("output_norm.weight", d, scale=norm_scale, offset=1.0)
+    if not tied:
+        add("output.weight", n_vocab, d)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -99,15 +99,20 @@ def load_model(
 
     Weights are read, hashed and processed (LayerNorm folding, centering) in float32 and
     then cast to ``dtype``, so a checkpoint's weights hash does not depend on the dtype a
-    run asks for, and the processing does not round twice. No weight requires grad (the
-    catalog's backward passes need gradients of activations only).
+    run asks for, and the processing does not round twice. A source that
+    ``loads_in_dtype`` (GGUF files) does this one tensor or layer at a time and holds
+    the weights in ``dtype`` only; the others load in float32 and are cast after. No
+    weight requires grad (the catalog's backward passes need gradients of activations
+    only).
     """
     source = find_source(name)
     with freed_memory_returned():
         lm = _quiet(source.load, name, checkpoint, tokenizer=tokenizer, device=device,
-                    dtype=torch.float32, builtin_config=builtin_config,
-                    cache_root=cache_root, progress=progress)
-        if dtype != torch.float32:
+                    dtype=dtype if source.loads_in_dtype else torch.float32,
+                    builtin_config=builtin_config, cache_root=cache_root,
+                    progress=progress)
+        if lm.model.cfg.dtype != dtype or any(
+                p.is_floating_point() and p.dtype != dtype for p in lm.model.parameters()):
             lm.model.to(dtype)
             lm.model.cfg.dtype = dtype
         transposed_layout(lm.model)

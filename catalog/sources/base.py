@@ -68,6 +68,9 @@ class Source:
     checkpoints: Callable[..., list[int] | None]
     inspect: Callable[..., ModelShape]
     canonical: Callable[..., str]
+    # the loader takes the working dtype and hashes and processes in float32 itself
+    # (GGUF: one tensor at a time); the others are given float32 and cast after
+    loads_in_dtype: bool = False
 
 
 SOURCES: dict[str, Source] = {}

@@ -1,18 +1,26 @@
-"""A GGUF file (a path ending in ``.gguf``; transformers dequantizes it), and the known
-models fetched with ``ncat fetch NAME`` (``catalog.registry``), which are GGUF files
-loaded by name."""
+"""A GGUF file (a path ending in ``.gguf``), and the known models fetched with ``ncat fetch
+NAME`` (``catalog.registry``), which are GGUF files loaded by name.
+
+Loaded one tensor at a time in the working dtype (``gguf_stream``); a file that cannot be
+(a tensor processor that splits or merges tensors) is loaded whole by transformers in
+float32 and cast after."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from catalog.memory import trim
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
+from catalog.sources.gguf_stream import StreamUnsupported, load_streamed, streams
 from catalog.sources.hf import check_convertible, context_length, from_hf_model, hf_footprint
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
+
+log = logging.getLogger(__name__)
 
 
 def _is_gguf(name: str) -> bool:
@@ -41,13 +49,24 @@ def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.fl
         raise ModelSourceError(f"GGUF file {name!r} cannot be read: {exc}") from exc
     check_convertible(config, name)  # from the metadata, before any weight is dequantized
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=dtype)
         tok = tokenizer or AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:
         raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
+    trim()  # the metadata, parsed twice above into many small arrays
+    try:  # one tensor at a time, in the working dtype
+        model, whash = load_streamed(path, config, tok, name, device, dtype)
+    except StreamUnsupported as why:
+        log.info("GGUF file %s is loaded whole: %s", name, why)
+    else:
+        info = model_info(str(path.resolve()), "gguf", None, None, whash, model, tok)
+        return LoadedModel(model, tok, info)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    except Exception as exc:
+        raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
-    model = from_hf_model(hf_model, tok, name, device, dtype, release_source=True)
+    model = from_hf_model(hf_model, tok, name, device, torch.float32, release_source=True)
     info = model_info(str(path.resolve()), "gguf", None, None, whash, model, tok)
     return LoadedModel(model, tok, info)
 
@@ -65,7 +84,8 @@ def _inspect_gguf_file(path: Path) -> ModelShape:
     prepend = cfg.model_type != "gpt_neox" and tok.bos_token_id is not None
     return ModelShape(int(cfg.num_hidden_layers), detect_number_tokens(tok, prepend_bos=prepend),
                       n_ctx=context_length(cfg), tokenizer=tok,
-                      footprint=hf_footprint(cfg, "gguf"))
+                      footprint=hf_footprint(cfg, "gguf-streamed" if streams(cfg.model_type)
+                                             else "gguf"))
 
 
 def _inspect_gguf(name, checkpoint, **_) -> ModelShape:
@@ -111,6 +131,6 @@ def _inspect_known(name, checkpoint, **_) -> ModelShape:
 
 
 SOURCE = Source("gguf", _is_gguf, _load_gguf, lambda name, **_: None, _inspect_gguf,
-                _canonical_path)
+                _canonical_path, loads_in_dtype=True)
 KNOWN = Source("known", _is_known, _load_known, lambda name, **_: None, _inspect_known,
-               lambda name, **_: name)
+               lambda name, **_: name, loads_in_dtype=True)

@@ -152,6 +152,39 @@ class _Draining(dict):
             yield key, self.pop(key)
 
 
+def process_weights(cfg, holder: list[dict], *, fold_ln: bool, center_writing_weights: bool,
+                    center_unembed: bool) -> dict:
+    """``ProcessWeights.process_weights``'s steps, in its order, on the state dict in
+    ``holder`` (its only reference; the list is emptied), each step reading a draining
+    copy of the last one's output; returns the processed state dict. Every step works
+    key by key or layer by layer, so a state dict holding one layer's tensors (the others
+    on the meta device) is processed as that layer of the whole would be
+    (``gguf_stream``)."""
+    from transformer_lens.weight_processing import ProcessWeights as PW
+
+    layer_norm = cfg.normalization_type in ("LN", "LNPre")
+    steps = []
+    if fold_ln:
+        steps.append(lambda sd: PW.fold_layer_norm(sd, cfg, fold_biases=layer_norm,
+                                                   center_weights=layer_norm))
+    centre = center_writing_weights and layer_norm and not getattr(cfg, "final_rms", False)
+    if centre:
+        steps.append(lambda sd: PW.center_writing_weights(sd, cfg))
+    if center_unembed:
+        steps.append(lambda sd: PW.center_unembed(sd, cfg=cfg))
+    steps.append(lambda sd: PW.fold_value_biases(sd, cfg))
+    holder.append(_Draining(holder.pop()))
+    for step in steps:
+        holder.append(_Draining(step(holder.pop())))
+    state_dict = dict(holder.pop())
+    if center_writing_weights and layer_norm:
+        for layer in range(cfg.n_layers):
+            key = f"blocks.{layer}.attn.b_O"
+            if key in state_dict:
+                state_dict[key] = state_dict[key] - state_dict[key].mean()
+    return state_dict
+
+
 def load_processed(model: HookedTransformer, holder: list[dict], *, fold_ln: bool,
                    center_writing_weights: bool, center_unembed: bool) -> None:
     """TransformerLens's ``load_and_process_state_dict`` for the state dict in ``holder``
@@ -167,8 +200,6 @@ def load_processed(model: HookedTransformer, holder: list[dict], *, fold_ln: boo
     their order are ``ProcessWeights.process_weights``'s; a model whose norms are still
     to be swapped for folding, or weights not in float32, take TransformerLens's own path.
     """
-    from transformer_lens.weight_processing import ProcessWeights as PW
-
     cfg = model.cfg
     state_dict = model.fill_missing_keys(holder.pop())
     norm = cfg.normalization_type
@@ -185,27 +216,11 @@ def load_processed(model: HookedTransformer, holder: list[dict], *, fold_ln: boo
         if name in state_dict:  # one element seen at the parameter's shape
             param.data = torch.zeros((), dtype=param.dtype,
                                      device=param.device).expand(param.shape)
-    layer_norm = norm in ("LN", "LNPre")
-    steps = []
-    if fold_ln:
-        steps.append(lambda sd: PW.fold_layer_norm(sd, cfg, fold_biases=layer_norm,
-                                                   center_weights=layer_norm))
-    centre = center_writing_weights and layer_norm and not getattr(cfg, "final_rms", False)
-    if centre:
-        steps.append(lambda sd: PW.center_writing_weights(sd, cfg))
-    if center_unembed:
-        steps.append(lambda sd: PW.center_unembed(sd, cfg=cfg))
-    steps.append(lambda sd: PW.fold_value_biases(sd, cfg))
-    holder.append(_Draining(state_dict))
+    holder.append(state_dict)
     del state_dict
-    for step in steps:
-        holder.append(_Draining(step(holder.pop())))
-    state_dict = dict(holder.pop())
-    if center_writing_weights and layer_norm:
-        for layer in range(cfg.n_layers):
-            key = f"blocks.{layer}.attn.b_O"
-            if key in state_dict:
-                state_dict[key] = state_dict[key] - state_dict[key].mean()
+    state_dict = process_weights(cfg, holder, fold_ln=fold_ln,
+                                 center_writing_weights=center_writing_weights,
+                                 center_unembed=center_unembed)
     for key in list(state_dict):
         model.load_state_dict({key: state_dict.pop(key)}, strict=False, assign=True)
     for param in model.parameters():
@@ -224,29 +239,36 @@ AGREEMENT_NATS = 1e-2
 CHECK_TOKENS = 8
 
 
-def reference_logprobs(hf_model, d_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_logprobs(hf_model, d_vocab: int,
+                       device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, next-token log-probabilities) of ``CHECK_TOKENS`` tokens spread over the
     vocabulary, from the transformers model: what ``check_against_transformers`` compares
     a conversion with."""
     vocab = min(int(d_vocab), int(hf_model.config.vocab_size))
     tokens = (torch.arange(1, CHECK_TOKENS + 1) * (vocab // (CHECK_TOKENS + 1)))[None]
-    device = next(hf_model.parameters()).device
+    if device is None:
+        device = next(hf_model.parameters()).device
     with torch.no_grad():
         logits = hf_model(tokens.to(device)).logits
     return tokens, logits[..., :vocab].float().log_softmax(-1).cpu()
 
 
 def check_against_transformers(reference: tuple[torch.Tensor, torch.Tensor],
-                               model: HookedTransformer, shown: str) -> float:
+                               model: HookedTransformer, shown: str,
+                               logits: torch.Tensor | None = None) -> float:
     """Refuse a conversion (ModelSourceError, with the difference) whose next-token
     log-probabilities differ from transformers' (``reference``: ``reference_logprobs`` of
     the transformers model) by more than ``AGREEMENT_NATS``: a converter that misses a
     detail of an architecture (a norm after a sublayer, a sliding window, a soft cap)
-    would otherwise catalog a different model without a word. Returns the difference."""
+    would otherwise catalog a different model without a word. ``logits``: the model's
+    logits of the reference's tokens where they were computed already (a streamed load
+    computes them in float32 before casting). Returns the difference."""
     tokens, want = reference
     vocab = want.shape[-1]
-    with torch.no_grad():
-        got = model(tokens.to(model.cfg.device))[..., :vocab].float().log_softmax(-1).cpu()
+    if logits is None:
+        with torch.no_grad():
+            logits = model(tokens.to(model.cfg.device))
+    got = logits[..., :vocab].float().log_softmax(-1).cpu()
     diff = float((got - want).abs().max())
     if not diff <= AGREEMENT_NATS:
         raise ModelSourceError(

@@ -72,6 +72,24 @@ def test_estimate_parts_follow_the_shape_and_the_activation_budget():
                                                 big.parts["measuring (host)"])
 
 
+def test_a_streamed_gguf_load_is_estimated_from_the_weights_in_the_run_dtype():
+    """Qwen2.5-Coder-0.5B loaded one tensor at a time (bench/load_memory.py, 2026-11-26,
+    over the process): 1.66 GiB in bfloat16, 2.54 GiB in float32; the estimate is an
+    upper bound within 1.5x of each, and far under the whole-file load's."""
+    from catalog.memory import streamed_load
+
+    fp = Footprint("gguf-streamed", 630_167_424, 24, 896, 4864, 151_936)
+    for dtype, measured in (("bfloat16", 1.66), ("float32", 2.54)):
+        estimate = streamed_load(fp, dtype) / GIB
+        assert measured <= estimate <= 1.5 * measured, (dtype, estimate)
+    kw = dict(prompts=10, n_layers=1, pairs=0, n_ctx=8, dtype="bfloat16", device="cpu",
+              batch_size=16, patch_chunk=1, exact=False, activation_budget=GIB)
+    streamed = estimate_memory(fp, **kw)
+    whole = estimate_memory(Footprint("gguf", 630_167_424, 24, 896, 4864, 151_936), **kw)
+    assert streamed.parts["loading (one tensor at a time)"] == streamed_load(fp, "bfloat16")
+    assert streamed.host_peak < whole.host_peak - GIB
+
+
 def _qwen_shape():
     """Qwen2.5-Coder-0.5B's shape as far as the estimate reads it (no tokenizer: prompts
     40 tokens long)."""

@@ -1,0 +1,98 @@
+"""Peak resident memory of loading a model, against its weights in the working dtype.
+
+    .venv/bin/python bench/load_memory.py MODEL [--dtype bfloat16] [--runs 3]
+
+Each run is a fresh process (a model loaded twice in one process would measure the
+allocator's leftovers): it imports everything, resets the kernel's high-water mark of its
+resident set, runs ``catalog.sources.load_model``, and reports that mark over the resident
+set just before loading (the process), next to the loaded model's weights in
+their dtype (TransformerLens's parameters, unembedding untied). Issue 33's target: a peak
+at most 1.5x the weights over the process. Prints one JSON line per run, then the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+GIB = 1024**3
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _reset_high_water_mark() -> None:
+    """Set VmHWM to the resident set now (Linux: "5" to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass  # then the high-water mark since the process began: at least as large
+
+
+def _high_water_mark() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def one_run(model: str, dtype: str) -> dict:
+    """In this process: load ``model`` in ``dtype`` and measure (see the module's doc)."""
+    import torch
+
+    from catalog.sources import load_model
+
+    _reset_high_water_mark()
+    before = _rss()
+    t0 = time.perf_counter()
+    lm = load_model(model, dtype=getattr(torch, dtype), progress=False)
+    seconds = time.perf_counter() - t0
+    # the kernel's high-water mark of the resident set (VmHWM), reset just before: no
+    # sampling thread to miss a peak or to change the allocator's arenas. Not
+    # getrusage's ru_maxrss: it survives fork and exec, so a child of a large process
+    # (pytest) reports its parent's size
+    peak = _high_water_mark()
+    weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    peak_over = peak - before
+    return {"model": model, "dtype": dtype, "weights_gib": weights / GIB,
+            "process_gib": before / GIB, "peak_over_process_gib": peak_over / GIB,
+            "after_over_process_gib": (_rss() - before) / GIB,
+            "peak_over_weights": peak_over / weights, "load_s": seconds,
+            "weights_hash": lm.info.weights_hash}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(one_run(args.model, args.dtype)))
+        return
+    rows = []
+    for _ in range(args.runs):
+        out = subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype,
+                              "--child"], check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    ratios = [r["peak_over_weights"] for r in rows]
+    print(json.dumps({"median_peak_over_weights": statistics.median(ratios),
+                      "min": min(ratios), "max": max(ratios),
+                      "median_peak_over_process_gib": statistics.median(
+                          r["peak_over_process_gib"] for r in rows),
+                      "median_load_s": statistics.median(r["load_s"] for r in rows),
+                      "runs": len(rows)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,521 @@
+"""A GGUF file loaded one tensor at a time, straight into the working dtype.
+
+transformers' own GGUF loading dequantizes every tensor of the file into one dict, builds
+the model from it, and only then does TransformerLens convert and process the weights:
+Qwen2.5-Coder-0.5B peaked at 3.78 GiB over the process whatever dtype was asked for,
+2.8x its bfloat16 weights. Here nothing holds more than one set of weights in the working
+dtype and one layer's float32 tensors besides:
+
+1. The transformers model is built with its parameters on the meta device (its buffers,
+   the rotary tables, real), so its state dict names every tensor and the GGUF tensor
+   that holds it (transformers' own name map and tensor processors), and nothing is
+   allocated.
+2. The weights hash: every tensor dequantized in the hash's order (sorted names), hashed
+   as float32 exactly as ``catalog.weights.weights_hash`` of the transformers model
+   loaded whole, and dropped.
+3. The reference for ``check_against_transformers``: transformers' forward on the check
+   tokens, each decoder layer's parameters dequantized just before it runs and dropped
+   after (forward hooks); the embeddings, final norm and head for the whole pass.
+4. The conversion: for each group (the tensors outside the decoder layers, then each
+   layer) its transformers parameters are dequantized in float32, TransformerLens's
+   converter runs on the model (the other groups' tensors on the meta device, where
+   every operation is free), and its weight processing (``hf.process_weights``) runs on
+   the group's tensors; each result is cast to the working dtype and assigned to the
+   HookedTransformer, whose parameters wait on the meta device.
+
+Every step is TransformerLens's and transformers' own code on fewer tensors at once, so
+the float32 result is the whole-model load's to the bit (tests/unit/test_gguf_stream.py).
+Where this cannot hold (a tensor processor that is not one tensor in, one out; a
+parameter the file or the converter does not give; an operation that mixes groups), the
+loader raises ``StreamUnsupported`` and the caller loads the file whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformer_lens import HookedTransformer
+from transformer_lens.utilities.activation_functions import softcap_enabled
+from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+from catalog.memory import trim
+from catalog.sources.base import ModelSourceError
+from catalog.sources.hf import (
+    _LN_KEYS,
+    _architecture,
+    _cannot_convert,
+    _tl_config,
+    check_against_transformers,
+    process_weights,
+    reference_logprobs,
+)
+from catalog.weights import hash_tensor
+
+
+class StreamUnsupported(Exception):
+    """This file cannot be loaded one tensor at a time (the reason says why); load it
+    whole."""
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (buffers stay real):
+    a model's structure without its weights. ``torch.empty`` allocates the parameter
+    first but never touches its pages; initialisers then run on the meta copy."""
+    original = torch.nn.Module.register_parameter
+
+    def register(module, name, param):
+        original(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = torch.nn.Parameter(
+                param.detach().to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def _set_parameter(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+
+
+# tensor processors that turn one GGUF tensor into one transformers tensor of the same
+# name (the others split or merge tensors: mixture-of-experts, fused QKV, GPT-2's layout)
+ONE_TO_ONE = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor",
+              "NemotronTensorProcessor")
+
+# transformers' model types whose GGUF architecture is named otherwise
+_GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gemma3_text": "gemma3",
+              "gpt_oss": "gpt-oss", "cohere": "command-r", "minimax_m2": "minimax-m2"}
+
+
+def streams(model_type: str) -> bool:
+    """Whether a GGUF file of this transformers model type can be loaded one tensor at a
+    time (its tensor processor maps one tensor to one parameter); a file may still fall
+    back on what only loading finds (a parameter the file lacks)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    arch = _GGUF_ARCH.get(model_type, model_type)
+    return TENSOR_PROCESSORS.get(arch, TensorProcessor).__name__ in GGUFTensors._ONE_TO_ONE
+
+
+class GGUFTensors:
+    """The tensors of a GGUF file under their transformers names, dequantized to float32
+    one at a time, for a transformers model ``hf_model`` of the file's config built with
+    ``parameters_on_meta``."""
+
+    _ONE_TO_ONE = ONE_TO_ONE
+
+    def __init__(self, path: Path, hf_model: torch.nn.Module):
+        from gguf import GGUFReader
+        from transformers.modeling_gguf_pytorch_utils import (
+            TENSOR_PROCESSORS,
+            TensorProcessor,
+            get_gguf_hf_weights_map,
+            read_field,
+        )
+
+        # the reader parses every metadata field (a 151,936-token vocabulary: 0.44 GB of
+        # small arrays); only the tensors' places in the file are kept
+        reader = GGUFReader(str(path))
+        arch = read_field(reader, "general.architecture")[0]
+        self._places = {t.name: (t.tensor_type, t.data_offset, t.data.dtype, t.data.shape)
+                        for t in reader.tensors}
+        del reader
+        trim()
+        self.path = path
+        processor_class = TENSOR_PROCESSORS.get(arch, TensorProcessor)
+        if processor_class.__name__ not in self._ONE_TO_ONE:
+            raise StreamUnsupported(f"transformers' {processor_class.__name__} for {arch} "
+                                    "does not map one GGUF tensor to one parameter")
+        # the processors read head counts under the transformers config's names
+        self.processor = processor_class(config=hf_model.config.to_dict())
+        self.key_mapping = get_gguf_hf_weights_map(hf_model, self.processor)
+        self._gguf_name = {hf: g for g, hf in self.key_mapping.items() if g in self._places}
+        # tied parameters (a head that is the embedding) share one Parameter object
+        params = dict(hf_model.named_parameters(remove_duplicate=False))
+        self.aliases: dict[str, str] = {}
+        for name, param in params.items():
+            if name in self._gguf_name:
+                continue
+            twin = next((n for n, p in params.items()
+                         if p is param and n in self._gguf_name), None)
+            if twin is None:
+                raise StreamUnsupported(f"the GGUF file holds no tensor for {name}")
+            self.aliases[name] = twin
+        extra = set(hf_model.state_dict()) - set(params)
+        if extra:  # persistent buffers are part of the hash and not in the file
+            raise StreamUnsupported(f"the model's state dict holds buffers: {sorted(extra)}")
+        self.shapes = {name: tuple(p.shape) for name, p in params.items()}
+        self.names = sorted(params)
+        self.bar = None
+
+    def start_progress(self) -> None:
+        """A progress bar over the three passes: every tensor is read for the hash, for
+        the check and for the conversion (the hash reads a tied tensor under each name)."""
+        from tqdm.auto import tqdm
+
+        distinct = len(self.names) - len(self.aliases)
+        self.bar = tqdm(total=len(self.names) + 2 * distinct, unit="tensor",
+                        desc="GGUF tensors (hash, check, convert)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def get(self, name: str) -> torch.Tensor:
+        """Parameter ``name`` in float32, as transformers' whole-file load gives it. The
+        file is mapped for this tensor alone, so its pages leave the resident set with it."""
+        gguf_name = self._gguf_name[self.aliases.get(name, name)]
+        qtype, offset, item, shape = self._places[gguf_name]
+        data = np.memmap(self.path, dtype=item, mode="r", offset=offset,
+                         shape=(int(np.prod(shape)),)).reshape(shape)
+        weights = _dequantized(data, qtype)
+        result = self.processor.process(weights=weights, name=gguf_name,
+                                        tensor_key_mapping=self.key_mapping,
+                                        parsed_parameters={})
+        if result.name != gguf_name:
+            raise StreamUnsupported(f"the tensor processor renamed {gguf_name} to "
+                                    f"{result.name}")
+        out = result.weights
+        if np.shares_memory(out, data) or not out.flags.writeable:
+            out = np.array(out, copy=True)  # a view of the file (an unquantized tensor)
+        tensor = torch.from_numpy(np.ascontiguousarray(out)).to(torch.float32)
+        del data, weights, result, out
+        if tuple(tensor.shape) != self.shapes[name]:
+            try:
+                tensor = tensor.reshape(self.shapes[name])
+            except RuntimeError:
+                raise StreamUnsupported(f"{gguf_name} has shape {tuple(tensor.shape)}, the "
+                                        f"model's {name} {self.shapes[name]}") from None
+        if self.bar is not None:
+            self.bar.update()
+        return tensor
+
+
+# rows dequantized at once: the dequantizers' temporaries are a few times their output
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _dequantized(data: np.ndarray, qtype) -> np.ndarray:
+    """``gguf.dequantize`` of ``data`` (rows of blocks), a chunk of rows at a time into one
+    float32 array, so that the dequantizer's temporaries stay small next to the tensor."""
+    from gguf import dequantize
+
+    if data.ndim < 2 or data.size <= _CHUNK_ELEMENTS:
+        return dequantize(data, qtype)
+    step = max(1, _CHUNK_ELEMENTS // int(np.prod(data.shape[1:])))
+    first = dequantize(data[:step], qtype)
+    out = np.empty((data.shape[0], *first.shape[1:]), dtype=first.dtype)
+    out[:step] = first
+    del first
+    for start in range(step, data.shape[0], step):
+        out[start:start + step] = dequantize(data[start:start + step], qtype)
+    return out
+
+
+def streamed_hash(tensors: GGUFTensors) -> str:
+    """``catalog.weights.weights_hash`` of the transformers model loaded whole in float32,
+    with one tensor in memory at a time."""
+    h = hashlib.sha256()
+    for name in tensors.names:
+        hash_tensor(h, name, tensors.get(name))
+    return h.hexdigest()
+
+
+def _layer_container(hf_model, n_layers: int) -> str:
+    """The dotted name of the decoder layers' ModuleList."""
+    for name, module in hf_model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers and name:
+            return name
+    raise StreamUnsupported("no list of decoder layers in the transformers model")
+
+
+def _groups(names: list[str], layers: str, n_layers: int) -> list[list[str]]:
+    """The parameters outside the decoder layers, then each layer's."""
+    pattern = re.compile(re.escape(layers) + r"\.(\d+)\.")
+    groups: list[list[str]] = [[] for _ in range(n_layers + 1)]
+    for name in names:
+        m = pattern.match(name)
+        groups[0 if m is None else int(m.group(1)) + 1].append(name)
+    return groups
+
+
+class _Materialized:
+    """Sets a group's parameters of the meta-device transformers model to real float32
+    tensors, and puts them back on the meta device."""
+
+    def __init__(self, hf_model, tensors: GGUFTensors):
+        self.hf_model, self.tensors = hf_model, tensors
+
+    def load(self, names: list[str]) -> None:
+        loaded: dict[str, torch.Tensor] = {}
+        for name in names:
+            twin = self.tensors.aliases.get(name, name)
+            if twin not in loaded:
+                loaded[twin] = self.tensors.get(twin)
+            _set_parameter(self.hf_model, name, loaded[twin])
+
+    def drop(self, names: list[str]) -> None:
+        for name in names:
+            _set_parameter(self.hf_model, name,
+                           torch.empty(self.tensors.shapes[name], device="meta"))
+
+
+def streamed_reference(hf_model, tensors: GGUFTensors, groups, layers: str, d_vocab: int):
+    """``hf.reference_logprobs`` of the whole transformers model, one decoder layer's
+    parameters real at a time."""
+    real = _Materialized(hf_model, tensors)
+    container = hf_model.get_submodule(layers)
+    handles = []
+    for i, layer in enumerate(container):
+        names = groups[i + 1]
+        handles.append(layer.register_forward_pre_hook(lambda *_, n=names: real.load(n)))
+        handles.append(layer.register_forward_hook(lambda *_, n=names: real.drop(n)))
+    real.load(groups[0])
+    try:
+        return reference_logprobs(hf_model, d_vocab, device=torch.device("cpu"))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for names in groups:
+            real.drop(names)
+
+
+def _group_of(key: str) -> int:
+    """The group of a TransformerLens parameter: 0 outside the blocks, else block + 1."""
+    m = re.match(r"blocks\.(\d+)\.", key)
+    return 0 if m is None else int(m.group(1)) + 1
+
+
+# TransformerLens parameters outside the blocks that its forward uses after the last block
+_READ_OUT = ("ln_final.", "unembed.")
+
+
+def streamed_conversion(model, hf_model, tensors: GGUFTensors, groups, neutral: str,
+                        tokens: torch.Tensor, *, dtype: torch.dtype, fold_ln: bool,
+                        center_writing_weights: bool,
+                        center_unembed: bool) -> tuple[bool, torch.Tensor]:
+    """Convert and process the weights group by group into ``model`` (a HookedTransformer
+    built with ``parameters_on_meta``), each parameter cast to ``dtype`` once its group
+    has run. Returns whether the norms were folded (as ``hf.load_processed`` decides) and
+    the float32 logits of ``tokens``: TransformerLens's forward, the embedding, then each
+    block, then the read-out, each run while its group's weights are still in float32 (the
+    read-out's stay so until the end), so the check against transformers is as strict in
+    every working dtype as in float32."""
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    cfg = model.cfg
+    # the converters move each tensor to ``cfg.device``; with None, meta tensors stay
+    convert_cfg = copy.copy(cfg)
+    convert_cfg.device = None
+    wanted = {name for name, _ in model.named_parameters()}
+    done: set[str] = set()
+    read_out: list[str] = []
+    unembed: dict[str, list[torch.Tensor]] = {}
+    real = _Materialized(hf_model, tensors)
+    resid = tokens
+    for index, names in enumerate(groups):
+        real.load(names)
+        try:
+            converted = tl_loading.get_pretrained_state_dict(neutral, convert_cfg, hf_model,
+                                                             dtype=torch.float32)
+        finally:
+            real.drop(names)
+        # the group's own tensors real, the rest on the meta device: every processing
+        # step is then computed for this group alone (an operation mixing groups raises)
+        state_dict = {k: (v if _group_of(k) == index else v.to("meta"))
+                      for k, v in converted.items()}
+        del converted
+        if index == 0:  # as hf.load_processed decides, from every key
+            fold_ln = (fold_ln and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
+                       and any(k.endswith(_LN_KEYS) for k in state_dict))
+            if fold_ln and cfg.normalization_type in ("LN", "RMS"):
+                raise StreamUnsupported("the norms are not swapped for folding")
+        holder = [state_dict]  # its only reference: each step frees its input as it goes
+        del state_dict
+        try:
+            processed = process_weights(cfg, holder, fold_ln=fold_ln,
+                                        center_writing_weights=center_writing_weights,
+                                        center_unembed=center_unembed)
+        except RuntimeError as exc:
+            raise StreamUnsupported(f"weight processing mixes layers: {exc}") from None
+        assigned = []
+        for key in list(processed):
+            value = processed.pop(key)
+            if _group_of(key) != index or key not in wanted:
+                continue
+            if value.device.type == "meta":
+                raise StreamUnsupported(f"{key} does not come from its own layer's tensors")
+            done.add(key)
+            if key in _UNEMBED:  # kept apart, in float32, a slice of the vocabulary each
+                unembed[key] = _vocab_slices(value)
+                continue
+            value = value.T.contiguous().T if _multiplied_transposed(key, cfg) \
+                else value.contiguous()
+            model.load_state_dict({key: value}, strict=False, assign=True)
+            assigned.append(key)
+            del value
+        with torch.no_grad():
+            if index == 0:
+                resid = model(tokens, stop_at_layer=0)
+            else:
+                resid = model(resid, start_at_layer=index - 1, stop_at_layer=index)
+        for key in assigned:
+            if index == 0 and key.startswith(_READ_OUT):
+                read_out.append(key)
+            else:
+                _cast(model, key, dtype)
+    missing = sorted(wanted - done)
+    if missing:
+        raise StreamUnsupported(f"the converter gives no {', '.join(missing[:4])}")
+    logits = _read_out(model, resid, unembed, dtype)
+    for key in read_out:
+        _cast(model, key, dtype)
+    return fold_ln, logits
+
+
+# the unembedding: its float32 copy waits in slices for the read-out, so that the cast to
+# the working dtype frees each slice as it writes it (a whole cast would hold the float32
+# unembedding and its cast at once: 0.25 GiB more for Qwen2.5-Coder-0.5B in bfloat16)
+_UNEMBED = ("unembed.W_U", "unembed.b_U")
+_SLICES = 8
+
+
+def _vocab_slices(value: torch.Tensor) -> list[torch.Tensor]:
+    """``value`` (``W_U`` [d_model, vocab] or ``b_U`` [vocab]) as contiguous copies of
+    slices of the vocabulary, ``W_U``'s transposed ([vocab slice, d_model])."""
+    rows = value.T if value.dim() == 2 else value
+    step = -(-rows.shape[0] // _SLICES)
+    return [rows[i:i + step].clone(memory_format=torch.contiguous_format)
+            for i in range(0, rows.shape[0], step)]
+
+
+def _read_out(model, resid: torch.Tensor, unembed: dict[str, list[torch.Tensor]],
+              dtype: torch.dtype) -> torch.Tensor:
+    """The float32 logits of the last residual ``resid``: TransformerLens's read-out (final
+    norm, unembedding, any soft cap: elementwise over the vocabulary) run once per slice of
+    the vocabulary with that slice's float32 unembedding; each slice is then written into
+    the unembedding in ``dtype`` (stored transposed, as ``transposed_layout`` has it) and
+    freed."""
+    w_slices, b_slices = unembed["unembed.W_U"], unembed.get("unembed.b_U")
+    vocab = sum(t.shape[0] for t in w_slices)
+    w_t = torch.empty((vocab, w_slices[0].shape[1]), dtype=dtype)
+    b = torch.empty(vocab, dtype=dtype) if b_slices is not None else None
+    logits, start = [], 0
+    with torch.no_grad():
+        while w_slices:
+            w = w_slices.pop(0)
+            stop = start + w.shape[0]
+            model.unembed.W_U = torch.nn.Parameter(w.T, requires_grad=False)
+            if b_slices is not None:
+                model.unembed.b_U = torch.nn.Parameter(b_slices.pop(0), requires_grad=False)
+            logits.append(model(resid, start_at_layer=model.cfg.n_layers).float())
+            w_t[start:stop] = w
+            if b is not None:
+                b[start:stop] = model.unembed.b_U
+            start = stop
+            del w
+    model.unembed.W_U = torch.nn.Parameter(w_t.T, requires_grad=False)
+    if b is not None:
+        model.unembed.b_U = torch.nn.Parameter(b, requires_grad=False)
+    return torch.cat(logits, dim=-1)
+
+
+def _multiplied_transposed(key: str, cfg) -> bool:
+    """Whether TransformerLens 3.9 multiplies parameter ``key`` as ``F.linear(x,
+    W.T.contiguous())`` (the unembedding; a gated MLP's matrices): stored as the transpose
+    of a contiguous tensor, the product copies nothing (``sources.transposed_layout``;
+    a copy of a 151,936-token unembedding in float32 is 0.5 GiB)."""
+    if key == "unembed.W_U":
+        return True
+    gated = cfg.gated_mlp and not getattr(cfg, "load_in_4bit", False)
+    return gated and re.fullmatch(r"blocks\.\d+\.mlp\.W_(in|gate|out)", key) is not None
+
+
+def _cast(model, key: str, dtype: torch.dtype) -> None:
+    """Parameter ``key`` of ``model`` in ``dtype``, its layout kept."""
+    param = model.get_parameter(key)
+    if param.dtype != dtype:
+        param.data = param.data.to(dtype)  # elementwise: the strides are kept
+
+
+def load_streamed(path: Path, config, tokenizer, shown: str, device, dtype: torch.dtype):
+    """(HookedTransformer weight-processed in ``dtype``, weights hash) of the GGUF file at
+    ``path`` whose transformers config is ``config``; StreamUnsupported where it cannot be
+    streamed (nothing is held then)."""
+    from transformers import AutoModelForCausalLM
+
+    with parameters_on_meta():
+        try:
+            hf_model = AutoModelForCausalLM.from_config(config)
+        except Exception as exc:  # noqa: BLE001  transformers cannot build it here
+            raise StreamUnsupported(f"transformers cannot build {type(config).__name__}: "
+                                    f"{exc}") from None
+    hf_model.eval()
+    arch = _architecture(config, type(hf_model).__name__)
+    tensors = GGUFTensors(path, hf_model)
+    tensors.start_progress()
+    try:
+        whash = streamed_hash(tensors)
+        model, folded, reference, logits = _converted(hf_model, tensors, config, arch,
+                                                      tokenizer, shown, device, dtype)
+    finally:
+        tensors.close()
+    del hf_model, tensors
+    model.cfg.model_name = shown
+    model.to(dtype)  # the buffers (rotary tables), computed in float32 as a whole load's
+    model.cfg.dtype = dtype
+    if folded:
+        model.setup()
+    model.to(device)
+    model.eval()
+    check_against_transformers(reference, model, shown, logits=logits)
+    return model, whash
+
+
+def _converted(hf_model, tensors: GGUFTensors, config, arch: str, tokenizer, shown: str,
+               device, dtype: torch.dtype):
+    """(HookedTransformer, whether its norms were folded, the reference log-probabilities
+    for the check, the converted model's float32 logits of the same tokens): the check's
+    reference and the conversion, group by group."""
+    n_layers = int(config.num_hidden_layers)
+    layers = _layer_container(hf_model, n_layers)
+    groups = _groups(tensors.names, layers, n_layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        neutral = str(Path(tmp) / "model")
+        config.save_pretrained(neutral)
+        try:
+            cfg = _tl_config(neutral, config, arch, device, torch.float32)
+        except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
+            raise _cannot_convert(arch, shown, exc) from exc
+        reference = streamed_reference(hf_model, tensors, groups, layers, cfg.d_vocab)
+        with parameters_on_meta():
+            model = HookedTransformer(cfg, tokenizer, move_to_device=False)
+        # as hf.from_hf_model decides: no folding or centring past a norm after each
+        # sublayer's output; no centring of the unembedding under a logit soft cap
+        post_norm = arch in POST_NORM_ARCHITECTURES
+        try:
+            folded, logits = streamed_conversion(
+                model, hf_model, tensors, groups, neutral, reference[0], dtype=dtype,
+                fold_ln=not post_norm, center_writing_weights=not post_norm,
+                center_unembed=not softcap_enabled(cfg.output_logits_soft_cap))
+        except (NotImplementedError, AttributeError, KeyError, ValueError) as exc:
+            raise _cannot_convert(arch, shown, exc) from exc
+    return model, folded, reference, logits
+
+
+__all__ = ["GGUFTensors", "ModelSourceError", "StreamUnsupported", "load_streamed",
+           "parameters_on_meta", "streamed_hash"]
