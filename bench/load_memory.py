@@ -1,6 +1,11 @@
 """Peak resident memory of loading a model, against its weights in the working dtype.
 
-    .venv/bin/python bench/load_memory.py MODEL [--dtype bfloat16] [--runs 3]
+    .venv/bin/python bench/load_memory.py MODEL [--dtype bfloat16] [--runs 3] [--whole]
+    .venv/bin/python bench/load_memory.py --random-shape qwen2.5-1.5b [...]
+
+``--random-shape`` writes a random model of a real model's shape into a temporary GGUF
+file (Q8_0 matrices; the writer of the tests, ``tests/offline_models.write_gguf``) and
+measures that: the shapes of models too large to fetch here.
 
 Each run is a fresh process (a model loaded twice in one process would measure the
 allocator's leftovers): it imports everything, resets the kernel's high-water mark of its
@@ -17,7 +22,9 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 GIB = 1024**3
 
@@ -44,11 +51,15 @@ def _high_water_mark() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def one_run(model: str, dtype: str) -> dict:
-    """In this process: load ``model`` in ``dtype`` and measure (see the module's doc)."""
+def one_run(model: str, dtype: str, whole: bool = False) -> dict:
+    """In this process: load ``model`` in ``dtype`` and measure (see the module's doc);
+    ``whole``: a GGUF file loaded whole by transformers, as before it was streamed."""
     import torch
 
-    from catalog.sources import load_model
+    from catalog.sources import gguf_stream, load_model
+
+    if whole:
+        gguf_stream.GGUFTensors._ONE_TO_ONE = ()  # every file falls back
 
     _reset_high_water_mark()
     before = _rss()
@@ -62,27 +73,57 @@ def one_run(model: str, dtype: str) -> dict:
     peak = _high_water_mark()
     weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     peak_over = peak - before
-    return {"model": model, "dtype": dtype, "weights_gib": weights / GIB,
+    return {"model": model, "dtype": dtype, "whole_file": whole, "weights_gib": weights / GIB,
             "process_gib": before / GIB, "peak_over_process_gib": peak_over / GIB,
             "after_over_process_gib": (_rss() - before) / GIB,
             "peak_over_weights": peak_over / weights, "load_s": seconds,
             "weights_hash": lm.info.weights_hash}
 
 
+# real models' shapes (their configs), for --random-shape
+SHAPES = {
+    "qwen2.5-1.5b": dict(arch="qwen2", d=1536, n_layers=28, d_ff=8960, n_heads=12,
+                         n_kv_heads=2, n_vocab=151_936, tied=True),
+    "qwen2.5-0.5b": dict(arch="qwen2", d=896, n_layers=24, d_ff=4864, n_heads=14,
+                         n_kv_heads=2, n_vocab=151_936, tied=True),
+}
+
+
+def random_model(shape: str, folder: Path) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from offline_models import write_gguf
+
+    return write_gguf(folder / f"random-{shape}.gguf", quantized=True, norm_scale=0.1,
+                      **SHAPES[shape])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model")
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--random-shape", choices=sorted(SHAPES))
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--whole", action="store_true",
+                        help="load a GGUF file whole (the fallback; as before streaming)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(one_run(args.model, args.dtype)))
+        print(json.dumps(one_run(args.model, args.dtype, args.whole)))
         return
+    if (args.model is None) == (args.random_shape is None):
+        parser.error("give a MODEL or --random-shape")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.random_shape:
+            args.model = str(random_model(args.random_shape, Path(tmp)))
+        _runs(args)
+
+
+def _runs(args) -> None:
     rows = []
     for _ in range(args.runs):
         out = subprocess.run([sys.executable, __file__, args.model, "--dtype", args.dtype,
-                              "--child"], check=True, capture_output=True, text=True).stdout
+                              "--child"] + (["--whole"] if args.whole else []), check=True,
+                             capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     ratios = [r["peak_over_weights"] for r in rows]

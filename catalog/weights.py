@@ -19,7 +19,7 @@ def hash_tensor(h, name: str, tensor: torch.Tensor) -> None:
     h.update(name.encode())
     h.update(str(t.dtype).encode())
     h.update(str(tuple(t.shape)).encode())
-    h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # no copy of the bytes
+    h.update(t.reshape(-1).view(torch.uint8).numpy().data)  # a buffer: no copy of the bytes
 
 
 def weights_hash(state_dict: dict[str, torch.Tensor]) -> str:

@@ -155,18 +155,21 @@ def write_llama_gguf(path: Path, seed: int = 0) -> Path:
 def write_gguf(path: Path, *, arch: str = "llama", seed: int = 0, d: int = 64,
                n_layers: int = 2, d_ff: int = 128, n_heads: int = 4, n_kv_heads: int = 4,
                extra_tokens: int = 0, tied: bool = False, quantized: bool = False,
-               norm_scale: float = 0.0) -> Path:
+               norm_scale: float = 0.0, n_vocab: int | None = None) -> Path:
     """A random decoder in GGUF with a digit-level SentencePiece-style vocabulary
     (``extra_tokens`` more tokens widen it): ``arch`` "llama" or "qwen2" (biases on Q, K,
     V); ``tied``: no output tensor (the head is the embedding); ``quantized``: the
     matrices in Q8_0, dequantized in blocks on load, as a real model's are; norm weights
-    1 + ``norm_scale`` x N(0, 1) (ones by default, the weights the defaults always had)."""
+    1 + ``norm_scale`` x N(0, 1) (ones by default, the weights the defaults always had);
+    ``n_vocab``: pad the vocabulary to this size (a real model's shape)."""
     import gguf
     from gguf import GGMLQuantizationType, quants
 
     rng = np.random.default_rng(seed)
     specials = ["<unk>", "<s>", "</s>"]
     chars = ["\u2581"] + list(string.digits) + list("+-*/=:?.,") + list(string.ascii_letters)
+    if n_vocab is not None:
+        extra_tokens = n_vocab - len(specials) - len(chars)
     chars += [f"\u2581w{i}" for i in range(extra_tokens)]
     tokens = specials + chars
     n_vocab, d_head = len(tokens), d // n_heads

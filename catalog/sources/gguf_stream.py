@@ -141,7 +141,8 @@ class GGUFTensors:
             raise StreamUnsupported(f"transformers' {processor_class.__name__} for {arch} "
                                     "does not map one GGUF tensor to one parameter")
         # the processors read head counts under the transformers config's names
-        self.processor = processor_class(config=hf_model.config.to_dict())
+        config = hf_model.config.to_dict()  # type: ignore[union-attr,operator]
+        self.processor = processor_class(config=config)
         self.key_mapping = get_gguf_hf_weights_map(hf_model, self.processor)
         self._gguf_name = {hf: g for g, hf in self.key_mapping.items() if g in self._places}
         # tied parameters (a head that is the embedding) share one Parameter object

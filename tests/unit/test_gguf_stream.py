@@ -124,15 +124,9 @@ def test_a_file_that_cannot_be_streamed_is_loaded_whole(tmp_path, monkeypatch, c
 
 
 def _peak(path: Path, dtype: str, whole: bool) -> dict:
-    code = (
-        "import json, sys\n"
-        "sys.path.insert(0, 'bench')\n"
-        + ("from catalog.sources import gguf_stream\n"
-           "gguf_stream.GGUFTensors._ONE_TO_ONE = ()\n" if whole else "")
-        + "from load_memory import one_run\n"
-        f"print(json.dumps(one_run({str(path)!r}, {dtype!r})))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+    """bench/load_memory.py's measure of one load, in a fresh process."""
+    cmd = [sys.executable, "bench/load_memory.py", str(path), "--dtype", dtype, "--child"]
+    out = subprocess.run(cmd + (["--whole"] if whole else []), cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
