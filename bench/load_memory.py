@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/load_memory.py MODEL [--dtype bfloat16] [--runs 3] [--whole]
     .venv/bin/python bench/load_memory.py --random-shape qwen2.5-1.5b [...]
+    .venv/bin/python bench/load_memory.py --random-folder [...]
 
 ``--random-shape`` writes a random model of a real model's shape into a temporary GGUF
 file (Q8_0 matrices; the writer of the tests, ``tests/offline_models.write_gguf``) and
-measures that: the shapes of models too large to fetch here.
+measures that: the shapes of models too large to fetch here. ``--random-folder`` does
+the same for a Hugging Face folder of safetensors (``random_folder``).
 
 Each run is a fresh process (a model loaded twice in one process would measure the
 allocator's leftovers): it imports everything, resets the kernel's high-water mark of its
@@ -53,13 +55,18 @@ def _high_water_mark() -> int:
 
 def one_run(model: str, dtype: str, whole: bool = False) -> dict:
     """In this process: load ``model`` in ``dtype`` and measure (see the module's doc);
-    ``whole``: a GGUF file loaded whole by transformers, as before it was streamed."""
+    ``whole``: loaded whole by transformers, as before streaming."""
     import torch
 
-    from catalog.sources import gguf_stream, load_model
+    from catalog.sources import load_model, streaming
 
-    if whole:
-        gguf_stream.GGUFTensors._ONE_TO_ONE = ()  # every file falls back
+    if whole:  # every file falls back to transformers' whole load
+        streaming.GGUFTensors._ONE_TO_ONE = ()
+
+        def refuse(self, *args):
+            raise streaming.StreamUnsupported("--whole")
+
+        streaming.SafetensorsTensors.__init__ = refuse  # type: ignore[method-assign]
 
     _reset_high_water_mark()
     before = _rss()
@@ -97,10 +104,32 @@ def random_model(shape: str, folder: Path) -> Path:
                       **SHAPES[shape])
 
 
+def random_folder(folder: Path) -> Path:
+    """A random Qwen 2 (16 layers, d_model 1,024, d_mlp 4,096, 32,000 tokens, untied; 1.15
+    GiB in float32) saved as a Hugging Face folder (one safetensors file)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from offline_models import number_tokenizer
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=32_000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=1))
+    out = folder / "random-qwen2-folder"
+    model.save_pretrained(out)
+    number_tokenizer().save_pretrained(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?")
     parser.add_argument("--random-shape", choices=sorted(SHAPES))
+    parser.add_argument("--random-folder", action="store_true",
+                        help="a random Qwen 2 saved as a safetensors folder (1.15 GiB)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--whole", action="store_true",
@@ -110,11 +139,13 @@ def main() -> None:
     if args.child:
         print(json.dumps(one_run(args.model, args.dtype, args.whole)))
         return
-    if (args.model is None) == (args.random_shape is None):
-        parser.error("give a MODEL or --random-shape")
+    if (args.model is not None) + bool(args.random_shape) + args.random_folder != 1:
+        parser.error("give one of MODEL, --random-shape, --random-folder")
     with tempfile.TemporaryDirectory() as tmp:
         if args.random_shape:
             args.model = str(random_model(args.random_shape, Path(tmp)))
+        if args.random_folder:
+            args.model = str(random_folder(Path(tmp)))
         _runs(args)
 
 

@@ -33,7 +33,7 @@ PROCESS_BYTES = 640 * 1024**2  # imports (466 MB measured) and the interpreter's
 # peak while loading, in float32 weights (TransformerLens' count, untied unembedding)
 LOAD_FACTOR = {"gguf": 2.0, "hub": 3.0, "local": 3.0, "builtin": 3.0}
 
-# a GGUF file loaded one tensor at a time (``sources.gguf_stream``) holds the weights in
+# a GGUF file loaded one tensor at a time (``sources.streaming``) holds the weights in
 # the run's dtype and, until the end, the unembedding in float32; at its start, the
 # embedding and unembedding group holds three float32 copies of the larger of the two.
 # Measured (2026-11-26, over the process): Qwen2.5-Coder-0.5B 1.66 GiB in bfloat16

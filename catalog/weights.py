@@ -14,7 +14,7 @@ import torch
 def hash_tensor(h, name: str, tensor: torch.Tensor) -> None:
     """Feed one named tensor to the SHA-256 ``h`` as ``weights_hash`` does: name, dtype,
     shape, raw bytes. A loader that streams its tensors in sorted name order gets the
-    hash of the whole state dict (``catalog.sources.gguf_stream``)."""
+    hash of the whole state dict (``catalog.sources.streaming``)."""
     t = tensor.detach().to("cpu").contiguous()
     h.update(name.encode())
     h.update(str(t.dtype).encode())

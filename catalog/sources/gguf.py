@@ -1,7 +1,7 @@
 """A GGUF file (a path ending in ``.gguf``), and the known models fetched with ``ncat fetch
 NAME`` (``catalog.registry``), which are GGUF files loaded by name.
 
-Loaded one tensor at a time in the working dtype (``gguf_stream``); a file that cannot be
+Loaded one tensor at a time in the working dtype (``streaming``); a file that cannot be
 (a tensor processor that splits or merges tensors) is loaded whole by transformers in
 float32 and cast after."""
 
@@ -15,8 +15,8 @@ import torch
 
 from catalog.memory import trim
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
-from catalog.sources.gguf_stream import StreamUnsupported, load_streamed, streams
 from catalog.sources.hf import check_convertible, context_length, from_hf_model, hf_footprint
+from catalog.sources.streaming import StreamUnsupported, load_streamed, streams
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
 

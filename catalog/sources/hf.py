@@ -159,7 +159,7 @@ def process_weights(cfg, holder: list[dict], *, fold_ln: bool, center_writing_we
     copy of the last one's output; returns the processed state dict. Every step works
     key by key or layer by layer, so a state dict holding one layer's tensors (the others
     on the meta device) is processed as that layer of the whole would be
-    (``gguf_stream``)."""
+    (``streaming``)."""
     from transformer_lens.weight_processing import ProcessWeights as PW
 
     layer_norm = cfg.normalization_type in ("LN", "LNPre")

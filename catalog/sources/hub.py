@@ -17,6 +17,7 @@ from transformer_lens import loading_from_pretrained as tl_loading
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import from_hf_model, inspect_hf
+from catalog.sources.streaming import load_folder_streamed
 from catalog.weights import weights_hash
 
 
@@ -132,20 +133,31 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
     # tokenizer by its name_or_path without a revision, which fails for a cache that holds
     # only refs/stepN (no refs/main) while offline.
     source = _cached_snapshot(official, revision) or official
+    at = {} if source != official else {"revision": revision}
+    where = f" at revision {revision}" if revision else ""
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, **({} if source != official else {"revision": revision}))
-        tok = tokenizer or AutoTokenizer.from_pretrained(
-            source, **({} if source != official else {"revision": revision}))
+        tok = tokenizer or AutoTokenizer.from_pretrained(source, **at)
     except Exception as exc:
-        where = f" at revision {revision}" if revision else ""
+        raise ModelSourceError(
+            f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
+    # a cached snapshot's safetensors, one tensor at a time in the working dtype
+    streamed = (load_folder_streamed(Path(source), tok, official, device, dtype)
+                if source != official else None)
+    if streamed is not None:
+        model, whash = streamed
+        return LoadedModel(model, tok, model_info(official, "hub", checkpoint, revision,
+                                                  whash, model, tok))
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **at)
+    except Exception as exc:
         raise ModelSourceError(
             f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
     # the checkpoint's own model is converted (its config at this revision), checked
     # against transformers as every other source's
     try:
-        model = from_hf_model(hf_model, tok, official, device, dtype, release_source=True)
+        model = from_hf_model(hf_model, tok, official, device, torch.float32,
+                              release_source=True)
     except ModelSourceError:
         raise
     except (OSError, ValueError) as exc:
@@ -190,4 +202,4 @@ def _canonical_hub(name, **_) -> str:
 
 
 SOURCE = Source("hub", lambda name: True, _load_hub, _hub_checkpoints, _inspect_hub,
-                _canonical_hub)
+                _canonical_hub, loads_in_dtype=True)

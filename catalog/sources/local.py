@@ -1,4 +1,6 @@
-"""A local Hugging Face model directory (a path holding ``config.json``)."""
+"""A local Hugging Face model directory (a path holding ``config.json``): its safetensors
+read one tensor at a time where their names are the model's (``streaming``), else loaded
+whole by transformers in float32 and cast after."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import check_weight_files, from_hf_model, inspect_hf
+from catalog.sources.streaming import load_folder_streamed
 from catalog.weights import weights_hash
 
 
@@ -24,12 +27,20 @@ def _load_local(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.f
             f"local model directory {name!r} has no training checkpoints; got checkpoint "
             f"{checkpoint} (point at one directory per checkpoint instead)")
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
         tok = tokenizer or AutoTokenizer.from_pretrained(name)
     except Exception as exc:
         raise ModelSourceError(f"local model directory {name!r} cannot be loaded: {exc}") from exc
+    streamed = load_folder_streamed(Path(name), tok, name, device, dtype)
+    if streamed is not None:
+        model, whash = streamed
+        info = model_info(str(Path(name).resolve()), "local", None, None, whash, model, tok)
+        return LoadedModel(model, tok, info)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32)
+    except Exception as exc:
+        raise ModelSourceError(f"local model directory {name!r} cannot be loaded: {exc}") from exc
     whash = weights_hash(hf_model.state_dict())
-    model = from_hf_model(hf_model, tok, name, device, dtype, release_source=True)
+    model = from_hf_model(hf_model, tok, name, device, torch.float32, release_source=True)
     info = model_info(str(Path(name).resolve()), "local", None, None, whash, model, tok)
     return LoadedModel(model, tok, info)
 
@@ -47,4 +58,4 @@ def _canonical_path(name, **_) -> str:
 
 
 SOURCE = Source("local", _is_local, _load_local, lambda name, **_: None, _inspect_local,
-                _canonical_path)
+                _canonical_path, loads_in_dtype=True)

@@ -1,4 +1,4 @@
-"""GGUF files loaded one tensor at a time (catalog.sources.gguf_stream): the same model,
+"""GGUF files loaded one tensor at a time (catalog.sources.streaming): the same model,
 the same weights hash and the same check against transformers as a whole-file load, in
 the working dtype, within 1.5x its weights."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from catalog.sources import ModelSourceError, gguf_stream, load_model
+from catalog.sources import ModelSourceError, load_model, streaming
 
 from offline_models import write_gguf, write_llama_gguf
 
@@ -35,7 +35,23 @@ def _tokenizer(tmp_path):
 def _whole(monkeypatch):
     """Make every file unstreamable: the loader falls back to transformers' whole-file
     load."""
-    monkeypatch.setattr(gguf_stream.GGUFTensors, "_ONE_TO_ONE", ())
+    monkeypatch.setattr(streaming.GGUFTensors, "_ONE_TO_ONE", ())
+
+    def refuse(self, *args):
+        raise streaming.StreamUnsupported("forced by the test")
+
+    monkeypatch.setattr(streaming.SafetensorsTensors, "__init__", refuse)
+
+
+def _same_model(streamed, whole, dtype):
+    assert streamed.info == whole.info  # the weights hash (float32 source) included
+    got, want = streamed.model.state_dict(), whole.model.state_dict()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].dtype == value.dtype, key
+        assert torch.equal(got[key], value), key
+    for name, param in streamed.model.named_parameters():
+        assert param.dtype == dtype and not param.requires_grad, name
 
 
 def _streamed_calls(monkeypatch) -> list:
@@ -65,18 +81,45 @@ def test_streamed_load_equals_the_whole_file_load(tmp_path, monkeypatch, variant
         _whole(m)
         whole = load_model(path, tokenizer=tok, dtype=dtype)
     assert len(calls) == 1
-    assert streamed.info == whole.info  # the weights hash (float32 source) included
-    got, want = streamed.model.state_dict(), whole.model.state_dict()
-    assert set(got) == set(want)
-    for key, value in want.items():
-        assert got[key].dtype == value.dtype, key
-        assert torch.equal(got[key], value), key
+    _same_model(streamed, whole, dtype)
     for name, param in streamed.model.named_parameters():
-        assert param.dtype == dtype and not param.requires_grad, name
         if name == "unembed.W_U" or ".mlp.W_" in name:  # no copy per forward
             assert param.T.is_contiguous(), name
     tokens = torch.tensor([[1, 5, 6, 7, 8]])
     assert torch.equal(streamed.model(tokens), whole.model(tokens))
+
+
+def _folder_streams(monkeypatch) -> list:
+    calls: list = []
+    real = streaming.SafetensorsTensors.__init__
+
+    def spy(self, *args):
+        real(self, *args)
+        calls.append(args[0])
+
+    monkeypatch.setattr(streaming.SafetensorsTensors, "__init__", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_safetensors_folder_streams_equal_to_its_whole_load(tmp_path, monkeypatch, dtype,
+                                                              pythia_hub):
+    """A local folder (a Pythia-like GPT-NeoX: LayerNorm biases folded and centred) and a
+    hub checkpoint from the offline cache, each read one tensor at a time: the same
+    model and hash as transformers' whole load."""
+    from conftest import PYTHIA_STEPS
+
+    from offline_models import write_local_model
+
+    folder = str(write_local_model(tmp_path / "local", seed=4))
+    for name, checkpoint in ((folder, None), (pythia_hub, PYTHIA_STEPS[-1])):
+        calls = _folder_streams(monkeypatch)
+        streamed = load_model(name, checkpoint, dtype=dtype)
+        assert len(calls) == 1, name
+        with monkeypatch.context() as m:
+            _whole(m)
+            whole = load_model(name, checkpoint, dtype=dtype)
+        _same_model(streamed, whole, dtype)
 
 
 def test_the_hash_is_the_whole_file_hash_in_every_dtype(tmp_path):

@@ -1,4 +1,5 @@
-"""A GGUF file loaded one tensor at a time, straight into the working dtype.
+"""A GGUF file or a Hugging Face folder of safetensors loaded one tensor at a time,
+straight into the working dtype.
 
 transformers' own GGUF loading dequantizes every tensor of the file into one dict, builds
 the model from it, and only then does TransformerLens convert and process the weights:
@@ -7,9 +8,9 @@ Qwen2.5-Coder-0.5B peaked at 3.78 GiB over the process whatever dtype was asked 
 dtype and one layer's float32 tensors besides:
 
 1. The transformers model is built with its parameters on the meta device (its buffers,
-   the rotary tables, real), so its state dict names every tensor and the GGUF tensor
-   that holds it (transformers' own name map and tensor processors), and nothing is
-   allocated.
+   the rotary tables, real), so its state dict names every tensor and where the files
+   hold it (GGUF: transformers' own name map and tensor processors; safetensors: the
+   checkpoint's keys as transformers renames them on load), and nothing is allocated.
 2. The weights hash: every tensor dequantized in the hash's order (sorted names), hashed
    as float32 exactly as ``catalog.weights.weights_hash`` of the transformers model
    loaded whole, and dropped.
@@ -24,10 +25,15 @@ dtype and one layer's float32 tensors besides:
    HookedTransformer, whose parameters wait on the meta device.
 
 Every step is TransformerLens's and transformers' own code on fewer tensors at once, so
-the float32 result is the whole-model load's to the bit (tests/unit/test_gguf_stream.py).
-Where this cannot hold (a tensor processor that is not one tensor in, one out; a
-parameter the file or the converter does not give; an operation that mixes groups), the
-loader raises ``StreamUnsupported`` and the caller loads the file whole.
+the float32 result is the whole-model load's to the bit (tests/unit/test_streaming.py).
+Where this cannot hold (a tensor processor that is not one tensor in, one out; a key
+transformers converts rather than renames; a parameter the files or the converter do not
+give; an operation that mixes groups), the loader raises ``StreamUnsupported`` and the
+caller loads the model whole.
+
+``parameters_on_meta`` swaps ``torch.nn.Module.register_parameter`` while a model is
+built: a module built on another thread at that moment would get meta parameters too
+(the catalog loads models on one thread).
 """
 
 from __future__ import annotations
@@ -111,10 +117,136 @@ def streams(model_type: str) -> bool:
     return TENSOR_PROCESSORS.get(arch, TensorProcessor).__name__ in GGUFTensors._ONE_TO_ONE
 
 
-class GGUFTensors:
+class StreamedTensors:
+    """A model's parameters read from its files one at a time in float32, under the
+    transformers model's names: ``names`` (sorted, the hash's order), ``shapes``,
+    ``aliases`` (a tied name -> the name whose tensor it is), ``get(name)``. Subclasses
+    say which names their files hold (``_index``) and read one (``_read``)."""
+
+    what = "tensors"
+    bar = None
+
+    def _index(self, hf_model: torch.nn.Module, present: set[str]) -> None:
+        """Names, shapes and aliases for ``hf_model`` (built with ``parameters_on_meta``)
+        whose files hold ``present``: every parameter must be there or tied to one that
+        is; tied names read the tensor of the first of them that is present, as
+        transformers ties the head to the embedding after loading."""
+        params = dict(hf_model.named_parameters(remove_duplicate=False))
+        self.aliases: dict[str, str] = {}
+        for name, param in params.items():
+            source = next((n for n, p in params.items() if p is param and n in present), None)
+            if source is None:
+                raise StreamUnsupported(f"the files hold no tensor for {name}")
+            if source != name:
+                self.aliases[name] = source
+        extra = set(hf_model.state_dict()) - set(params)
+        if extra:  # persistent buffers are part of the hash and not in the files
+            raise StreamUnsupported(f"the model's state dict holds buffers: {sorted(extra)}")
+        self.shapes = {name: tuple(p.shape) for name, p in params.items()}
+        self.names = sorted(params)
+
+    def start_progress(self) -> None:
+        """A progress bar over the three passes: every tensor is read for the hash, for
+        the check and for the conversion (the hash reads a tied tensor under each name)."""
+        from tqdm.auto import tqdm
+
+        distinct = len(self.names) - len(self.aliases)
+        self.bar = tqdm(total=len(self.names) + 2 * distinct, unit="tensor",
+                        desc=f"{self.what} (hash, check, convert)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def get(self, name: str) -> torch.Tensor:
+        """Parameter ``name`` in float32, as transformers' whole load gives it."""
+        source = self.aliases.get(name, name)
+        tensor = self._read(source)
+        if tuple(tensor.shape) != self.shapes[name]:
+            try:
+                tensor = tensor.reshape(self.shapes[name])
+            except RuntimeError:
+                raise StreamUnsupported(f"{source} has shape {tuple(tensor.shape)}, the "
+                                        f"model's {name} {self.shapes[name]}") from None
+        if self.bar is not None:
+            self.bar.update()
+        return tensor
+
+    def _read(self, name: str) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SafetensorsTensors(StreamedTensors):
+    """A Hugging Face folder's safetensors files (one, or the shards its index names),
+    whose tensor names are the transformers model's own; each read opens the file for that
+    tensor alone and casts it to float32 as ``from_pretrained(dtype=float32)`` does. A
+    checkpoint whose names transformers renames on load is not streamed."""
+
+    what = "safetensors tensors"
+
+    def __init__(self, folder: Path, hf_model: torch.nn.Module):
+        import json
+
+        from safetensors import safe_open
+
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            self._file = {k: folder / v for k, v in weight_map.items()}
+        else:
+            self._file = {}
+            for path in sorted(folder.glob("*.safetensors")):
+                with safe_open(str(path), framework="pt") as f:
+                    self._file.update({k: path for k in f.keys()})
+        if not self._file:
+            raise StreamUnsupported(f"no safetensors files in {folder}")
+        self._key = _renamed_keys(hf_model, list(self._file))  # model name -> file key
+        self._index(hf_model, set(self._key))
+
+    def _read(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        key = self._key[name]
+        with safe_open(str(self._file[key]), framework="pt") as f:
+            tensor = f.get_tensor(key)
+        # an owned float32 copy: nothing left pointing into the file's pages
+        return tensor.to(torch.float32, copy=True)
+
+
+def _renamed_keys(hf_model, keys: list[str]) -> dict[str, str]:
+    """{the model's parameter name: the checkpoint's key} under transformers' own renaming
+    of checkpoint keys on load (GPT-NeoX's ``embed_out`` is its ``lm_head``; a missing or
+    extra base-model prefix). A key that transformers would convert (merge or split)
+    rather than rename is StreamUnsupported."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import (
+            WeightConverter,
+            WeightRenaming,
+            rename_source_key,
+        )
+    except ImportError:  # another transformers: names as they are
+        return {k: k for k in keys}
+    transforms = get_model_conversion_mapping(hf_model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    meta = hf_model.state_dict()
+    out: dict[str, str] = {}
+    for key in keys:
+        name, converted = rename_source_key(key, renamings, converters,
+                                            hf_model.base_model_prefix, meta)
+        if converted is not None:
+            raise StreamUnsupported(f"transformers converts {key} on load")
+        out[name] = key
+    return out
+
+
+class GGUFTensors(StreamedTensors):
     """The tensors of a GGUF file under their transformers names, dequantized to float32
     one at a time, for a transformers model ``hf_model`` of the file's config built with
     ``parameters_on_meta``."""
+
+    what = "GGUF tensors"
 
     _ONE_TO_ONE = ONE_TO_ONE
 
@@ -145,41 +277,12 @@ class GGUFTensors:
         self.processor = processor_class(config=config)
         self.key_mapping = get_gguf_hf_weights_map(hf_model, self.processor)
         self._gguf_name = {hf: g for g, hf in self.key_mapping.items() if g in self._places}
-        # tied parameters (a head that is the embedding) share one Parameter object
-        params = dict(hf_model.named_parameters(remove_duplicate=False))
-        self.aliases: dict[str, str] = {}
-        for name, param in params.items():
-            if name in self._gguf_name:
-                continue
-            twin = next((n for n, p in params.items()
-                         if p is param and n in self._gguf_name), None)
-            if twin is None:
-                raise StreamUnsupported(f"the GGUF file holds no tensor for {name}")
-            self.aliases[name] = twin
-        extra = set(hf_model.state_dict()) - set(params)
-        if extra:  # persistent buffers are part of the hash and not in the file
-            raise StreamUnsupported(f"the model's state dict holds buffers: {sorted(extra)}")
-        self.shapes = {name: tuple(p.shape) for name, p in params.items()}
-        self.names = sorted(params)
-        self.bar = None
+        self._index(hf_model, set(self._gguf_name))
 
-    def start_progress(self) -> None:
-        """A progress bar over the three passes: every tensor is read for the hash, for
-        the check and for the conversion (the hash reads a tied tensor under each name)."""
-        from tqdm.auto import tqdm
-
-        distinct = len(self.names) - len(self.aliases)
-        self.bar = tqdm(total=len(self.names) + 2 * distinct, unit="tensor",
-                        desc="GGUF tensors (hash, check, convert)")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-    def get(self, name: str) -> torch.Tensor:
-        """Parameter ``name`` in float32, as transformers' whole-file load gives it. The
-        file is mapped for this tensor alone, so its pages leave the resident set with it."""
-        gguf_name = self._gguf_name[self.aliases.get(name, name)]
+    def _read(self, hf_name: str) -> torch.Tensor:
+        """The file is mapped for this tensor alone, so its pages leave the resident set
+        with it."""
+        gguf_name = self._gguf_name[hf_name]
         qtype, offset, item, shape = self._places[gguf_name]
         data = np.memmap(self.path, dtype=item, mode="r", offset=offset,
                          shape=(int(np.prod(shape)),)).reshape(shape)
@@ -195,14 +298,6 @@ class GGUFTensors:
             out = np.array(out, copy=True)  # a view of the file (an unquantized tensor)
         tensor = torch.from_numpy(np.ascontiguousarray(out)).to(torch.float32)
         del data, weights, result, out
-        if tuple(tensor.shape) != self.shapes[name]:
-            try:
-                tensor = tensor.reshape(self.shapes[name])
-            except RuntimeError:
-                raise StreamUnsupported(f"{gguf_name} has shape {tuple(tensor.shape)}, the "
-                                        f"model's {name} {self.shapes[name]}") from None
-        if self.bar is not None:
-            self.bar.update()
         return tensor
 
 
@@ -227,7 +322,7 @@ def _dequantized(data: np.ndarray, qtype) -> np.ndarray:
     return out
 
 
-def streamed_hash(tensors: GGUFTensors) -> str:
+def streamed_hash(tensors: StreamedTensors) -> str:
     """``catalog.weights.weights_hash`` of the transformers model loaded whole in float32,
     with one tensor in memory at a time."""
     h = hashlib.sha256()
@@ -258,7 +353,7 @@ class _Materialized:
     """Sets a group's parameters of the meta-device transformers model to real float32
     tensors, and puts them back on the meta device."""
 
-    def __init__(self, hf_model, tensors: GGUFTensors):
+    def __init__(self, hf_model, tensors: StreamedTensors):
         self.hf_model, self.tensors = hf_model, tensors
 
     def load(self, names: list[str]) -> None:
@@ -275,7 +370,7 @@ class _Materialized:
                            torch.empty(self.tensors.shapes[name], device="meta"))
 
 
-def streamed_reference(hf_model, tensors: GGUFTensors, groups, layers: str, d_vocab: int):
+def streamed_reference(hf_model, tensors: StreamedTensors, groups, layers: str, d_vocab: int):
     """``hf.reference_logprobs`` of the whole transformers model, one decoder layer's
     parameters real at a time."""
     real = _Materialized(hf_model, tensors)
@@ -305,7 +400,7 @@ def _group_of(key: str) -> int:
 _READ_OUT = ("ln_final.", "unembed.")
 
 
-def streamed_conversion(model, hf_model, tensors: GGUFTensors, groups, neutral: str,
+def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutral: str,
                         tokens: torch.Tensor, *, dtype: torch.dtype, fold_ln: bool,
                         center_writing_weights: bool,
                         center_unembed: bool) -> tuple[bool, torch.Tensor]:
@@ -454,9 +549,9 @@ def _cast(model, key: str, dtype: torch.dtype) -> None:
 
 
 def load_streamed(path: Path, config, tokenizer, shown: str, device, dtype: torch.dtype):
-    """(HookedTransformer weight-processed in ``dtype``, weights hash) of the GGUF file at
-    ``path`` whose transformers config is ``config``; StreamUnsupported where it cannot be
-    streamed (nothing is held then)."""
+    """(HookedTransformer weight-processed in ``dtype``, weights hash) of the GGUF file or
+    Hugging Face folder (safetensors) at ``path`` whose transformers config is ``config``;
+    StreamUnsupported where it cannot be streamed (nothing is held then)."""
     from transformers import AutoModelForCausalLM
 
     with parameters_on_meta():
@@ -467,7 +562,8 @@ def load_streamed(path: Path, config, tokenizer, shown: str, device, dtype: torc
                                     f"{exc}") from None
     hf_model.eval()
     arch = _architecture(config, type(hf_model).__name__)
-    tensors = GGUFTensors(path, hf_model)
+    tensors = (SafetensorsTensors(path, hf_model) if path.is_dir()
+               else GGUFTensors(path, hf_model))
     tensors.start_progress()
     try:
         whash = streamed_hash(tensors)
@@ -487,7 +583,23 @@ def load_streamed(path: Path, config, tokenizer, shown: str, device, dtype: torc
     return model, whash
 
 
-def _converted(hf_model, tensors: GGUFTensors, config, arch: str, tokenizer, shown: str,
+def load_folder_streamed(folder: Path, tokenizer, shown: str, device, dtype: torch.dtype):
+    """``load_streamed`` of a Hugging Face folder, or None where it cannot be streamed (no
+    safetensors, names transformers renames on load, ...; logged): the caller loads it
+    whole."""
+    import logging
+
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+        return load_streamed(folder, config, tokenizer, shown, device, dtype)
+    except StreamUnsupported as why:
+        logging.getLogger(__name__).info("%s is loaded whole: %s", shown, why)
+        return None
+
+
+def _converted(hf_model, tensors: StreamedTensors, config, arch: str, tokenizer, shown: str,
                device, dtype: torch.dtype):
     """(HookedTransformer, whether its norms were folded, the reference log-probabilities
     for the check, the converted model's float32 logits of the same tokens): the check's
