@@ -16,7 +16,8 @@ import torch
 from catalog.memory import trim
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import check_convertible, context_length, from_hf_model, hf_footprint
-from catalog.sources.streaming import StreamUnsupported, load_streamed, streams
+from catalog.sources.streaming import load_streamed
+from catalog.sources.tensor_files import StreamUnsupported, streams
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
 

@@ -107,12 +107,12 @@ def test_a_safetensors_folder_streams_equal_to_its_whole_load(tmp_path, monkeypa
     """A local folder (a Pythia-like GPT-NeoX: LayerNorm biases folded and centred) and a
     hub checkpoint from the offline cache, each read one tensor at a time: the same
     model and hash as transformers' whole load."""
-    from conftest import PYTHIA_STEPS
+    from catalog.sources import list_checkpoints
 
     from offline_models import write_local_model
 
     folder = str(write_local_model(tmp_path / "local", seed=4))
-    for name, checkpoint in ((folder, None), (pythia_hub, PYTHIA_STEPS[-1])):
+    for name, checkpoint in ((folder, None), (pythia_hub, list_checkpoints(pythia_hub)[-1])):
         calls = _folder_streams(monkeypatch)
         streamed = load_model(name, checkpoint, dtype=dtype)
         assert len(calls) == 1, name
