@@ -100,7 +100,8 @@ def load_model(
     Weights are read, hashed and processed (LayerNorm folding, centering) in float32 and
     then cast to ``dtype``, so a checkpoint's weights hash does not depend on the dtype a
     run asks for, and the processing does not round twice. A source that
-    ``loads_in_dtype`` (GGUF files) does this one tensor or layer at a time and holds
+    ``loads_in_dtype`` (GGUF files, Hugging Face folders, cached hub checkpoints) does this
+    one tensor or layer at a time and holds
     the weights in ``dtype`` only; the others load in float32 and are cast after. No
     weight requires grad (the catalog's backward passes need gradients of activations
     only).

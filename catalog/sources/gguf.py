@@ -7,7 +7,6 @@ float32 and cast after."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,12 +15,10 @@ import torch
 from catalog.memory import trim
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import check_convertible, context_length, from_hf_model, hf_footprint
-from catalog.sources.streaming import load_streamed
-from catalog.sources.tensor_files import StreamUnsupported, streams
+from catalog.sources.streaming import load_streamed_or_none
+from catalog.sources.tensor_files import streams
 from catalog.tokens import detect_number_tokens
 from catalog.weights import weights_hash
-
-log = logging.getLogger(__name__)
 
 
 def _is_gguf(name: str) -> bool:
@@ -54,11 +51,9 @@ def _load_gguf(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.fl
     except Exception as exc:
         raise ModelSourceError(f"GGUF file {name!r} cannot be loaded: {exc}") from exc
     trim()  # the metadata, parsed twice above into many small arrays
-    try:  # one tensor at a time, in the working dtype
-        model, whash = load_streamed(path, config, tok, name, device, dtype)
-    except StreamUnsupported as why:
-        log.info("GGUF file %s is loaded whole: %s", name, why)
-    else:
+    streamed = load_streamed_or_none(path, config, tok, name, device, dtype)
+    if streamed is not None:  # one tensor at a time, in the working dtype
+        model, whash = streamed
         info = model_info(str(path.resolve()), "gguf", None, None, whash, model, tok)
         return LoadedModel(model, tok, info)
     try:

@@ -17,7 +17,7 @@ from transformer_lens import loading_from_pretrained as tl_loading
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import from_hf_model, inspect_hf
-from catalog.sources.streaming import load_folder_streamed
+from catalog.sources.streaming import load_streamed_or_none
 from catalog.weights import weights_hash
 
 
@@ -141,7 +141,7 @@ def _load_hub(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.flo
         raise ModelSourceError(
             f"cannot load {official}{where}: {type(exc).__name__}: {exc}") from exc
     # a cached snapshot's safetensors, one tensor at a time in the working dtype
-    streamed = (load_folder_streamed(Path(source), tok, official, device, dtype)
+    streamed = (load_streamed_or_none(Path(source), None, tok, official, device, dtype)
                 if source != official else None)
     if streamed is not None:
         model, whash = streamed

@@ -10,7 +10,7 @@ import torch
 
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import check_weight_files, from_hf_model, inspect_hf
-from catalog.sources.streaming import load_folder_streamed
+from catalog.sources.streaming import load_streamed_or_none
 from catalog.weights import weights_hash
 
 
@@ -30,7 +30,7 @@ def _load_local(name, checkpoint, *, tokenizer=None, device="cpu", dtype=torch.f
         tok = tokenizer or AutoTokenizer.from_pretrained(name)
     except Exception as exc:
         raise ModelSourceError(f"local model directory {name!r} cannot be loaded: {exc}") from exc
-    streamed = load_folder_streamed(Path(name), tok, name, device, dtype)
+    streamed = load_streamed_or_none(Path(name), None, tok, name, device, dtype)
     if streamed is not None:
         model, whash = streamed
         info = model_info(str(Path(name).resolve()), "local", None, None, whash, model, tok)

@@ -357,17 +357,18 @@ def load_streamed(path: Path, config, tokenizer, shown: str, device, dtype: torc
     return model, whash
 
 
-def load_folder_streamed(folder: Path, tokenizer, shown: str, device, dtype: torch.dtype):
-    """``load_streamed`` of a Hugging Face folder, or None where it cannot be streamed (no
-    safetensors, names transformers renames on load, ...; logged): the caller loads it
-    whole."""
+def load_streamed_or_none(path: Path, config, tokenizer, shown: str, device,
+                          dtype: torch.dtype):
+    """``load_streamed``, or None where the model cannot be streamed (the reason logged):
+    the caller then loads it whole. ``config`` None: read from the folder at ``path``."""
     import logging
 
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(str(folder))
-        return load_streamed(folder, config, tokenizer, shown, device, dtype)
+        if config is None:
+            config = AutoConfig.from_pretrained(str(path))
+        return load_streamed(path, config, tokenizer, shown, device, dtype)
     except StreamUnsupported as why:
         logging.getLogger(__name__).info("%s is loaded whole: %s", shown, why)
         return None
@@ -405,4 +406,4 @@ def _converted(hf_model, tensors: StreamedTensors, config, arch: str, tokenizer,
 
 
 __all__ = ["GGUFTensors", "SafetensorsTensors", "StreamUnsupported", "StreamedTensors",
-           "load_folder_streamed", "load_streamed", "parameters_on_meta", "streamed_hash"]
+           "load_streamed", "load_streamed_or_none", "parameters_on_meta", "streamed_hash"]

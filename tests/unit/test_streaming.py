@@ -58,14 +58,15 @@ def _streamed_calls(monkeypatch) -> list:
     import catalog.sources.gguf as gguf_source
 
     calls: list = []
-    real = gguf_source.load_streamed
+    real = gguf_source.load_streamed_or_none
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
-        calls.append(out)
+        if out is not None:  # streamed, not fallen back
+            calls.append(out)
         return out
 
-    monkeypatch.setattr(gguf_source, "load_streamed", spy)
+    monkeypatch.setattr(gguf_source, "load_streamed_or_none", spy)
     return calls
 
 
@@ -159,7 +160,7 @@ def test_a_file_that_cannot_be_streamed_is_loaded_whole(tmp_path, monkeypatch, c
     path = str(write_gguf(tmp_path / "m.gguf", seed=2))
     streamed = load_model(path, dtype=torch.bfloat16)
     _whole(monkeypatch)
-    with caplog.at_level("INFO", logger="catalog.sources.gguf"):
+    with caplog.at_level("INFO", logger="catalog.sources.streaming"):
         whole = load_model(path, dtype=torch.bfloat16)
     assert "is loaded whole" in caplog.text and "does not map one GGUF tensor" in caplog.text
     assert whole.info == streamed.info
