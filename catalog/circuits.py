@@ -276,7 +276,7 @@ def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: C
     for mi, metric in enumerate(faithfulness.METRICS):
         result.baselines[metric] = {
             "model": float(m[:, mi].mean()), "empty": float(e[:, mi].mean()),
-            "n_small": int((np.abs(m[:, mi] - e[:, mi]) < faithfulness.SMALL).sum())}
+            "n_small": faithfulness.small_denominators(m[:, mi], e[:, mi])}
     mib_set, paper_set = set(mib_ks), set(setup.counts)
     for kind, k_list in sizes.items():
         for v, k in zip(values[kind], k_list, strict=True):

@@ -58,7 +58,10 @@ from catalog.vocab import (
 # 0.9.0: the spectra's guard also needs a period to beat a cubic plus one range of values
 # on the axis's own effect (windows of the result were called periodic at the longest
 # candidate periods)
-CATALOG_VERSION = "0.9.0"
+# 0.10.0: a result label must explain the KV map beyond both operands' additive effects and
+# this operator's result must fit it at least as well as another operator's
+# (result_beyond_operands); the explanations stored per labelled map
+CATALOG_VERSION = "0.10.0"
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
     """A config field with its help text; ``form`` puts it on the explorer's job form."""
@@ -130,6 +133,13 @@ class ScienceConfig:
     significance_level: float = _opt(
         0.05, "family-wise error rate per neuron and operator of the 'values' and "
               "'significant' rules (Tarone-Bonferroni over the heuristics scored)")
+    result_beyond_operands: bool = _opt(
+        True, "a result label must also explain the KV map beyond its least-squares "
+              "f(op1) + g(op2) (both operands' main effects; a partial regression test at "
+              "the rule's corrected level), and this operator's result must explain the map "
+              "at least as well as another operator's: a map that adds a feature of each "
+              "operand (digit counts, token counts) is not a result heuristic "
+              "(docs/method.md section 7); off: the labels before 0.10.0")
     null_strata: str = _opt(
         "digits", "values the 'values' rule permutes among: digits (values with the same "
         "number of digits: one- against two-digit operands is tokenisation, not arithmetic) "

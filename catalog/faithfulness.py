@@ -18,10 +18,16 @@ answer's, as the MIB benchmark does):
   denominator left out), with its standard error over prompts;
 - ``ratio_of_means``: (mean m(c) - mean m(empty)) / (mean m(model) - mean m(empty)), the
   MIB benchmark's normalisation, robust to small denominators;
-- ``median_ratio``; ``n_small``: prompts whose denominator is below ``SMALL`` in the
-  metric's own units (they carry almost no information); ``empty`` and ``model``: the
-  metric's mean on the empty circuit and on the model, so a reader sees how much the
-  empty circuit already gets.
+- ``median_ratio``; ``n_small``: prompts whose denominator is under ``SMALL`` (a tenth)
+  of the median |denominator| over the point's prompts: their ratios are ten times the
+  others' and more, and the mean of ratios follows them. Relative, so a constant shift
+  or a common scale of the metric does not change the count for the logit difference
+  (a shift of every number logit leaves it whole; ``small_denominators``), the count the
+  warnings read; ``empty`` and ``model``: the metric's mean on the empty circuit and on
+  the model, so a reader sees how much the empty circuit already gets.
+
+The headline faithfulness (``Summary.faithfulness``, the README, the report, the
+overview) is the ratio of means of NL; the mean of ratios is shown beside it only.
 
 Standard errors come from a seeded bootstrap over prompts (``BOOTSTRAP`` resamples), the
 same resamples for every point and area, so they are comparable along a curve.
@@ -40,7 +46,9 @@ import torch
 from jaxtyping import Float
 
 METRICS = ("nl", "logprob", "logit_diff")
-SMALL = 0.05  # a denominator below this, in the metric's units, says next to nothing
+# a denominator under this share of the median |denominator| of a point's prompts: its
+# ratio is ten times the typical one, and the mean of ratios follows it
+SMALL = 0.1
 BOOTSTRAP = 200
 
 
@@ -94,6 +102,16 @@ def _rom(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:
                         np.nan)
 
 
+def small_denominators(model: np.ndarray, empty: np.ndarray) -> int:
+    """Prompts whose denominator |m(model) - m(empty)| is under ``SMALL`` times the median
+    over the prompts (0 where every denominator is 0: no ratio is defined)."""
+    d = np.abs(np.asarray(model, np.float64) - np.asarray(empty, np.float64))
+    if not len(d):
+        return 0
+    med = float(np.median(d))
+    return int((d < SMALL * med).sum()) if med > 0 else 0
+
+
 def resamples(n: int, seed: int, b: int = BOOTSTRAP) -> np.ndarray:
     """(b, n) indices of bootstrap resamples of n prompts (seeded)."""
     return np.random.default_rng([seed, 17]).integers(0, n, size=(b, n)) if n else \
@@ -118,7 +136,7 @@ def point_stats(circuit: np.ndarray, empty: np.ndarray, model: np.ndarray,
                       ratio_of_means_se=float(rom_b.std(ddof=1)) if len(rom_b) > 1
                       else float("nan"),
                       median_ratio=float(np.median(r[ok])) if ok.any() else float("nan"),
-                      n=n, n_small=int((np.abs(model - empty) < SMALL).sum()))
+                      n=n, n_small=small_denominators(model, empty))
 
 
 def areas(fractions: np.ndarray, curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

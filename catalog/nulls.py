@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from catalog.heuristics import Cells, Heuristic, Partition
+from catalog.matches import Matches
 from catalog.matching import score_partitions
 from catalog.tails import (
     STRATA,
@@ -34,7 +35,7 @@ from catalog.tails import (
     within_class_tail,
 )
 
-__all__ = ["STRATA", "ValueGroups", "ValueNull", "label", "labelled_maps", "n_value_tests",
+__all__ = ["STRATA", "ValueGroups", "ValueNull", "label", "n_value_tests", "score_for_labels",
            "relabelled"]
 SINGLE_TARGETS = ("op1", "op2", "result")
 # the most Monte Carlo permutations of op1 = op2 for a row that cannot be labelled (its score
@@ -380,21 +381,18 @@ def label(m, config, n_tests: int, null: ValueNull | None, k_map: torch.Tensor,
                    n_tests).compact(config.scores_per_family)
 
 
-def labelled_maps(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
-                  partitions: list[Partition], config, n_tests: int, null: ValueNull | None,
-                  with_bottom: bool) -> np.ndarray:
-    """Indices of the maps that the config's label rule labels: the same labels as scoring
-    every partition and ``label``, for counting them only (the relabelled-values control).
-    Nothing is stored, so only what can decide a label is computed: rows from the label
-    threshold up, and under the values rule only the partitions with a heuristic whose
-    smallest p-value reaches the corrected level (the others cannot be labelled, Tarone)."""
+def score_for_labels(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
+                     partitions: list[Partition], config, n_tests: int,
+                     null: ValueNull | None, with_bottom: bool, orders: dict) -> Matches:
+    """The scores that can decide a label, for counting labelled maps only (the controls):
+    rows from the label threshold up, and under the values rule only the partitions with a
+    heuristic whose smallest p-value reaches the corrected level (the others cannot be
+    labelled, Tarone). Labelled afterwards, they give the labels that scoring every
+    partition and ``label`` give (``catalog.operator_labels.labelled_maps``)."""
     if null is not None:
         reach = config.significance_level / n_tests
         partitions = [part for part in partitions
                       if any(null.min_p(h) <= reach for h in part.heuristics)]
-    orders: dict = {}
-    m = score_partitions(k_map, kv_map, partitions,
-                         max(config.score_floor, config.match_threshold), with_bottom,
-                         config.pattern_top_k, cells=cells, orders=orders)
-    m = label(m, config, n_tests, null, k_map, kv_map, orders)
-    return np.unique(m.neuron[m.implements])
+    return score_partitions(k_map, kv_map, partitions,
+                            max(config.score_floor, config.match_threshold), with_bottom,
+                            config.pattern_top_k, cells=cells, orders=orders)

@@ -106,6 +106,10 @@ class LayerResult:
     label_control: dict[str, dict] = field(default_factory=dict)
     # periodic structure of every (neuron, operator) map (catalog.spectra); None: not run
     spectra: LayerSpectra | None = None
+    # per labelled (neuron, operator): adjusted R^2 of each competing explanation of its K
+    # and KV maps (catalog.operator_labels.FIT_COLS, FIT_OP_COLS -> (d_mlp, op) arrays; NaN
+    # or '' where not labelled); None: the config's result_beyond_operands is off
+    explanations: dict[str, np.ndarray] | None = None
 
     def effect(self, sign: str) -> np.ndarray:
         """What circuits order neurons by, largest first (catalog.effects.rank_key)."""
@@ -135,7 +139,9 @@ class Summary:
     n_correct: dict[str, int]
     n_pairs: dict[str, int]
     circuit_sizes: list[int]
-    # op -> [(k, F)]: the first protocol's ranked curve, the paper's NL mean of ratios
+    # op -> [(k, F)]: the first protocol's ranked curve, the well-conditioned statistic:
+    # the ratio of the paper's normalised logit's means over the prompts
+    # (catalog.faithfulness); the paper's mean of per-prompt ratios is beside it
     faithfulness: dict[str, list[tuple[int, float]]]
     heuristic_knockouts: list[dict]
     prompt_knockouts: dict[str, dict]
@@ -144,6 +150,9 @@ class Summary:
     n_excluded: dict[str, int]  # op -> correct prompts left out because a shot solves them
     components: dict[str, ComponentEffects] = field(default_factory=dict)  # op ->
     curves: list[circuits.CurveResult] = field(default_factory=list)  # protocol x operator
+    # op -> [(k, F)]: the same curve as the paper's mean of per-prompt ratios, which one
+    # prompt with a tiny denominator can move: shown beside the headline, never alone
+    faithfulness_mean_ratio: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     residual_lens: dict[str, dict] = field(default_factory=dict)  # op -> per-layer lists
     # labelled share of the top set against a random set and the layer (catalog.enrichment)
     enrichment: list[dict] = field(default_factory=list)

@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from catalog import effects, nulls, spectra
+from catalog import effects, nulls, operator_labels, spectra
 from catalog.builtin.model import BUILTIN_NAME
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import mlp_width, run_grid
@@ -39,6 +39,7 @@ from catalog.lens import lens_at, logit_lens
 from catalog.maps import kv_map
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
+from catalog.operand_fit import OperandFit
 from catalog.patching import attribution_patching, exact_patching
 from catalog.prompts import PromptTable, build_prompts, check_context, sample_pairs
 from catalog.results import (
@@ -59,8 +60,6 @@ __all__ = ["CheckpointResult", "CheckpointRun", "Driven", "GridLayout", "LayerDi
 
 log = logging.getLogger(__name__)
 
-# maps per layer and operator that the relabelled-values control scores
-CONTROL_MAPS = 128
 
 
 def check_layers(model: HookedTransformer, layers: list[int] | None) -> list[int]:
@@ -170,11 +169,15 @@ class CheckpointRun(CheckpointSummary):
         # the spectra's null draws depend on the cells and the seed alone: kept on disk
         # for the next checkpoint (catalog.spectra.cached_op_nulls)
         self._null_cache = get_settings().ncat_home / "spectra-nulls" if config.spectra else None
-        self._control: dict[str, tuple] = {}  # op -> the relabelled-values control's setup
+        # op -> the operands' additive fit and each operator's result on its cells
+        self.fits: dict[str, OperandFit] = {}
         for op in config.operators:
             idx = self.table.op_index(op)
             t = self.table
             self.cells[op] = Cells(op, t.a[idx], t.b[idx], t.result[idx], t.lo, t.hi)
+            if config.result_beyond_operands:
+                self.fits[op] = OperandFit.of(op, t.a[idx], t.b[idx], t.result[idx],
+                                              self.model.cfg.device, config.null_strata)
             self.partitions[op] = partitions_for(self.cells[op], config)
             self.n_tests[op] = n_tests(self.partitions[op], self.with_bottom,
                                        self._multi_result(op))
@@ -185,6 +188,10 @@ class CheckpointRun(CheckpointSummary):
                 self.n_tests[op] = nulls.n_value_tests(self.nulls[op], self.partitions[op],
                                                        self.with_bottom,
                                                        config.significance_level)
+        self._controls = operator_labels.LabelControls(
+            config, self.cells, self.partitions, self.n_tests, self.nulls, self.fits,
+            self.with_bottom, {op: self._multi_result(op) for op in config.operators},
+            self.tokenizer, self.model.cfg.device)
         self.number_ids = number_token_ids(self.tokenizer, min(self.numbers.limit, 10_000))
         self._prepared = True
         return self
@@ -253,6 +260,7 @@ class CheckpointRun(CheckpointSummary):
         answer_lens = clock.time("lens", lens_at, model, layer, table.answer)
         parts, patching, control = [], {}, {}
         spec = spectra.LayerSpectra.empty(*shape)
+        fits = operator_labels.fit_columns(*shape)
         for o, op in enumerate(config.operators):
             idx = table.op_index(op)
             k_map = acts[idx].T  # (d_mlp, cells)
@@ -266,13 +274,17 @@ class CheckpointRun(CheckpointSummary):
             m = Matches.empty()
             if len(live):
                 kv = kv_map(k_map[live], answer_lens[live][:, idx])
-                orders: dict = {}
-                m = Matches.concat(clock.time("matching", self._match, o, op, k_map[live], kv,
-                                              orders))
                 dev = self.model.cfg.device
-                m = clock.time("significance", nulls.label, m, config, self.n_tests[op],
-                               self.nulls.get(op), torch.as_tensor(k_map[live], device=dev),
-                               torch.as_tensor(kv, device=dev), orders)
+                k_t, kv_t = (torch.as_tensor(k_map[live], device=dev),
+                             torch.as_tensor(kv, device=dev))
+
+                def score(kv_scored, orders, _o=o, _op=op, _k=k_t, _kv=kv_t):
+                    return Matches.concat(self._match(_o, _op, _k, kv_scored, orders, _kv))
+                got = operator_labels.label_operator(
+                    config, k_t, kv_t, score, self.n_tests[op], self.nulls.get(op),
+                    self.fits.get(op), clock.time)
+                m = got.matches
+                operator_labels.set_fit_columns(fits, live, o, got)
                 control[op] = clock.time("significance", self._label_control, layer, o, op,
                                          k_map[live], kv)
                 m.neuron = live[m.neuron].astype(np.int32)
@@ -297,6 +309,7 @@ class CheckpointRun(CheckpointSummary):
             constant=out.constant, rank=rank, matches=Matches.concat(parts), patching=patching,
             seconds=clock.seconds, label_control=control,
             spectra=spec if config.spectra else None,
+            explanations=fits if config.result_beyond_operands else None,
         )
 
     def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: LayerStats,
@@ -345,48 +358,27 @@ class CheckpointRun(CheckpointSummary):
 
     def _label_control(self, layer: int, o: int, op: str, k_map: np.ndarray,
                        kv: np.ndarray) -> dict:
-        """The label rule on up to ``CONTROL_MAPS`` of the layer's live maps scored against
-        heuristics whose operand and result values are relabelled at random (within the
-        null's strata): how often maps of THIS model get labels for values they cannot be
-        about. The report shows it where the model has no untrained checkpoint."""
-        config = self.config
-        gen = np.random.default_rng([config.seed, layer, o, 1])
-        pick = np.sort(gen.choice(len(k_map), min(CONTROL_MAPS, len(k_map)), replace=False))
-        if op not in self._control:  # one relabelling per operator, for every layer
-            cells = nulls.relabelled(self.cells[op], config.null_strata,
-                                     np.random.default_rng([config.seed, o, 1]))
-            parts = partitions_for(cells, config)
-            m_tests = n_tests(parts, self.with_bottom, self._multi_result(op))
-            null = None
-            if config.label_rule == "values":
-                null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
-                                          config.pattern_top_k, m_tests,
-                                          config.significance_level)
-                m_tests = nulls.n_value_tests(null, parts, self.with_bottom,
-                                              config.significance_level)
-            self._control[op] = (cells, parts, null, m_tests)
-        cells, parts, null, m_tests = self._control[op]
-        dev = self.model.cfg.device
-        hits = nulls.labelled_maps(torch.as_tensor(k_map[pick], device=dev),
-                                   torch.as_tensor(kv[pick], device=dev), cells, parts,
-                                   config, m_tests, null, self.with_bottom)
-        return {"labelled": int(len(hits)), "n": int(len(pick))}
+        """The label rule's controls on this layer (``operator_labels.LabelControls``)."""
+        return self._controls.measure(layer, o, op, k_map, kv)
 
     def _multi_result(self, op: str) -> bool:
         return op == "/" and "multi_result" in self.config.families
 
-    def _match(self, o: int, op: str, k_map: np.ndarray, kv: np.ndarray,
-               orders: dict | None = None) -> list[Matches]:
-        """Scores of the live maps of one operator; ``orders`` receives each side's sort
-        order (the label rule reuses them)."""
-        config, dev = self.config, self.model.cfg.device
+    def _match(self, o: int, op: str, k_map: torch.Tensor, kv: torch.Tensor,
+               orders: dict | None = None, kv_raw: torch.Tensor | None = None
+               ) -> list[Matches]:
+        """Scores of the live maps of one operator (result heuristics on ``kv``: the KV map,
+        or what is left of it beyond the operands); ``orders`` receives each side's sort
+        order (the label rule reuses them). Multi-result sets are chosen on ``kv_raw`` (the
+        KV map itself; ``kv`` where not given)."""
+        config = self.config
         idx = self.table.op_index(op)
-        out = [score_partitions(torch.as_tensor(k_map, device=dev), torch.as_tensor(kv, device=dev),
-                                self.partitions[op], config.score_floor, self.with_bottom,
-                                config.pattern_top_k, cells=self.cells[op], op=o,
-                                orders=orders)]
+        out = [score_partitions(k_map, kv, self.partitions[op], config.score_floor,
+                                self.with_bottom, config.pattern_top_k, cells=self.cells[op],
+                                op=o, orders=orders)]
         if self._multi_result(op):
-            out.append(multi_result_matches(torch.as_tensor(kv), self.table.result[idx],
+            out.append(multi_result_matches((kv if kv_raw is None else kv_raw).cpu(),
+                                            self.table.result[idx],
                                             top=config.multi_result_top,
                                             floor=config.score_floor, op=o))
         return out

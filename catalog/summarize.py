@@ -81,8 +81,10 @@ class CheckpointSummary:
         curves = self._curves(effects, attribution or {}, comps, draws, layers, seconds)
         t = time.perf_counter()
         first = [c for c in curves if c.protocol == config.faithfulness_protocols[0]]
-        faith = {c.op: [(k, v if v is not None else float("nan")) for k, v in c.curve()]
-                 for c in first}
+        def points(c, stat):
+            return [(k, v if v is not None else float("nan")) for k, v in c.curve(stat=stat)]
+        faith = {c.op: points(c, "ratio_of_means") for c in first}
+        faith_mean_ratio = {c.op: points(c, "mean_ratio") for c in first}
         h_knock, p_knock = [], {}
         top_k = circuits.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
         for o, op in enumerate(config.operators):
@@ -110,7 +112,8 @@ class CheckpointSummary:
                        for op in config.operators},
             n_pairs={op: len(self.pairs[op][0]) for op in config.operators},
             circuit_sizes=sorted({k for c in first for k, _ in c.curve()}),
-            faithfulness=faith, heuristic_knockouts=h_knock, prompt_knockouts=p_knock,
+            faithfulness=faith, faithfulness_mean_ratio=faith_mean_ratio,
+            heuristic_knockouts=h_knock, prompt_knockouts=p_knock,
             n_heuristic_neurons={
                 op: sum(len(m.neurons_matching(o)) for m in matches.values())
                 for o, op in enumerate(config.operators)},

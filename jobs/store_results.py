@@ -77,6 +77,7 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> rows.Layer
         "rank_value": result.rank_value, "is_exact": result.is_exact,
         "constant": result.constant,
         **(result.spectra.cols if result.spectra is not None else {}),
+        **(result.explanations if result.explanations is not None else {}),
     }
     accuracy = np.array([table.correct[table.op_index(op)].mean() for op in ops])
 

@@ -17,9 +17,9 @@ import plotly.graph_objects as go
 
 PAPER_F = {"+": 0.97, "-": 0.98, "*": 0.90, "/": 0.96}
 PAPER_F_AT = "200 neurons per late layer (about 1.5% of 14,336) on Llama3-8B"
-# a prompt whose metric moves less than this between the model and the empty circuit says
-# next to nothing about a circuit (catalog.faithfulness.SMALL)
-SMALL = 0.05
+# a prompt whose metric moves less than this share of the median prompt's between the
+# model and the empty circuit carries a ratio ten times the others' (faithfulness.SMALL)
+SMALL = 0.1
 
 
 @dataclass
@@ -111,13 +111,14 @@ def warnings(d: CircuitData, s: dict) -> list[str]:
     """What a reader must know before trusting one protocol's curve."""
     out = []
     op, protocol = s["op"], s["protocol"]
-    nl = s["baselines"].get("nl", {})
+    ld = s["baselines"].get("logit_diff", {})
     n = s["n_prompts"]
-    if n and nl.get("n_small", 0) > n / 2:
-        out.append(f"{nl['n_small']} of {n} prompts move their normalised logit by less than "
-                   f"{SMALL} between the model and the empty circuit: the paper's mean of "
-                   "per-prompt ratios follows the few others. Read the ratio of means and the "
-                   "log-probability rows.")
+    if n and ld.get("n_small", 0) > 0:
+        out.append(f"{ld['n_small']} of {n} prompts move their answer's logit difference "
+                   f"between the model and the empty circuit by less than {SMALL:g} of the "
+                   "median prompt's: their per-prompt ratios are ten times the others', and "
+                   "the paper's mean of ratios follows them. The headline is the ratio of "
+                   "means.")
     lp = s["baselines"].get("logprob", {})
     if lp and lp.get("empty") is not None and lp["empty"] > math.log(0.2):
         out.append(f"The empty circuit already gives the answer a mean log-probability of "

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
+from catalog.operator_labels import FIT_COLS, FIT_OP_COLS
 from catalog.spectra import SPECTRUM_COLS
 from schema.quantize import quantize_rows
 from schema.rows import HeuristicLike, LayerRows
@@ -30,7 +31,7 @@ from schema.sketch import (
 NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
                   "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
                   "effect_trimmed", "moved_share", "rank_value", "is_exact", "constant",
-                  *SPECTRUM_COLS)
+                  *SPECTRUM_COLS, *FIT_COLS, *FIT_OP_COLS)
 
 
 KEY = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
@@ -156,9 +157,11 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
     stats = rows.stats
 
     def value(c, n, o):
-        if c in SPECTRUM_COLS:  # smallints; -1 or absent: not measured
-            if c not in stats:
-                return None
+        if c not in stats and (c in SPECTRUM_COLS or c in FIT_COLS or c in FIT_OP_COLS):
+            return None  # not measured (spectra off, or labels before 0.10.0)
+        if c in FIT_OP_COLS:
+            return str(stats[c][n, o]) or None
+        if c in SPECTRUM_COLS:  # smallints; -1: not measured
             v = stats[c][n, o]
             return None if v < 0 else int(v)
         v = stats[c][n, o]

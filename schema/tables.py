@@ -20,6 +20,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    CHAR,
     REAL,
     BigInteger,
     Boolean,
@@ -390,6 +391,19 @@ class NeuronOp(_NeuronOpKey, SpectrumColumns, table=True):
     constant: bool | None = Field(default=None, sa_column=Column(Boolean))  # no variance
     best_bottom: bool | None = Field(default=None, sa_column=Column(Boolean))
     labelled: bool | None = Field(default=None, sa_column=Column(Boolean))  # best is a label
+    # what explains each map the value rule labels (catalog.operand_fit, migration 0025):
+    # adjusted R^2 of the operands' additive fit, the result, both, and the best other
+    # operator's result with the operands, for the K map and the KV map
+    fit_operands: float | None = Field(default=None, sa_column=Column(REAL))
+    fit_result: float | None = Field(default=None, sa_column=Column(REAL))
+    fit_joint: float | None = Field(default=None, sa_column=Column(REAL))
+    fit_other: float | None = Field(default=None, sa_column=Column(REAL))
+    kv_fit_operands: float | None = Field(default=None, sa_column=Column(REAL))
+    kv_fit_result: float | None = Field(default=None, sa_column=Column(REAL))
+    kv_fit_joint: float | None = Field(default=None, sa_column=Column(REAL))
+    kv_fit_other: float | None = Field(default=None, sa_column=Column(REAL))
+    fit_other_op: str | None = Field(default=None, sa_column=Column(CHAR(1)))
+    kv_fit_other_op: str | None = Field(default=None, sa_column=Column(CHAR(1)))
 
 
 class NeuronGrid(_NeuronOpKey, table=True):

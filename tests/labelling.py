@@ -9,6 +9,8 @@ from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, n_tests, partitions_for
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
+from catalog.operand_fit import OperandFit
+from catalog.operator_labels import OperatorLabels, label_operator
 from catalog.prompts import UNLIMITED
 from catalog.run import constant_maps
 
@@ -25,19 +27,32 @@ def labelled(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray, config: S
              with_bottom: bool = True) -> Matches:
     """Score the maps, leave out constant ones, apply the config's label rule
     (catalog.nulls.label) and keep the rows to store."""
+    return labelled_with_fit(op, cells, k_map, kv, config, with_bottom).matches
+
+
+def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
+                      config: ScienceConfig, with_bottom: bool = True) -> OperatorLabels:
+    """``labelled`` with the explanations of every labelled map (the same steps as
+    CheckpointRun.run_layer: catalog.operator_labels.label_operator)."""
     parts = partitions_for(cells, config)
     multi = op == "/" and "multi_result" in config.families
     k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
-    found = [score_partitions(k_t, kv_t, parts, config.score_floor, with_bottom,
-                              config.pattern_top_k, cells=cells)]
-    if multi:
-        found.append(multi_result_matches(kv_t, cells.result, top=config.multi_result_top,
-                                          floor=config.score_floor))
-    m = Matches.concat(found).without_neurons(np.nonzero(constant_maps(k_map))[0])
+    dead = np.nonzero(constant_maps(k_map))[0]
+
+    def score(kv_scored: torch.Tensor, orders: dict) -> Matches:
+        found = [score_partitions(k_t, kv_scored, parts, config.score_floor, with_bottom,
+                                  config.pattern_top_k, cells=cells, orders=orders)]
+        if multi:
+            found.append(multi_result_matches(kv_t, cells.result,
+                                              top=config.multi_result_top,
+                                              floor=config.score_floor))
+        return Matches.concat(found).without_neurons(dead)
+
     m_tests = n_tests(parts, with_bottom, multi)
     null = None
     if config.label_rule == "values":
         null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
                                   config.pattern_top_k, m_tests, config.significance_level)
         m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
-    return nulls.label(m, config, m_tests, null, k_t, kv_t)
+    fit = OperandFit.of(op, cells.a, cells.b, cells.result, strata=config.null_strata)
+    return label_operator(config, k_t, kv_t, score, m_tests, null, fit)

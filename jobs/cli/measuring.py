@@ -42,7 +42,9 @@ def print_result(res, top: int = 5, out=sys.stdout) -> None:
               + ", ".join(f"{op} {s.n_excluded[op]}" for op in ops) + ")", file=out)
         for op in ops:
             curve = ", ".join(f"k={k}: {f:.2f}" for k, f in s.faithfulness[op])
-            print(f"faithfulness {op}: {curve}", file=out)
+            paper = ", ".join(f"{f:.2f}" for _, f in s.faithfulness_mean_ratio.get(op, []))
+            print(f"faithfulness {op} (ratio of means of the normalised logit): {curve}"
+                  + (f"  [the paper's mean of ratios: {paper}]" if paper else ""), file=out)
     for layer, lr in sorted(res.layers.items()):
         m = lr.matches
         print(f"\nlayer {layer}: {len(m)} heuristic scores >= {res.config.score_floor}, "

@@ -370,3 +370,51 @@ def test_knockout_verdicts_by_hand():
     assert knockouts.verdict(0.8, 10, 0.85, 10) == "inconclusive"  # within two SE
     assert knockouts.verdict(1.0, 5, 0.0, 5) == "contradicts"  # no variance: any gap counts
     assert knockouts.verdict(float("nan"), 0, 0.9, 10) == "inconclusive"
+
+
+def test_one_tiny_denominator_cannot_move_the_headline_more_than_its_share():
+    """The headline (ratio of means) moves by at most about one prompt's share when one
+    prompt's denominator is 1e-4; the paper's mean of ratios follows that prompt."""
+    rng = np.random.default_rng(5)
+    n = 150
+    model = 1.0 + 0.2 * rng.standard_normal(n)
+    empty = 0.2 * rng.standard_normal(n)
+    circuit = empty + 0.5 * (model - empty) + 0.05 * rng.standard_normal(n)
+    boot = faithfulness.resamples(n + 1, 0)
+    before = faithfulness.point_stats(circuit, empty, model, faithfulness.resamples(n, 0))
+    # one more prompt: the model barely differs from the empty circuit, the circuit does
+    after = faithfulness.point_stats(np.append(circuit, 0.2),
+                                     np.append(empty, 0.0), np.append(model, 1e-4), boot)
+    assert abs(after.mean_ratio - before.mean_ratio) > 1.0  # the fragile statistic jumps
+    assert abs(after.ratio_of_means - before.ratio_of_means) <= 2.0 / (n + 1)
+    assert after.n_small == 1 and before.n_small == 0
+
+
+def test_the_conditioning_count_does_not_change_with_a_shift_of_the_number_logits():
+    """Adding one constant to every number token's logit changes the normalised logit's
+    denominators (NL is a ratio of logits) but not the logit difference's, which the
+    warnings read; a common scale does not change the relative count either."""
+    rng = np.random.default_rng(2)
+    n, vocab, numbers = 150, 40, torch.arange(10, 40)
+    answer = numbers[torch.as_tensor(rng.integers(0, 30, n))]
+    cf = numbers[torch.as_tensor(rng.integers(0, 30, n))]
+    base = torch.as_tensor(rng.standard_normal((n, vocab)))
+    model_l = base.clone()
+    model_l[torch.arange(n), answer] += 3.0 + torch.as_tensor(rng.standard_normal(n))
+    empty_l = base + 0.3 * torch.as_tensor(rng.standard_normal((n, vocab)))
+
+    def counts(shift: float, scale: float = 1.0) -> tuple[int, int]:
+        out = []
+        for mi in (0, 2):  # NL, logit difference
+            m_, e_ = [], []
+            for logits, acc in ((model_l, m_), (empty_l, e_)):
+                x = logits.clone() * scale
+                x[:, numbers] += shift
+                acc.append(faithfulness.prompt_metrics(x, answer, cf)[:, mi])
+            out.append(faithfulness.small_denominators(m_[0], e_[0]))
+        return out[0], out[1]
+
+    _, ld0 = counts(0.0)
+    _, ld1 = counts(50.0)
+    _, ld2 = counts(50.0, scale=3.0)
+    assert 0 < ld0 < n and ld0 == ld1 == ld2

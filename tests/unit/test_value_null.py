@@ -233,8 +233,9 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     """``labelled_maps`` (the relabelled-values control) scores only rows from the label
     threshold up and only partitions that can reach the corrected level: the maps it
     counts are exactly those that scoring every partition and labelling label."""
-    from catalog import nulls
+    from catalog import nulls, operator_labels
     from catalog.heuristics import n_tests
+    from catalog.operand_fit import OperandFit
 
     hi = 30
     cells = cells_of(op, hi)
@@ -259,6 +260,8 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     k = nulls.n_value_tests(null, parts, True, config.significance_level)
     reach = config.significance_level / k
     assert any(all(null.min_p(h) > reach for h in p.heuristics) for p in parts)
-    got = nulls.labelled_maps(torch.from_numpy(maps), torch.from_numpy(kv), cells, parts,
-                              config, k, null, True)
+    fit = OperandFit.of(op, cells.a, cells.b, cells.result,
+                          strata=config.null_strata)
+    got = operator_labels.labelled_maps(torch.from_numpy(maps), torch.from_numpy(kv), cells,
+                                        parts, config, k, null, True, fit)
     np.testing.assert_array_equal(got, expected)

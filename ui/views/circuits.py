@@ -56,7 +56,8 @@ def render() -> None:
         base = s["baselines"].get(metric, {})
         st.caption(f"{metric}: model {rc._f(base.get('model'))}, empty circuit "
                    f"{rc._f(base.get('empty'))}; {base.get('n_small', 'n/a')} of "
-                   f"{s['n_prompts']} prompts with a denominator below {rc.SMALL}")
+                   f"{s['n_prompts']} prompts with a denominator under {rc.SMALL:g} of the "
+                   "median prompt's")
         rows = []
         for circuit in ("ranked", "random", "reversed"):
             for p in d.curve(op, protocol, circuit, metric):

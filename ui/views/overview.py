@@ -51,7 +51,9 @@ def render() -> None:
                  "is not measured again; its numbers are that step's"]
         if faith_k is not None:
             notes.append(f"faithfulness + (k={faith_k}): how much of the answer (the "
-                         "paper's normalised logit, 0 = the empty circuit, 1 = the model) a "
+                         "ratio of the means of the paper's normalised logit over the "
+                         "prompts, 0 = the empty circuit, 1 = the model; the paper's mean of "
+                         "per-prompt ratios is on the Circuits page) a "
                          f"circuit keeps with the top {faith_k} neurons of each late layer "
                          "and the rest mean-ablated (docs/method.md section 6); blank where "
                          "the checkpoint has no summary")

@@ -1,0 +1,204 @@
+"""One operator's labels from its maps, the one sequence every caller runs: the run's
+layers (``CheckpointRun.run_layer``), its controls (relabelled values, token format) and
+the label-rule tests.
+
+1. Algorithm 1 scores (the caller's ``score``: it knows the operator's index and the
+   multi-result family); with ``result_beyond_operands``, result heuristics are scored
+   on the KV map less the operands' part of its fit on f(op1) + g(op2) + a mean per
+   digit count of the result (``catalog.operand_fit``): operand effects mixed into a
+   result heuristic do not crowd its top cells, and the result's magnitude, which the
+   value null judges, is left whole;
+2. the config's label rule (``catalog.nulls.label``);
+3. with ``result_beyond_operands``, the gate (``catalog.operand_fit.gate``): a result
+   label must also explain the KV map beyond both operands' additive effects, and this
+   operator's result must explain the map at least as well as another operator's; the
+   explanations of every labelled map (K and KV) are kept for the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from catalog import nulls
+from catalog.heuristics import n_tests as count_tests
+from catalog.heuristics import partitions_for
+from catalog.matches import Matches
+from catalog.operand_fit import (
+    FORMAT_KINDS,
+    Explanations,
+    OperandFit,
+    beyond_operands,
+    format_maps,
+    gate,
+)
+
+# maps per layer and operator that each control scores
+CONTROL_MAPS = 128
+
+# the explanation columns of neuron_op, K map then KV map (adjusted R^2 each), and which
+# operator's result fit best beside this one's
+FIT_COLS = ("fit_operands", "fit_result", "fit_joint", "fit_other",
+            "kv_fit_operands", "kv_fit_result", "kv_fit_joint", "kv_fit_other")
+FIT_OP_COLS = ("fit_other_op", "kv_fit_other_op")
+
+
+@dataclass
+class OperatorLabels:
+    """The labelled rows of one operator (neuron indices into the maps given) and the
+    explanations of each labelled map (``labelled``: those indices)."""
+
+    matches: Matches
+    labelled: np.ndarray
+    k: Explanations
+    kv: Explanations
+
+
+def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor,
+                   score: Callable[[torch.Tensor, dict], Matches], n_tests: int,
+                   null: nulls.ValueNull | None, fit: OperandFit | None,
+                   timed: Callable | None = None) -> OperatorLabels:
+    """Score, label and gate one operator's live maps (steps 1-3 of the module doc).
+    ``timed(phase, fn, *args)`` times each phase where given (the run's clock)."""
+    def run(phase, fn, *args):
+        return fn(*args) if timed is None else timed(phase, fn, *args)
+
+    beyond = fit is not None and config.result_beyond_operands
+    kv_scored = kv
+    if beyond:
+        assert fit is not None
+        kv_scored = run("matching", beyond_operands, fit.scoring, kv)
+    orders: dict = {}
+    m = run("matching", score, kv_scored, orders)
+    m = run("significance", nulls.label, m, config, n_tests, null, k_map, kv_scored, orders)
+    if not beyond or not len(m):
+        return OperatorLabels(m, np.zeros(0, np.int64), Explanations.empty(),
+                              Explanations.empty())
+    assert fit is not None
+    reach = config.significance_level / max(n_tests, 1)
+    m, labelled, ex_k, ex_kv = run("explanations", gate, m, fit, kv, k_map, reach)
+    return OperatorLabels(m, labelled, ex_k, ex_kv)
+
+
+def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,
+                  n_tests: int, null: nulls.ValueNull | None, with_bottom: bool,
+                  fit: OperandFit | None) -> np.ndarray:
+    """Indices of the maps the rule labels (the controls count them): the rows from the
+    label threshold up, under the same steps as ``label_operator``."""
+    def score(kv_scored: torch.Tensor, orders: dict) -> Matches:
+        return nulls.score_for_labels(k_map, kv_scored, cells, partitions, config, n_tests,
+                                      null, with_bottom, orders)
+
+    out = label_operator(config, k_map, kv, score, n_tests, null, fit)
+    return np.unique(out.matches.neuron[out.matches.implements])
+
+
+def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list,
+                         config, n_tests: int, null: nulls.ValueNull | None,
+                         with_bottom: bool, fit: OperandFit | None) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+    """(maps with any label, maps with a result label), for the controls."""
+    def score(kv_scored: torch.Tensor, orders: dict) -> Matches:
+        return nulls.score_for_labels(k_map, kv_scored, cells, partitions, config, n_tests,
+                                      null, with_bottom, orders)
+
+    m = label_operator(config, k_map, kv, score, n_tests, null, fit).matches
+    result = np.array([h.target == "result" for h in m.heuristics] or [False])[m.heuristic]
+    return (np.unique(m.neuron[m.implements]),
+            np.unique(m.neuron[m.implements & result]))
+
+
+def fit_columns(d_mlp: int, n_ops: int) -> dict[str, np.ndarray]:
+    """Empty explanation columns of one layer (NaN / '': not computed)."""
+    cols: dict[str, np.ndarray] = {c: np.full((d_mlp, n_ops), np.nan, np.float32)
+                                   for c in FIT_COLS}
+    cols.update({c: np.full((d_mlp, n_ops), "", dtype="<U1") for c in FIT_OP_COLS})
+    return cols
+
+
+def set_fit_columns(cols: dict[str, np.ndarray], neurons: np.ndarray, o: int,
+                    out: OperatorLabels) -> None:
+    """Write one operator's explanations (``neurons``: the layer's index of each map
+    ``out`` was given) into the layer's columns."""
+    at = neurons[out.labelled]
+    for prefix, ex in (("", out.k), ("kv_", out.kv)):
+        for name in ("operands", "result", "joint", "other"):
+            cols[f"{prefix}fit_{name}"][at, o] = getattr(ex, name)
+        cols[f"{prefix}fit_other_op"][at, o] = ex.other_op
+
+
+class LabelControls:
+    """Two controls of the label rule on each layer, each on up to ``CONTROL_MAPS`` maps:
+
+    - ``labelled`` of ``n`` of the layer's live maps scored against heuristics whose
+      operand and result values are relabelled at random (within the null's strata): how
+      often maps of THIS model get labels for values they cannot be about;
+    - ``format_labelled`` (any label) and ``format_result`` (a result label) of
+      ``format_n`` maps that know only how the numbers are written (a random function of
+      each operand's digit count, first digit and token count, added across the operands;
+      or of the answer's digit and token counts), on the operator's own cells and
+      heuristics: what the rule makes of the token format alone, for every tokenizer.
+
+    The report shows them beside every label share."""
+
+    def __init__(self, config, cells: dict, partitions: dict, n_tests: dict, nulls_: dict,
+                 fits: dict, with_bottom: bool, multi_result: dict, tokenizer, device) -> None:
+        self.config, self.cells, self.partitions = config, cells, partitions
+        self.n_tests, self.nulls, self.fits = n_tests, nulls_, fits
+        self.with_bottom, self.multi_result = with_bottom, multi_result
+        self.tokenizer, self.device = tokenizer, device
+        self._relabelled: dict[str, tuple] = {}  # op -> the relabelled-values setup
+        self._tokens_of: dict[int, int] = {}
+
+    def _setup(self, op: str, o: int) -> tuple:
+        """One relabelling per operator, for every layer."""
+        if op not in self._relabelled:
+            config = self.config
+            cells = nulls.relabelled(self.cells[op], config.null_strata,
+                                     np.random.default_rng([config.seed, o, 1]))
+            parts = partitions_for(cells, config)
+            m_tests = count_tests(parts, self.with_bottom, self.multi_result[op])
+            null = None
+            if config.label_rule == "values":
+                null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+                                          config.pattern_top_k, m_tests,
+                                          config.significance_level)
+                m_tests = nulls.n_value_tests(null, parts, self.with_bottom,
+                                              config.significance_level)
+            fit = (OperandFit.of(op, cells.a, cells.b, cells.result, self.device,
+                                 config.null_strata)
+                   if config.result_beyond_operands else None)
+            self._relabelled[op] = (cells, parts, null, m_tests, fit)
+        return self._relabelled[op]
+
+    def token_count(self, value: int) -> int:
+        """How many tokens the tokenizer writes ``value`` with."""
+        if value not in self._tokens_of:
+            self._tokens_of[value] = len(self.tokenizer.encode(str(value),
+                                                               add_special_tokens=False))
+        return self._tokens_of[value]
+
+    def measure(self, layer: int, o: int, op: str, k_map: np.ndarray, kv: np.ndarray) -> dict:
+        config, dev = self.config, self.device
+        gen = np.random.default_rng([config.seed, layer, o, 1])
+        pick = np.sort(gen.choice(len(k_map), min(CONTROL_MAPS, len(k_map)), replace=False))
+        cells, parts, null, m_tests, fit = self._setup(op, o)
+        hits = labelled_maps(torch.as_tensor(k_map[pick], device=dev),
+                             torch.as_tensor(kv[pick], device=dev), cells, parts, config,
+                             m_tests, null, self.with_bottom, fit)
+        out = {"labelled": int(len(hits)), "n": int(len(pick))}
+        own = self.cells[op]
+        fmt_gen = np.random.default_rng([config.seed, layer, o, 2])
+        per_kind = max(1, len(pick) // len(FORMAT_KINDS))
+        maps = torch.as_tensor(np.concatenate([
+            format_maps(kind, own.a, own.b, own.result, per_kind, fmt_gen, self.token_count)
+            for kind in FORMAT_KINDS]), device=dev)
+        any_label, result_label = result_labelled_maps(
+            maps, maps, own, self.partitions[op], config, self.n_tests[op],
+            self.nulls.get(op), self.with_bottom, self.fits.get(op))
+        out.update(format_labelled=int(len(any_label)), format_result=int(len(result_label)),
+                   format_n=int(len(maps)))
+        return out
