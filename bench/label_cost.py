@@ -61,7 +61,8 @@ def main() -> None:
         kv = kv_map(k_map, lens_at(lm.model, layer, run.table.answer)[live][:, idx])
         t = time.perf_counter()
         orders: dict = {}
-        m = Matches.concat(run._match(0, "+", k_map, kv, orders))
+        m = Matches.concat(run._match(0, "+", torch.as_tensor(k_map), torch.as_tensor(kv),
+                                      orders))
         match_s = time.perf_counter() - t
 
         def copy(m=m):

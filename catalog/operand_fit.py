@@ -17,7 +17,8 @@ label explains") states the rule this module implements:
   with operand effects of any size mixed in keeps its own.
 - ``Explanations``: per map, the adjusted R^2 of the competing explanations: the operands
   additively, the result as a factor (one mean per result value), both together, and
-  the best other operator's result with the operands (fit by backfitting). A result
+  the best other operator's result with the operands (exact least squares; only the
+  explained sums of squares are computed, from the group sums). A result
   label of this operator is kept only where its own result explains the map at least as
   well as every other operator's (``gate``): a window of op1 * op2 measured on ``+``
   prompts is not a sum heuristic.
@@ -35,11 +36,14 @@ import torch
 from catalog.arith import OPERATORS
 from catalog.tails import digit_count
 
-# backfitting steps for the joint fits (descriptive R^2; each step can only raise it)
-BACKFIT_STEPS = 12
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
 # block x 90,000 x 8 bytes)
 BLOCK = 256
+# one-hot designs with more cells x columns than this are kept sparse
+DENSE_LIMIT = 20_000_000
+# a factor with more values than this (op1 * op2 on a large grid) is fit by this many bins
+# of its values (consecutive values by rank), so its normal equations stay small
+MAX_LEVELS = 1024
 
 
 def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -57,6 +61,59 @@ def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown operator {op!r}")
 
 
+def _levels(values: np.ndarray) -> np.ndarray:
+    """Each cell's group index: one per distinct value, or ``MAX_LEVELS`` bins of the
+    values by rank where there are more."""
+    uniq, g = np.unique(values, return_inverse=True)
+    g = g.reshape(-1)
+    if len(uniq) > MAX_LEVELS:
+        g = (g * MAX_LEVELS) // len(uniq)
+    return g
+
+
+class Design:
+    """One-hot columns of several groupings of the cells, side by side: ``sums(y)`` is
+    X'y for maps y (rows), dense or sparse by size; ``cols(y_sums)`` puts column values
+    back on the cells."""
+
+    def __init__(self, groups: list[np.ndarray], device) -> None:
+        self.sizes = [int(g.max()) + 1 for g in groups]
+        offsets = np.cumsum([0] + self.sizes[:-1])
+        n_cells = len(groups[0])
+        rows = np.concatenate([np.arange(n_cells)] * len(groups))
+        cols = np.concatenate([g + o for g, o in zip(groups, offsets, strict=True)])
+        self.width = int(sum(self.sizes))
+        self.dense = n_cells * self.width <= DENSE_LIMIT
+        if self.dense:
+            x = torch.zeros(n_cells, self.width, dtype=torch.float64, device=device)
+            x[torch.as_tensor(rows, device=device), torch.as_tensor(cols, device=device)] = 1
+            self.x = x
+        else:
+            idx = torch.as_tensor(np.stack([cols, rows]), device=device)
+            self.xt = torch.sparse_coo_tensor(
+                idx, torch.ones(len(rows), dtype=torch.float64, device=device),
+                (self.width, n_cells)).coalesce()
+        xtx = np.zeros((self.width, self.width))
+        for gi, oi in zip(groups, offsets, strict=True):
+            for gj, oj in zip(groups, offsets, strict=True):
+                np.add.at(xtx, (gi + oi, gj + oj), 1.0)
+        self.xtx = xtx
+
+    def sums(self, y: torch.Tensor) -> torch.Tensor:
+        """(n, width) X'y of each map."""
+        if self.dense:
+            return y @ self.x
+        return torch.sparse.mm(self.xt, y.T).T
+
+    def on_cells(self, c: torch.Tensor, upto: int) -> torch.Tensor:
+        """(n, cells) X c with the first ``upto`` columns (the coefficients' fit)."""
+        if self.dense:
+            return c[:, :upto] @ self.x[:, :upto].T
+        head = torch.sparse.mm(self.xt, torch.eye(self.width, upto, dtype=torch.float64,
+                                                  device=c.device)).T  # dense (upto, cells)
+        return c[:, :upto] @ head
+
+
 @dataclass
 class AdditiveOperands:
     """f(op1) + g(op2) fit to maps on one operator's cells, exactly (normal equations
@@ -65,51 +122,30 @@ class AdditiveOperands:
     group and ``fitted`` returns the operands' part alone: what the operands explain
     beyond what the kept structure explains, so removing it leaves that structure whole."""
 
-    g1: torch.Tensor  # (cells,) index of each cell's op1 value
-    g2: torch.Tensor
-    n1: int
-    n2: int
-    pinv: torch.Tensor  # (n1 + n2 [+ groups kept], same) float64
+    design: Design
+    pinv: torch.Tensor  # (width, width) float64
+    n_operands: int  # the operands' columns (op1's values, then op2's)
     rank: int  # dimension of the additive space (constant included)
-    gk: torch.Tensor | None = None  # (cells,) the kept group of each cell
-    nk: int = 0
 
     @classmethod
     def of(cls, a: np.ndarray, b: np.ndarray, device: str | torch.device = "cpu",
            keep: np.ndarray | None = None) -> AdditiveOperands:
-        _, g1 = np.unique(a, return_inverse=True)
-        _, g2 = np.unique(b, return_inverse=True)
-        g1, g2 = g1.reshape(-1), g2.reshape(-1)
-        n1, n2 = int(g1.max()) + 1, int(g2.max()) + 1
-        cols = [g1, n1 + g2]
-        nk = 0
+        groups = [np.unique(a, return_inverse=True)[1].reshape(-1),
+                  np.unique(b, return_inverse=True)[1].reshape(-1)]
         if keep is not None:
-            _, gk = np.unique(keep, return_inverse=True)
-            gk = gk.reshape(-1)
-            nk = int(gk.max()) + 1
-            cols.append(n1 + n2 + gk)
-        size = n1 + n2 + nk
-        xtx = np.zeros((size, size))
-        for ci in cols:
-            for cj in cols:
-                np.add.at(xtx, (ci, cj), 1.0)
-        pinv = np.linalg.pinv(xtx, hermitian=True)
-        rank = int(np.linalg.matrix_rank(xtx[:n1 + n2, :n1 + n2], hermitian=True))
-        return cls(torch.as_tensor(g1, device=device), torch.as_tensor(g2, device=device),
-                   n1, n2, torch.as_tensor(pinv, device=device), rank,
-                   None if keep is None else torch.as_tensor(gk, device=device), nk)
+            groups.append(np.unique(keep, return_inverse=True)[1].reshape(-1))
+        design = Design(groups, device)
+        n_op = design.sizes[0] + design.sizes[1]
+        rank = int(np.linalg.matrix_rank(design.xtx[:n_op, :n_op], hermitian=True))
+        pinv = np.linalg.pinv(design.xtx, hermitian=True)
+        return cls(design, torch.as_tensor(pinv, device=device), n_op, rank)
 
     def fitted(self, maps: torch.Tensor) -> torch.Tensor:
         """(n, cells) float64: each map's least-squares f(op1) + g(op2) (the operands' part
         of the joint fit, where groups are kept)."""
         y = maps.double()
-        parts = [y.new_zeros(len(y), self.n1).index_add_(1, self.g1, y),
-                 y.new_zeros(len(y), self.n2).index_add_(1, self.g2, y)]
-        if self.gk is not None:
-            parts.append(y.new_zeros(len(y), self.nk).index_add_(1, self.gk, y))
-        c = torch.cat(parts, dim=1) @ self.pinv.to(y.device)
-        return (c[:, :self.n1].index_select(1, self.g1)
-                + c[:, self.n1:self.n1 + self.n2].index_select(1, self.g2))
+        c = self.design.sums(y) @ self.pinv.to(y.device)
+        return self.design.on_cells(c, self.n_operands)
 
 
 def beyond_operands(fit: AdditiveOperands, maps: torch.Tensor) -> torch.Tensor:
@@ -121,18 +157,13 @@ def beyond_operands(fit: AdditiveOperands, maps: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _group_fit(y: torch.Tensor, g: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Each map's mean per group, put back on the cells."""
-    sums = y.new_zeros(len(y), len(counts)).index_add_(1, g, y)
-    return (sums / counts.clamp(min=1)).index_select(1, g)
-
-
 def _adjusted(rss: torch.Tensor, tss: torch.Tensor, n: int, p: int) -> torch.Tensor:
     """Adjusted R^2 of a fit with p parameters beyond the constant (NaN where the fit has
-    no degrees of freedom left)."""
+    no degrees of freedom left, or the map is constant)."""
     if n - p - 1 <= 0:
         return torch.full_like(rss, float("nan"))
-    return 1.0 - (rss / tss.clamp(min=1e-300)) * (n - 1) / (n - p - 1)
+    out = 1.0 - (rss / tss.clamp(min=1e-300)) * (n - 1) / (n - p - 1)
+    return torch.where(tss > 0, out, torch.full_like(out, float("nan")))
 
 
 @dataclass
@@ -162,17 +193,40 @@ class Explanations:
 
 
 @dataclass
+class _Model:
+    """One explanation as a linear model: its design, the pseudo-inverse of its normal
+    equations and its parameters beyond the constant."""
+
+    design: Design
+    pinv: torch.Tensor
+    params: int
+
+    @classmethod
+    def of(cls, groups: list[np.ndarray], device) -> _Model:
+        design = Design(groups, device)
+        rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
+        return cls(design, torch.as_tensor(np.linalg.pinv(design.xtx, hermitian=True),
+                                           device=device), rank - 1)
+
+    def explained(self, y: torch.Tensor) -> torch.Tensor:
+        """The sum of squares the model's least-squares fit explains of each map (y
+        centred): s' (X'X)^+ s for s = X'y, no fit put back on the cells."""
+        s = self.design.sums(y)
+        return ((s @ self.pinv) * s).sum(1)
+
+
+@dataclass
 class OperandFit:
-    """What one operator's grid needs for the rule: its additive fit, and a factor per
-    operator's result on its cells."""
+    """What one operator's grid needs for the rule: its additive fit, the scoring fit
+    (the operands' part beside the result's digit strata), and the competing explanations'
+    models."""
 
     op: str
     additive: AdditiveOperands
     scoring: AdditiveOperands  # the operands' part beside the result's digit strata
-    factors: dict[str, tuple[torch.Tensor, torch.Tensor]]  # op -> (group, counts)
+    models: dict[str, _Model]  # "operands", "result", and "joint:" + each operator
     n_cells: int
     cells: tuple[np.ndarray, np.ndarray, np.ndarray]  # op1, op2, result of each cell
-    _dof: dict[str, int] = field(default_factory=dict)
     # the cell sets of the heuristics tested so far (rows of a bool array) and their keys
     sets: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
     _set_of: dict[str, int] = field(default_factory=dict)
@@ -194,22 +248,18 @@ class OperandFit:
            device: str | torch.device | None = "cpu", strata: str = "digits"
            ) -> OperandFit:
         device = "cpu" if device is None else device
+        a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
-        kept = digit_count(np.abs(np.asarray(result))) if strata == "digits" else None
+        kept = digit_count(np.abs(result)) if strata == "digits" else None
         scoring = AdditiveOperands.of(a, b, device, keep=kept) if kept is not None else add
-        factors, dof = {}, {}
+        g1 = np.unique(a, return_inverse=True)[1].reshape(-1)
+        g2 = np.unique(b, return_inverse=True)[1].reshape(-1)
+        models = {"operands": _Model.of([g1, g2], device),
+                  "result": _Model.of([_levels(result)], device)}
         for o in OPERATORS:
-            values = np.asarray(result) if o == op else other_result(o, a, b)
-            _, g = np.unique(values, return_inverse=True)
-            counts = np.bincount(g).astype(np.float64)
-            factors[o] = (torch.as_tensor(g, device=device), torch.as_tensor(counts,
-                                                                             device=device))
-            # the factor's functions that are already additive: a line in the result of
-            # + and - (a + b, a - b); for * and / only the constant
-            overlap = 1 if o in "+-" and len(counts) > 2 else 0
-            dof[o] = len(counts) - 1 - overlap
-        return cls(op, add, scoring, factors, len(a), (np.asarray(a), np.asarray(b),
-                                              np.asarray(result)), dof)
+            values = result if o == op else other_result(o, a, b)
+            models["joint:" + o] = _Model.of([g1, g2, _levels(values)], device)
+        return cls(op, add, scoring, models, len(a), (a, b, result))
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The adjusted R^2 of every explanation of each map."""
@@ -217,50 +267,26 @@ class OperandFit:
         out = Explanations.empty(n)
         if not n:
             return out
-        cols: dict[str, list] = {"operands": [], "result": [], "joint": [], "other": [],
-                                 "other_op": []}
-        p_add = self.additive.rank - 1
+        keys = ["operands", "result"] + ["joint:" + o for o in OPERATORS]
+        cols: dict[str, list] = {k: [] for k in keys}
         for s in range(0, n, BLOCK):
             y = maps[s:s + BLOCK].double()
             y = y - y.mean(1, keepdim=True)
             tss = (y * y).sum(1)
-            fa = self.additive.fitted(y)
-            cols["operands"].append(_adjusted(((y - fa) ** 2).sum(1), tss, self.n_cells, p_add))
-            g, c = self.factors[self.op]
-            fr = _group_fit(y, g, c)
-            cols["result"].append(_adjusted(((y - fr) ** 2).sum(1), tss, self.n_cells,
-                                            len(c) - 1))
-            joint = {}
-            for o in self.factors:
-                joint[o] = _adjusted(self._joint_rss(y, fa, o), tss, self.n_cells,
-                                     p_add + self._dof[o])
-            cols["joint"].append(joint[self.op])
-            others = [o for o in self.factors if o != self.op]
-            if others:
-                stack = torch.stack([torch.nan_to_num(joint[o], nan=-torch.inf)
-                                     for o in others])
-                best, which = stack.max(0)
-                cols["other"].append(torch.where(torch.isinf(best), torch.nan, best))
-                cols["other_op"].append(np.array(others)[which.cpu().numpy()])
-            else:
-                cols["other"].append(torch.full_like(tss, torch.nan))
-                cols["other_op"].append(np.full(len(tss), ""))
-        for key in ("operands", "result", "joint", "other"):
-            setattr(out, key, torch.cat(cols[key]).cpu().numpy())
-        out.other_op = np.concatenate(cols["other_op"]).astype("<U1")
+            for k in keys:
+                model = self.models[k]
+                rss = (tss - model.explained(y)).clamp(min=0)
+                cols[k].append(_adjusted(rss, tss, self.n_cells, model.params))
+        adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}
+        out.operands, out.result = adj["operands"], adj["result"]
+        out.joint = adj["joint:" + self.op]
+        others = [o for o in OPERATORS if o != self.op]
+        stack = np.stack([np.nan_to_num(adj["joint:" + o], nan=-np.inf) for o in others])
+        which = stack.argmax(0)
+        best = stack[which, np.arange(n)]
+        out.other = np.where(np.isinf(best), np.nan, best)
+        out.other_op = np.array(others)[which].astype("<U1")
         return out
-
-    def _joint_rss(self, y: torch.Tensor, fa: torch.Tensor, o: str) -> torch.Tensor:
-        """Residual sum of squares of f(op1) + g(op2) + h(result of o), by backfitting from
-        the additive fit ``fa`` (each step is a projection, so the residual only falls)."""
-        g, c = self.factors[o]
-        add = fa
-        fo = _group_fit(y - add, g, c)
-        for _ in range(BACKFIT_STEPS - 1):
-            add = self.additive.fitted(y - fo)
-            fo = _group_fit(y - add, g, c)
-        r = y - add - fo
-        return (r * r).sum(1)
 
 
 def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
@@ -272,7 +298,7 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
     t-test (Student's t, N - rank - 1 degrees of freedom) and the heteroscedasticity-
     robust one (HC0, normal tail) are computed and the larger p-value is kept: maps whose
     spread differs from cell to cell (sparse activations) cannot pass on the classic
-    test's variance alone."""
+    test's variance alone. Every product is a matrix product over the rows' maps and sets."""
     from scipy import stats
 
     out = np.ones(len(neuron))
@@ -280,52 +306,50 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
         return out
     add = fit.additive
     df = max(fit.n_cells - add.rank - 1, 1)
-    uniq_n, n_of = np.unique(neuron, return_inverse=True)
     uniq_s, s_of = np.unique(members, return_inverse=True)
     dev = maps.device
     sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=dev)
-    r_s = sets - add.fitted(sets)
+    r_s = sets - add.fitted(sets)  # (sets, cells)
     ss_s = (r_s * r_s).sum(1)
+    s2, s3, s4 = r_s ** 2, r_s ** 3, (r_s ** 4).sum(1)
     sign = np.where(bottom, -1.0, 1.0)
+    uniq_n, n_of = np.unique(neuron, return_inverse=True)
     for start in range(0, len(uniq_n), BLOCK):
-        block = np.arange(start, min(start + BLOCK, len(uniq_n)))
-        y = maps.index_select(0, torch.as_tensor(uniq_n[block], device=dev)).double()
+        stop = min(start + BLOCK, len(uniq_n))
+        rows = np.nonzero((n_of >= start) & (n_of < stop))[0]
+        y = maps.index_select(0, torch.as_tensor(uniq_n[start:stop], device=dev)).double()
         r_y = y - add.fitted(y)
         ss_y = (r_y * r_y).sum(1)
-        rows = np.nonzero((n_of >= block[0]) & (n_of <= block[-1]))[0]
-        for u in np.unique(s_of[rows]):
-            sel = rows[s_of[rows] == u]
-            ry = r_y[torch.as_tensor(n_of[sel] - block[0], device=dev)]
-            rs = r_s[u]
-            if float(ss_s[u]) <= 1e-12:  # the set is additive itself: nothing beyond
-                continue
-            dot = ry @ rs
-            beta = dot / ss_s[u]
-            rss = (ss_y[torch.as_tensor(n_of[sel] - block[0], device=dev)]
-                   - dot * beta).clamp(min=0)
-            t = dot / torch.sqrt(rss / df * ss_s[u]).clamp(min=1e-300)
-            e = ry - beta[:, None] * rs[None]
-            hc = torch.sqrt(((rs * rs)[None] * e * e).sum(1)).clamp(min=1e-300)
-            z = dot / hc
-            sg = torch.as_tensor(sign[sel], dtype=torch.float64, device=dev)
-            p_t = stats.t.sf((sg * t).cpu().numpy(), df)
-            p_z = stats.norm.sf((sg * z).cpu().numpy())
-            out[sel] = np.maximum(p_t, p_z)
+        dot_all, y2s2, ys3 = r_y @ r_s.T, (r_y ** 2) @ s2.T, r_y @ s3.T
+        ni = torch.as_tensor(n_of[rows] - start, device=dev)
+        si = torch.as_tensor(s_of[rows], device=dev)
+        dot, sss = dot_all[ni, si], ss_s[si]
+        beta = dot / sss.clamp(min=1e-300)
+        rss = (ss_y[ni] - dot * beta).clamp(min=0)
+        t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
+        # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
+        hc = (y2s2[ni, si] - 2 * beta * ys3[ni, si] + beta ** 2 * s4[si]).clamp(min=0)
+        z = dot / torch.sqrt(hc).clamp(min=1e-300)
+        sg = torch.as_tensor(sign[rows], dtype=torch.float64, device=dev)
+        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
+                       stats.norm.sf((sg * z).cpu().numpy()))
+        p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
+        out[rows] = p
     return out
 
 
 def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float):
     """The result labels of one operator's rows ``m`` (neuron indices into the maps) that
-    stand beyond the operands: each stored result row's p-value is raised to its test
-    beyond f(op1) + g(op2) on the KV map (``beyond_p_values``), and a result label is kept
-    only where that p-value is at most ``reach`` (the corrected level) and this operator's
-    result explains the KV map at least as well as every other operator's result does
-    (``Explanations.own_result_fits_best``). Returns the rows, the indices of the maps
-    that the value rule labelled (before this gate) and their explanations on the K and KV
-    maps."""
+    stand beyond the operands: each result row the value rule labels has its p-value
+    raised to its test beyond f(op1) + g(op2) on the KV map (``beyond_p_values``), and
+    keeps its label only where that p-value is at most ``reach`` (the corrected level) and
+    this operator's result explains the KV map at least as well as every other operator's
+    result does (``Explanations.own_result_fits_best``). Returns the rows, the indices of
+    the maps that the value rule labelled (before this gate) and their explanations on the
+    K and KV maps."""
     result_row = np.array([h.target == "result" and h.family != "multi_result"
                            for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
-    rows = np.nonzero(result_row)[0]
+    rows = np.nonzero(result_row & m.implements)[0]
     # every map the value rule labels gets its explanations, kept or not: they say why
     labelled = np.unique(m.neuron[m.implements])
     if len(rows):

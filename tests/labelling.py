@@ -9,7 +9,7 @@ from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, n_tests, partitions_for
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
-from catalog.operand_fit import OperandFit
+from catalog.operand_fit import OperandFit, number_format
 from catalog.operator_labels import OperatorLabels, label_operator
 from catalog.prompts import UNLIMITED
 from catalog.run import constant_maps
@@ -56,3 +56,56 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
         m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
     fit = OperandFit.of(op, cells.a, cells.b, cells.result, strata=config.null_strata)
     return label_operator(config, k_t, kv_t, score, m_tests, null, fit)
+
+
+# ------------------------------------------------------------------ planted maps
+
+NOISE = 0.3
+ADDITIVE = ("two-digit", "digits", "format", "monotone", "thresholds")
+
+
+def noise_maps(cells: Cells, n: int, rng) -> np.ndarray:
+    return NOISE * rng.standard_normal((n, len(cells.a)))
+
+
+def _by_value(x: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """f (maps, values) read at each cell's value index x."""
+    _, inv = np.unique(x, axis=0, return_inverse=True)
+    return f[:, inv.reshape(-1)]
+
+
+def additive_maps(kind: str, cells: Cells, n: int, rng) -> np.ndarray:
+    """Maps with no result structure: a feature of op1 plus a feature of op2, plus noise."""
+    fa, fb = number_format(cells.a), number_format(cells.b)
+    if kind == "two-digit":  # a token-count feature of a digit-level tokenizer
+        x = (cells.a >= 10).astype(float) + (cells.b >= 10)
+        return x + noise_maps(cells, n, rng)
+    if kind == "digits":
+        return fa[:, 0] + fb[:, 0] + noise_maps(cells, n, rng)
+    if kind == "format":  # random functions of (digits, first digit) of each operand
+        f = rng.standard_normal((n, 200))
+        g = rng.standard_normal((n, 200))
+        return (_by_value(fa[:, :2], f) + _by_value(fb[:, :2], g) + noise_maps(cells, n, rng))
+    if kind == "monotone":  # random increasing f(op1) + g(op2)
+        f = np.cumsum(rng.exponential(size=(n, cells.hi)), 1)
+        g = np.cumsum(rng.exponential(size=(n, cells.hi)), 1)
+        f /= f.std(1, keepdims=True)
+        g /= g.std(1, keepdims=True)
+        return f[:, cells.a] + g[:, cells.b] + noise_maps(cells, n, rng)
+    if kind == "thresholds":  # a random step on each operand, of random heights
+        ta = rng.integers(1, cells.hi, n)[:, None]
+        tb = rng.integers(1, cells.hi, n)[:, None]
+        return ((cells.a[None] >= ta) * rng.uniform(0.5, 2, (n, 1))
+                + (cells.b[None] >= tb) * rng.uniform(0.5, 2, (n, 1)) + noise_maps(cells, n, rng))
+    raise ValueError(kind)
+
+
+def product_window_maps(cells: Cells, n: int, rng) -> np.ndarray:
+    """A window of op1 * op2 (another operator's result), at a random place and width."""
+    p = cells.a * cells.b
+    q = np.quantile(p, rng.uniform(0.55, 0.9, n))
+    w = rng.uniform(0.1, 0.3, n) * p.max()
+    x = (p[None] >= q[:, None]) & (p[None] < (q + w)[:, None])
+    return x + noise_maps(cells, n, rng)
+
+

@@ -6,14 +6,20 @@ heuristics keep their labels with operand effects of equal size mixed in."""
 import numpy as np
 import pytest
 import torch
-from labelling import cells_of, labelled_with_fit
+from labelling import (
+    ADDITIVE,
+    additive_maps,
+    cells_of,
+    labelled_with_fit,
+    noise_maps,
+    product_window_maps,
+)
 
 from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, Heuristic
 from catalog.operand_fit import AdditiveOperands, OperandFit, format_maps, number_format
 
 LEVEL = 0.05
-NOISE = 0.3
 
 
 def _result_labelled(op: str, cells: Cells, maps: np.ndarray, beyond: bool = True):
@@ -26,43 +32,7 @@ def _result_labelled(op: str, cells: Cells, maps: np.ndarray, beyond: bool = Tru
     return out, set(np.unique(m.neuron[m.implements & result]).tolist())
 
 
-def _noise(cells: Cells, n: int, rng) -> np.ndarray:
-    return NOISE * rng.standard_normal((n, len(cells.a)))
 
-
-def _by_value(x: np.ndarray, f: np.ndarray) -> np.ndarray:
-    """f (maps, values) read at each cell's value index x."""
-    _, inv = np.unique(x, axis=0, return_inverse=True)
-    return f[:, inv.reshape(-1)]
-
-
-def additive_maps(kind: str, cells: Cells, n: int, rng) -> np.ndarray:
-    """Maps with no result structure: a feature of op1 plus a feature of op2, plus noise."""
-    fa, fb = number_format(cells.a), number_format(cells.b)
-    if kind == "two-digit":  # a token-count feature of a digit-level tokenizer
-        x = (cells.a >= 10).astype(float) + (cells.b >= 10)
-        return x + _noise(cells, n, rng)
-    if kind == "digits":
-        return fa[:, 0] + fb[:, 0] + _noise(cells, n, rng)
-    if kind == "format":  # random functions of (digits, first digit) of each operand
-        f = rng.standard_normal((n, 200))
-        g = rng.standard_normal((n, 200))
-        return (_by_value(fa[:, :2], f) + _by_value(fb[:, :2], g) + _noise(cells, n, rng))
-    if kind == "monotone":  # random increasing f(op1) + g(op2)
-        f = np.cumsum(rng.exponential(size=(n, cells.hi)), 1)
-        g = np.cumsum(rng.exponential(size=(n, cells.hi)), 1)
-        f /= f.std(1, keepdims=True)
-        g /= g.std(1, keepdims=True)
-        return f[:, cells.a] + g[:, cells.b] + _noise(cells, n, rng)
-    if kind == "thresholds":  # a random step on each operand, of random heights
-        ta = rng.integers(1, cells.hi, n)[:, None]
-        tb = rng.integers(1, cells.hi, n)[:, None]
-        return ((cells.a[None] >= ta) * rng.uniform(0.5, 2, (n, 1))
-                + (cells.b[None] >= tb) * rng.uniform(0.5, 2, (n, 1)) + _noise(cells, n, rng))
-    raise ValueError(kind)
-
-
-ADDITIVE = ("two-digit", "digits", "format", "monotone", "thresholds")
 
 
 @pytest.mark.parametrize("hi", [20, 30, 100])
@@ -83,15 +53,6 @@ def test_additive_operand_maps_get_no_result_label(op, hi):
     # the rule before 0.10.0 labelled such maps as result ranges: the test can fail
     if op == "+":
         assert before_total > n, before_total
-
-
-def product_window_maps(cells: Cells, n: int, rng) -> np.ndarray:
-    """A window of op1 * op2 (another operator's result), at a random place and width."""
-    p = cells.a * cells.b
-    q = np.quantile(p, rng.uniform(0.55, 0.9, n))
-    w = rng.uniform(0.1, 0.3, n) * p.max()
-    x = (p[None] >= q[:, None]) & (p[None] < (q + w)[:, None])
-    return x + _noise(cells, n, rng)
 
 
 def test_another_operators_result_is_not_this_operators_result():
@@ -126,14 +87,14 @@ def test_result_heuristics_keep_their_labels_with_operand_effects_mixed_in(op, h
     n = 40
     rng = np.random.default_rng([7, ord(op)])
     s = h.contains(cells.a, cells.b, cells.result).astype(float)
-    pure = s + _noise(cells, n, rng)
+    pure = s + noise_maps(cells, n, rng)
     _, old = _result_labelled(op, cells, pure, beyond=False)
     rate_before = len(old) / n
     mixed_rates = []
     for kind in ("two-digit", "monotone", "format"):
         add = additive_maps(kind, cells, n, rng)
         add = (add - add.mean(1, keepdims=True)) / add.std(1, keepdims=True) * s.std()
-        maps = s + add + _noise(cells, n, rng)
+        maps = s + add + noise_maps(cells, n, rng)
         _, hits = _result_labelled(op, cells, maps)
         mixed_rates.append(len(hits) / n)
     assert rate_before >= 0.5, rate_before  # a set the rule finds at this noise
@@ -158,8 +119,8 @@ def test_explanations_say_which_explanation_fits():
     rng = np.random.default_rng(1)
     fit = OperandFit.of("+", cells.a, cells.b, cells.result)
     additive = additive_maps("monotone", cells, 20, rng)
-    result = ((cells.result % 7) == 3) + _noise(cells, 20, rng)
-    product = ((cells.a * cells.b) % 5 == 1) + _noise(cells, 20, rng)
+    result = ((cells.result % 7) == 3) + noise_maps(cells, 20, rng)
+    product = ((cells.a * cells.b) % 5 == 1) + noise_maps(cells, 20, rng)
     ex = fit.explain(torch.from_numpy(np.concatenate([additive, result, product])))
     a, r, p = slice(0, 20), slice(20, 40), slice(40, 60)
     # operands alone explain the additive maps: the result adds nothing

@@ -1,0 +1,168 @@
+"""Labels under catalog 0.10.0's rule beside the rule before it, on a real model.
+
+Qwen2.5-Coder-0.5B-Instruct (`ncat fetch qwen2.5-coder-0.5b`), `+` on [0, 30), 3 solved
+examples, every layer (or --layers): one checkpoint run ranks the neurons (attribution
+patching, the trimmed log-space statistic, 50 pairs) and labels every live map with the
+new rule (result labels must explain the KV map beyond both operands' additive effects,
+and this operator's result must fit at least as well as another's), with its controls
+(relabelled values; the token-format maps). The same maps are labelled again with the
+rule before 0.10.0 (`result_beyond_operands` off). Written to bench/results and, with
+--record, bench/recorded/cpu_qwen2.5_label_mechanism.json:
+
+- per rule: the labelled share of the top set (5% of each layer by rank) against a random
+  set of as many other neurons of the same layer, pooled and per layer, per family and per
+  target (result / operand), with Wilson intervals and one-sided Fisher p-values
+  (catalog.enrichment);
+- where the old result labels went: neurons with an old result label that keep a result
+  label, keep only operand labels, or lose every label;
+- the controls' shares (any label; result label for the token-format maps);
+- the time of each rule on the same maps: the labelling (scores, value rule, gate),
+  median of --repeat runs per layer, summed over the layers, and the gate's share.
+
+Run: .venv/bin/python bench/label_mechanism.py [--layers 16,17] [--repeat 3] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import ROOT, save
+
+MODEL = "qwen2.5-coder-0.5b"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hi", type=int, default=30)
+    parser.add_argument("--shots", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=50)
+    parser.add_argument("--layers", default=None)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+
+    from catalog import enrichment, operator_labels
+    from catalog.config import ScienceConfig
+    from catalog.maps import kv_map
+    from catalog.matches import Matches
+    from catalog.run import CheckpointRun, constant_maps
+    from catalog.sources import load_model
+
+    config = ScienceConfig(operators=("+",), operand_hi=args.hi, shots=args.shots,
+                           pairs_per_op=args.pairs, patching=("attribution",), exact="none",
+                           spectra=False, faithfulness_protocols=("paper",))
+    before = dataclasses.replace(config, result_beyond_operands=False)
+    t0 = time.perf_counter()
+    lm = load_model(MODEL)
+    layers = None if args.layers is None else [int(x) for x in args.layers.split(",")]
+    run = CheckpointRun(lm.model, lm.tokenizer, config, layers=layers).prepare(progress=True)
+    idx = run.table.op_index("+")
+    prepared_s = time.perf_counter() - t0
+    ranks, labels = {}, {"new": {}, "old": {}}
+    moved = {"old_result": 0, "keeps_result": 0, "operand_only": 0, "none": 0}
+    control = {"labelled": 0, "n": 0, "format_labelled": 0, "format_result": 0,
+               "format_n": 0}
+    timing = {"new": [], "old": []}
+    best_explanation = {"operands": 0, "result": 0, "other operator": 0}
+    for layer in run.layers:
+        res = run.run_layer(layer)
+        d_mlp = res.rank.shape[0]
+        ranks[layer] = res.rank
+        c = res.label_control["+"]
+        for k in control:
+            control[k] += int(c[k])
+        k_all = res.acts[idx].T
+        live = np.nonzero(~constant_maps(k_all))[0]
+        k_t = torch.as_tensor(k_all[live])
+        kv_t = torch.as_tensor(kv_map(k_all[live], res.answer_lens[live][:, idx]))
+
+        def label(cfg, fit, k_t=k_t, kv_t=kv_t):
+            def score(kv_scored, orders):
+                return Matches.concat(run._match(0, "+", k_t, kv_scored, orders, kv_t))
+            return operator_labels.label_operator(cfg, k_t, kv_t, score, run.n_tests["+"],
+                                                  run.nulls["+"], fit)
+        per = {"new": [], "old": []}
+        outs = {}
+        for _ in range(args.repeat):
+            for name, cfg, fit in (("new", config, run.fits["+"]), ("old", before, None)):
+                t = time.perf_counter()
+                outs[name] = label(cfg, fit)
+                per[name].append(time.perf_counter() - t)
+        for name in per:
+            timing[name].append(per[name])
+        masks = {}
+        for name, out in outs.items():
+            m = out.matches
+            m.neuron = live[m.neuron]
+            mask = enrichment.label_masks(m, d_mlp, 1)
+            target = np.array([h.target for h in m.heuristics] or [""])[m.heuristic]
+            for t_name, sel in (("result target", target == "result"),
+                                ("operand target", target != "result")):
+                mk = np.zeros((d_mlp, 1), dtype=bool)
+                mk[m.neuron[m.implements & sel], 0] = True
+                mask[t_name] = mk
+            labels[name][layer] = mask
+            masks[name] = mask
+        old_r = masks["old"]["result target"][:, 0]
+        new_r = masks["new"]["result target"][:, 0]
+        new_any = masks["new"]["any"][:, 0]
+        moved["old_result"] += int(old_r.sum())
+        moved["keeps_result"] += int((old_r & new_r).sum())
+        moved["operand_only"] += int((old_r & ~new_r & new_any).sum())
+        moved["none"] += int((old_r & ~new_any).sum())
+        ex = outs["new"].kv
+        best = np.where(np.nan_to_num(ex.other, nan=-np.inf) > ex.joint, "other operator",
+                        np.where(ex.joint - ex.operands < 0.01, "operands", "result"))
+        for k in best_explanation:
+            best_explanation[k] += int((best == k).sum())
+        run.release(layer)
+        print(f"layer {layer}: old result labels {int(old_r.sum())}, kept "
+              f"{int((old_r & new_r).sum())}; new any {int(new_any.sum())}; "
+              f"labelling {statistics.median(per['new']):.1f} s new, "
+              f"{statistics.median(per['old']):.1f} s old", flush=True)
+    tables = {name: enrichment.enrichment(ranks, labels[name], ("+",),
+                                          config.top_set_fraction, config.seed)
+              for name in labels}
+    new_s = sum(statistics.median(x) for x in timing["new"])
+    old_s = sum(statistics.median(x) for x in timing["old"])
+    totals = {name: [sum(x[i] for x in timing[name]) for i in range(args.repeat)]
+              for name in timing}
+    result = {
+        "model": MODEL, "config": {"ops": "+", "hi": args.hi, "shots": args.shots,
+                                   "pairs": args.pairs, "ranking": "attribution, trimmed"},
+        "layers": run.layers, "accuracy": float(run.table.correct[idx].mean()),
+        "prepare_s": round(prepared_s, 1),
+        "pooled": {name: [r for r in rows if r["layer"] == "all"]
+                   for name, rows in tables.items()},
+        "per_layer_any": {name: [{k: r[k] for k in ("layer", "share_top", "share_random",
+                                                     "fisher_p", "n_top")}
+                                 for r in rows if r["family"] == "any" and r["layer"] != "all"]
+                          for name, rows in tables.items()},
+        "old_result_labels_moved": moved,
+        "new_rule_kv_best_explanation_of_value_labelled_maps": best_explanation,
+        "controls_new_rule": control,
+        "labelling_seconds": {"new_median_sum": round(new_s, 2),
+                              "old_median_sum": round(old_s, 2),
+                              "added_share": round(new_s / old_s - 1, 3),
+                              "new_totals": [round(x, 2) for x in totals["new"]],
+                              "old_totals": [round(x, 2) for x in totals["old"]],
+                              "repeat": args.repeat},
+        "threads": torch.get_num_threads(),
+    }
+    save("label_mechanism", result)
+    if args.record:
+        path = ROOT / "bench" / "recorded" / "cpu_qwen2.5_label_mechanism.json"
+        path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+        print(f"recorded {Path(path).relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

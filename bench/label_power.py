@@ -1,0 +1,131 @@
+"""Recall and false labels of the label rule, before and after catalog 0.10.0, on planted
+maps through the catalog's own labelling (catalog.operator_labels.label_operator, the
+calls CheckpointRun.run_layer makes; default rule 'values', level 0.05).
+
+- recall against noise: a planted heuristic's 0/1 set plus Gaussian noise of standard
+  deviation sigma (signal-to-noise 1 / sigma for a set's step of 1), per family, alone
+  and with additive operand effects of the set's own spread mixed in (a random
+  increasing f(op1) + g(op2));
+- false labels: maps with no arithmetic of this operator (features of each operand added,
+  another operator's result, the result's magnitude, the token format), the share of
+  maps given any label and a result label.
+
+Each rule labels the same maps. Written to bench/results and, with --record, to
+bench/recorded/cpu_label_power.json (docs/labels.md quotes it).
+
+Run: .venv/bin/python bench/label_power.py [--maps 60] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+
+import numpy as np
+
+from _common import ROOT, save
+
+SIGMAS = (0.3, 0.6, 1.0, 1.5, 2.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--maps", type=int, default=60)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+
+    from labelling import additive_maps, cells_of, labelled_with_fit, product_window_maps
+
+    from catalog.config import ScienceConfig
+    from catalog.heuristics import Heuristic
+    from catalog.operand_fit import format_maps
+    from catalog.tails import digit_count
+
+    n = args.maps
+
+    def rates(op, cells, maps):
+        out = {}
+        for name, beyond in (("before", False), ("after", True)):
+            cfg = ScienceConfig(operand_hi=cells.hi, result_beyond_operands=beyond)
+            m = labelled_with_fit(op, cells, maps.astype(np.float32), maps.astype(np.float32),
+                                  cfg).matches
+            result = np.array([h.target == "result" for h in m.heuristics]
+                              or [False])[m.heuristic]
+            out[name] = {"any": len(np.unique(m.neuron[m.implements])) / len(maps),
+                         "result": len(np.unique(m.neuron[m.implements & result])) / len(maps)}
+        return out
+
+    def labelled_as(op, cells, maps, h):
+        out = {}
+        for name, beyond in (("before", False), ("after", True)):
+            cfg = ScienceConfig(operand_hi=cells.hi, result_beyond_operands=beyond)
+            m = labelled_with_fit(op, cells, maps.astype(np.float32), maps.astype(np.float32),
+                                  cfg).matches
+            keys = np.array([x.key for x in m.heuristics] + [""])[m.heuristic]
+            aliases = {h.key} | set(getattr(h, "aliases", ()))
+            hit = m.implements & np.isin(keys, list(aliases))
+            out[name] = len(np.unique(m.neuron[hit])) / len(maps)
+        return out
+
+    planted = [("+", 30, Heuristic("range", "op1", (10, 10))),
+               ("+", 30, Heuristic("modulo", "op2", (3, 1))),
+               ("+", 30, Heuristic("range", "both", (10, 10))),
+               ("+", 30, Heuristic("identical", "both", ())),
+               ("+", 30, Heuristic("range", "result", (20, 10))),
+               ("+", 30, Heuristic("modulo", "result", (5, 2))),
+               ("+", 30, Heuristic("pattern", "result", ("..7",))),
+               ("*", 50, Heuristic("range", "result", (100, 100))),
+               ("*", 50, Heuristic("modulo", "result", (3, 0)))]
+    t0 = time.perf_counter()
+    recall = []
+    for op, hi, h in planted:
+        cells = cells_of(op, hi)
+        s = h.contains(cells.a, cells.b, cells.result).astype(float)
+        for mixed in (False, True):
+            if mixed and h.target != "result":
+                continue
+            row = {"op": op, "hi": hi, "heuristic": h.label, "mixed_operands": mixed}
+            for sigma in SIGMAS:
+                rng = np.random.default_rng([hi, ord(op), int(sigma * 10)])
+                maps = s + sigma * rng.standard_normal((n, len(s)))
+                if mixed:
+                    add = additive_maps("monotone", cells, n, rng)
+                    add = (add - add.mean(1, keepdims=True)) / add.std(1, keepdims=True)
+                    maps = maps + add * s.std()
+                row[f"sigma={sigma}"] = labelled_as(op, cells, maps, h)
+            recall.append(row)
+            print(row, flush=True)
+    false = []
+    for op, hi in (("+", 20), ("+", 30), ("+", 100), ("*", 30)):
+        cells = cells_of(op, hi)
+        rng = np.random.default_rng([hi, ord(op), 99])
+        m = n if hi < 100 else max(20, n // 2)
+        kinds = {kind: additive_maps(kind, cells, m, rng) for kind in
+                 ("two-digit", "digits", "format", "monotone", "thresholds")}
+        if op == "+" and hi == 100:
+            kinds["window of op1 * op2"] = product_window_maps(cells, m, rng)
+        _, inv = np.unique(digit_count(cells.result), return_inverse=True)
+        kinds["result magnitude"] = (rng.standard_normal((m, inv.max() + 1))[:, inv]
+                                     + 0.1 * rng.standard_normal((m, len(cells.a))))
+        for kind in ("operands", "answer"):
+            kinds[f"token format ({kind})"] = format_maps(kind, cells.a, cells.b,
+                                                          cells.result, m, rng)
+        for kind, maps in kinds.items():
+            row = {"op": op, "hi": hi, "maps": kind, "n": len(maps),
+                   **rates(op, cells, maps)}
+            false.append(row)
+            print(row, flush=True)
+    out = {"maps_per_point": n, "sigmas": SIGMAS, "level": 0.05, "recall": recall,
+           "false_labels": false, "seconds": round(time.perf_counter() - t0, 1),
+           "config": dataclasses.asdict(ScienceConfig())["label_rule"]}
+    save("label_power", out)
+    if args.record:
+        path = ROOT / "bench" / "recorded" / "cpu_label_power.json"
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"recorded {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
