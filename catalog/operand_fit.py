@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from catalog.arith import OPERATORS
-from catalog.tails import digit_count
 
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
 # block x 90,000 x 8 bytes)
@@ -44,6 +43,9 @@ DENSE_LIMIT = 20_000_000
 # a factor with more values than this (op1 * op2 on a large grid) is fit by this many bins
 # of its values (consecutive values by rank), so its normal equations stay small
 MAX_LEVELS = 1024
+# another operator's result must explain this much more of a map's variance (adjusted R^2)
+# than this operator's to take its result label away
+OTHER_MARGIN = 0.02
 
 
 def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -117,10 +119,7 @@ class Design:
 @dataclass
 class AdditiveOperands:
     """f(op1) + g(op2) fit to maps on one operator's cells, exactly (normal equations
-    with the pseudo-inverse of X'X, X the two one-hot designs side by side). With ``keep``
-    (a group per cell: the result's digit-count strata), the fit is joint with a mean per
-    group and ``fitted`` returns the operands' part alone: what the operands explain
-    beyond what the kept structure explains, so removing it leaves that structure whole."""
+    with the pseudo-inverse of X'X, X the two one-hot designs side by side)."""
 
     design: Design
     pinv: torch.Tensor  # (width, width) float64
@@ -128,12 +127,10 @@ class AdditiveOperands:
     rank: int  # dimension of the additive space (constant included)
 
     @classmethod
-    def of(cls, a: np.ndarray, b: np.ndarray, device: str | torch.device = "cpu",
-           keep: np.ndarray | None = None) -> AdditiveOperands:
+    def of(cls, a: np.ndarray, b: np.ndarray, device: str | torch.device = "cpu"
+           ) -> AdditiveOperands:
         groups = [np.unique(a, return_inverse=True)[1].reshape(-1),
                   np.unique(b, return_inverse=True)[1].reshape(-1)]
-        if keep is not None:
-            groups.append(np.unique(keep, return_inverse=True)[1].reshape(-1))
         design = Design(groups, device)
         n_op = design.sizes[0] + design.sizes[1]
         rank = int(np.linalg.matrix_rank(design.xtx[:n_op, :n_op], hermitian=True))
@@ -141,20 +138,10 @@ class AdditiveOperands:
         return cls(design, torch.as_tensor(pinv, device=device), n_op, rank)
 
     def fitted(self, maps: torch.Tensor) -> torch.Tensor:
-        """(n, cells) float64: each map's least-squares f(op1) + g(op2) (the operands' part
-        of the joint fit, where groups are kept)."""
+        """(n, cells) float64: each map's least-squares f(op1) + g(op2)."""
         y = maps.double()
         c = self.design.sums(y) @ self.pinv.to(y.device)
         return self.design.on_cells(c, self.n_operands)
-
-
-def beyond_operands(fit: AdditiveOperands, maps: torch.Tensor) -> torch.Tensor:
-    """The maps less their operands' fit, in the maps' dtype, block by block."""
-    out = torch.empty_like(maps)
-    for s in range(0, len(maps), BLOCK):
-        y = maps[s:s + BLOCK]
-        out[s:s + BLOCK] = (y.double() - fit.fitted(y)).to(maps.dtype)
-    return out
 
 
 def _adjusted(rss: torch.Tensor, tss: torch.Tensor, n: int, p: int) -> torch.Tensor:
@@ -181,10 +168,12 @@ class Explanations:
 
     @property
     def own_result_fits_best(self) -> np.ndarray:
-        """True where this operator's result explains the map (with the operands) at least
-        as well as every other operator's result does."""
+        """True where no other operator's result explains the map (with the operands) by
+        more than ``OTHER_MARGIN`` of its variance beyond this operator's: on small grids
+        the results of two operators can describe one set almost equally (the corner of
+        [0, 30)^2 is both "a + b >= 40" and "a * b large"), and a tie is not evidence."""
         other = np.nan_to_num(self.other, nan=-np.inf)
-        return np.nan_to_num(self.joint, nan=-np.inf) >= other
+        return np.nan_to_num(self.joint, nan=-np.inf) + OTHER_MARGIN >= other
 
     @classmethod
     def empty(cls, n: int = 0) -> Explanations:
@@ -217,13 +206,11 @@ class _Model:
 
 @dataclass
 class OperandFit:
-    """What one operator's grid needs for the rule: its additive fit, the scoring fit
-    (the operands' part beside the result's digit strata), and the competing explanations'
-    models."""
+    """What one operator's grid needs for the rule: its additive fit and the competing
+    explanations' models."""
 
     op: str
     additive: AdditiveOperands
-    scoring: AdditiveOperands  # the operands' part beside the result's digit strata
     models: dict[str, _Model]  # "operands", "result", and "joint:" + each operator
     n_cells: int
     cells: tuple[np.ndarray, np.ndarray, np.ndarray]  # op1, op2, result of each cell
@@ -245,13 +232,10 @@ class OperandFit:
 
     @classmethod
     def of(cls, op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
-           device: str | torch.device | None = "cpu", strata: str = "digits"
-           ) -> OperandFit:
+           device: str | torch.device | None = "cpu") -> OperandFit:
         device = "cpu" if device is None else device
         a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
-        kept = digit_count(np.abs(result)) if strata == "digits" else None
-        scoring = AdditiveOperands.of(a, b, device, keep=kept) if kept is not None else add
         g1 = np.unique(a, return_inverse=True)[1].reshape(-1)
         g2 = np.unique(b, return_inverse=True)[1].reshape(-1)
         models = {"operands": _Model.of([g1, g2], device),
@@ -259,7 +243,7 @@ class OperandFit:
         for o in OPERATORS:
             values = result if o == op else other_result(o, a, b)
             models["joint:" + o] = _Model.of([g1, g2, _levels(values)], device)
-        return cls(op, add, scoring, models, len(a), (a, b, result))
+        return cls(op, add, models, len(a), (a, b, result))
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The adjusted R^2 of every explanation of each map."""

@@ -2,12 +2,8 @@
 layers (``CheckpointRun.run_layer``), its controls (relabelled values, token format) and
 the label-rule tests.
 
-1. Algorithm 1 scores (the caller's ``score``: it knows the operator's index and the
-   multi-result family); with ``result_beyond_operands``, result heuristics are scored
-   on the KV map less the operands' part of its fit on f(op1) + g(op2) + a mean per
-   digit count of the result (``catalog.operand_fit``): operand effects mixed into a
-   result heuristic do not crowd its top cells, and the result's magnitude, which the
-   value null judges, is left whole;
+1. Algorithm 1 scores on the K and KV maps (the caller's ``score``: it knows the
+   operator's index and the multi-result family);
 2. the config's label rule (``catalog.nulls.label``);
 3. with ``result_beyond_operands``, the gate (``catalog.operand_fit.gate``): a result
    label must also explain the KV map beyond both operands' additive effects, and this
@@ -31,7 +27,6 @@ from catalog.operand_fit import (
     FORMAT_KINDS,
     Explanations,
     OperandFit,
-    beyond_operands,
     format_maps,
     gate,
 )
@@ -67,13 +62,9 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor,
         return fn(*args) if timed is None else timed(phase, fn, *args)
 
     beyond = fit is not None and config.result_beyond_operands
-    kv_scored = kv
-    if beyond:
-        assert fit is not None
-        kv_scored = run("matching", beyond_operands, fit.scoring, kv)
     orders: dict = {}
-    m = run("matching", score, kv_scored, orders)
-    m = run("significance", nulls.label, m, config, n_tests, null, k_map, kv_scored, orders)
+    m = run("matching", score, kv, orders)
+    m = run("significance", nulls.label, m, config, n_tests, null, k_map, kv, orders)
     if not beyond or not len(m):
         return OperatorLabels(m, np.zeros(0, np.int64), Explanations.empty(),
                               Explanations.empty())
@@ -168,8 +159,7 @@ class LabelControls:
                                           config.significance_level)
                 m_tests = nulls.n_value_tests(null, parts, self.with_bottom,
                                               config.significance_level)
-            fit = (OperandFit.of(op, cells.a, cells.b, cells.result, self.device,
-                                 config.null_strata)
+            fit = (OperandFit.of(op, cells.a, cells.b, cells.result, self.device)
                    if config.result_beyond_operands else None)
             self._relabelled[op] = (cells, parts, null, m_tests, fit)
         return self._relabelled[op]

@@ -177,7 +177,7 @@ class CheckpointRun(CheckpointSummary):
             self.cells[op] = Cells(op, t.a[idx], t.b[idx], t.result[idx], t.lo, t.hi)
             if config.result_beyond_operands:
                 self.fits[op] = OperandFit.of(op, t.a[idx], t.b[idx], t.result[idx],
-                                              self.model.cfg.device, config.null_strata)
+                                              self.model.cfg.device)
             self.partitions[op] = partitions_for(self.cells[op], config)
             self.n_tests[op] = n_tests(self.partitions[op], self.with_bottom,
                                        self._multi_result(op))

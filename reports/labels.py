@@ -16,6 +16,8 @@ class LabelData:
     enrichment: list[dict] = field(default_factory=list)
     # op -> (labelled, maps) of the relabelled-values control, summed over layers
     control: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # op -> (labelled, result-labelled, maps) of the token-format control (catalog 0.10.0)
+    format_control: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     # op -> (labelled, neurons) at this checkpoint and at the untrained one (step 0)
     here: dict[str, tuple[int, int]] = field(default_factory=dict)
     untrained: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -38,6 +40,10 @@ def gather(conn, model_id: int, checkpoint_id: int, config_id: int, config: dict
         for op, c in control.items():
             k, n = d.control.get(op, (0, 0))
             d.control[op] = (k + int(c["labelled"]), n + int(c["n"]))
+            if "format_n" in c:
+                fk, fr, fn = d.format_control.get(op, (0, 0, 0))
+                d.format_control[op] = (fk + int(c["format_labelled"]),
+                                        fr + int(c["format_result"]), fn + int(c["format_n"]))
     d.here = _label_rates(conn, model_id, checkpoint_id, config_id)
     first = conn.execute(
         "SELECT c.id, c.step FROM checkpoint c JOIN layer_result r ON r.checkpoint_id = c.id "
@@ -122,6 +128,12 @@ def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:
         if op in d.control:
             parts.append(f"this checkpoint's maps against relabelled operand and result "
                          f"values {_share(*d.control[op])}")
+        if op in d.format_control:
+            fk, fr, fn = d.format_control[op]
+            parts.append(f"maps that know only the token format (each operand's digits, "
+                         f"first digit and token count, added; the answer's digits and "
+                         f"tokens) {_share(fk, fn)} with any label, {_share(fr, fn)} with a "
+                         f"result label")
         out.append(f"- `{op}`: " + ("; ".join(parts) if parts else "no control stored"))
     out += ["", "A label rate means something only beside these: a rule that labels the "
             "untrained model or the relabelled maps as often as the trained one does not "

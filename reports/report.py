@@ -30,6 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
+from catalog.enrichment import wilson
 from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic
@@ -59,6 +60,7 @@ class ReportData:
     n_pairs: dict[str, int] = field(default_factory=dict)
     summary_layers: list[int] | None = None
     layer_share: dict[str, dict[int, float]] = field(default_factory=dict)  # op -> layer -> share
+    n_model_layers: int | None = None  # the model's layers (the shares cover d.layers)
     faithfulness: dict[str, list] = field(default_factory=dict)
     top_labelled: dict[str, tuple[int, int]] = field(default_factory=dict)  # op -> (k, n)
     all_labelled: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -75,9 +77,12 @@ class ReportData:
         default_factory=report_periodic.PeriodicData)
 
 
-def _share_se(k: int, n: int) -> tuple[float, float]:
-    p = k / n if n else float("nan")
-    return p, math.sqrt(p * (1 - p) / n) if n else float("nan")
+def _share_ci(k: int, n: int) -> str:
+    """k / n with its Wilson 95% interval (a zero count has a non-zero upper end)."""
+    if not n:
+        return "n/a"
+    lo, hi = wilson(k, n)
+    return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
@@ -89,6 +94,8 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
             known = [r[0] for r in conn.execute("SELECT name FROM model ORDER BY name")]
             raise ReportError(f"model {model!r} is not in the catalog; it has {known}")
         model_id = row[0]
+        n_model_layers = conn.execute("SELECT n_layers FROM model WHERE id = %s",
+                                      (model_id,)).fetchone()[0]
         ck = conn.execute(
             "SELECT c.id, c.step, lr.config_id FROM checkpoint c "
             "JOIN layer_result lr ON lr.checkpoint_id = c.id WHERE c.model_id = %s "
@@ -108,6 +115,7 @@ def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
             "SELECT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
             "ORDER BY layer", (checkpoint_id, config_id))]
         data = ReportData(model, step, config_id, config, layers, top_n)
+        data.n_model_layers = n_model_layers
         for layer, patching in conn.execute(
                 "SELECT layer, patching FROM layer_result WHERE checkpoint_id = %s "
                 "AND config_id = %s AND patching IS NOT NULL ORDER BY layer",
@@ -196,7 +204,11 @@ def markdown(d: ReportData) -> str:
         acc, n = d.accuracy.get(op), d.n_prompts.get(op, 0)
         se = math.sqrt(acc * (1 - acc) / n) if acc is not None and n else None
         out.append(f"| {op} | {_fmt(acc)} | {_fmt(se)} | {n} | {d.n_pairs.get(op, 'n/a')} |")
+    covered = (f"over the {len(d.layers)} layers measured of the model's {d.n_model_layers}: "
+               "the layers not measured are not in the total" if d.n_model_layers
+               and len(d.layers) < d.n_model_layers else "over every layer of the model")
     out += ["", "## Share of the total |effect| per layer (the paper: late layers carry it)",
+            "", f"Shares of the summed |effect| {covered}.",
             "", "| op | " + " | ".join(f"L{la}" for la in d.layers) + " |",
             "|---|" + "---|" * len(d.layers)]
     for op in ops:
@@ -211,16 +223,15 @@ def markdown(d: ReportData) -> str:
             out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
     out += report_labels.markdown(d.labels, ops, cfg.get("label_rule", "paper"))
     out += ["", f"### Labels among the {d.top_n} neurons of highest rank per layer", "",
-            "| op | top labelled | share ± SE | all labelled | share ± SE | families (top) |",
+            "| op | top labelled | share [Wilson 95%] | all labelled | share [Wilson 95%] | "
+            "families (top) |",
             "|---|---|---|---|---|---|"]
     for op in ops:
         tk, tn = d.top_labelled.get(op, (0, 0))
         ak, an = d.all_labelled.get(op, (0, 0))
-        tp, tse = _share_se(tk, tn)
-        ap, ase = _share_se(ak, an)
         fam = ", ".join(f"{f} {k}" for f, k in sorted(d.top_by_family.get(op, {}).items()))
-        out.append(f"| {op} | {tk}/{tn} | {_fmt(tp)} ± {_fmt(tse)} | {ak}/{an} | "
-                   f"{_fmt(ap)} ± {_fmt(ase)} | {fam or '-'} |")
+        out.append(f"| {op} | {tk}/{tn} | {_share_ci(tk, tn)} | {ak}/{an} | "
+                   f"{_share_ci(ak, an)} | {fam or '-'} |")
     out += report_periodic.markdown(d.periodic)
     out += ["", "## Knockouts", ""]
     for row in d.heuristic_knockouts[:10]:

@@ -54,7 +54,7 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
         null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
                                   config.pattern_top_k, m_tests, config.significance_level)
         m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
-    fit = OperandFit.of(op, cells.a, cells.b, cells.result, strata=config.null_strata)
+    fit = OperandFit.of(op, cells.a, cells.b, cells.result)
     return label_operator(config, k_t, kv_t, score, m_tests, null, fit)
 
 

@@ -260,8 +260,7 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     k = nulls.n_value_tests(null, parts, True, config.significance_level)
     reach = config.significance_level / k
     assert any(all(null.min_p(h) > reach for h in p.heuristics) for p in parts)
-    fit = OperandFit.of(op, cells.a, cells.b, cells.result,
-                          strata=config.null_strata)
+    fit = OperandFit.of(op, cells.a, cells.b, cells.result)
     got = operator_labels.labelled_maps(torch.from_numpy(maps), torch.from_numpy(kv), cells,
                                         parts, config, k, null, True, fit)
     np.testing.assert_array_equal(got, expected)
