@@ -89,9 +89,9 @@ TRUE_RESULT = [("+", Heuristic("range", "result", (20, 10))),
 def test_result_heuristics_keep_their_labels_under_the_new_rule(op, h):
     """The gate costs a true result set's own label (alone, or with additive operand
     effects of its own spread mixed in) at most 5 points of the recall the rule before
-    0.10.0 had on the same maps. (Against the set ALONE under the old rule, mixtures with a smooth operand trend
-    lose more: Algorithm 1 on the map itself is crowded by the trend; bench/label_power.py
-    measures it and docs/labels.md reports it.)"""
+    0.10.0 had on the same maps. (Against the set ALONE under the old rule, mixtures with
+    a smooth operand trend lose more: Algorithm 1 on the map itself is crowded by the
+    trend; bench/label_power.py measures it and docs/labels.md reports it.)"""
     hi = 30 if op == "+" else 50
     cells = cells_of(op, hi)
     n = 40
