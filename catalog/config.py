@@ -139,7 +139,8 @@ class ScienceConfig:
               "the rule's corrected level), and this operator's result must explain the map "
               "at least as well as another operator's: a map that adds a feature of each "
               "operand (digit counts, token counts) is not a result heuristic "
-              "(docs/method.md section 7); off: the labels before 0.10.0")
+              "(docs/method.md section 7); under label_rule values only; off: the labels "
+              "before 0.10.0")
     null_strata: str = _opt(
         "digits", "values the 'values' rule permutes among: digits (values with the same "
         "number of digits: one- against two-digit operands is tokenisation, not arithmetic) "

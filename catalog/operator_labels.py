@@ -41,6 +41,12 @@ FIT_COLS = ("fit_operands", "fit_result", "fit_joint", "fit_other",
 FIT_OP_COLS = ("fit_other_op", "kv_fit_other_op")
 
 
+def gated(config) -> bool:
+    """Whether the config's labels pass the gate: ``result_beyond_operands`` under the
+    'values' rule (the 'paper' and 'significant' rules stay as they were defined)."""
+    return bool(config.result_beyond_operands and config.label_rule == "values")
+
+
 @dataclass
 class OperatorLabels:
     """The labelled rows of one operator (neuron indices into the maps given) and the
@@ -61,7 +67,7 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor,
     def run(phase, fn, *args):
         return fn(*args) if timed is None else timed(phase, fn, *args)
 
-    beyond = fit is not None and config.result_beyond_operands
+    beyond = fit is not None and gated(config)
     orders: dict = {}
     m = run("matching", score, kv, orders)
     m = run("significance", nulls.label, m, config, n_tests, null, k_map, kv, orders)
@@ -160,7 +166,7 @@ class LabelControls:
                 m_tests = nulls.n_value_tests(null, parts, self.with_bottom,
                                               config.significance_level)
             fit = (OperandFit.of(op, cells.a, cells.b, cells.result, self.device)
-                   if config.result_beyond_operands else None)
+                   if gated(config) else None)
             self._relabelled[op] = (cells, parts, null, m_tests, fit)
         return self._relabelled[op]
 

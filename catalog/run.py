@@ -175,7 +175,7 @@ class CheckpointRun(CheckpointSummary):
             idx = self.table.op_index(op)
             t = self.table
             self.cells[op] = Cells(op, t.a[idx], t.b[idx], t.result[idx], t.lo, t.hi)
-            if config.result_beyond_operands:
+            if operator_labels.gated(config):
                 self.fits[op] = OperandFit.of(op, t.a[idx], t.b[idx], t.result[idx],
                                               self.model.cfg.device)
             self.partitions[op] = partitions_for(self.cells[op], config)
@@ -309,7 +309,7 @@ class CheckpointRun(CheckpointSummary):
             constant=out.constant, rank=rank, matches=Matches.concat(parts), patching=patching,
             seconds=clock.seconds, label_control=control,
             spectra=spec if config.spectra else None,
-            explanations=fits if config.result_beyond_operands else None,
+            explanations=fits if operator_labels.gated(config) else None,
         )
 
     def _patch_op(self, layer: int, op: str, o: int, acts: np.ndarray, out: LayerStats,

@@ -52,7 +52,22 @@ def dump_rows(url: str) -> dict[str, list[list]]:
             if table == "checkpoint_summary":  # fields added since the golden commit
                 rows = [[*r[:3], [{k: v for k, v in row.items() if k not in LATER}
                                   for row in r[3]], *r[4:]] for r in rows]
+                # since catalog 0.10.0 the summary's curve is the ratio of means; the
+                # golden rows hold the paper's mean of ratios, kept in circuit_point
+                for r in rows:
+                    r[2] = _mean_ratio_curves(conn, r[0]) or r[2]
             out[table] = rows
+    return out
+
+
+def _mean_ratio_curves(conn, step: int) -> dict:
+    """op -> [[k, the NL mean of ratios]] of the ranked circuits at ``step``."""
+    out: dict = {}
+    for op, k, f in conn.execute(
+            "SELECT p.op, p.k, p.mean_ratio FROM circuit_point p "
+            "JOIN checkpoint c ON c.id = p.checkpoint_id WHERE c.step = %s "
+            "AND p.circuit = 'ranked' AND p.metric = 'nl' ORDER BY p.op, p.k", (step,)):
+        out.setdefault(op, []).append([k, f])
     return out
 
 
