@@ -369,6 +369,16 @@ CREATE TABLE neuron_op (
     op1_fitlin smallint,
     op2_fitlin smallint,
     result_fitlin smallint,
+    fit_operands real,
+    fit_result real,
+    fit_joint real,
+    fit_other real,
+    kv_fit_operands real,
+    kv_fit_result real,
+    kv_fit_joint real,
+    kv_fit_other real,
+    fit_other_op character(1),
+    kv_fit_other_op character(1),
     CONSTRAINT neuron_op_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
 ) PARTITION BY HASH (model_id);
 -- grants on neuron_op: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
@@ -688,6 +698,41 @@ CREATE VIEW label_enrichment AS
      JOIN model m ON m.id = k.model_id
      JOIN checkpoint c ON c.id = k.checkpoint_id;
 -- grants on label_enrichment: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW map_explanation AS
+ SELECT m.name AS model,
+    c.step,
+    n.config_id,
+    n.layer,
+    n.neuron,
+    n.op,
+    n.fit_operands,
+    n.fit_result,
+    n.fit_joint,
+    n.fit_other,
+    n.fit_other_op,
+    n.kv_fit_operands,
+    n.kv_fit_result,
+    n.kv_fit_joint,
+    n.kv_fit_other,
+    n.kv_fit_other_op,
+    n.kv_fit_joint - n.kv_fit_operands AS kv_result_beyond_operands,
+        CASE
+            WHEN n.kv_fit_other > n.kv_fit_joint THEN 'other operator'::text
+            WHEN (n.kv_fit_joint - n.kv_fit_operands) < 0.01::double precision THEN 'operands'::text
+            ELSE 'result'::text
+        END AS best_explanation,
+    (EXISTS ( SELECT 1
+           FROM neuron_score s
+             JOIN heuristic h ON h.id = s.heuristic_id
+          WHERE s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id AND s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron AND s.op::text = n.op::text AND s.implements AND h.target::text = 'result'::text)) AS result_label,
+    n.model_id,
+    n.checkpoint_id
+   FROM neuron_op n
+     JOIN model m ON m.id = n.model_id
+     JOIN checkpoint c ON c.id = n.checkpoint_id
+  WHERE n.kv_fit_joint IS NOT NULL;
+-- grants on map_explanation: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW neuron_evolution AS
  SELECT m.name AS model,
