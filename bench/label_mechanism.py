@@ -17,7 +17,8 @@ rule before 0.10.0 (`result_beyond_operands` off). Written to bench/results and,
   label, keep only operand labels, or lose every label;
 - the controls' shares (any label; result label for the token-format maps);
 - the time of each rule on the same maps: the labelling (scores, value rule, gate),
-  median of --repeat runs per layer, summed over the layers, and the gate's share.
+  median of --repeat runs per layer on --time-layers, summed over them, and the share
+  the new rule adds.
 
 Run: .venv/bin/python bench/label_mechanism.py [--layers 16,17] [--repeat 3] [--record]
 """
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=50)
     parser.add_argument("--layers", default=None)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--time-layers", default="0,8,16,20,23",
+                        help="layers labelled --repeat times for the timing (once elsewhere)")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
@@ -91,13 +94,15 @@ def main() -> None:
                                                   run.nulls["+"], fit)
         per = {"new": [], "old": []}
         outs = {}
-        for _ in range(args.repeat):
+        timed_layer = layer in {int(x) for x in args.time_layers.split(",")}
+        for _ in range(args.repeat if timed_layer else 1):
             for name, cfg, fit in (("new", config, run.fits["+"]), ("old", before, None)):
                 t = time.perf_counter()
                 outs[name] = label(cfg, fit)
                 per[name].append(time.perf_counter() - t)
-        for name in per:
-            timing[name].append(per[name])
+        if timed_layer:
+            for name in per:
+                timing[name].append(per[name])
         masks = {}
         for name, out in outs.items():
             m = out.matches
@@ -154,7 +159,7 @@ def main() -> None:
                               "added_share": round(new_s / old_s - 1, 3),
                               "new_totals": [round(x, 2) for x in totals["new"]],
                               "old_totals": [round(x, 2) for x in totals["old"]],
-                              "repeat": args.repeat},
+                              "repeat": args.repeat, "layers": args.time_layers},
         "threads": torch.get_num_threads(),
     }
     save("label_mechanism", result)

@@ -39,6 +39,10 @@ class Matches:
     base_rate: np.ndarray = field(default_factory=lambda: _UNSET)
     p_value: np.ndarray = field(default_factory=lambda: _UNSET)
     implements: np.ndarray = field(default_factory=lambda: _UNSET)
+    # False where the heuristic's set is too small for the grid to test: even its whole
+    # set on top could not reach the rule's corrected level (Tarone), so the row is never
+    # offered as a neuron's best heuristic (True until the rule says; not stored)
+    testable: np.ndarray = field(default_factory=lambda: _UNSET)
 
     def __post_init__(self) -> None:
         nan = np.full(len(self.neuron), np.nan)
@@ -48,6 +52,8 @@ class Matches:
             self.p_value = nan.copy()
         if self.implements is _UNSET:
             self.implements = np.zeros(len(self.neuron), dtype=bool)
+        if self.testable is _UNSET:
+            self.testable = np.ones(len(self.neuron), dtype=bool)
 
     def __len__(self) -> int:
         return len(self.neuron)
@@ -99,7 +105,8 @@ class Matches:
                    [h for p in parts for h in p.heuristics],
                    np.concatenate([p.base_rate for p in parts]).astype(np.float32),
                    np.concatenate([p.p_value for p in parts]).astype(np.float64),
-                   np.concatenate([p.implements for p in parts]).astype(bool))
+                   np.concatenate([p.implements for p in parts]).astype(bool),
+                   np.concatenate([p.testable for p in parts]).astype(bool))
 
     def row_heuristic(self, i: int) -> Heuristic:
         return self.heuristics[int(self.heuristic[i])]
@@ -116,7 +123,7 @@ class Matches:
         """The rows where ``keep`` is True, same heuristic list."""
         return Matches(self.neuron[keep], self.op[keep], self.heuristic[keep], self.score[keep],
                        self.bottom[keep], self.heuristics, self.base_rate[keep],
-                       self.p_value[keep], self.implements[keep])
+                       self.p_value[keep], self.implements[keep], self.testable[keep])
 
     def compact(self, per_family: int) -> Matches:
         """The rows to store: per (neuron, operator, family) the ``per_family`` best scores

@@ -365,6 +365,8 @@ def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
                       keep.score, orders, threshold, level / n_tests)
     keep.p_value = p
     keep.implements = (keep.score >= threshold) & (p <= level / n_tests)
+    reach = np.array([null.min_p(h) <= level / n_tests for h in keep.heuristics] or [True])
+    keep.testable = reach[keep.heuristic]
     return keep.compact(per_family)
 
 

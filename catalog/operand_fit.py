@@ -274,7 +274,8 @@ class OperandFit:
 
 
 def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
-                    members: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+                    members: np.ndarray, bottom: np.ndarray, two_sided: bool = False
+                    ) -> np.ndarray:
     """One-sided p-value of each row (``neuron``: index into ``maps``; ``members``: index
     into the cell sets of ``fit.sets``; ``bottom``: the set sits at the map's bottom) for
     "the set explains the map beyond f(op1) + g(op2)": the partial regression of the map
@@ -282,7 +283,9 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
     t-test (Student's t, N - rank - 1 degrees of freedom) and the heteroscedasticity-
     robust one (HC0, normal tail) are computed and the larger p-value is kept: maps whose
     spread differs from cell to cell (sparse activations) cannot pass on the classic
-    test's variance alone. Every product is a matrix product over the rows' maps and sets."""
+    test's variance alone. ``two_sided``: either direction (the K map of a result
+    label, whose sign on the set depends on the sign of the lens). Every product is a
+    matrix product over the rows' maps and sets."""
     from scipy import stats
 
     out = np.ones(len(neuron))
@@ -314,9 +317,13 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
         # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
         hc = (y2s2[ni, si] - 2 * beta * ys3[ni, si] + beta ** 2 * s4[si]).clamp(min=0)
         z = dot / torch.sqrt(hc).clamp(min=1e-300)
-        sg = torch.as_tensor(sign[rows], dtype=torch.float64, device=dev)
-        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
-                       stats.norm.sf((sg * z).cpu().numpy()))
+        if two_sided:
+            p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
+                           2 * stats.norm.sf(np.abs(z.cpu().numpy())))
+        else:
+            sg = torch.as_tensor(sign[rows], dtype=torch.float64, device=dev)
+            p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
+                           stats.norm.sf((sg * z).cpu().numpy()))
         p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
         out[rows] = p
     return out
@@ -325,7 +332,9 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
 def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float):
     """The result labels of one operator's rows ``m`` (neuron indices into the maps) that
     stand beyond the operands: each result row the value rule labels has its p-value
-    raised to its test beyond f(op1) + g(op2) on the KV map (``beyond_p_values``), and
+    raised to its tests beyond f(op1) + g(op2) on the KV map (one-sided, the side scored)
+    and on the K map (two-sided: the activation must carry the set, not only the lens;
+    ``beyond_p_values``), and
     keeps its label only where that p-value is at most ``reach`` (the corrected level) and
     this operator's result explains the KV map at least as well as every other operator's
     result does (``Explanations.own_result_fits_best``). Returns the rows, the indices of
@@ -338,7 +347,12 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     labelled = np.unique(m.neuron[m.implements])
     if len(rows):
         members = fit.set_index([m.heuristics[i] for i in m.heuristic[rows]])
-        p = beyond_p_values(fit, kv, m.neuron[rows], members, m.bottom[rows])
+        # the activation itself must carry the set beyond both operands: a KV map that is
+        # an additive activation times the neuron's lens has result structure from the
+        # lens alone (the neuron pushes some answer digits whatever the prompt's result)
+        p = np.fmax(beyond_p_values(fit, kv, m.neuron[rows], members, m.bottom[rows]),
+                    beyond_p_values(fit, k_map, m.neuron[rows], members, m.bottom[rows],
+                                    two_sided=True))
         m.p_value[rows] = np.fmax(m.p_value[rows], p)
         m.implements[rows] &= p <= reach
     idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)

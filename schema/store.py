@@ -303,16 +303,22 @@ def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
     """(neuron, op index) -> (heuristic id, score, bottom, labelled) of its best heuristic:
     where it has labels the most specific one (the smallest set, then the higher score;
     a "result = 8" detector is shown as that, not as "result in [0, 10)"), or with
-    ``rows.best_label == "score"`` the highest-scoring one; else its highest score."""
+    ``rows.best_label == "score"`` the highest-scoring one; else its highest score among
+    the heuristics the grid can test (``Matches.testable``), then among the rest."""
     specific = getattr(rows, "best_label", "specific") == "specific"
     best: dict[tuple[int, int], tuple] = {}
     order: dict[tuple[int, int], tuple] = {}
     m = rows.matches
-    for n, o, h, s, b, i, br in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
-                                    m.implements, m.base_rate, strict=True):
+    testable = getattr(m, "testable", None)
+    if testable is None or len(testable) != len(m.neuron):
+        testable = np.ones(len(m.neuron), dtype=bool)
+    for n, o, h, s, b, i, br, t in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
+                                       m.implements, m.base_rate, testable, strict=True):
         k = (int(n), int(o))
         size = -float(np.nan_to_num(br, nan=1.0)) if specific else 0.0
-        rank = (1, size, float(s)) if i else (0, float(s), 0.0)
+        # unlabelled: a set the grid can test before one too small to (a residue class of
+        # two or three cells scores 1 on anything)
+        rank = (2, size, float(s)) if i else (int(bool(t)), float(s), 0.0)
         if k not in order or rank > order[k]:
             order[k] = rank
             best[k] = (ids[m.heuristics[h].key], float(s), bool(b), bool(i))

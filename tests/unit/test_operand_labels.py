@@ -3,6 +3,8 @@ maps that add a feature of each operand are not result heuristics, a map made fr
 another operator's result is not this operator's result heuristic, and true result
 heuristics keep their labels with operand effects of equal size mixed in."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -157,3 +159,33 @@ def test_format_maps_know_only_the_format():
     for m in answer:
         assert all(np.ptp(m[digits == d]) < 1e-5 for d in np.unique(digits))
         assert len(np.unique(np.round(m, 5))) == len(np.unique(digits))
+
+
+def test_a_lens_times_an_additive_activation_is_not_a_result_heuristic():
+    """The KV map is the activation times the neuron's lens at each prompt's answer. An
+    activation that adds a feature of each operand, times a lens that favours some answer
+    digits (the first digit on a digit-level tokenizer), has result structure from the
+    lens alone: it gets no result label. The same lens on an activation that carries a
+    result window keeps the window's label."""
+    cells = cells_of("+", 30)
+    n = 60
+    rng = np.random.default_rng(12)
+    first = cells.result // 10 ** (np.floor(np.log10(np.maximum(cells.result, 1))))
+    lens = 1.0 + rng.uniform(0, 2, (n, 10))[:, first.astype(int)]  # positive, per digit
+    config = ScienceConfig(operand_hi=30, significance_level=LEVEL)
+    results = {}
+    for name, k_map in (("additive", additive_maps("two-digit", cells, n, rng)),
+                        ("window", ((cells.result >= 20) & (cells.result < 30))
+                         + noise_maps(cells, n, rng))):
+        k_map = k_map.astype(np.float32)
+        kv = (k_map * lens).astype(np.float32)
+        hits = {}
+        for beyond in (False, True):
+            m = labelled_with_fit("+", cells, k_map, kv, dataclasses.replace(
+                config, result_beyond_operands=beyond)).matches
+            result = np.array([h.target == "result" for h in m.heuristics])[m.heuristic]
+            hits[beyond] = len(np.unique(m.neuron[m.implements & result]))
+        results[name] = hits
+    assert results["additive"][False] > n // 2, results  # the lens alone passed before
+    assert results["additive"][True] <= LEVEL * n + 3 * np.sqrt(n * LEVEL), results
+    assert results["window"][True] >= 0.9 * n, results

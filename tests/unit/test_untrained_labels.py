@@ -47,3 +47,30 @@ def test_the_untrained_built_in_model_is_labelled_at_most_at_ten_percent(step0):
     # the control that the rule is what changed: the cell rule labels most of them
     assert all(share >= 0.3 for share in cells.values()), cells
     assert np.mean(list(values.values())) < np.mean(list(cells.values())) / 3
+
+
+@pytest.mark.slow
+def test_the_trained_built_in_model_keeps_its_residue_labels():
+    """The gate of catalog 0.10.0 takes result labels that the operands explain away; the
+    trained default model's residue labels (it computes sums exactly, docs/labels.md) are
+    not of that kind: at least 90% of the neurons with a modulo label keep one, and the
+    untrained test above holds under the gate."""
+    import dataclasses
+
+    lm = load_model("builtin")  # the default model (the test command trains it first)
+    base = ScienceConfig(operators=("+", "*"), operand_hi=50, patching=("attribution",))
+    counts = {}
+    for gated in (True, False):
+        config = dataclasses.replace(base, result_beyond_operands=gated)
+        run = CheckpointRun(lm.model, lm.tokenizer, config).prepare()
+        n = 0
+        for layer in run.layers:
+            m = run.run_layer(layer).matches
+            fam = np.array([h.family for h in m.heuristics] or [""])[m.heuristic]
+            n += len({(int(a), int(b)) for a, b in
+                      zip(m.neuron[m.implements & (fam == "modulo")],
+                          m.op[m.implements & (fam == "modulo")], strict=True)})
+            run.release(layer)
+        counts[gated] = n
+    assert counts[False] >= 50, counts
+    assert counts[True] >= 0.9 * counts[False], counts
