@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from catalog.arith import OPERATORS
+from catalog.tails import digit_count
 
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
 # block x 90,000 x 8 bytes)
@@ -116,24 +117,38 @@ class Design:
         return c[:, :upto] @ head
 
 
+def layout(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each cell's token layout: the digit counts of op1 and op2 together (how the prompt
+    is written: on a digit-level tokenizer, its token count and positions)."""
+    return digit_count(np.abs(np.asarray(a))) * 100 + digit_count(np.abs(np.asarray(b)))
+
+
+def operand_groups(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    """The nuisance the rule keeps: op1's value, op2's value and the prompt's layout
+    (their digit counts together: "both operands have two digits" is a fact of the
+    format, not of the result)."""
+    return [np.unique(x, return_inverse=True)[1].reshape(-1)
+            for x in (np.asarray(a), np.asarray(b), layout(a, b))]
+
+
 @dataclass
 class AdditiveOperands:
-    """f(op1) + g(op2) fit to maps on one operator's cells, exactly (normal equations
-    with the pseudo-inverse of X'X, X the two one-hot designs side by side)."""
+    """f(op1) + g(op2) + h(layout) fit to maps on one operator's cells, exactly (normal
+    equations with the pseudo-inverse of X'X, X the one-hot designs side by side): both
+    operands' main effects and the prompt's token layout (``operand_groups``)."""
 
     design: Design
     pinv: torch.Tensor  # (width, width) float64
-    n_operands: int  # the operands' columns (op1's values, then op2's)
-    rank: int  # dimension of the additive space (constant included)
+    n_operands: int  # every column (op1's values, op2's, the layouts)
+    rank: int  # dimension of the space (constant included)
 
     @classmethod
     def of(cls, a: np.ndarray, b: np.ndarray, device: str | torch.device = "cpu"
            ) -> AdditiveOperands:
-        groups = [np.unique(a, return_inverse=True)[1].reshape(-1),
-                  np.unique(b, return_inverse=True)[1].reshape(-1)]
+        groups = operand_groups(a, b)
         design = Design(groups, device)
-        n_op = design.sizes[0] + design.sizes[1]
-        rank = int(np.linalg.matrix_rank(design.xtx[:n_op, :n_op], hermitian=True))
+        n_op = design.width
+        rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
         pinv = np.linalg.pinv(design.xtx, hermitian=True)
         return cls(design, torch.as_tensor(pinv, device=device), n_op, rank)
 
@@ -236,13 +251,12 @@ class OperandFit:
         device = "cpu" if device is None else device
         a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
-        g1 = np.unique(a, return_inverse=True)[1].reshape(-1)
-        g2 = np.unique(b, return_inverse=True)[1].reshape(-1)
-        models = {"operands": _Model.of([g1, g2], device),
+        groups = operand_groups(a, b)
+        models = {"operands": _Model.of(groups, device),
                   "result": _Model.of([_levels(result)], device)}
         for o in OPERATORS:
             values = result if o == op else other_result(o, a, b)
-            models["joint:" + o] = _Model.of([g1, g2, _levels(values)], device)
+            models["joint:" + o] = _Model.of([*groups, _levels(values)], device)
         return cls(op, add, models, len(a), (a, b, result))
 
     def explain(self, maps: torch.Tensor) -> Explanations:
@@ -366,7 +380,7 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
 
 # ------------------------------------------------------------------ the token-format control
 
-FORMAT_KINDS = ("operands", "answer")
+FORMAT_KINDS = ("operands", "layout", "answer")
 
 
 def number_format(values: np.ndarray, token_count=None) -> np.ndarray:
@@ -384,9 +398,14 @@ def format_maps(kind: str, a: np.ndarray, b: np.ndarray, result: np.ndarray, n: 
     """(n, cells) float32 maps that know only how the numbers are written, plus a little
     noise: ``operands``, a random function of op1's format plus one of op2's (digit count,
     first digit, token count: additive across the operands, as a token-count feature
-    is); ``answer``, a random function of the answer's digit and token counts."""
+    is); ``layout``, a random function of both operands' digit and token counts together
+    ("both operands have two digits"); ``answer``, a random function of the answer's
+    digit and token counts."""
     if kind == "operands":
         parts = [number_format(a, token_count), number_format(b, token_count)]
+    elif kind == "layout":  # both operands' formats together: the prompt as written
+        parts = [np.concatenate([number_format(a, token_count)[:, [0, 2]],
+                                 number_format(b, token_count)[:, [0, 2]]], axis=1)]
     elif kind == "answer":
         f = number_format(result, token_count)
         parts = [f[:, [0, 2]]]

@@ -61,7 +61,7 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
 # ------------------------------------------------------------------ planted maps
 
 NOISE = 0.3
-ADDITIVE = ("two-digit", "digits", "format", "monotone", "thresholds")
+ADDITIVE = ("two-digit", "digits", "format", "monotone", "thresholds", "both two-digit")
 
 
 def noise_maps(cells: Cells, n: int, rng) -> np.ndarray:
@@ -75,8 +75,12 @@ def _by_value(x: np.ndarray, f: np.ndarray) -> np.ndarray:
 
 
 def additive_maps(kind: str, cells: Cells, n: int, rng) -> np.ndarray:
-    """Maps with no result structure: a feature of op1 plus a feature of op2, plus noise."""
+    """Maps with no result structure: a feature of op1 plus a feature of op2 (or of how
+    both are written together), plus noise."""
     fa, fb = number_format(cells.a), number_format(cells.b)
+    if kind == "both two-digit":  # the prompt's layout: an AND of the operands' formats
+        x = ((cells.a >= 10) & (cells.b >= 10)).astype(float)
+        return x + noise_maps(cells, n, rng)
     if kind == "two-digit":  # a token-count feature of a digit-level tokenizer
         x = (cells.a >= 10).astype(float) + (cells.b >= 10)
         return x + noise_maps(cells, n, rng)

@@ -19,7 +19,13 @@ from labelling import (
 
 from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, Heuristic
-from catalog.operand_fit import AdditiveOperands, OperandFit, format_maps, number_format
+from catalog.operand_fit import (
+    AdditiveOperands,
+    OperandFit,
+    format_maps,
+    layout,
+    number_format,
+)
 
 LEVEL = 0.05
 
@@ -116,13 +122,16 @@ def test_result_heuristics_keep_their_labels_under_the_new_rule(op, h):
 
 
 def test_the_additive_fit_is_the_least_squares_fit_on_a_triangle():
-    """Exact on cells that are not a rectangle (``-``: b <= a), against numpy's lstsq."""
+    """Exact on cells that are not a rectangle (``-``: b <= a), against numpy's lstsq, with
+    the prompt's layout (both digit counts) beside the operands."""
     cells = cells_of("-", 12)
     rng = np.random.default_rng(0)
     maps = rng.standard_normal((5, len(cells.a)))
     fit = AdditiveOperands.of(cells.a, cells.b)
     got = fit.fitted(torch.from_numpy(maps)).numpy()
-    x = np.concatenate([np.eye(12)[cells.a], np.eye(12)[cells.b]], axis=1)
+    lay = np.unique(layout(cells.a, cells.b), return_inverse=True)[1].reshape(-1)
+    x = np.concatenate([np.eye(12)[cells.a], np.eye(12)[cells.b],
+                        np.eye(lay.max() + 1)[lay]], axis=1)
     want = x @ np.linalg.lstsq(x, maps.T, rcond=None)[0]
     np.testing.assert_allclose(got, want.T, atol=1e-10)
     assert fit.rank == np.linalg.matrix_rank(x)

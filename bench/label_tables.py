@@ -1,0 +1,112 @@
+"""docs/labels.md's tables of catalog 0.10.0's label rule, from the recorded runs:
+bench/recorded/cpu_label_power.json (bench/label_power.py) and
+bench/recorded/cpu_qwen2.5_label_mechanism.json (bench/label_mechanism.py).
+
+Run: .venv/bin/python bench/label_tables.py   (prints Markdown)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from _common import ROOT
+
+RECORDED = ROOT / "bench" / "recorded"
+Z = 1.959963984540054
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    if not n:
+        return float("nan"), float("nan")
+    p = k / n
+    c = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
+    h = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def share(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{k:,}/{n:,} = {k / n:.3f} [{lo:.3f}, {hi:.3f}]" if n else "n/a"
+
+
+def rate(x: float, n: int) -> str:
+    k = round(x * n)
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} [{lo:.2f}, {hi:.2f}]"
+
+
+def power() -> list[str]:
+    d = json.loads((RECORDED / "cpu_label_power.json").read_text())
+    out = ["False labels: maps with no arithmetic of the operator, the share given a result "
+           f"label (any label in brackets), {d['maps_per_point']} maps per row unless said, "
+           "Wilson 95% intervals of the result-label count:", "",
+           "| op | grid | maps | before 0.10.0 | 0.10.0 |", "|---|---|---|---|---|"]
+    for r in d["false_labels"]:
+        b, a = r["before"], r["after"]
+        out.append(f"| `{r['op']}` | [0, {r['hi']}) | {r['maps']} (n = {r['n']}) | "
+                   f"{rate(b['result'], r['n'])} (any {b['any']:.2f}) | "
+                   f"{rate(a['result'], r['n'])} (any {a['any']:.2f}) |")
+    sig = [f"sigma={s}" for s in d["sigmas"]]
+    out += ["", "Recall: planted sets (0/1) plus Gaussian noise of standard deviation sigma, "
+            f"{d['maps_per_point']} maps per point, the share labelled with the planted "
+            "heuristic (or an alias), before 0.10.0 / 0.10.0; 'mixed': a random increasing "
+            "f(op1) + g(op2) of the set's own spread added:", "",
+            "| op | grid | heuristic | " + " | ".join(s.replace("sigma=", "sigma ")
+                                                      for s in sig) + " |",
+            "|---|---|---|" + "---|" * len(sig)]
+    for r in d["recall"]:
+        name = r["heuristic"] + (", mixed" if r["mixed_operands"] else "")
+        out.append(f"| `{r['op']}` | [0, {r['hi']}) | {name} | " + " | ".join(
+            f"{r[s]['before']:.2f} / {r[s]['after']:.2f}" for s in sig) + " |")
+    return out
+
+
+def qwen() -> list[str]:
+    path = RECORDED / "cpu_qwen2.5_label_mechanism.json"
+    if not path.exists():
+        return ["(no recorded Qwen run)"]
+    d = json.loads(path.read_text())
+    out = [f"Qwen2.5-Coder-0.5B, `+` on [0, {d['config']['hi']}), {d['config']['shots']} "
+           f"shots, layers {d['layers'][0]}-{d['layers'][-1]} ({len(d['layers'])}), accuracy "
+           f"{d['accuracy']:.3f}; top set = 5% of each layer by rank "
+           f"({d['config']['ranking']}), random set = as many other neurons of the same "
+           "layer (seeded); pooled over the layers; Wilson 95% intervals; p: one-sided "
+           "Fisher exact test top > random:", "",
+           "| labels | rule | top set | random set | whole layers | top - random | p |",
+           "|---|---|---|---|---|---|---|"]
+    for fam in ("any", "result target", "operand target", "range", "modulo", "pattern",
+                "identical"):
+        for name in ("old", "new"):
+            rows = [r for r in d["pooled"][name] if r["family"] == fam]
+            if not rows:
+                continue
+            r = rows[0]
+            lo, hi = r["ci_difference"]
+            out.append(f"| {fam} | {'before 0.10.0' if name == 'old' else '0.10.0'} | "
+                       f"{share(r['labelled_top'], r['n_top'])} | "
+                       f"{share(r['labelled_random'], r['n_random'])} | "
+                       f"{share(r['labelled_layer'], r['n_layer'])} | "
+                       f"{r['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+                       f"{r['fisher_p']:.2g} |")
+    mv = d["old_result_labels_moved"]
+    n = mv["old_result"]
+    out += ["", f"Where the {n:,} neurons with a result label under the old rule went: "
+            f"{share(mv['keeps_result'], n)} keep a result label, "
+            f"{share(mv['operand_only'], n)} keep only operand labels, "
+            f"{share(mv['none'], n)} lose every label."]
+    c = d["controls_new_rule"]
+    out += ["", f"Controls under 0.10.0: relabelled values {share(c['labelled'], c['n'])} "
+            f"of maps labelled; token-format maps {share(c['format_labelled'], c['format_n'])}"
+            f" with any label, {share(c['format_result'], c['format_n'])} with a result "
+            "label."]
+    t = d["labelling_seconds"]
+    out += ["", f"Cost (layers {t['layers']}, median of {t['repeat']} runs per layer, "
+            f"summed): the labelling (scores, value rule, gate) {t['new_median_sum']} s "
+            f"against {t['old_median_sum']} s before, **{100 * t['added_share']:+.0f}%** "
+            f"(totals per run: {t['new_totals']} against {t['old_totals']})."]
+    return out
+
+
+if __name__ == "__main__":
+    print("\n".join(power() + [""] + qwen()))
