@@ -20,7 +20,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
-    CHAR,
     REAL,
     BigInteger,
     Boolean,
@@ -40,6 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB
 from sqlmodel import Field, SQLModel
 
+from schema.fit_columns import FitColumns
 from schema.spectrum_columns import SpectrumColumns
 
 N_PARTITIONS = 8
@@ -351,7 +351,7 @@ class _NeuronOpKey(_NeuronKey):
     op: str = Field(sa_type=String(1), primary_key=True)
 
 
-class NeuronOp(_NeuronOpKey, SpectrumColumns, table=True):
+class NeuronOp(_NeuronOpKey, SpectrumColumns, FitColumns, table=True):
     __tablename__ = "neuron_op"
     __table_args__ = (
         Index("ix_neuron_op_rank", "model_id", "checkpoint_id", "op", "rank"),
@@ -391,19 +391,6 @@ class NeuronOp(_NeuronOpKey, SpectrumColumns, table=True):
     constant: bool | None = Field(default=None, sa_column=Column(Boolean))  # no variance
     best_bottom: bool | None = Field(default=None, sa_column=Column(Boolean))
     labelled: bool | None = Field(default=None, sa_column=Column(Boolean))  # best is a label
-    # what explains each map the value rule labels (catalog.operand_fit, migration 0025):
-    # adjusted R^2 of the operands' additive fit, the result, both, and the best other
-    # operator's result with the operands, for the K map and the KV map
-    fit_operands: float | None = Field(default=None, sa_column=Column(REAL))
-    fit_result: float | None = Field(default=None, sa_column=Column(REAL))
-    fit_joint: float | None = Field(default=None, sa_column=Column(REAL))
-    fit_other: float | None = Field(default=None, sa_column=Column(REAL))
-    kv_fit_operands: float | None = Field(default=None, sa_column=Column(REAL))
-    kv_fit_result: float | None = Field(default=None, sa_column=Column(REAL))
-    kv_fit_joint: float | None = Field(default=None, sa_column=Column(REAL))
-    kv_fit_other: float | None = Field(default=None, sa_column=Column(REAL))
-    fit_other_op: str | None = Field(default=None, sa_column=Column(CHAR(1)))
-    kv_fit_other_op: str | None = Field(default=None, sa_column=Column(CHAR(1)))
 
 
 class NeuronGrid(_NeuronOpKey, table=True):
