@@ -76,7 +76,7 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor,
                               Explanations.empty())
     assert fit is not None
     reach = config.significance_level / max(n_tests, 1)
-    m, labelled, ex_k, ex_kv = run("explanations", gate, m, fit, kv, k_map, reach)
+    m, labelled, ex_k, ex_kv = run("significance", gate, m, fit, kv, k_map, reach)
     return OperatorLabels(m, labelled, ex_k, ex_kv)
 
 
