@@ -30,15 +30,11 @@ from catalog.operand_fit import (
     format_maps,
     gate,
 )
+from catalog.vocab import FIT_COLS, FIT_OP_COLS
 
 # maps per layer and operator that each control scores
 CONTROL_MAPS = 128
 
-# the explanation columns of neuron_op, K map then KV map (adjusted R^2 each), and which
-# operator's result fit best beside this one's
-FIT_COLS = ("fit_operands", "fit_result", "fit_joint", "fit_other",
-            "kv_fit_operands", "kv_fit_result", "kv_fit_joint", "kv_fit_other")
-FIT_OP_COLS = ("fit_other_op", "kv_fit_other_op")
 
 
 def gated(config) -> bool:
