@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from catalog.arith import OPERATORS
+from catalog.arith import OPERATORS, apply_op
 from catalog.tails import digit_count
 
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
@@ -50,18 +50,10 @@ OTHER_MARGIN = 0.02
 
 
 def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Operator ``op``'s result on cells that may not be valid for it (division by zero is
-    a value of its own, -1; negative differences are values like any other)."""
-    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        return np.where(b > 0, a // np.maximum(b, 1), -1)
-    raise ValueError(f"unknown operator {op!r}")
+    """Operator ``op``'s result on cells that may not be valid for it (``apply_op``; a
+    division by zero is a value of its own, -1)."""
+    out = apply_op(op, a, b)
+    return np.where(np.asarray(b) > 0, out, -1) if op == "/" else out
 
 
 def _levels(values: np.ndarray) -> np.ndarray:
