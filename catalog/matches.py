@@ -41,7 +41,8 @@ class Matches:
     implements: np.ndarray = field(default_factory=lambda: _UNSET)
     # False where the heuristic's set is too small for the grid to test: even its whole
     # set on top could not reach the rule's corrected level (Tarone), so the row is never
-    # offered as a neuron's best heuristic (True until the rule says; not stored)
+    # offered as a neuron's best heuristic nor kept before a testable one (True until
+    # the rule says; stored as neuron_score.testable)
     testable: np.ndarray = field(default_factory=lambda: _UNSET)
 
     def __post_init__(self) -> None:
@@ -126,17 +127,19 @@ class Matches:
                        self.p_value[keep], self.implements[keep], self.testable[keep])
 
     def compact(self, per_family: int) -> Matches:
-        """The rows to store: per (neuron, operator, family) the ``per_family`` best scores
-        (ties broken by heuristic order), plus every row whose heuristic the neuron
-        implements; ``per_family`` 0 keeps every row. The best row of each neuron and
-        operator is always among them (it is the best of its family)."""
+        """The rows to store: per (neuron, operator, family) the ``per_family`` best rows
+        (testable ones first, then the higher score, ties broken by heuristic order), plus
+        every row whose heuristic the neuron implements; ``per_family`` 0 keeps every row.
+        The best row of each neuron and operator (``schema.store``'s ranking: labels, then
+        testable, then score) is always among them: it is the best of its family."""
         if per_family <= 0 or not len(self):
             return self
         families = sorted({h.family for h in self.heuristics})
         fam = np.array([families.index(h.family) for h in self.heuristics], dtype=np.int64)
         f = fam[self.heuristic]
         # group rows by (neuron, op, family), best score first
-        order = np.lexsort((self.heuristic, -self.score, f, self.op, self.neuron))
+        order = np.lexsort((self.heuristic, -self.score, ~self.testable.astype(bool), f,
+                            self.op, self.neuron))
         key = (self.neuron[order].astype(np.int64) * 256 + self.op[order]) * len(families) \
             + f[order]
         start = np.r_[True, key[1:] != key[:-1]]

@@ -360,13 +360,13 @@ def label_values(m, null: ValueNull, k_map: torch.Tensor, kv_map: torch.Tensor,
     # the rows that could be stored: every row that could be labelled, and the best rows
     # of each family (Matches.compact keeps them whatever the labels): one pass over them
     m.implements = m.score >= threshold
+    reach = np.array([null.min_p(h) <= level / n_tests for h in m.heuristics] or [True])
+    m.testable = reach[m.heuristic]
     keep = m.compact(per_family)
     p = null.p_values(k_map, kv_map, keep.heuristics, keep.neuron, keep.heuristic, keep.bottom,
                       keep.score, orders, threshold, level / n_tests)
     keep.p_value = p
     keep.implements = (keep.score >= threshold) & (p <= level / n_tests)
-    reach = np.array([null.min_p(h) <= level / n_tests for h in keep.heuristics] or [True])
-    keep.testable = reach[keep.heuristic]
     return keep.compact(per_family)
 
 

@@ -73,7 +73,8 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor,
     assert fit is not None
     reach = config.significance_level / max(n_tests, 1)
     m, labelled, ex_k, ex_kv = run("significance", gate, m, fit, kv, k_map, reach)
-    return OperatorLabels(m, labelled, ex_k, ex_kv)
+    # a row the gate unlabels is kept only where it is among its family's best
+    return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
 
 
 def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,

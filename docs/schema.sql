@@ -395,6 +395,7 @@ CREATE TABLE neuron_score (
     base_rate real,
     p_value double precision,
     implements boolean,
+    testable boolean,
     CONSTRAINT neuron_score_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op, heuristic_id)
 ) PARTITION BY HASH (model_id);
 -- grants on neuron_score: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}

@@ -43,6 +43,7 @@ class MatchArrays(Protocol):
     base_rate: np.ndarray  # |S_H| / cells per row (NaN: not defined)
     p_value: np.ndarray  # exact p-value per row (NaN: not defined)
     implements: np.ndarray  # the label rule's verdict per row
+    testable: np.ndarray  # the grid can test the row's heuristic at the rule's level
 
 
 @dataclass

@@ -185,10 +185,12 @@ def copy_layer_rows(conn: psycopg.Connection, cur, *, key: tuple, rows: LayerRow
                rows.lens_bottom_values[n].tolist())
         for n in range(d_mlp)))
     _copy(cur, into["neuron_score"],
-          KEY + ("op", "heuristic_id", "score", "bottom", "base_rate", "p_value", "implements"), (
-        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b), _f(r), _f(p), bool(i))
-        for n, o, h, s, b, r, p, i in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
-                                          m.base_rate, m.p_value, m.implements, strict=True)))
+          KEY + ("op", "heuristic_id", "score", "bottom", "base_rate", "p_value", "implements",
+                 "testable"), (
+        key + (int(n), ops[o], ids[keys[h]], float(s), bool(b), _f(r), _f(p), bool(i), bool(t))
+        for n, o, h, s, b, r, p, i, t in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
+                                             m.base_rate, m.p_value, m.implements, m.testable,
+                                             strict=True)))
 
 
 def full_grid_mask(rows: LayerRows) -> np.ndarray:
@@ -309,11 +311,8 @@ def _best_per_neuron_op(rows: LayerRows, ids: dict[str, int]):
     best: dict[tuple[int, int], tuple] = {}
     order: dict[tuple[int, int], tuple] = {}
     m = rows.matches
-    testable = getattr(m, "testable", None)
-    if testable is None or len(testable) != len(m.neuron):
-        testable = np.ones(len(m.neuron), dtype=bool)
     for n, o, h, s, b, i, br, t in zip(m.neuron, m.op, m.heuristic, m.score, m.bottom,
-                                       m.implements, m.base_rate, testable, strict=True):
+                                       m.implements, m.base_rate, m.testable, strict=True):
         k = (int(n), int(o))
         size = -float(np.nan_to_num(br, nan=1.0)) if specific else 0.0
         # unlabelled: a set the grid can test before one too small to (a residue class of

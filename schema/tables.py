@@ -437,6 +437,8 @@ class NeuronScore(_NeuronOpKey, table=True):
     p_value: float | None = Field(default=None, sa_column=Column(DOUBLE_PRECISION))
     # the config's label rule: the neuron implements this heuristic on this operator
     implements: bool | None = Field(default=None, sa_column=Column(Boolean))
+    # the grid can test the heuristic at the rule's level at all (0.10.0; 0026)
+    testable: bool | None = Field(default=None, sa_column=Column(Boolean))
 
 
 class CatalogSetting(SQLModel, table=True):

@@ -442,11 +442,15 @@ def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builti
         summ = ("SELECT accuracy::text, faithfulness::text, n_heuristic_neurons::text, "
                 "heuristic_knockouts::text FROM checkpoint_summary WHERE config_id = %(c)s")
         assert q(summ, 0) == q(summ, 2)
-        # per (neuron, op, family): the compact rows are the 2 best of the full rows, plus
-        # labels
+        # per (neuron, op, family): the compact rows are the 2 best of the full rows
+        # (testable heuristics first, then score), plus labels
         full = q("SELECT s.layer, s.neuron, s.op, h.family, s.heuristic_id, s.score, "
-                 "s.implements FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
-                 "WHERE s.config_id = %(c)s", 0)
+                 "s.implements, s.testable FROM neuron_score s "
+                 "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.config_id = %(c)s", 0)
+        # the tiny grid has heuristics it cannot test (both kinds present: the ranking is
+        # exercised), and a label is never on one
+        assert {r[7] for r in full} == {True, False}
+        assert all(r[7] for r in full if r[6])
         kept = {tuple(r) for r in q(
             "SELECT layer, neuron, op, heuristic_id FROM neuron_score WHERE config_id = %(c)s",
             2)}
@@ -454,9 +458,9 @@ def test_compact_scores_keep_every_label_and_the_best_per_family(db, tiny_builti
         for r in full:
             groups.setdefault(r[:4], []).append(r)
         for rows in groups.values():
-            rows.sort(key=lambda r: (-r[5], r[4]))
+            rows.sort(key=lambda r: (not r[7], -r[5], r[4]))
             for j, r in enumerate(rows):
-                assert ((r[:3] + (r[4],)) in kept) == (j < 2 or r[6]), r
+                assert ((r[:3] + (r[4],)) in kept) == (j < 2 or r[6]), (r, rows)
         assert len(kept) < 0.5 * len(full), (len(kept), len(full))
 
 
