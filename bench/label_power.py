@@ -40,8 +40,8 @@ def main() -> None:
 
     from catalog.config import ScienceConfig
     from catalog.heuristics import Heuristic
-    from catalog.operand_fit import format_maps
     from catalog.tails import digit_count
+    from catalog.token_format import format_maps
 
     n = args.maps
 

@@ -15,15 +15,13 @@ label explains") states the rule this module implements:
   p-value kept. A result label needs it at the corrected level too (``gate``), so an
   additive map, which the fit explains whole, keeps no result label, while a result set
   with operand effects of any size mixed in keeps its own.
-- ``Explanations``: per map, the adjusted R^2 of the competing explanations: the operands
-  additively, the result as a factor (one mean per result value), both together, and
-  the best other operator's result with the operands (exact least squares; only the
-  explained sums of squares are computed, from the group sums). A result
+- ``Explanations``: per map, the held-out R^2 of the competing explanations (fit on four
+  folds of unordered operand pairs, judged on the fifth): the operands additively, the
+  result as a factor (one mean per result value), both together, and the best other
+  operator's result with the operands. A result
   label of this operator is kept only where its own result explains the map at least as
   well as every other operator's (``gate``): a window of op1 * op2 measured on ``+``
   prompts is not a sum heuristic.
-- ``format_maps``: maps that know only how the numbers are written (digits, first digit,
-  token counts): the token-format control of every label report.
 """
 
 from __future__ import annotations
@@ -34,19 +32,17 @@ import numpy as np
 import torch
 
 from catalog.arith import OPERATORS, apply_op
+from catalog.fit_models import Design, Explanations, FoldModel, held_out_r2, levels, pair_folds
 from catalog.tails import digit_count
 
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
 # block x 90,000 x 8 bytes)
 BLOCK = 256
-# one-hot designs with more cells x columns than this are kept sparse
-DENSE_LIMIT = 20_000_000
-# a factor with more values than this (op1 * op2 on a large grid) is fit by this many bins
-# of its values (consecutive values by rank), so its normal equations stay small
-MAX_LEVELS = 1024
-# another operator's result must explain this much more of a map's variance (adjusted R^2)
-# than this operator's to take its result label away
-OTHER_MARGIN = 0.02
+# a result set of another operator must explain this much more of a KV map beyond the
+# operands than the label's own set (relative) to take the label away: on small grids
+# two operators' results describe one set almost equally (the corner of [0, 30)^2 is
+# both "a + b >= 40" and "a * b large"), and a near tie is not evidence
+RIVAL_MARGIN = 0.1
 
 
 def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,59 +50,6 @@ def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     division by zero is a value of its own, -1)."""
     out = apply_op(op, a, b)
     return np.where(np.asarray(b) > 0, out, -1) if op == "/" else out
-
-
-def _levels(values: np.ndarray) -> np.ndarray:
-    """Each cell's group index: one per distinct value, or ``MAX_LEVELS`` bins of the
-    values by rank where there are more."""
-    uniq, g = np.unique(values, return_inverse=True)
-    g = g.reshape(-1)
-    if len(uniq) > MAX_LEVELS:
-        g = (g * MAX_LEVELS) // len(uniq)
-    return g
-
-
-class Design:
-    """One-hot columns of several groupings of the cells, side by side: ``sums(y)`` is
-    X'y for maps y (rows), dense or sparse by size; ``cols(y_sums)`` puts column values
-    back on the cells."""
-
-    def __init__(self, groups: list[np.ndarray], device) -> None:
-        self.sizes = [int(g.max()) + 1 for g in groups]
-        offsets = np.cumsum([0] + self.sizes[:-1])
-        n_cells = len(groups[0])
-        rows = np.concatenate([np.arange(n_cells)] * len(groups))
-        cols = np.concatenate([g + o for g, o in zip(groups, offsets, strict=True)])
-        self.width = int(sum(self.sizes))
-        self.dense = n_cells * self.width <= DENSE_LIMIT
-        if self.dense:
-            x = torch.zeros(n_cells, self.width, dtype=torch.float64, device=device)
-            x[torch.as_tensor(rows, device=device), torch.as_tensor(cols, device=device)] = 1
-            self.x = x
-        else:
-            idx = torch.as_tensor(np.stack([cols, rows]), device=device)
-            self.xt = torch.sparse_coo_tensor(
-                idx, torch.ones(len(rows), dtype=torch.float64, device=device),
-                (self.width, n_cells)).coalesce()
-        xtx = np.zeros((self.width, self.width))
-        for gi, oi in zip(groups, offsets, strict=True):
-            for gj, oj in zip(groups, offsets, strict=True):
-                np.add.at(xtx, (gi + oi, gj + oj), 1.0)
-        self.xtx = xtx
-
-    def sums(self, y: torch.Tensor) -> torch.Tensor:
-        """(n, width) X'y of each map."""
-        if self.dense:
-            return y @ self.x
-        return torch.sparse.mm(self.xt, y.T).T
-
-    def on_cells(self, c: torch.Tensor, upto: int) -> torch.Tensor:
-        """(n, cells) X c with the first ``upto`` columns (the coefficients' fit)."""
-        if self.dense:
-            return c[:, :upto] @ self.x[:, :upto].T
-        head = torch.sparse.mm(self.xt, torch.eye(self.width, upto, dtype=torch.float64,
-                                                  device=c.device)).T  # dense (upto, cells)
-        return c[:, :upto] @ head
 
 
 def layout(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -151,64 +94,43 @@ class AdditiveOperands:
         return self.design.on_cells(c, self.n_operands)
 
 
-def _adjusted(rss: torch.Tensor, tss: torch.Tensor, n: int, p: int) -> torch.Tensor:
-    """Adjusted R^2 of a fit with p parameters beyond the constant (NaN where the fit has
-    no degrees of freedom left, or the map is constant)."""
-    if n - p - 1 <= 0:
-        return torch.full_like(rss, float("nan"))
-    out = 1.0 - (rss / tss.clamp(min=1e-300)) * (n - 1) / (n - p - 1)
-    return torch.where(tss > 0, out, torch.full_like(out, float("nan")))
+# the windows of an operator's values that compete for a map: every run of consecutive
+# bins of at most this many bins of its distinct values (by rank)
+SCAN_BINS = 64
 
 
 @dataclass
-class Explanations:
-    """Adjusted R^2 of each competing explanation of some maps (rows): ``operands``
-    (f(op1) + g(op2)), ``result`` (one mean per value of this operator's result),
-    ``joint`` (both), ``other`` (the best other operator's result with the operands) and
-    ``other_op`` (which operator; '' where none was fit). NaN for constant maps."""
+class WindowScan:
+    """Every window of one operator's values (runs of ``SCAN_BINS`` bins) as a cell set
+    less the additive fit, through cumulative sums: with C the cumulative residual bin
+    indicators (C_0 = 0), window [i, j) explains (D_j - D_i)^2 / (G_jj + G_ii - 2 G_ij)
+    of a map's residual r_y beyond the operands, D = r_y C', G = C C'. Cells where the
+    operator's result is undefined (negative, division by zero) are in no window."""
 
-    operands: np.ndarray
-    result: np.ndarray
-    joint: np.ndarray
-    other: np.ndarray
-    other_op: np.ndarray  # str, one character or ''
-
-    @property
-    def own_result_fits_best(self) -> np.ndarray:
-        """True where no other operator's result explains the map (with the operands) by
-        more than ``OTHER_MARGIN`` of its variance beyond this operator's: on small grids
-        the results of two operators can describe one set almost equally (the corner of
-        [0, 30)^2 is both "a + b >= 40" and "a * b large"), and a tie is not evidence."""
-        other = np.nan_to_num(self.other, nan=-np.inf)
-        return np.nan_to_num(self.joint, nan=-np.inf) + OTHER_MARGIN >= other
+    c: torch.Tensor  # (bins + 1, cells) float64
+    g: torch.Tensor  # (bins + 1, bins + 1)
 
     @classmethod
-    def empty(cls, n: int = 0) -> Explanations:
-        nan = np.full(n, np.nan)
-        return cls(nan, nan.copy(), nan.copy(), nan.copy(), np.full(n, "", dtype="<U1"))
+    def of(cls, values: np.ndarray, add: AdditiveOperands, device) -> WindowScan:
+        values = np.asarray(values)
+        valid = np.nonzero(values >= 0)[0]
+        lev = levels(values[valid], SCAN_BINS)
+        ind = torch.zeros(int(lev.max()) + 1 if len(lev) else 0, len(values),
+                          dtype=torch.float64, device=device)
+        ind[torch.as_tensor(lev, device=device), torch.as_tensor(valid, device=device)] = 1
+        r = ind - add.fitted(ind)
+        c = torch.cat([torch.zeros(1, len(values), dtype=torch.float64, device=device),
+                       torch.cumsum(r, 0)])
+        return cls(c, c @ c.T)
 
-
-@dataclass
-class _Model:
-    """One explanation as a linear model: its design, the pseudo-inverse of its normal
-    equations and its parameters beyond the constant."""
-
-    design: Design
-    pinv: torch.Tensor
-    params: int
-
-    @classmethod
-    def of(cls, groups: list[np.ndarray], device) -> _Model:
-        design = Design(groups, device)
-        rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
-        return cls(design, torch.as_tensor(np.linalg.pinv(design.xtx, hermitian=True),
-                                           device=device), rank - 1)
-
-    def explained(self, y: torch.Tensor) -> torch.Tensor:
-        """The sum of squares the model's least-squares fit explains of each map (y
-        centred): s' (X'X)^+ s for s = X'y, no fit put back on the cells."""
-        s = self.design.sums(y)
-        return ((s @ self.pinv) * s).sum(1)
+    def best(self, r_y: torch.Tensor) -> torch.Tensor:
+        """(n,) the largest sum of squares one window explains of each residual map."""
+        d = r_y @ self.c.T
+        diag = torch.diagonal(self.g)
+        den = diag[None, :] + diag[:, None] - 2 * self.g  # [i, j]
+        upper = torch.triu(torch.ones_like(den, dtype=torch.bool), diagonal=1) & (den > 1e-12)
+        num = (d[:, None, :] - d[:, :, None]) ** 2
+        return torch.where(upper, num / den.clamp(min=1e-12), torch.zeros_like(num)).amax((1, 2))
 
 
 @dataclass
@@ -218,12 +140,19 @@ class OperandFit:
 
     op: str
     additive: AdditiveOperands
-    models: dict[str, _Model]  # "operands", "result", and "joint:" + each operator
+    models: dict[str, FoldModel]  # "operands", "result", and "joint:" + each operator
     n_cells: int
     cells: tuple[np.ndarray, np.ndarray, np.ndarray]  # op1, op2, result of each cell
     # the cell sets of the heuristics tested so far (rows of a bool array) and their keys
     sets: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
     _set_of: dict[str, int] = field(default_factory=dict)
+    # the rivals of a result label: other operators' result sets on these cells, less
+    # their additive fit (float64, sets x cells), their sums of squares and operators
+    rivals: torch.Tensor | None = None
+    rival_ss: torch.Tensor | None = None
+    rival_ops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="<U1"))
+    # every operator's windows (built with the rivals)
+    scans: dict[str, WindowScan] = field(default_factory=dict)
 
     def set_index(self, heuristics: list) -> np.ndarray:
         """Each heuristic's row in ``sets`` (added the first time it is asked for)."""
@@ -239,20 +168,71 @@ class OperandFit:
 
     @classmethod
     def of(cls, op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
-           device: str | torch.device | None = "cpu") -> OperandFit:
+           device: str | torch.device | None = "cpu", rivals: np.ndarray | None = None,
+           rival_ops: np.ndarray | None = None) -> OperandFit:
+        """``rivals``: (sets, cells) bool, other operators' result sets on these cells
+        (``catalog.operator_labels.operand_fit`` builds them from the config's
+        heuristics), and ``rival_ops`` their operators; without them no label is taken
+        for another operator's result."""
         device = "cpu" if device is None else device
         a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
         groups = operand_groups(a, b)
-        models = {"operands": _Model.of(groups, device),
-                  "result": _Model.of([_levels(result)], device)}
+        folds = pair_folds(a, b)
+        models = {"operands": FoldModel.of(groups, folds, device),
+                  "result": FoldModel.of([levels(result)], folds, device)}
         for o in OPERATORS:
             values = result if o == op else other_result(o, a, b)
-            models["joint:" + o] = _Model.of([*groups, _levels(values)], device)
-        return cls(op, add, models, len(a), (a, b, result))
+            models["joint:" + o] = FoldModel.of([*groups, levels(values)], folds, device)
+        fit = cls(op, add, models, len(a), (a, b, result))
+        if rivals is not None and len(rivals):
+            r = torch.as_tensor(np.asarray(rivals), dtype=torch.float64, device=device)
+            r = r - add.fitted(r)
+            ss = (r * r).sum(1)
+            keep = (ss > 1e-12).cpu().numpy()  # an additive set explains nothing beyond
+            fit.rivals, fit.rival_ss = r[torch.as_tensor(keep, device=device)], ss[keep]
+            fit.rival_ops = np.asarray(rival_ops)[keep].astype("<U1")
+        if rivals is not None:
+            fit.scans = {o: WindowScan.of(result if o == op else other_result(o, a, b), add,
+                                          device) for o in OPERATORS}
+        return fit
+
+    def rival_beyond(self, maps: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per map (rows): the largest sum of squares that one rival (another operator's
+        result set, or window of its values) explains beyond the operands' fit (the
+        partial regression's (r_y . r_s)^2 / |r_s|^2), that rival's operator ('' without
+        rivals), and the largest that a window of this operator's values explains."""
+        n = len(maps)
+        best, which, own = np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
+        if not n or not self.scans:
+            return best, which, own
+        others = [o for o in OPERATORS if o != self.op]
+        for s in range(0, n, BLOCK):
+            y = maps[s:s + BLOCK].double()
+            r_y = y - self.additive.fitted(y)
+            cand = [self.scans[o].best(r_y) for o in others]
+            if self.rivals is not None:
+                assert self.rival_ss is not None
+                v, i = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).max(1)
+                cand.append(v)
+            stack = torch.stack(cand).cpu().numpy()
+            pick = stack.argmax(0)
+            best[s:s + BLOCK] = stack[pick, np.arange(stack.shape[1])]
+            ops = np.array(others + [""])[np.minimum(pick, len(others))]
+            if self.rivals is not None:
+                at = pick == len(others)
+                ops[at] = self.rival_ops[i.cpu().numpy()][at]
+            which[s:s + BLOCK] = ops
+            own[s:s + BLOCK] = self.scans[self.op].best(r_y).cpu().numpy()
+        return best, which, own
 
     def explain(self, maps: torch.Tensor) -> Explanations:
-        """The adjusted R^2 of every explanation of each map."""
+        """The held-out R^2 of every explanation of each map: each model fit on four
+        fifths of the cells and judged on the fifth it did not see (``pair_folds``), so a
+        model with more parameters (the product's many values) gains nothing it cannot
+        predict. Adjusted R^2 was not enough: the product's levels on [0, 50)^2 nearly
+        name the unordered operand pair and fit any symmetric map (a parity neuron of the
+        built-in model: 0.91 against its own sum's 0.41)."""
         n = len(maps)
         out = Explanations.empty(n)
         if not n:
@@ -261,12 +241,8 @@ class OperandFit:
         cols: dict[str, list] = {k: [] for k in keys}
         for s in range(0, n, BLOCK):
             y = maps[s:s + BLOCK].double()
-            y = y - y.mean(1, keepdim=True)
-            tss = (y * y).sum(1)
             for k in keys:
-                model = self.models[k]
-                rss = (tss - model.explained(y)).clamp(min=0)
-                cols[k].append(_adjusted(rss, tss, self.n_cells, model.params))
+                cols[k].append(held_out_r2(*self.models[k].held_out(y)))
         adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}
         out.operands, out.result = adj["operands"], adj["result"]
         out.joint = adj["joint:" + self.op]
@@ -335,6 +311,24 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
     return out
 
 
+def own_beyond(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
+               members: np.ndarray) -> np.ndarray:
+    """Per row, the sum of squares its set (``members``: rows of ``fit.sets``) explains of
+    map ``neuron`` beyond the operands' fit."""
+    if not len(neuron):
+        return np.zeros(0)
+    uniq_s, s_of = np.unique(members, return_inverse=True)
+    sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=maps.device)
+    r_s = sets - fit.additive.fitted(sets)
+    uniq_n, n_of = np.unique(neuron, return_inverse=True)
+    y = maps.index_select(0, torch.as_tensor(uniq_n, device=maps.device)).double()
+    r_y = y - fit.additive.fitted(y)
+    dot = (r_y @ r_s.T)[torch.as_tensor(n_of.reshape(-1), device=maps.device),
+                          torch.as_tensor(s_of.reshape(-1), device=maps.device)]
+    ss = (r_s * r_s).sum(1)[torch.as_tensor(s_of.reshape(-1), device=maps.device)]
+    return (dot ** 2 / ss.clamp(min=1e-300)).cpu().numpy()
+
+
 def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float):
     """The result labels of one operator's rows ``m`` (neuron indices into the maps) that
     stand beyond the operands: each result row the value rule labels has its p-value
@@ -342,8 +336,10 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     and on the K map (two-sided: the activation must carry the set, not only the lens;
     ``beyond_p_values``), and
     keeps its label only where that p-value is at most ``reach`` (the corrected level) and
-    this operator's result explains the KV map at least as well as every other operator's
-    result does (``Explanations.own_result_fits_best``). Returns the rows, the indices of
+    no other operator's result set explains the KV map beyond the operands by more than
+    ``RIVAL_MARGIN`` over the label's own set (``OperandFit.rival_beyond``: one set
+    against one set, so a factor with many levels gains nothing; a set that both
+    operators' results name, parity under + and -, ties and stays). Returns the rows, the indices of
     the maps that the value rule labelled (before this gate) and their explanations on the
     K and KV maps."""
     result_row = np.array([h.target == "result" and h.family != "multi_result"
@@ -361,51 +357,14 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
                                     two_sided=True))
         m.p_value[rows] = np.fmax(m.p_value[rows], p)
         m.implements[rows] &= p <= reach
+        if fit.scans:
+            uniq, at = np.unique(m.neuron[rows], return_inverse=True)
+            at = at.reshape(-1)
+            rival, _, window = fit.rival_beyond(kv.index_select(
+                0, torch.as_tensor(uniq, device=kv.device, dtype=torch.long)))
+            own = np.fmax(own_beyond(fit, kv, m.neuron[rows], members), window[at])
+            m.implements[rows] &= own >= (1 - RIVAL_MARGIN) * rival[at]
     idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)
     ex_kv = fit.explain(kv.index_select(0, idx)) if len(labelled) else Explanations.empty()
     ex_k = fit.explain(k_map.index_select(0, idx)) if len(labelled) else Explanations.empty()
-    if len(labelled):
-        loses = labelled[~ex_kv.own_result_fits_best]
-        m.implements = m.implements & ~(result_row & np.isin(m.neuron, loses))
     return m, labelled, ex_k, ex_kv
-
-
-# ------------------------------------------------------------------ the token-format control
-
-FORMAT_KINDS = ("operands", "layout", "answer")
-
-
-def number_format(values: np.ndarray, token_count=None) -> np.ndarray:
-    """(cells, 3) how a number is written: its digit count, its first digit, its token
-    count (``token_count``: value -> tokens; the digit count where not given)."""
-    v = np.abs(np.asarray(values, dtype=np.int64))
-    digits = np.where(v == 0, 1, np.floor(np.log10(np.maximum(v, 1))).astype(np.int64) + 1)
-    first = v // 10 ** (digits - 1)
-    tokens = digits if token_count is None else np.array([token_count(int(x)) for x in v])
-    return np.stack([digits, first, tokens], axis=1)
-
-
-def format_maps(kind: str, a: np.ndarray, b: np.ndarray, result: np.ndarray, n: int,
-                gen: np.random.Generator, token_count=None, noise: float = 0.1) -> np.ndarray:
-    """(n, cells) float32 maps that know only how the numbers are written, plus a little
-    noise: ``operands``, a random function of op1's format plus one of op2's (digit count,
-    first digit, token count: additive across the operands, as a token-count feature
-    is); ``layout``, a random function of both operands' digit and token counts together
-    ("both operands have two digits"); ``answer``, a random function of the answer's
-    digit and token counts."""
-    if kind == "operands":
-        parts = [number_format(a, token_count), number_format(b, token_count)]
-    elif kind == "layout":  # both operands' formats together: the prompt as written
-        parts = [np.concatenate([number_format(a, token_count)[:, [0, 2]],
-                                 number_format(b, token_count)[:, [0, 2]]], axis=1)]
-    elif kind == "answer":
-        f = number_format(result, token_count)
-        parts = [f[:, [0, 2]]]
-    else:
-        raise ValueError(f"unknown format kind {kind!r}; known: {', '.join(FORMAT_KINDS)}")
-    out = noise * gen.standard_normal((n, len(a)))
-    for feats in parts:
-        _, inv = np.unique(feats, axis=0, return_inverse=True)
-        inv = inv.reshape(-1)
-        out += gen.standard_normal((n, int(inv.max()) + 1))[:, inv]
-    return out.astype(np.float32)

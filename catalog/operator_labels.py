@@ -6,9 +6,10 @@ the label-rule tests.
    operator's index and the multi-result family);
 2. the config's label rule (``catalog.nulls.label``);
 3. with ``result_beyond_operands``, the gate (``catalog.operand_fit.gate``): a result
-   label must also explain the KV map beyond both operands' additive effects, and this
-   operator's result must explain the map at least as well as another operator's; the
-   explanations of every labelled map (K and KV) are kept for the store.
+   label must also explain the KV map beyond both operands' additive effects, and no
+   other operator's result set (``operand_fit``: the config's result heuristics of every
+   other operator, on these cells) may explain it clearly better; the explanations of
+   every labelled map (K and KV) are kept for the store.
 """
 
 from __future__ import annotations
@@ -20,16 +21,13 @@ import numpy as np
 import torch
 
 from catalog import nulls
+from catalog.arith import OPERATORS, is_valid
+from catalog.heuristics import Cells, partitions_for
 from catalog.heuristics import n_tests as count_tests
-from catalog.heuristics import partitions_for
 from catalog.matches import Matches
-from catalog.operand_fit import (
-    FORMAT_KINDS,
-    Explanations,
-    OperandFit,
-    format_maps,
-    gate,
-)
+from catalog.operand_fit import Explanations, OperandFit, gate, other_result
+from catalog.prompts import UNLIMITED
+from catalog.token_format import FORMAT_KINDS, format_maps
 from catalog.vocab import FIT_COLS, FIT_OP_COLS
 
 # maps per layer and operator that each control scores
@@ -41,6 +39,39 @@ def gated(config) -> bool:
     """Whether the config's labels pass the gate: ``result_beyond_operands`` under the
     'values' rule (the 'paper' and 'significant' rules stay as they were defined)."""
     return bool(config.result_beyond_operands and config.label_rule == "values")
+
+
+# the config's families whose result sets of other operators are rivals one by one; their
+# ranges and values are windows, which the fit scans whole (on a [0, 300) grid op1 * op2
+# has thousands of range heuristics)
+RIVAL_FAMILIES = ("modulo", "pattern")
+
+
+def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
+    """The gate's fit for one operator's cells (``catalog.heuristics.Cells``), with its
+    rivals: every residue and digit-pattern result heuristic the config builds for each
+    other operator, on the cells where its result is defined (non-negative, no division
+    by zero), beside which the fit scans every window of each operator's values
+    (``operand_fit.WindowScan``)."""
+    rivals: list[np.ndarray] = []
+    ops: list[str] = []
+    for o in OPERATORS:
+        if o == cells.op:
+            continue
+        valid = is_valid(o, cells.a, cells.b, UNLIMITED)
+        if valid.sum() < 2:
+            continue
+        r = other_result(o, cells.a, cells.b)
+        sub = Cells(o, cells.a[valid], cells.b[valid], r[valid], cells.lo, cells.hi)
+        for part in partitions_for(sub, config):
+            for h in part.heuristics:
+                if h.target == "result" and h.family in RIVAL_FAMILIES:
+                    rivals.append(np.asarray(h.contains(cells.a, cells.b, r), bool) & valid)
+                    ops.append(o)
+    sets, first = (np.unique(np.stack(rivals), axis=0, return_index=True) if rivals
+                   else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
+    return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
+                         rival_ops=np.array(ops, dtype="<U1")[first])
 
 
 @dataclass
@@ -162,8 +193,7 @@ class LabelControls:
                                           config.significance_level)
                 m_tests = nulls.n_value_tests(null, parts, self.with_bottom,
                                               config.significance_level)
-            fit = (OperandFit.of(op, cells.a, cells.b, cells.result, self.device)
-                   if gated(config) else None)
+            fit = operand_fit(config, cells, self.device) if gated(config) else None
             self._relabelled[op] = (cells, parts, null, m_tests, fit)
         return self._relabelled[op]
 

@@ -106,7 +106,7 @@ class LayerResult:
     label_control: dict[str, dict] = field(default_factory=dict)
     # periodic structure of every (neuron, operator) map (catalog.spectra); None: not run
     spectra: LayerSpectra | None = None
-    # per labelled (neuron, operator): adjusted R^2 of each competing explanation of its K
+    # per labelled (neuron, operator): held-out R^2 of each competing explanation of its K
     # and KV maps (catalog.operator_labels.FIT_COLS, FIT_OP_COLS -> (d_mlp, op) arrays; NaN
     # or '' where not labelled); None: the config's result_beyond_operands is off
     explanations: dict[str, np.ndarray] | None = None

@@ -176,8 +176,8 @@ class CheckpointRun(CheckpointSummary):
             t = self.table
             self.cells[op] = Cells(op, t.a[idx], t.b[idx], t.result[idx], t.lo, t.hi)
             if operator_labels.gated(config):
-                self.fits[op] = OperandFit.of(op, t.a[idx], t.b[idx], t.result[idx],
-                                              self.model.cfg.device)
+                self.fits[op] = operator_labels.operand_fit(config, self.cells[op],
+                                                            self.model.cfg.device)
             self.partitions[op] = partitions_for(self.cells[op], config)
             self.n_tests[op] = n_tests(self.partitions[op], self.with_bottom,
                                        self._multi_result(op))

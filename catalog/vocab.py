@@ -50,7 +50,7 @@ LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_stat
                   "dedupe_heuristics": False, "null_strata": "digits"}
 
 # the explanation columns of neuron_op (catalog.operand_fit; migration 0025), K map then KV
-# map (adjusted R^2 each), and which operator's result fit best beside this one's
+# map (held-out R^2 each), and which operator's result fit best beside this one's
 FIT_COLS = ("fit_operands", "fit_result", "fit_joint", "fit_other",
             "kv_fit_operands", "kv_fit_result", "kv_fit_joint", "kv_fit_other")
 FIT_OP_COLS = ("fit_other_op", "kv_fit_other_op")

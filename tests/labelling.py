@@ -9,10 +9,10 @@ from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, n_tests, partitions_for
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
-from catalog.operand_fit import OperandFit, number_format
-from catalog.operator_labels import OperatorLabels, label_operator
+from catalog.operator_labels import OperatorLabels, label_operator, operand_fit
 from catalog.prompts import UNLIMITED
 from catalog.run import constant_maps
+from catalog.token_format import number_format
 
 
 def cells_of(op: str, hi: int) -> Cells:
@@ -54,7 +54,7 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
         null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
                                   config.pattern_top_k, m_tests, config.significance_level)
         m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
-    fit = OperandFit.of(op, cells.a, cells.b, cells.result)
+    fit = operand_fit(config, cells)
     return label_operator(config, k_t, kv_t, score, m_tests, null, fit)
 
 

@@ -2,8 +2,8 @@
 section 7, "What a label explains"): columns of ``neuron_op`` and a view.
 
 Columns (REAL, NULL where the map got no label under the value rule, or in rows
-catalogued before 0.10.0), the adjusted R^2 of each competing explanation of the
-neuron's K map (``fit_*``) and KV map (``kv_fit_*``) on the operator's valid cells:
+catalogued before 0.10.0), the held-out R^2 (five folds of unordered operand pairs) of
+each competing explanation of the neuron's K map (``fit_*``) and KV map (``kv_fit_*``) on the operator's valid cells:
 
 - ``fit_operands``: f(op1) + g(op2), both operands' main effects;
 - ``fit_result``: one mean per value of this operator's result;
@@ -11,9 +11,9 @@ neuron's K map (``fit_*``) and KV map (``kv_fit_*``) on the operator's valid cel
 - ``fit_other``: the best other operator's result with the operands, and
   ``fit_other_op`` (CHAR(1)) which operator that is.
 
-A result label is kept only where ``kv_fit_joint >= kv_fit_other`` (and the label's own
-set passes a test beyond the operands); ``kv_fit_joint - kv_fit_operands`` is what the
-result adds to the operands.
+They describe; the gate decides on sets (catalog.operand_fit.gate: the label's own set
+beyond the operands, against every other operator's result sets and windows).
+``kv_fit_joint - kv_fit_operands`` is what the result adds to the operands.
 
 View ``map_explanation``: the columns per model, step, config, layer, neuron and
 operator, with ``best_explanation`` per map ('operands' where the operands alone fit

@@ -19,13 +19,9 @@ from labelling import (
 
 from catalog.config import ScienceConfig
 from catalog.heuristics import Cells, Heuristic
-from catalog.operand_fit import (
-    AdditiveOperands,
-    OperandFit,
-    format_maps,
-    layout,
-    number_format,
-)
+from catalog.operand_fit import AdditiveOperands, OperandFit, layout, own_beyond
+from catalog.operator_labels import operand_fit
+from catalog.token_format import format_maps, number_format
 
 LEVEL = 0.05
 
@@ -79,7 +75,10 @@ def test_another_operators_result_is_not_this_operators_result():
     # the maps the value rule alone labels carry the comparison: * fits better
     assert len(out.labelled) >= n // 2
     assert (out.kv.other_op == "*").mean() >= 0.95
-    assert (out.kv.other > out.kv.joint).mean() >= 0.95
+    # the gate's comparison: a window of the product explains more than the sum's sets
+    fit = operand_fit(ScienceConfig(operators=("+",), operand_hi=100), cells)
+    best, which, window = fit.rival_beyond(torch.from_numpy(maps[out.labelled]))
+    assert (which == "*").mean() >= 0.95 and (best > window).mean() >= 0.95
     _, old = _result_labelled("+", cells, maps, beyond=False)
     assert len(old) > n // 2  # before 0.10.0 they were labelled as sums
 
@@ -148,9 +147,18 @@ def test_explanations_say_which_explanation_fits():
     a, r, p = slice(0, 20), slice(20, 40), slice(40, 60)
     # operands alone explain the additive maps: the result adds nothing
     assert np.all(ex.operands[a] > 0.8) and np.all(ex.joint[a] - ex.operands[a] < 0.02)
-    assert np.all(ex.result[r] > 0.5) and np.all(ex.operands[r] < 0.1)
-    assert np.all(ex.own_result_fits_best[r])
-    assert np.all(~ex.own_result_fits_best[p]) and np.all(ex.other_op[p] == "*")
+    assert np.all(ex.result[r] > 0.45) and np.all(ex.operands[r] < 0.1)
+    assert np.all(ex.joint[r] > ex.other[r] + 0.2)
+    assert np.all(ex.other[p] > ex.joint[p]) and (ex.other_op[p] == "*").mean() >= 0.9
+    # the gate's comparison, one set against one set: the sum's residue wins on the sum's
+    # maps, a product residue on the product's
+    rival = operand_fit(ScienceConfig(operators=("+",), operand_hi=30), cells)
+    best, which, _ = rival.rival_beyond(torch.from_numpy(np.concatenate([result, product])))
+    sets = rival.set_index([Heuristic("modulo", "result", (7, 3))] * 40)
+    own = own_beyond(rival, torch.from_numpy(np.concatenate([result, product])),
+                     np.arange(40), sets)
+    assert np.all(own[:20] > 2 * best[:20])
+    assert np.all(best[20:] > 2 * own[20:]) and np.all(which[20:] == "*")
 
 
 def test_format_maps_know_only_the_format():
