@@ -3,8 +3,9 @@
 Qwen2.5-Coder-0.5B-Instruct (`ncat fetch qwen2.5-coder-0.5b`), `+` on [0, 30), 3 solved
 examples, every layer (or --layers): one checkpoint run ranks the neurons (attribution
 patching, the trimmed log-space statistic, 50 pairs) and labels every live map with the
-new rule (result labels must explain the KV map beyond both operands' additive effects,
-and this operator's result must fit at least as well as another's), with its controls
+new rule (result labels must explain the K and KV maps beyond both operands' additive
+effects and the layout, and no other operator's result set may explain the KV map
+clearly better), with its controls
 (relabelled values; the token-format maps). The same maps are labelled again with the
 rule before 0.10.0 (`result_beyond_operands` off). Written to bench/results and, with
 --record, bench/recorded/cpu_qwen2.5_label_mechanism.json:
@@ -123,7 +124,7 @@ def main() -> None:
         moved["keeps_result"] += int((old_r & new_r).sum())
         moved["operand_only"] += int((old_r & ~new_r & new_any).sum())
         moved["none"] += int((old_r & ~new_any).sum())
-        ex = outs["new"].kv
+        ex = outs["new"].kv  # descriptive: the held-out R^2 of each explanation
         best = np.where(np.nan_to_num(ex.other, nan=-np.inf) > ex.joint, "other operator",
                         np.where(ex.joint - ex.operands < 0.01, "operands", "result"))
         for k in best_explanation:
@@ -152,7 +153,7 @@ def main() -> None:
                                  for r in rows if r["family"] == "any" and r["layer"] != "all"]
                           for name, rows in tables.items()},
         "old_result_labels_moved": moved,
-        "new_rule_kv_best_explanation_of_value_labelled_maps": best_explanation,
+        "new_rule_kv_best_held_out_explanation_of_value_labelled_maps": best_explanation,
         "controls_new_rule": control,
         "labelling_seconds": {"new_median_sum": round(new_s, 2),
                               "old_median_sum": round(old_s, 2),

@@ -124,12 +124,17 @@ def fitted_execution(shape, config, execution, n_layers: int, what: str):
 
 def cmd_measure(args) -> int:
     from catalog.measurement import measure
-    from catalog.sources import ModelSourceError, inspect_model, load_model
+    from catalog.sources import ModelSourceError, load_model
+    from jobs.enqueue import validate_request
 
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
-        shape = inspect_model(args.model, args.checkpoint)
+        # the cheap limits first, as catalog and enqueue check them (operand range against
+        # the tokenizer, context length, layers): an operand range of a billion was
+        # estimated for memory over 2 minutes before the token limit refused it
+        (planned,) = validate_request(args.model, [args.checkpoint], config, layers)
+        shape = planned.shape
         execution = fitted_execution(shape, config, execution,
                                      shape.n_layers if layers is None else len(set(layers)),
                                      f"measuring {args.model}")

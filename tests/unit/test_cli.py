@@ -195,3 +195,30 @@ def test_the_suite_never_writes_to_the_users_home():
                           "print(get_settings().ncat_home)"], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert Path(out.stdout.strip()) == get_settings().ncat_home
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--hi", "1000000000"], "single-token limit"),
+    (["--hi", "2000"], "single-token limit"),
+    (["--shots", "50"], "n_ctx"),
+], ids=["hi 1e9", "hi 2000", "shots 50"])
+def test_measure_refuses_by_the_cheap_limits_before_any_estimate_or_write(
+        tiny_builtin, monkeypatch, capsys, flags, says):
+    """`measure` checks the token limit and the context length first, as `catalog` and
+    `enqueue` do: an operand range of a billion built the memory estimate's grid before
+    (115 s, then a MemoryError traceback), and the others were refused with a misleading
+    memory message after a spectra-null cache file was written."""
+    from catalog.builtin import model_name
+
+    from tiny_model import TINY
+
+    _, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    # a budget nothing fits: a memory estimate made before the limits would refuse first
+    monkeypatch.setenv("NCAT_MEMORY_BUDGET", "1M")
+    before = sorted(str(p) for p in root.parent.rglob("*"))
+    assert main(["measure", model_name(TINY), *flags, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and "GiB" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert sorted(str(p) for p in root.parent.rglob("*")) == before  # nothing written
