@@ -36,10 +36,11 @@ def _port(args) -> int:
 
 
 def cmd_migrate(args) -> int:
+    from jobs.cli.common import hide_password
     from schema.engine import migrate
 
     url = migrate(database_url(args))
-    print(f"database migrated to head: {url}")
+    print(f"database migrated to head: {hide_password(url)}")  # never the password
     return 0
 
 
