@@ -32,7 +32,13 @@ def test_services_healthchecks_and_dependencies():
         assert deps["redis"]["condition"] == "service_healthy"
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"] and gpu["driver"] == "nvidia"
-    assert services["explorer"]["ports"] == ["${EXPLORER_PORT:-8501}:8501"]
+    # published on the loopback unless the user names an interface; no default password
+    assert services["explorer"]["ports"] == [
+        "${EXPLORER_BIND:-127.0.0.1}:${EXPLORER_PORT:-8501}:8501"]
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "POSTGRES_PASSWORD:-" not in text and "${POSTGRES_PASSWORD:?" in text
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(
+        "${POSTGRES_PASSWORD:?")
     # Redis keeps an append-only file on a volume: queued messages survive its restart
     redis_cmd = services["redis"]["command"]
     assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
