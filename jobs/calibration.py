@@ -229,8 +229,8 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
         return exact_row_macs(block, unembed, n_layers, layer)
     layers = sorted({max(n_layers - 2, 0), n_layers - 1})  # late layers: live neurons
     url = scratch_url(url_server, f"ncat_plan_{uuid.uuid4().hex[:10]}")
-    migrate(url)
     try:
+        migrate(url)  # creates the database: inside, so a stop while migrating drops it
         with store.connect(url, autocommit=True) as conn:
             base = {t: reads.table_bytes(conn, t) for t in TABLES}
             ids = register(conn, lm, small)

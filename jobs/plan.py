@@ -268,12 +268,14 @@ def _child(argv: list[str]) -> int:
     import json
 
     from jobs.enqueue import EnqueueError
+    from jobs.signals import sigterm_exits
 
     request = json.loads(argv[0])
     try:
-        plan = plan_request(request["url"], request["model"], request["checkpoints"],
-                            ScienceConfig.from_dict(request["config"]),
-                            execution=ExecutionConfig(device=request["device"]))
+        with sigterm_exits():  # a stopped child still drops its scratch databases
+            plan = plan_request(request["url"], request["model"], request["checkpoints"],
+                                ScienceConfig.from_dict(request["config"]),
+                                execution=ExecutionConfig(device=request["device"]))
     except (EnqueueError, ValueError) as exc:
         print(json.dumps({"error": str(exc)}))
         return 0

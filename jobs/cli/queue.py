@@ -107,6 +107,7 @@ def _print_estimate(url: str, args, config) -> None:
 def cmd_plan(args) -> int:
     from jobs.enqueue import EnqueueError
     from jobs.plan import plan_request
+    from jobs.signals import sigterm_exits
     from schema.engine import wait_for
 
     try:
@@ -114,10 +115,12 @@ def cmd_plan(args) -> int:
         url = database_url(args)  # its server hosts the calibration's scratch database
         wait_for(url, timeout=5)  # no server: exit 3 now, before the model is loaded
         execution = execution_from(args)
-        p = plan_request(url, args.model, args.checkpoints, config,
-                         layers=parse_layers(args.layers), execution=execution,
-                         recalibrate=args.recalibrate,
-                         progress=None if args.quiet else lambda m: print(m, flush=True))
+        # SIGTERM as Ctrl+C: the calibration's scratch databases are dropped in its finally
+        with sigterm_exits():
+            p = plan_request(url, args.model, args.checkpoints, config,
+                             layers=parse_layers(args.layers), execution=execution,
+                             recalibrate=args.recalibrate,
+                             progress=None if args.quiet else lambda m: print(m, flush=True))
     except (EnqueueError, ValueError) as exc:
         return fail(str(exc))
     assert p is not None

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from jobs.cli.common import (
     science_from,
     science_options,
 )
+from jobs.signals import sigterm_exits
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,26 +110,6 @@ def cmd_explore(args) -> int:
             return 130
         finally:
             _stop_child(proc)
-
-
-@contextlib.contextmanager
-def sigterm_exits():
-    """While inside, SIGTERM ends this command like Ctrl+C does: as an exception in the
-    main thread, so that ``finally`` blocks stop what the command started (the demo's
-    worker, the explorer). Python's default for SIGTERM ends the process at once and
-    leaves its children running. The previous handler comes back on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, _raise_exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def _raise_exit(signum, frame) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _die_with_parent() -> None:

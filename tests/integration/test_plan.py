@@ -107,3 +107,45 @@ def test_plan_of_the_pythia_14m_shape_matches_the_measured_run(pg_server, pythia
            replan=lambda: plan_request(pg_server, pythia_hub, "1000", config, home=tmp_path,
                                        recalibrate=True),
            remeasure=lambda: _measure(pg_server, lm, config))
+
+
+def _scratch_databases(url: str) -> set[str]:
+    with store.connect(url) as conn:
+        return {r[0] for r in conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'ncat_plan_%'").fetchall()}
+
+
+def test_plan_stopped_with_sigterm_drops_its_scratch_database(empty_db, tiny_builtin):
+    """`ncat plan` stopped with SIGTERM during its calibration exits (128 + 15) through
+    its cleanup: the scratch database it created is gone (it stayed behind, holding the
+    model's row, when SIGTERM ended the process at once)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from catalog.builtin import model_name
+
+    cfg, root = tiny_builtin
+    before = _scratch_databases(empty_db)
+    env = {**os.environ, "NCAT_HOME": str(root.parent)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs.cli", "plan", model_name(cfg), "--checkpoints", "300",
+         "--hi", "40", "--recalibrate", "--database-url", empty_db],
+        cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        new: set[str] = set()
+        while not new and proc.poll() is None and time.monotonic() < deadline:
+            new = _scratch_databases(empty_db) - before
+            time.sleep(0.05)
+        assert new, f"no scratch database appeared (exit {proc.poll()})"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert not (new & _scratch_databases(empty_db)), out
