@@ -236,6 +236,7 @@ CREATE TABLE job_layer (
     heartbeat_at timestamp with time zone,
     sent_at timestamp with time zone,
     resends integer DEFAULT 0 NOT NULL,
+    sends integer DEFAULT 0 NOT NULL,
     CONSTRAINT job_layer_job_id_fkey FOREIGN KEY (job_id) REFERENCES job(id) ON DELETE CASCADE,
     CONSTRAINT job_layer_pkey PRIMARY KEY (job_id, layer)
 );

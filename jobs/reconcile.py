@@ -8,9 +8,11 @@ pass run at a time across workers. A pass finds, for jobs that are queued or run
   (the server frees it when the holder's connection dies), no message for them waits in
   the broker's queue, and neither a heartbeat nor a send happened within
   NCAT_STALE_SECONDS (doubled after each resend, up to 8x). Those are sent again; a layer
-  lost while running NCAT_MAX_ATTEMPTS times (``resends``, counted since a person last
-  queued it) fails its job with the error, so a layer that kills its worker every time
-  does not loop forever;
+  lost while running NCAT_MAX_ATTEMPTS times (``resends``: starts that died, counted since
+  a person last queued it) fails its job with the error, so a layer that kills its worker
+  every time does not loop forever. Re-sending a queued layer (its message may wait
+  unacknowledged in a worker's prefetch, which the queue does not show) is not a loss
+  (``sends``);
 - jobs whose layers are all stored but whose final step (summary, view refresh) never
   ran or died: no one holds the job's summary lock and nothing changed within the stale
   bound. They go back to running and one message goes out; the worker that takes it finds
@@ -93,10 +95,10 @@ def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
 
 
 def active_layers(conn) -> list[tuple]:
-    """(job, layer, status, attempts, resends, worker, seconds quiet) of the queued and
-    running layers of active jobs; quiet is since the last heartbeat, send or start."""
+    """(job, layer, status, attempts, resends, sends, worker, seconds quiet) of the queued
+    and running layers of active jobs; quiet is since the last heartbeat, send or start."""
     return conn.execute(
-        "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.worker, "
+        "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.sends, l.worker, "
         "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
         "FROM job_layer l JOIN job j ON j.id = l.job_id "
         "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
@@ -118,11 +120,11 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
         held = held_lock_keys(conn)
         rows = active_layers(conn)
         failed_jobs: set[int] = set()
-        for job_id, layer, status, attempts, resends, worker, quiet in rows:
+        for job_id, layer, status, attempts, resends, sends, worker, quiet in rows:
             if job_id in failed_jobs or layer_lock_key(job_id, layer) in held \
                     or (job_id, layer) in pending:
                 continue
-            bound = s.ncat_stale_seconds * 2 ** min(resends, 3)
+            bound = s.ncat_stale_seconds * 2 ** min(resends + sends, 3)
             if quiet is not None and quiet < bound:
                 continue
             quiet_s = None if quiet is None else round(float(quiet), 1)
@@ -134,11 +136,15 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
                 actions.append(Action(job_id, layer, "failed", {"lost": resends + 1,
                                                                 "started": attempts}))
                 continue
-            jobdb.resend_layer(conn, job_id, layer)
+            if status == Status.RUNNING:  # a start that died: one more loss
+                jobdb.resend_layer(conn, job_id, layer)
+                counts = {"lost": resends + 1}
+            else:  # queued: its message lost, or waiting in a worker's prefetch
+                jobdb.resend_queued(conn, job_id, layer)
+                counts = {"sends": sends + 1}
             to_send.append((job_id, layer))
             actions.append(Action(job_id, layer, "resent", {
-                "was": status, "quiet_seconds": quiet_s, "worker": worker,
-                "resends": resends + 1}))
+                "was": status, "quiet_seconds": quiet_s, "worker": worker, **counts}))
         # jobs whose layers are all done and whose final step is not running
         finals = conn.execute(
             "SELECT j.id, j.status, extract(epoch FROM now() - j.updated_at), "
@@ -171,7 +177,7 @@ def stale_layers(conn, settings: Settings | None = None) -> list[tuple]:
     s = settings or get_settings()
     held = held_lock_keys(conn)
     return [(j, la, st, w, None if q is None else float(q))
-            for j, la, st, _, _, w, q in active_layers(conn)
+            for j, la, st, _, _, _, w, q in active_layers(conn)
             if layer_lock_key(j, la) not in held and (q is None or q >= s.ncat_stale_seconds)]
 
 

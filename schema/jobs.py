@@ -131,6 +131,16 @@ def resend_layer(conn: psycopg.Connection, job_id: int, layer: int, *,
         params).fetchone() is not None
 
 
+def resend_queued(conn: psycopg.Connection, job_id: int, layer: int) -> bool:
+    """A queued layer sent again (its message may be lost, or wait in a worker's
+    prefetch): ``sends`` counts it, not ``resends`` (no start of it died). True if the
+    row changed."""
+    return conn.execute(
+        "UPDATE job_layer SET sent_at = now(), sends = sends + 1 WHERE job_id = %s "
+        "AND layer = %s AND status = %s RETURNING layer",
+        (job_id, layer, Status.QUEUED)).fetchone() is not None
+
+
 def set_checkpoint(conn: psycopg.Connection, job_id: int, checkpoint_id: int) -> None:
     conn.execute("UPDATE job SET checkpoint_id = %s WHERE id = %s", (checkpoint_id, job_id))
 
@@ -189,7 +199,8 @@ def requeue(conn: psycopg.Connection, job_id: int, *, only_unfinished: bool,
     """Queue a job's layers again (all, or those not done); returns them."""
     cond = "AND status <> 'done'" if only_unfinished else ""
     layers = [r[0] for r in conn.execute(
-        f"UPDATE job_layer SET status = %s, error = NULL, sent_at = now(), resends = 0 "
+        f"UPDATE job_layer SET status = %s, error = NULL, sent_at = now(), resends = 0, "
+        "sends = 0 "
         f"WHERE job_id = %s {cond} "
         "RETURNING layer", (Status.QUEUED, job_id)).fetchall()]
     conn.execute("UPDATE job SET status = %s, error = NULL, failed_layer = NULL, "

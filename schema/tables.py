@@ -189,13 +189,13 @@ class JobLayer(SQLModel, table=True):
                                                                         nullable=True))
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     # a working worker's last sign of life; when a message for the layer last went out;
-    # how often the reconciler sent one again (migration 0007)
+    # resends: its losses (a start that died; 0007); sends: re-sends while queued (0027)
     heartbeat_at: datetime | None = Field(default=None, sa_column=Column(
         DateTime(timezone=True), nullable=True))
     sent_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
                                                                     nullable=True))
-    resends: int = Field(default=0, sa_column=Column(Integer, nullable=False,
-                                                     server_default="0"))
+    resends: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    sends: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
 
 
 class ReconcileEvent(SQLModel, table=True):

@@ -166,3 +166,53 @@ def test_a_lock_in_another_catalog_on_the_same_server_is_not_this_ones(db, pg_se
             assert [a.action for a in acts] == ["summary_resumed"]
     finally:
         drop_database(other)
+
+
+def _quiet(url, job_id, layer, seconds, **cols):
+    sets = ", ".join([f"{k} = %s" for k in cols] + [
+        f"{c} = now() - make_interval(secs => %s)" for c in ("sent_at", "started_at",
+                                                             "heartbeat_at")])
+    with store.connect(url, autocommit=True) as conn:
+        conn.execute(f"UPDATE job_layer SET {sets} WHERE job_id = %s AND layer = %s",
+                     (*cols.values(), seconds, seconds, seconds, job_id, layer))
+
+
+def test_resending_a_queued_layer_is_not_a_loss(db, tiny_builtin):
+    """A queued layer whose message waits in a worker's prefetch (not in the broker's
+    queue, so the reconciler sends it again) is re-sent, not lost: after many re-sends it
+    starts, dies once and is sent again, never failed; the layer that dies on every start
+    is the one failed, after NCAT_MAX_ATTEMPTS losses. (The poison rule counted re-sends:
+    a layer started once failed as "lost 4 times".)"""
+    from catalog.builtin import model_name
+    from schema import jobs as jobdb
+
+    job = _job(db, model_name(TINY))
+    with store.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE job SET status = 'running' WHERE id = %s", (job,))
+        conn.execute("UPDATE job_layer SET status = 'done' WHERE job_id = %s AND layer > 1",
+                     (job,))
+    healthy, poison = 0, 1
+    for _ in range(5):  # five stale periods in the prefetch: five re-sends
+        _quiet(db, job, healthy, 10_000, status="queued")
+        _quiet(db, job, poison, 0)  # not quiet: left alone
+        acts = reconcile(db, lambda *a: None, set(), SETTINGS)
+        assert [(a.layer, a.action, a.detail.get("sends")) for a in acts][:1] == [
+            (healthy, "resent", acts[0].detail["sends"])]
+    with store.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT resends, sends FROM job_layer WHERE job_id = %s AND "
+                            "layer = %s", (job, healthy)).fetchone() == (0, 5)
+        jobdb.start_layer(conn, job, healthy, "w@slow")  # it starts at last, then dies
+    _quiet(db, job, healthy, 10_000, worker="w@slow")
+    acts = reconcile(db, lambda *a: None, set(), SETTINGS)
+    assert [(a.layer, a.action, a.detail["lost"]) for a in acts] == [(healthy, "resent", 1)]
+    # the poison layer dies on every start
+    for lost in range(1, SETTINGS.ncat_max_attempts + 1):
+        with store.connect(db, autocommit=True) as conn:
+            jobdb.start_layer(conn, job, poison, "w@dies")
+        _quiet(db, job, poison, 10_000, worker="w@dies")
+        _quiet(db, job, healthy, 0)
+        acts = reconcile(db, lambda *a: None, set(), SETTINGS)
+        want = "failed" if lost == SETTINGS.ncat_max_attempts else "resent"
+        assert [(a.layer, a.action) for a in acts] == [(poison, want)], (lost, acts)
+    st = enq.job_statuses(db, [job])[0]
+    assert st.status == "failed" and f"layer {poison} was lost 3 times" in st.error
