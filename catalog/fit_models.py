@@ -10,11 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from catalog.vocab import FOLDS, MAX_LEVELS
+
 # one-hot designs with more cells x columns than this are kept sparse
 DENSE_LIMIT = 20_000_000
-# a factor with more values than this (op1 * op2 on a large grid) is fit by this many bins
-# of its values (consecutive values by rank), so its normal equations stay small
-MAX_LEVELS = 1024
 
 def levels(values: np.ndarray, most: int = MAX_LEVELS) -> np.ndarray:
     """Each cell's group index: one per distinct value, or ``most`` bins of the distinct
@@ -74,8 +73,6 @@ class Design:
         return out
 
 
-# folds of the held-out fits; every cell of one unordered operand pair in the same fold
-FOLDS = 5
 # the ridge of each fold's normal equations, relative to their mean diagonal: the
 # designs are rank-deficient (each grouping sums to the constant; a value no training
 # cell has is a zero column), and the ridge gives such directions no weight

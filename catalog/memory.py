@@ -189,9 +189,10 @@ def dtype_bytes(dtype: str) -> int:
 
 def estimate_memory(fp: Footprint, *, prompts: int, n_layers: int, pairs: int,
                     n_ctx: int, dtype: str, device: str, batch_size: int, patch_chunk: int,
-                    activation_budget: int, exact: bool) -> MemoryEstimate:
+                    activation_budget: int, exact: bool, labels: float = 0.0) -> MemoryEstimate:
     """The peak of a measure of ``n_layers`` layers over ``prompts`` prompts with
-    ``pairs`` counterfactual pairs per operator at most, prompts ``n_ctx`` tokens long."""
+    ``pairs`` counterfactual pairs per operator at most, prompts ``n_ctx`` tokens long;
+    ``labels``: the label rule's fits (``label_fit_bytes``), on the run's device."""
     w32 = fp.n_params * 4.0
     w_run = fp.n_params * float(dtype_bytes(dtype))
     if fp.source == "gguf-streamed":
@@ -214,10 +215,10 @@ def estimate_memory(fp: Footprint, *, prompts: int, n_layers: int, pairs: int,
     parts = {"process (Python, torch imported)": float(PROCESS_BYTES),
              ("loading (one tensor at a time)" if fp.source == "gguf-streamed"
               else "loading (float32, converted)"): load}
-    run = acts + layer + (0.0 if on_gpu else w_run + forward + patch)
+    run = acts + layer + (0.0 if on_gpu else w_run + forward + patch + labels)
     parts["measuring (host)"] = run
     host = PROCESS_BYTES + max(load, run)
-    gpu = w_run + forward + patch if on_gpu else 0.0
+    gpu = w_run + forward + patch + labels if on_gpu else 0.0
     if on_gpu:
         parts["GPU: weights, forwards, patching"] = gpu
     return MemoryEstimate(host_peak=host, gpu_peak=gpu, parts=parts)
@@ -232,6 +233,29 @@ def check_budget(est: MemoryEstimate, budget: int, where: str, what: str) -> Non
             f"or operands (the need shown is with one layer's activations at a time and "
             f"the smallest patch chunk that can be lowered to), or raise the budget "
             f"(NCAT_MEMORY_BUDGET=24G or --memory-budget).\n{est.render()}")
+
+
+def label_fit_bytes(config) -> float:
+    """An upper bound of what the label gate holds per run (``catalog.operand_fit``): per
+    operator, and again for its relabelled control, the held-out fits' inverses (five
+    folds of each model: the operands, the result, the result of each operator with the
+    operands), the rival sets and the windows of every operator's values, float64."""
+    if not (config.result_beyond_operands and config.label_rule == "values"):
+        return 0.0
+    from catalog.vocab import FOLDS, MAX_LEVELS
+
+    side = config.operand_hi - config.operand_lo
+    cells = float(side) ** 2
+    ops_w = 2 * side + 16  # each operand's values and the layouts
+    levels = {"+": 2 * side, "-": side, "*": min(MAX_LEVELS, side * side), "/": side}
+    per_op = 0.0
+    for op in config.operators:
+        widths = [ops_w, levels[op]] + [ops_w + n for n in levels.values()]
+        per_op = max(per_op, FOLDS * sum(w * w for w in widths) * 8.0)
+    # the rivals (residues and digit patterns of three operators, a few hundred each) and
+    # four operators' windows (65 cumulative rows each), on every cell
+    per_op += (3 * 300 + 4 * 65) * cells * 8.0
+    return 2 * len(config.operators) * per_op
 
 
 def request_memory(shape, config, execution, n_layers: int) -> MemoryEstimate | None:
@@ -256,7 +280,7 @@ def request_memory(shape, config, execution, n_layers: int) -> MemoryEstimate | 
         fp, prompts=prompts, n_layers=n_layers, pairs=config.pairs_per_op, n_ctx=n_ctx,
         dtype=config.dtype, device=execution.device, batch_size=execution.batch_size,
         patch_chunk=execution.patch_chunk, activation_budget=execution.activation_budget,
-        exact="exact" in config.patching)
+        exact="exact" in config.patching, labels=label_fit_bytes(config))
 
 
 # the smallest patch chunk tried while the grid's activations of every layer are kept;

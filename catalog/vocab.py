@@ -54,3 +54,10 @@ LEGACY_SCIENCE = {"shots": 0, "shot_separator": "\n", "exact": "all", "rank_stat
 FIT_COLS = ("fit_operands", "fit_result", "fit_joint", "fit_other",
             "kv_fit_operands", "kv_fit_result", "kv_fit_joint", "kv_fit_other")
 FIT_OP_COLS = ("fit_other_op", "kv_fit_other_op")
+
+# a factor with more values than this (op1 * op2 on a large grid) is fit by this many bins
+# of its values (consecutive values by rank), so its normal equations stay small
+MAX_LEVELS = 1024
+# folds of the held-out fits (catalog.fit_models); every cell of one unordered operand
+# pair in the same fold
+FOLDS = 5
