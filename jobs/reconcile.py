@@ -15,7 +15,8 @@ pass run at a time across workers. A pass finds, for jobs that are queued or run
   (``sends``);
 - jobs whose layers are all stored but whose final step (summary, view refresh) never
   ran or died: no one holds the job's summary lock and nothing changed within the stale
-  bound. They go back to running and one message goes out; the worker that takes it finds
+  bound (doubled after each time it was resumed, up to 8x: no worker may be ready to take
+  it). They go back to running and one message goes out; the worker that takes it finds
   the layer stored and runs the final step.
 
 Each pass also cancels analysts' statements (``catalog_reader``, e.g. through psql) that
@@ -146,19 +147,27 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
             actions.append(Action(job_id, layer, "resent", {
                 "was": status, "quiet_seconds": quiet_s, "worker": worker, **counts}))
         # jobs whose layers are all done and whose final step is not running
+        # (with how often its summary was resumed since its last layer finished: the
+        # bound doubles each time, up to 8x, so a summary no worker can take is not sent
+        # every stale period)
         finals = conn.execute(
             "SELECT j.id, j.status, extract(epoch FROM now() - j.updated_at), "
-            "(SELECT min(layer) FROM job_layer WHERE job_id = j.id) FROM job j "
+            "(SELECT min(layer) FROM job_layer WHERE job_id = j.id), "
+            "(SELECT count(*) FROM reconcile_event e WHERE e.job_id = j.id "
+            " AND e.action = 'summary_resumed' AND e.at > coalesce((SELECT max(finished_at) "
+            " FROM job_layer WHERE job_id = j.id), j.created_at)) FROM job j "
             "WHERE j.status IN (%s, %s, %s) AND NOT EXISTS (SELECT 1 FROM job_layer l "
             "WHERE l.job_id = j.id AND l.status <> %s)",
             (Status.QUEUED, Status.RUNNING, Status.SUMMARIZING, Status.DONE)).fetchall()
-        for job_id, status, quiet, first in finals:
-            if layer_lock_key(job_id, SUMMARY_SLOT) in held or quiet < s.ncat_stale_seconds:
+        for job_id, status, quiet, first, resumed in finals:
+            bound = s.ncat_stale_seconds * 2 ** min(int(resumed), 3)
+            if layer_lock_key(job_id, SUMMARY_SLOT) in held or quiet < bound:
                 continue
             jobdb.resume_summary(conn, job_id)
             to_send.append((job_id, first))
             actions.append(Action(job_id, None, "summary_resumed",
-                                  {"was": status, "quiet_seconds": round(float(quiet), 1)}))
+                                  {"was": status, "quiet_seconds": round(float(quiet), 1),
+                                   "times": int(resumed) + 1}))
         for a in actions:
             conn.execute("INSERT INTO reconcile_event (job_id, layer, action, detail) "
                          "VALUES (%s, %s, %s, %s)",

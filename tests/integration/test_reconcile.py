@@ -216,3 +216,27 @@ def test_resending_a_queued_layer_is_not_a_loss(db, tiny_builtin):
         assert [(a.layer, a.action) for a in acts] == [(poison, want)], (lost, acts)
     st = enq.job_statuses(db, [job])[0]
     assert st.status == "failed" and f"layer {poison} was lost 3 times" in st.error
+
+
+def test_a_summary_no_worker_takes_is_resumed_less_and_less_often(db, tiny_builtin):
+    """While no worker takes a resumed summary (every worker stopped), each resume doubles
+    the quiet time the next one needs (up to 8x the stale bound): it was sent every stale
+    period (4-6 messages, then one spare worker's 332 busy retries)."""
+    from catalog.builtin import model_name
+
+    job = _job(db, model_name(TINY))
+    stale = SETTINGS.ncat_stale_seconds
+
+    def quiet_for(seconds):
+        with store.connect(db, autocommit=True) as conn:
+            conn.execute("UPDATE job_layer SET status = 'done', finished_at = now() - "
+                         "interval '1 day' WHERE job_id = %s", (job,))
+            conn.execute("UPDATE job SET updated_at = now() - make_interval(secs => %s) "
+                         "WHERE id = %s", (seconds, job))
+        return [a.detail["times"] for a in reconcile(db, lambda *a: None, set(), SETTINGS)
+                if a.action == "summary_resumed"]
+
+    assert quiet_for(stale + 5) == [1]
+    for times, bound in ((2, 2 * stale), (3, 4 * stale), (4, 8 * stale), (5, 8 * stale)):
+        assert quiet_for(bound - 10) == [], (times, bound)  # not yet
+        assert quiet_for(bound + 5) == [times], (times, bound)
