@@ -10,9 +10,11 @@ Layers, each enough on its own for what it guards:
 - a fresh connection per statement, in a READ ONLY transaction that has already run a
   query (after that PostgreSQL refuses to make it read-write), always rolled back and
   closed: nothing the statement sets, creates or locks outlives it;
-- a statement timeout, and a server-side cursor that fetches at most ``row_cap + 1`` rows;
-  each row's size is measured on the server (``pg_column_size``) and a row above
-  ``max_row_bytes`` comes back as NULLs with a note, and fetching stops once the rows
+- a statement timeout, kept by a watchdog thread of this process too (``Watchdog``: a
+  statement may turn its own timeout off), and a server-side cursor that fetches at most
+  ``row_cap + 1`` rows; each row's size is measured on the server (``pg_column_size``)
+  and a row above ``max_row_bytes`` comes back as NULLs with a note, and fetching stops
+  once the rows
   fetched pass ``max_bytes``: a 1 GB string or 100 million rows never reach this process.
   The budget counts each row at the larger of its size on the server and its size as
   Python objects here (``python_bytes``: a float8 array is 8 bytes per element on the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import psycopg
@@ -175,8 +178,9 @@ def run(url: str, text: str, *, row_cap: int = 1000, timeout_ms: int = 5000,
         with store.connect(as_reader(url)) as conn:
             conn.read_only = True  # every transaction of this connection: BEGIN READ ONLY
             try:
-                return _run(conn, stmt, wrap, row_cap, timeout_ms, max_row_bytes, max_bytes,
-                            batch)
+                with Watchdog(conn, timeout_ms / 1000 + WATCHDOG_GRACE_S) as dog:
+                    return _run(conn, stmt, wrap, row_cap, timeout_ms, max_row_bytes,
+                                max_bytes, batch, dog)
             finally:
                 conn.rollback()
     except psycopg.errors.ReadOnlySqlTransaction:
@@ -191,15 +195,62 @@ def run(url: str, text: str, *, row_cap: int = 1000, timeout_ms: int = 5000,
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ConsoleError(f"The SQL console is read-only: {exc.diag.message_primary}.") \
             from None
-    except psycopg.errors.QueryCanceled:
+    except (psycopg.errors.QueryCanceled, _OutOfTime):
         raise ConsoleError(f"The query ran longer than {timeout_ms / 1000:g} s and was "
                            "stopped.") from None
     except psycopg.Error as exc:
         raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
 
 
+# the watchdog stops a statement this long after its own timeout would have
+WATCHDOG_GRACE_S = 1.0
+
+
+class _OutOfTime(Exception):
+    """The watchdog's bound passed between two fetches."""
+
+
+class Watchdog:
+    """The statement's time bound, kept by this process whatever the statement sets:
+    ``statement_timeout`` bounds each statement, and a query that calls
+    ``set_config('statement_timeout', '0', false)`` in its first rows, or a cursor fetched
+    in steps each under the limit, escaped it (108 s against 10). Past ``seconds`` a thread
+    cancels whatever the connection runs, every 0.2 s until the statement returns, and
+    ``check`` (between fetches) raises."""
+
+    def __init__(self, conn: psycopg.Connection, seconds: float) -> None:
+        self.conn, self.seconds = conn, seconds
+        self.done = threading.Event()
+        self.fired = False
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        if self.done.wait(self.seconds):
+            return
+        self.fired = True
+        while not self.done.is_set():
+            try:
+                self.conn.cancel()
+            except psycopg.Error:
+                return  # the connection is gone: nothing runs on it
+            self.done.wait(0.2)
+
+    def check(self) -> None:
+        if self.fired:
+            raise _OutOfTime()
+
+    def __enter__(self) -> Watchdog:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_ms: int,
-         max_row_bytes: int, max_bytes: int, batch: int) -> ConsoleResult:
+         max_row_bytes: int, max_bytes: int, batch: int,
+         dog: Watchdog | None = None) -> ConsoleResult:
     conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(int(timeout_ms)),))
     # a query has run in this transaction: it can no longer be made read-write
     if not wrap:  # EXPLAIN, SHOW: small answers, which cannot stand in a FROM clause
@@ -233,6 +284,8 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
         assert cur.description is not None
         out.columns = unique_names([d.name for d in cur.description][:-1])
         while len(out.rows) <= row_cap and not out.byte_capped:
+            if dog is not None:
+                dog.check()
             got = cur.fetchmany(batch)  # at most batch * max_row_bytes in memory at once
             if not got:
                 break

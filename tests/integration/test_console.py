@@ -105,6 +105,28 @@ def test_a_slow_query_is_stopped_at_the_timeout(db):
         run(db, "select count(*) from generate_series(1, 1000000000)", timeout_ms=1000)
 
 
+@pytest.mark.parametrize("sql", [
+    # turns its own timeout off in its first row, then each fetch of 20 rows takes 1 s
+    "select case when g = 1 then set_config('statement_timeout', '0', false) "
+    "else pg_sleep(0.05)::text end from generate_series(1, 400) g",
+    # the same through a function that SETs it
+    "select case when g = 1 then (select set_config('statement_timeout', '0', true)) "
+    "else pg_sleep(0.05)::text end from generate_series(1, 400) g",
+    # one statement that sleeps after turning it off
+    "select set_config('statement_timeout', '0', false), pg_sleep(20)",
+], ids=["set_config in the first rows", "set_config local", "then one long sleep"])
+def test_no_query_outlives_the_time_bound_whatever_it_sets(db, sql):
+    """A statement may set statement_timeout itself; the console's watchdog still stops
+    it (it ran 108.7 s against a 10 s bound, each cursor fetch under the limit)."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(console.ConsoleError, match="longer than 2 s"):
+        run(db, sql, timeout_ms=2000)
+    # unbounded, each of these runs 20 s
+    assert time.monotonic() - t0 < 2 + console.WATCHDOG_GRACE_S + 5
+
+
 def test_huge_values_never_reach_the_process_and_memory_stays_bounded(db):
     """A 1 GB string and 8 x 100 MB strings: the rows come back empty with a note, and
     the peak memory of a process running the console (as the explorer does) grows by far
