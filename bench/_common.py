@@ -115,7 +115,20 @@ def flop_per_row(model) -> tuple[float, float]:
     return 2.0 * weights, 2.0 * model.cfg.d_model * model.cfg.d_vocab
 
 
+def plain(o):
+    """json's ``default`` for numpy values (a numpy int64 count stopped a 12-layer run at
+    its very end)."""
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
 def save(name: str, data: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2))
-    print(json.dumps(data, indent=2))
+    text = json.dumps(data, indent=2, default=plain)
+    (RESULTS / f"{name}.json").write_text(text)
+    print(text)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import ROOT, save
+from _common import ROOT, plain, save
 
 MODEL = "qwen2.5-coder-0.5b"
 
@@ -163,11 +163,11 @@ def main() -> None:
                               "repeat": args.repeat, "layers": args.time_layers},
         "threads": torch.get_num_threads(),
     }
-    save("label_mechanism", result)
     if args.record:
         path = ROOT / "bench" / "recorded" / "cpu_qwen2.5_label_mechanism.json"
-        path.write_text(json.dumps(result, indent=1, default=float) + "\n")
+        path.write_text(json.dumps(result, indent=1, default=plain) + "\n")
         print(f"recorded {Path(path).relative_to(ROOT)}")
+    save("label_mechanism", result)
 
 
 if __name__ == "__main__":
