@@ -101,7 +101,9 @@ def qwen() -> list[str]:
             f" with any label, {share(c['format_result'], c['format_n'])} with a result "
             "label."]
     t = d["labelling_seconds"]
-    out += ["", f"Cost (layers {t['layers']}, median of {t['repeat']} runs per layer, "
+    # the timed layers are those of --time-layers that the run measured
+    timed = ",".join(x for x in str(t["layers"]).split(",") if int(x) in set(d["layers"]))
+    out += ["", f"Cost (layers {timed}, median of {t['repeat']} runs per layer, "
             f"summed): the labelling (scores, value rule, gate) {t['new_median_sum']} s "
             f"against {t['old_median_sum']} s before, **{100 * t['added_share']:+.0f}%** "
             f"(totals per run: {t['new_totals']} against {t['old_totals']})."]
