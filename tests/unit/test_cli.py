@@ -222,3 +222,23 @@ def test_measure_refuses_by_the_cheap_limits_before_any_estimate_or_write(
     assert says in err and "Traceback" not in err and "GiB" not in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert sorted(str(p) for p in root.parent.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "builtin"], ["export", "neuron_evolution", "--out", "x.csv"],
+    ["catalog", "builtin", "--hi", "12"], ["enqueue", "builtin", "--hi", "12"],
+    ["plan", "builtin", "--hi", "12"], ["status"], ["cancel", "1"], ["retry", "1"],
+], ids=lambda a: a[0])
+def test_no_command_prints_the_database_password(args, tmp_path):
+    """Every command that takes --database-url, its server down: exit 3 with a message
+    that names the server and never the password (`ncat migrate`'s success line is
+    tested against a live server in tests/integration/test_export_cli.py)."""
+    secret = "S3CRET-PW-x"
+    env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", "NCAT_HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", *args, "--database-url",
+         f"postgresql://ncat:{secret}@127.0.0.1:1/ncat"], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, (out.returncode, out.stdout[-500:], out.stderr[-500:])
+    assert secret not in out.stdout + out.stderr
+    assert "127.0.0.1:1" in out.stderr  # it says which server it could not reach
