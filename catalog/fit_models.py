@@ -150,27 +150,52 @@ class FoldModel:
         return cls([torch.as_tensor(g, device=device) for g in groups], offsets, width,
                    folds, inverse)
 
+    def fold_columns(self, f: int, train: torch.Tensor, test: torch.Tensor) -> tuple:
+        """(columns of the training cells, of the held-out cells) per grouping, fold f."""
+        cache = self.__dict__.setdefault("_cols", {})
+        if f not in cache:
+            cols = [g + int(o) for g, o in zip(self.groups, self.offsets, strict=True)]
+            cache[f] = ([c.index_select(0, train) for c in cols],
+                        [c.index_select(0, test) for c in cols])
+        return cache[f]
+
+    def press(self, f: int, yt: torch.Tensor, yv: torch.Tensor, train: torch.Tensor,
+              test: torch.Tensor) -> torch.Tensor:
+        """Fold f's held-out residual sum of squares of each map, given the maps on the
+        training cells (``yt``) and on the held-out ones (``yv``)."""
+        tr, te = self.fold_columns(f, train, test)
+        s = torch.zeros(len(yt), self.width, dtype=torch.float64, device=yt.device)
+        for c in tr:  # X'y over the training cells: a scatter-add per grouping
+            s.index_add_(1, c, yt)
+        coef = s @ self.inverse[f]
+        pred = torch.zeros_like(yv)
+        for c in te:
+            pred += coef.index_select(1, c)
+        return ((yv - pred) ** 2).sum(1)
+
     def held_out(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(held-out residual sum of squares, held-out sum of squares about the training
         mean) of each map (rows of ``y``, float64)."""
-        n = len(y)
-        press = torch.zeros(n, dtype=torch.float64, device=y.device)
-        tss = torch.zeros_like(press)
-        cols = [g + int(o) for g, o in zip(self.groups, self.offsets, strict=True)]
-        for f, inv in enumerate(self.inverse):
-            test = torch.as_tensor(np.nonzero(self.folds == f)[0], device=y.device)
-            train = torch.as_tensor(np.nonzero(self.folds != f)[0], device=y.device)
-            s = torch.zeros(n, self.width, dtype=torch.float64, device=y.device)
-            yt = y.index_select(1, train)
-            for c in cols:  # X'y over the training cells: a scatter-add per grouping
-                s.index_add_(1, c.index_select(0, train), yt)
-            coef = s @ inv
-            pred = torch.zeros(n, len(test), dtype=torch.float64, device=y.device)
-            for c in cols:
-                pred += coef.index_select(1, c.index_select(0, test))
-            yv = y.index_select(1, test)
-            press += ((yv - pred) ** 2).sum(1)
-            tss += ((yv - yt.mean(1, keepdim=True)) ** 2).sum(1)
-        return press, tss
+        out = held_out_all({"m": self}, y)
+        return out["m"], out[TSS]
 
 
+TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the training mean
+
+
+def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each model's held-out residual sum of squares of each map (rows of ``y``, float64),
+    and under ``TSS`` the held-out sum of squares about the training folds' mean. The
+    models share their folds (``pair_folds`` of the same cells): each fold's split of the
+    maps is made once for all of them."""
+    first = next(iter(models.values()))
+    n, dev = len(y), y.device
+    out = {k: torch.zeros(n, dtype=torch.float64, device=dev) for k in [*models, TSS]}
+    for f in range(len(first.inverse)):
+        test = torch.as_tensor(np.nonzero(first.folds == f)[0], device=dev)
+        train = torch.as_tensor(np.nonzero(first.folds != f)[0], device=dev)
+        yt, yv = y.index_select(1, train), y.index_select(1, test)
+        out[TSS] += ((yv - yt.mean(1, keepdim=True)) ** 2).sum(1)
+        for k, m in models.items():
+            out[k] += m.press(f, yt, yv, train, test)
+    return out

@@ -32,7 +32,16 @@ import numpy as np
 import torch
 
 from catalog.arith import OPERATORS, apply_op
-from catalog.fit_models import Design, Explanations, FoldModel, held_out_r2, levels, pair_folds
+from catalog.fit_models import (
+    TSS,
+    Design,
+    Explanations,
+    FoldModel,
+    held_out_all,
+    held_out_r2,
+    levels,
+    pair_folds,
+)
 from catalog.tails import digit_count
 
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
@@ -240,9 +249,9 @@ class OperandFit:
         keys = ["operands", "result"] + ["joint:" + o for o in OPERATORS]
         cols: dict[str, list] = {k: [] for k in keys}
         for s in range(0, n, BLOCK):
-            y = maps[s:s + BLOCK].double()
+            got = held_out_all({k: self.models[k] for k in keys}, maps[s:s + BLOCK].double())
             for k in keys:
-                cols[k].append(held_out_r2(*self.models[k].held_out(y)))
+                cols[k].append(held_out_r2(got[k], got[TSS]))
         adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}
         out.operands, out.result = adj["operands"], adj["result"]
         out.joint = adj["joint:" + self.op]
