@@ -5,7 +5,7 @@ pairs), which ``Explanations`` reports per map."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -131,6 +131,8 @@ class FoldModel:
     width: int
     folds: np.ndarray  # each cell's fold
     inverse: list[torch.Tensor]  # per fold, (width, width) float64
+    # per fold: each grouping's columns of the training cells and of the held-out cells
+    _cols: dict[int, tuple] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel:
@@ -152,12 +154,11 @@ class FoldModel:
 
     def fold_columns(self, f: int, train: torch.Tensor, test: torch.Tensor) -> tuple:
         """(columns of the training cells, of the held-out cells) per grouping, fold f."""
-        cache = self.__dict__.setdefault("_cols", {})
-        if f not in cache:
+        if f not in self._cols:
             cols = [g + int(o) for g, o in zip(self.groups, self.offsets, strict=True)]
-            cache[f] = ([c.index_select(0, train) for c in cols],
-                        [c.index_select(0, test) for c in cols])
-        return cache[f]
+            self._cols[f] = ([c.index_select(0, train) for c in cols],
+                             [c.index_select(0, test) for c in cols])
+        return self._cols[f]
 
     def press(self, f: int, yt: torch.Tensor, yv: torch.Tensor, train: torch.Tensor,
               test: torch.Tensor) -> torch.Tensor:
@@ -172,12 +173,6 @@ class FoldModel:
         for c in te:
             pred += coef.index_select(1, c)
         return ((yv - pred) ** 2).sum(1)
-
-    def held_out(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(held-out residual sum of squares, held-out sum of squares about the training
-        mean) of each map (rows of ``y``, float64)."""
-        out = held_out_all({"m": self}, y)
-        return out["m"], out[TSS]
 
 
 TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the training mean
