@@ -5,7 +5,8 @@ pairs), which ``Explanations`` reports per map."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -127,12 +128,11 @@ class FoldModel:
     inverse of the ridged normal equations (``RIDGE``)."""
 
     groups: list[torch.Tensor]  # each cell's level per grouping
-    offsets: np.ndarray
+    keys: list[bytes]  # each grouping's identity (its levels' digest): models share them
+    sizes: list[int]  # levels per grouping
     width: int
     folds: np.ndarray  # each cell's fold
-    inverse: list[torch.Tensor]  # per fold, (width, width) float64
-    # per fold: each grouping's columns of the training cells and of the held-out cells
-    _cols: dict[int, tuple] = field(default_factory=dict, repr=False)
+    inverse: torch.Tensor  # (folds, width, width) float64
 
     @classmethod
     def of(cls, groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel:
@@ -148,31 +148,11 @@ class FoldModel:
                     np.add.at(xtx, (gi[train] + oi, gj[train] + oj), 1.0)
             lam = RIDGE * max(float(np.trace(xtx)) / width, 1.0)
             chol = torch.linalg.cholesky(torch.as_tensor(xtx + lam * np.eye(width)))
-            inverse.append(torch.cholesky_inverse(chol).to(device))
-        return cls([torch.as_tensor(g, device=device) for g in groups], offsets, width,
-                   folds, inverse)
-
-    def fold_columns(self, f: int, train: torch.Tensor, test: torch.Tensor) -> tuple:
-        """(columns of the training cells, of the held-out cells) per grouping, fold f."""
-        if f not in self._cols:
-            cols = [g + int(o) for g, o in zip(self.groups, self.offsets, strict=True)]
-            self._cols[f] = ([c.index_select(0, train) for c in cols],
-                             [c.index_select(0, test) for c in cols])
-        return self._cols[f]
-
-    def press(self, f: int, yt: torch.Tensor, yv: torch.Tensor, train: torch.Tensor,
-              test: torch.Tensor) -> torch.Tensor:
-        """Fold f's held-out residual sum of squares of each map, given the maps on the
-        training cells (``yt``) and on the held-out ones (``yv``)."""
-        tr, te = self.fold_columns(f, train, test)
-        s = torch.zeros(len(yt), self.width, dtype=torch.float64, device=yt.device)
-        for c in tr:  # X'y over the training cells: a scatter-add per grouping
-            s.index_add_(1, c, yt)
-        coef = s @ self.inverse[f]
-        pred = torch.zeros_like(yv)
-        for c in te:
-            pred += coef.index_select(1, c)
-        return ((yv - pred) ** 2).sum(1)
+            inverse.append(torch.cholesky_inverse(chol))
+        keys = [hashlib.sha1(np.ascontiguousarray(g, dtype=np.int64).tobytes()).digest()
+                for g in groups]
+        return cls([torch.as_tensor(g, device=device) for g in groups], keys, sizes, width,
+                   folds, torch.stack(inverse).to(device))
 
 
 TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the training mean
@@ -181,16 +161,35 @@ TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the tra
 def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, torch.Tensor]:
     """Each model's held-out residual sum of squares of each map (rows of ``y``, float64),
     and under ``TSS`` the held-out sum of squares about the training folds' mean. The
-    models share their folds (``pair_folds`` of the same cells): each fold's split of the
-    maps is made once for all of them."""
+    models share their folds (``pair_folds`` of the same cells) and most groupings: each
+    grouping's sums per fold are taken once (one scatter over every cell), a fold's
+    training sums are the total less its own, and each model's coefficients of every fold
+    come from one batched product, read back on each cell from its own fold's."""
     first = next(iter(models.values()))
     n, dev = len(y), y.device
-    out = {k: torch.zeros(n, dtype=torch.float64, device=dev) for k in [*models, TSS]}
-    for f in range(len(first.inverse)):
-        test = torch.as_tensor(np.nonzero(first.folds == f)[0], device=dev)
-        train = torch.as_tensor(np.nonzero(first.folds != f)[0], device=dev)
-        yt, yv = y.index_select(1, train), y.index_select(1, test)
-        out[TSS] += ((yv - yt.mean(1, keepdim=True)) ** 2).sum(1)
-        for k, m in models.items():
-            out[k] += m.press(f, yt, yv, train, test)
+    n_folds = first.inverse.shape[0]
+    fold = torch.as_tensor(first.folds, device=dev)
+    out: dict[str, torch.Tensor] = {}
+    per_fold = torch.zeros(n, n_folds, dtype=torch.float64, device=dev).index_add_(1, fold, y)
+    count = torch.bincount(fold, minlength=n_folds).to(torch.float64)
+    train_mean = (per_fold.sum(1, keepdim=True) - per_fold) / (len(fold) - count)
+    out[TSS] = ((y - train_mean.index_select(1, fold)) ** 2).sum(1)
+    train_sums: dict[bytes, torch.Tensor] = {}
+    for k, m in models.items():
+        blocks = []
+        for g, key, size in zip(m.groups, m.keys, m.sizes, strict=True):
+            if key not in train_sums:
+                s = torch.zeros(n, n_folds * size, dtype=torch.float64, device=dev)
+                s.index_add_(1, fold * size + g, y)
+                s = s.view(n, n_folds, size)
+                train_sums[key] = s.sum(1, keepdim=True) - s
+            blocks.append(train_sums[key])
+        coef = torch.bmm(torch.cat(blocks, 2).transpose(0, 1), m.inverse)  # (folds, n, w)
+        flat = coef.transpose(0, 1).reshape(n, n_folds * m.width)
+        pred = torch.zeros_like(y)
+        offset = 0
+        for g, size in zip(m.groups, m.sizes, strict=True):
+            pred += flat.index_select(1, fold * m.width + offset + g)
+            offset += size
+        out[k] = ((y - pred) ** 2).sum(1)
     return out

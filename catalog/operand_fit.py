@@ -213,27 +213,32 @@ class OperandFit:
         rivals), and the largest that a window of this operator's values explains."""
         n = len(maps)
         best, which, own = np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
-        if not n or not self.scans:
-            return best, which, own
-        others = [o for o in OPERATORS if o != self.op]
         for s in range(0, n, BLOCK):
             y = maps[s:s + BLOCK].double()
-            r_y = y - self.additive.fitted(y)
-            cand = [self.scans[o].best(r_y) for o in others]
-            if self.rivals is not None:
-                assert self.rival_ss is not None
-                v, i = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).max(1)
-                cand.append(v)
-            stack = torch.stack(cand).cpu().numpy()
-            pick = stack.argmax(0)
-            best[s:s + BLOCK] = stack[pick, np.arange(stack.shape[1])]
-            ops = np.array(others + [""])[np.minimum(pick, len(others))]
-            if self.rivals is not None:
-                at = pick == len(others)
-                ops[at] = self.rival_ops[i.cpu().numpy()][at]
-            which[s:s + BLOCK] = ops
-            own[s:s + BLOCK] = self.scans[self.op].best(r_y).cpu().numpy()
+            got = self.rival_beyond_residual(y - self.additive.fitted(y))
+            best[s:s + BLOCK], which[s:s + BLOCK], own[s:s + BLOCK] = got
         return best, which, own
+
+    def rival_beyond_residual(self, r_y: torch.Tensor) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+        """``rival_beyond`` of maps given as their residuals beyond the operands' fit."""
+        n = len(r_y)
+        if not n or not self.scans:
+            return np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
+        others = [o for o in OPERATORS if o != self.op]
+        cand = [self.scans[o].best(r_y) for o in others]
+        if self.rivals is not None:
+            assert self.rival_ss is not None
+            v, i = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).max(1)
+            cand.append(v)
+        stack = torch.stack(cand).cpu().numpy()
+        pick = stack.argmax(0)
+        best = stack[pick, np.arange(n)]
+        ops = np.array(others + [""])[np.minimum(pick, len(others))]
+        if self.rivals is not None:
+            at = pick == len(others)
+            ops[at] = self.rival_ops[i.cpu().numpy()][at]
+        return best, ops.astype("<U1"), self.scans[self.op].best(r_y).cpu().numpy()
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The held-out R^2 of every explanation of each map: each model fit on four
@@ -264,6 +269,54 @@ class OperandFit:
         return out
 
 
+def _partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
+               sign: np.ndarray | None, df: int) -> np.ndarray:
+    """``beyond_p_values``' test of rows (``ni``: a row's map among the residual maps
+    ``r_y``; ``si``: its set among the residual sets ``r_s``), one-sided in the direction
+    ``sign`` (+1 top, -1 bottom) or two-sided where ``sign`` is None."""
+    from scipy import stats
+
+    ss_y = (r_y * r_y).sum(1)
+    ss_s = (r_s * r_s).sum(1)
+    dot = (r_y @ r_s.T)[ni, si]
+    sss = ss_s[si]
+    beta = dot / sss.clamp(min=1e-300)
+    rss = (ss_y[ni] - dot * beta).clamp(min=0)
+    t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
+    # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
+    y2s2 = ((r_y ** 2) @ (r_s ** 2).T)[ni, si]
+    ys3 = (r_y @ (r_s ** 3).T)[ni, si]
+    hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (r_s ** 4).sum(1)[si]).clamp(min=0)
+    z = dot / torch.sqrt(hc).clamp(min=1e-300)
+    if sign is None:
+        p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
+                       2 * stats.norm.sf(np.abs(z.cpu().numpy())))
+    else:
+        sg = torch.as_tensor(sign, dtype=torch.float64, device=r_y.device)
+        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
+                       stats.norm.sf((sg * z).cpu().numpy()))
+    p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
+    return p
+
+
+def _set_residuals(fit: OperandFit, members: np.ndarray, device) -> tuple:
+    """(the distinct sets of ``members`` less their additive fit, each member's row)."""
+    uniq_s, s_of = np.unique(members, return_inverse=True)
+    sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=device)
+    return sets - fit.additive.fitted(sets), s_of.reshape(-1)
+
+
+def _blocks(neuron: np.ndarray):
+    """The distinct maps of rows ``neuron`` by blocks of ``BLOCK``: (maps of the block,
+    the block's rows, each row's map within the block)."""
+    uniq_n, n_of = np.unique(neuron, return_inverse=True)
+    n_of = n_of.reshape(-1)
+    for start in range(0, len(uniq_n), BLOCK):
+        stop = min(start + BLOCK, len(uniq_n))
+        rows = np.nonzero((n_of >= start) & (n_of < stop))[0]
+        yield uniq_n[start:stop], rows, n_of[rows] - start
+
+
 def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
                     members: np.ndarray, bottom: np.ndarray, two_sided: bool = False
                     ) -> np.ndarray:
@@ -277,46 +330,19 @@ def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
     test's variance alone. ``two_sided``: either direction (the K map of a result
     label, whose sign on the set depends on the sign of the lens). Every product is a
     matrix product over the rows' maps and sets."""
-    from scipy import stats
-
     out = np.ones(len(neuron))
     if not len(neuron):
         return out
-    add = fit.additive
-    df = max(fit.n_cells - add.rank - 1, 1)
-    uniq_s, s_of = np.unique(members, return_inverse=True)
     dev = maps.device
-    sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=dev)
-    r_s = sets - add.fitted(sets)  # (sets, cells)
-    ss_s = (r_s * r_s).sum(1)
-    s2, s3, s4 = r_s ** 2, r_s ** 3, (r_s ** 4).sum(1)
+    r_s, s_of = _set_residuals(fit, members, dev)
+    df = max(fit.n_cells - fit.additive.rank - 1, 1)
     sign = np.where(bottom, -1.0, 1.0)
-    uniq_n, n_of = np.unique(neuron, return_inverse=True)
-    for start in range(0, len(uniq_n), BLOCK):
-        stop = min(start + BLOCK, len(uniq_n))
-        rows = np.nonzero((n_of >= start) & (n_of < stop))[0]
-        y = maps.index_select(0, torch.as_tensor(uniq_n[start:stop], device=dev)).double()
-        r_y = y - add.fitted(y)
-        ss_y = (r_y * r_y).sum(1)
-        dot_all, y2s2, ys3 = r_y @ r_s.T, (r_y ** 2) @ s2.T, r_y @ s3.T
-        ni = torch.as_tensor(n_of[rows] - start, device=dev)
-        si = torch.as_tensor(s_of[rows], device=dev)
-        dot, sss = dot_all[ni, si], ss_s[si]
-        beta = dot / sss.clamp(min=1e-300)
-        rss = (ss_y[ni] - dot * beta).clamp(min=0)
-        t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
-        # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
-        hc = (y2s2[ni, si] - 2 * beta * ys3[ni, si] + beta ** 2 * s4[si]).clamp(min=0)
-        z = dot / torch.sqrt(hc).clamp(min=1e-300)
-        if two_sided:
-            p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
-                           2 * stats.norm.sf(np.abs(z.cpu().numpy())))
-        else:
-            sg = torch.as_tensor(sign[rows], dtype=torch.float64, device=dev)
-            p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
-                           stats.norm.sf((sg * z).cpu().numpy()))
-        p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
-        out[rows] = p
+    for uniq, rows, ni in _blocks(neuron):
+        y = maps.index_select(0, torch.as_tensor(uniq, device=dev)).double()
+        out[rows] = _partial_p(y - fit.additive.fitted(y), r_s,
+                               torch.as_tensor(ni, device=dev),
+                               torch.as_tensor(s_of[rows], device=dev),
+                               None if two_sided else sign[rows], df)
     return out
 
 
@@ -324,18 +350,24 @@ def own_beyond(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
                members: np.ndarray) -> np.ndarray:
     """Per row, the sum of squares its set (``members``: rows of ``fit.sets``) explains of
     map ``neuron`` beyond the operands' fit."""
+    out = np.zeros(len(neuron))
     if not len(neuron):
-        return np.zeros(0)
-    uniq_s, s_of = np.unique(members, return_inverse=True)
-    sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=maps.device)
-    r_s = sets - fit.additive.fitted(sets)
-    uniq_n, n_of = np.unique(neuron, return_inverse=True)
-    y = maps.index_select(0, torch.as_tensor(uniq_n, device=maps.device)).double()
-    r_y = y - fit.additive.fitted(y)
-    dot = (r_y @ r_s.T)[torch.as_tensor(n_of.reshape(-1), device=maps.device),
-                          torch.as_tensor(s_of.reshape(-1), device=maps.device)]
-    ss = (r_s * r_s).sum(1)[torch.as_tensor(s_of.reshape(-1), device=maps.device)]
-    return (dot ** 2 / ss.clamp(min=1e-300)).cpu().numpy()
+        return out
+    dev = maps.device
+    r_s, s_of = _set_residuals(fit, members, dev)
+    for uniq, rows, ni in _blocks(neuron):
+        y = maps.index_select(0, torch.as_tensor(uniq, device=dev)).double()
+        out[rows] = _explained(y - fit.additive.fitted(y), r_s,
+                               torch.as_tensor(ni, device=dev),
+                               torch.as_tensor(s_of[rows], device=dev))
+    return out
+
+
+def _explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,
+               si: torch.Tensor) -> np.ndarray:
+    """(r_y . r_s)^2 / |r_s|^2 of each row: what its set explains of its residual map."""
+    dot = (r_y @ r_s.T)[ni, si]
+    return (dot ** 2 / (r_s * r_s).sum(1)[si].clamp(min=1e-300)).cpu().numpy()
 
 
 def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float):
@@ -358,22 +390,39 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     labelled = np.unique(m.neuron[m.implements])
     if len(rows):
         members = fit.set_index([m.heuristics[i] for i in m.heuristic[rows]])
-        # the activation itself must carry the set beyond both operands: a KV map that is
-        # an additive activation times the neuron's lens has result structure from the
-        # lens alone (the neuron pushes some answer digits whatever the prompt's result)
-        p = np.fmax(beyond_p_values(fit, kv, m.neuron[rows], members, m.bottom[rows]),
-                    beyond_p_values(fit, k_map, m.neuron[rows], members, m.bottom[rows],
-                                    two_sided=True))
+        p, keep = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows])
         m.p_value[rows] = np.fmax(m.p_value[rows], p)
-        m.implements[rows] &= p <= reach
-        if fit.scans:
-            uniq, at = np.unique(m.neuron[rows], return_inverse=True)
-            at = at.reshape(-1)
-            rival, _, window = fit.rival_beyond(kv.index_select(
-                0, torch.as_tensor(uniq, device=kv.device, dtype=torch.long)))
-            own = np.fmax(own_beyond(fit, kv, m.neuron[rows], members), window[at])
-            m.implements[rows] &= own >= (1 - RIVAL_MARGIN) * rival[at]
+        m.implements[rows] &= (p <= reach) & keep
     idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)
     ex_kv = fit.explain(kv.index_select(0, idx)) if len(labelled) else Explanations.empty()
     ex_k = fit.explain(k_map.index_select(0, idx)) if len(labelled) else Explanations.empty()
     return m, labelled, ex_k, ex_kv
+
+
+def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: np.ndarray,
+               members: np.ndarray, bottom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The gate's tests of result rows, each map's and set's residual beyond the operands
+    taken once for all of them: (the larger p-value of the KV test, one-sided, and the K
+    test, two-sided; whether no rival explains the KV map more than ``RIVAL_MARGIN`` over
+    the row's own set or its own operator's best window)."""
+    dev = kv.device
+    r_s, s_of = _set_residuals(fit, members, dev)
+    df = max(fit.n_cells - fit.additive.rank - 1, 1)
+    sign = np.where(bottom, -1.0, 1.0)
+    p, keep = np.ones(len(neuron)), np.ones(len(neuron), dtype=bool)
+    for uniq, rows, ni in _blocks(neuron):
+        idx = torch.as_tensor(uniq, device=dev)
+        ni_t, si_t = torch.as_tensor(ni, device=dev), torch.as_tensor(s_of[rows], device=dev)
+        y = kv.index_select(0, idx).double()
+        r_kv = y - fit.additive.fitted(y)
+        y = k_map.index_select(0, idx).double()
+        # the activation itself must carry the set beyond both operands: a KV map that is
+        # an additive activation times the neuron's lens has result structure from the
+        # lens alone (the neuron pushes some answer digits whatever the prompt's result)
+        p[rows] = np.fmax(_partial_p(r_kv, r_s, ni_t, si_t, sign[rows], df),
+                          _partial_p(y - fit.additive.fitted(y), r_s, ni_t, si_t, None, df))
+        if fit.scans:
+            rival, _, window = fit.rival_beyond_residual(r_kv)
+            own = np.fmax(_explained(r_kv, r_s, ni_t, si_t), window[ni])
+            keep[rows] = own >= (1 - RIVAL_MARGIN) * rival[ni]
+    return p, keep
