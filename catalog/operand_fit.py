@@ -10,7 +10,7 @@ label explains") states the rule this module implements:
   cells onto the functions f(op1) + g(op2) (both operands' main effects; the cells need
   not be a rectangle: the normal equations are solved with their pseudo-inverse, built
   once per operator).
-- ``beyond_p_values``: does a result heuristic's set explain the KV map beyond that fit?
+- ``_partial_p``: does a result heuristic's set explain the KV map beyond that fit?
   The partial regression's t-test, classic and heteroscedasticity-robust, the larger
   p-value kept. A result label needs it at the corrected level too (``gate``), so an
   additive map, which the fit explains whole, keeps no result label, while a result set
@@ -271,9 +271,17 @@ class OperandFit:
 
 def _partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
                sign: np.ndarray | None, df: int) -> np.ndarray:
-    """``beyond_p_values``' test of rows (``ni``: a row's map among the residual maps
-    ``r_y``; ``si``: its set among the residual sets ``r_s``), one-sided in the direction
-    ``sign`` (+1 top, -1 bottom) or two-sided where ``sign`` is None."""
+    """One-sided p-value of each row (``ni``: its map among the residual maps ``r_y``;
+    ``si``: its set among the residual sets ``r_s``, both less the operands' additive
+    fit) for "the set explains the map beyond f(op1) + g(op2)": the partial regression of
+    the map on the set's indicator with both operands' main effects in the model. Both
+    the classic t-test (Student's t, ``df`` = N - rank - 1 degrees of freedom) and the
+    heteroscedasticity-robust one (HC0, normal tail) are computed and the larger p-value
+    is kept: maps whose spread differs from cell to cell (sparse activations) cannot pass
+    on the classic test's variance alone. ``sign``: +1 where the set is scored at the
+    map's top, -1 at its bottom; None: either direction (the K map of a result label,
+    whose sign on the set depends on the sign of the lens). Every product is a matrix
+    product over the rows' maps and sets."""
     from scipy import stats
 
     ss_y = (r_y * r_y).sum(1)
@@ -317,35 +325,6 @@ def _blocks(neuron: np.ndarray):
         yield uniq_n[start:stop], rows, n_of[rows] - start
 
 
-def beyond_p_values(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
-                    members: np.ndarray, bottom: np.ndarray, two_sided: bool = False
-                    ) -> np.ndarray:
-    """One-sided p-value of each row (``neuron``: index into ``maps``; ``members``: index
-    into the cell sets of ``fit.sets``; ``bottom``: the set sits at the map's bottom) for
-    "the set explains the map beyond f(op1) + g(op2)": the partial regression of the map
-    on the set's indicator with both operands' main effects in the model. Both the classic
-    t-test (Student's t, N - rank - 1 degrees of freedom) and the heteroscedasticity-
-    robust one (HC0, normal tail) are computed and the larger p-value is kept: maps whose
-    spread differs from cell to cell (sparse activations) cannot pass on the classic
-    test's variance alone. ``two_sided``: either direction (the K map of a result
-    label, whose sign on the set depends on the sign of the lens). Every product is a
-    matrix product over the rows' maps and sets."""
-    out = np.ones(len(neuron))
-    if not len(neuron):
-        return out
-    dev = maps.device
-    r_s, s_of = _set_residuals(fit, members, dev)
-    df = max(fit.n_cells - fit.additive.rank - 1, 1)
-    sign = np.where(bottom, -1.0, 1.0)
-    for uniq, rows, ni in _blocks(neuron):
-        y = maps.index_select(0, torch.as_tensor(uniq, device=dev)).double()
-        out[rows] = _partial_p(y - fit.additive.fitted(y), r_s,
-                               torch.as_tensor(ni, device=dev),
-                               torch.as_tensor(s_of[rows], device=dev),
-                               None if two_sided else sign[rows], df)
-    return out
-
-
 def own_beyond(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
                members: np.ndarray) -> np.ndarray:
     """Per row, the sum of squares its set (``members``: rows of ``fit.sets``) explains of
@@ -375,7 +354,7 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     stand beyond the operands: each result row the value rule labels has its p-value
     raised to its tests beyond f(op1) + g(op2) on the KV map (one-sided, the side scored)
     and on the K map (two-sided: the activation must carry the set, not only the lens;
-    ``beyond_p_values``), and
+    ``_partial_p``), and
     keeps its label only where that p-value is at most ``reach`` (the corrected level) and
     no other operator's result set explains the KV map beyond the operands by more than
     ``RIVAL_MARGIN`` over the label's own set (``OperandFit.rival_beyond``: one set
