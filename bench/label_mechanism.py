@@ -89,8 +89,9 @@ def main() -> None:
         kv_t = torch.as_tensor(kv_map(k_all[live], res.answer_lens[live][:, idx]))
 
         def label(cfg, fit, k_t=k_t, kv_t=kv_t):
-            def score(kv_scored, orders):
-                return Matches.concat(run._match(0, "+", k_t, kv_scored, orders, kv_t))
+            def score(k_scored, kv_scored, orders, rescue):
+                return Matches.concat(run._match(0, "+", k_scored, kv_scored, orders,
+                                                 None if rescue else kv_t, rescue))
             return operator_labels.label_operator(cfg, k_t, kv_t, score, run.n_tests["+"],
                                                   run.nulls["+"], fit)
         per = {"new": [], "old": []}

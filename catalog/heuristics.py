@@ -296,6 +296,13 @@ def value_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
     return [p for p in out if p is not None]
 
 
+def result_partitions(partitions: list[Partition]) -> list[Partition]:
+    """The partitions of result heuristics of one value set (no multi-result sets)."""
+    return [p for p in partitions
+            if p.heuristics and p.heuristics[0].target == "result"
+            and p.heuristics[0].family != "multi_result"]
+
+
 def partitions_for(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """Every partition of the config's families (all registered ones the config names),
     each cell set once (``dedupe``)."""

@@ -289,13 +289,19 @@ def score_partitions(
     best: list[torch.Tensor | None] = [None] * len(partitions)
     is_bottom: list[torch.Tensor | None] = [None] * len(partitions)
     same = kv_map is k_map  # one map for both kinds of heuristic: sort it once
+    # each kind of map is sorted only where a partition reads it (the label rule's second
+    # pass scores result heuristics alone)
+    needs = {part.direct for part in partitions}
     for k_side, kv_side in sides:
-        sorted_maps = {False: SortedMaps.of(k_side)}
-        sorted_maps[True] = sorted_maps[False] if same else SortedMaps.of(kv_side)
+        sorted_maps: dict[bool, SortedMaps] = {}
+        if False in needs or same:
+            sorted_maps[False] = SortedMaps.of(k_side)
+        if True in needs:
+            sorted_maps[True] = sorted_maps[False] if same else SortedMaps.of(kv_side)
         if orders is not None:
             bottom = k_side is not k_map
-            orders[(False, bottom)] = sorted_maps[False].order
-            orders[(True, bottom)] = sorted_maps[True].order
+            for direct, sm in sorted_maps.items():
+                orders[(direct, bottom)] = sm.order
         scores: dict[int, torch.Tensor] = {}
         groups: dict[tuple[bool, str], list[int]] = {}
         for i, part in enumerate(partitions):

@@ -49,8 +49,10 @@ def streamed_load(fp: Footprint, dtype: str) -> float:
 
 # one layer's matching work over its maps: activations, ranks, sorted copies, scores,
 # the value null's walks (the built-in model's default request, every layer: the matching
-# phase peaked at 6.20 GiB, 4.3 GiB estimated with 6 copies; 2026-11-26)
-LAYER_COPIES = 12
+# phase peaked at 6.20 GiB, 4.3 GiB estimated with 6 copies; 2026-11-26), and the label
+# rule's second pass (catalog.operator_labels.rescued: the maps without a result label,
+# their K maps and their residual beyond the operands, sorted again)
+LAYER_COPIES = 15
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
           "mib": 1024**2, "g": GIB, "gb": GIB, "gib": GIB, "t": 1024**4, "tb": 1024**4,

@@ -349,46 +349,49 @@ def _explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,
     return (dot ** 2 / (r_s * r_s).sum(1)[si].clamp(min=1e-300)).cpu().numpy()
 
 
-def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float):
+def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
+         strict: bool = False):
     """The result labels of one operator's rows ``m`` (neuron indices into the maps) that
     stand beyond the operands: each result row the value rule labels has its p-value
     raised to its tests beyond f(op1) + g(op2) on the KV map (one-sided, the side scored)
     and on the K map (two-sided: the activation must carry the set, not only the lens;
-    ``_partial_p``), and
-    keeps its label only where that p-value is at most ``reach`` (the corrected level) and
-    no other operator's result set explains the KV map beyond the operands by more than
-    ``RIVAL_MARGIN`` over the label's own set (``OperandFit.rival_beyond``: one set
-    against one set, so a factor with many levels gains nothing; a set that both
-    operators' results name, parity under + and -, ties and stays). Returns the rows, the indices of
-    the maps that the value rule labelled (before this gate) and their explanations on the
-    K and KV maps."""
+    ``_partial_p``), and keeps its label only where that p-value is at most
+    ``reach`` (the corrected level) and no other operator's result set explains the KV
+    map beyond the operands by more than ``RIVAL_MARGIN`` over the label's own set
+    (``OperandFit.rival_beyond``: one set against one set, so a factor with many levels
+    gains nothing; a set that both operators' results name, parity under + and -, ties
+    and stays). A row whose set also explains the map within ``RIVAL_MARGIN`` of the
+    best window of the operator's own values (``WindowScan``) FITS: it names the set that
+    fits, not a set that overlaps it (a wide window around the one that fits, or its
+    complement on the other side); with ``strict`` (the second pass) only such rows keep
+    their labels. Returns ``m``, its rows updated, and the maps (indices) with a labelled
+    row that fits."""
     result_row = np.array([h.target == "result" and h.family != "multi_result"
                            for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
     rows = np.nonzero(result_row & m.implements)[0]
-    # every map the value rule labels gets its explanations, kept or not: they say why
-    labelled = np.unique(m.neuron[m.implements])
     if len(rows):
         members = fit.set_index([m.heuristics[i] for i in m.heuristic[rows]])
-        p, keep = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows])
+        p, keep, fits = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows])
         m.p_value[rows] = np.fmax(m.p_value[rows], p)
-        m.implements[rows] &= (p <= reach) & keep
-    idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)
-    ex_kv = fit.explain(kv.index_select(0, idx)) if len(labelled) else Explanations.empty()
-    ex_k = fit.explain(k_map.index_select(0, idx)) if len(labelled) else Explanations.empty()
-    return m, labelled, ex_k, ex_kv
+        m.implements[rows] &= (p <= reach) & keep & (fits if strict else True)
+        return m, np.unique(m.neuron[rows][m.implements[rows] & fits])
+    return m, np.zeros(0, np.int64)
 
 
 def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: np.ndarray,
-               members: np.ndarray, bottom: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+               members: np.ndarray, bottom: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The gate's tests of result rows, each map's and set's residual beyond the operands
     taken once for all of them: (the larger p-value of the KV test, one-sided, and the K
     test, two-sided; whether no rival explains the KV map more than ``RIVAL_MARGIN`` over
-    the row's own set or its own operator's best window)."""
+    the row's own set or its own operator's best window; whether the own operator's best
+    window explains it no more than that over the row's set)."""
     dev = kv.device
     r_s, s_of = _set_residuals(fit, members, dev)
     df = max(fit.n_cells - fit.additive.rank - 1, 1)
     sign = np.where(bottom, -1.0, 1.0)
     p, keep = np.ones(len(neuron)), np.ones(len(neuron), dtype=bool)
+    fits = np.ones(len(neuron), dtype=bool)
     for uniq, rows, ni in _blocks(neuron):
         idx = torch.as_tensor(uniq, device=dev)
         ni_t, si_t = torch.as_tensor(ni, device=dev), torch.as_tensor(s_of[rows], device=dev)
@@ -402,6 +405,7 @@ def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: n
                           _partial_p(y - fit.additive.fitted(y), r_s, ni_t, si_t, None, df))
         if fit.scans:
             rival, _, window = fit.rival_beyond_residual(r_kv)
-            own = np.fmax(_explained(r_kv, r_s, ni_t, si_t), window[ni])
-            keep[rows] = own >= (1 - RIVAL_MARGIN) * rival[ni]
-    return p, keep
+            own_set = _explained(r_kv, r_s, ni_t, si_t)
+            keep[rows] = np.fmax(own_set, window[ni]) >= (1 - RIVAL_MARGIN) * rival[ni]
+            fits[rows] = own_set >= (1 - RIVAL_MARGIN) * window[ni]
+    return p, keep, fits

@@ -8,8 +8,15 @@ the label-rule tests.
 3. with ``result_beyond_operands``, the gate (``catalog.operand_fit.gate``): a result
    label must also explain the KV map beyond both operands' additive effects, and no
    other operator's result set (``operand_fit``: the config's result heuristics of every
-   other operator, on these cells) may explain it clearly better; the explanations of
-   every labelled map (K and KV) are kept for the store.
+   other operator, on these cells) may explain it clearly better;
+4. with the gate, the maps left without a result label that FITS (its set explains the
+   map beyond the operands within 10% of the best window of the operator's values) are
+   scored again on what is left of the KV map beyond the operands' additive fit
+   (``rescued``): a result set with a smooth operand trend of its own size mixed in loses
+   its top cells to the trend (the first pass labels a wide window around it, or
+   nothing), and the residual gives them back. A result row found so passes steps 2 and
+   3 as every row does, and must fit. The explanations of every labelled map (K and KV)
+   are kept for the store.
 """
 
 from __future__ import annotations
@@ -22,10 +29,10 @@ import torch
 
 from catalog import nulls
 from catalog.arith import OPERATORS, is_valid
-from catalog.heuristics import Cells, partitions_for
+from catalog.heuristics import Cells, partitions_for, result_partitions
 from catalog.heuristics import n_tests as count_tests
 from catalog.matches import Matches
-from catalog.operand_fit import Explanations, OperandFit, gate, other_result
+from catalog.operand_fit import BLOCK, Explanations, OperandFit, gate, other_result
 from catalog.prompts import UNLIMITED
 from catalog.token_format import FORMAT_KINDS, format_maps
 from catalog.vocab import FIT_COLS, FIT_OP_COLS
@@ -85,27 +92,107 @@ class OperatorLabels:
     kv: Explanations
 
 
-def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor,
-                   score: Callable[[torch.Tensor, dict], Matches], n_tests: int,
-                   null: nulls.ValueNull | None, fit: OperandFit | None,
+# the caller's scoring of some maps: score(k_map, kv_scored, orders, rescue) -> Matches,
+# with neuron indices into the maps given; ``rescue``: the second pass (step 4), result
+# heuristics of one value set only (no operand heuristics, no multi-result sets)
+Score = Callable[[torch.Tensor, torch.Tensor, dict, bool], Matches]
+
+
+def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
+                   n_tests: int, null: nulls.ValueNull | None, fit: OperandFit | None,
                    timed: Callable | None = None) -> OperatorLabels:
-    """Score, label and gate one operator's live maps (steps 1-3 of the module doc).
+    """Score, label and gate one operator's live maps (steps 1-4 of the module doc).
     ``timed(phase, fn, *args)`` times each phase where given (the run's clock)."""
     def run(phase, fn, *args):
         return fn(*args) if timed is None else timed(phase, fn, *args)
 
     beyond = fit is not None and gated(config)
     orders: dict = {}
-    m = run("matching", score, kv, orders)
+    m = run("matching", score, k_map, kv, orders, False)
     m = run("significance", nulls.label, m, config, n_tests, null, k_map, kv, orders)
-    if not beyond or not len(m):
+    orders.clear()  # the sorted maps: the second pass sorts its own
+    if not beyond:
         return OperatorLabels(m, np.zeros(0, np.int64), Explanations.empty(),
                               Explanations.empty())
     assert fit is not None
     reach = config.significance_level / max(n_tests, 1)
-    m, labelled, ex_k, ex_kv = run("significance", gate, m, fit, kv, k_map, reach)
+    value_labelled = np.unique(m.neuron[m.implements])
+    m, fitting = run("significance", gate, m, fit, kv, k_map, reach)
+    r = run("matching", rescued, fitting, config, kv, k_map, score, n_tests, null, fit)
+    labelled = np.union1d(value_labelled, r.neuron)
+    r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
+    m = merged(m, r)
+    ex_k, ex_kv = run("significance", explain_maps, fit, k_map, kv, labelled)
     # a row the gate unlabels is kept only where it is among its family's best
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
+
+
+def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,
+                 labelled: np.ndarray) -> tuple[Explanations, Explanations]:
+    """The explanations of maps ``labelled`` (indices), on the K and the KV map."""
+    if not len(labelled):
+        return Explanations.empty(), Explanations.empty()
+    idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)
+    return fit.explain(k_map.index_select(0, idx)), fit.explain(kv.index_select(0, idx))
+
+
+# a residual below this share of its map's norm is the float32 rounding of the fit
+RESIDUAL_FLOOR = 1e-5
+
+
+def residual_maps(fit: OperandFit, maps: torch.Tensor) -> torch.Tensor:
+    """The maps less their additive fit (both operands and the layout), in their dtype."""
+    out = torch.empty_like(maps)
+    for s in range(0, len(maps), BLOCK):
+        y = maps[s:s + BLOCK].double()
+        out[s:s + BLOCK] = (y - fit.additive.fitted(y)).to(maps.dtype)
+    return out
+
+
+def _result_rows(m: Matches) -> np.ndarray:
+    """Whether each row's heuristic is a result heuristic of one value set."""
+    return np.array([h.target == "result" and h.family != "multi_result"
+                     for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
+
+
+def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
+            score: Score, n_tests: int, null: nulls.ValueNull | None,
+            fit: OperandFit) -> Matches:
+    """Step 4 of the module doc: the result rows that the label rule labels on the KV map
+    less its operands' additive fit, of the maps not in ``fitting`` (those with a result
+    label whose set fits: ``catalog.operand_fit.gate``); neuron indices into the maps
+    (every row is labelled by the value rule; the strict gate is still to pass)."""
+    todo = np.setdiff1d(np.arange(len(kv)), fitting)
+    if not len(todo):
+        return Matches.empty()
+    idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
+    kv_sub = kv.index_select(0, idx)
+    r_kv = residual_maps(fit, kv_sub)
+    # a map the operands explain to its last digits (a constant one) has nothing left
+    left = (r_kv.double().norm(dim=1) > RESIDUAL_FLOOR * kv_sub.double().norm(dim=1)).cpu()
+    todo, r_kv = todo[left.numpy()], r_kv[left.to(r_kv.device)]
+    if not len(todo):
+        return Matches.empty()
+    k_sub = k_map.index_select(0, torch.as_tensor(todo, device=kv.device, dtype=torch.long))
+    orders: dict = {}
+    r = score(k_sub, r_kv, orders, True)
+    r = r._select(_result_rows(r))
+    r = nulls.label(r, config, n_tests, null, k_sub, r_kv, orders)
+    r = r._select(r.implements)
+    r.neuron = todo[r.neuron].astype(np.int32)
+    return r
+
+
+def merged(m: Matches, r: Matches) -> Matches:
+    """``m`` with the labelled rows of ``r`` (rescued), in place of any row of ``m`` for
+    the same neuron and heuristic."""
+    r = r._select(r.implements)
+    if not len(r):
+        return m
+    taken = {(int(n), r.heuristics[h].key) for n, h in zip(r.neuron, r.heuristic, strict=True)}
+    drop = np.array([(int(n), m.heuristics[h].key) in taken
+                     for n, h in zip(m.neuron, m.heuristic, strict=True)] or [False], bool)
+    return Matches.concat([m._select(~drop[:len(m)]), r])
 
 
 def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,
@@ -113,8 +200,9 @@ def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list
                   fit: OperandFit | None) -> np.ndarray:
     """Indices of the maps the rule labels (the controls count them): the rows from the
     label threshold up, under the same steps as ``label_operator``."""
-    def score(kv_scored: torch.Tensor, orders: dict) -> Matches:
-        return nulls.score_for_labels(k_map, kv_scored, cells, partitions, config, n_tests,
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue: bool) -> Matches:
+        parts = result_partitions(partitions) if rescue else partitions
+        return nulls.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
                                       null, with_bottom, orders)
 
     out = label_operator(config, k_map, kv, score, n_tests, null, fit)
@@ -126,8 +214,9 @@ def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partition
                          with_bottom: bool, fit: OperandFit | None) -> tuple[np.ndarray,
                                                                              np.ndarray]:
     """(maps with any label, maps with a result label), for the controls."""
-    def score(kv_scored: torch.Tensor, orders: dict) -> Matches:
-        return nulls.score_for_labels(k_map, kv_scored, cells, partitions, config, n_tests,
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue: bool) -> Matches:
+        parts = result_partitions(partitions) if rescue else partitions
+        return nulls.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
                                       null, with_bottom, orders)
 
     m = label_operator(config, k_map, kv, score, n_tests, null, fit).matches

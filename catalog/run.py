@@ -34,7 +34,7 @@ from catalog import effects, nulls, operator_labels, spectra
 from catalog.builtin.model import BUILTIN_NAME
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import mlp_width, run_grid
-from catalog.heuristics import Cells, Partition, n_tests, partitions_for
+from catalog.heuristics import Cells, Partition, n_tests, partitions_for, result_partitions
 from catalog.lens import lens_at, logit_lens
 from catalog.maps import kv_map
 from catalog.matches import Matches
@@ -278,8 +278,9 @@ class CheckpointRun(CheckpointSummary):
                 k_t, kv_t = (torch.as_tensor(k_map[live], device=dev),
                              torch.as_tensor(kv, device=dev))
 
-                def score(kv_scored, orders, _o=o, _op=op, _k=k_t, _kv=kv_t):
-                    return Matches.concat(self._match(_o, _op, _k, kv_scored, orders, _kv))
+                def score(k, kv_scored, orders, rescue, _o=o, _op=op, _kv=kv_t):
+                    return Matches.concat(self._match(_o, _op, k, kv_scored, orders,
+                                                      None if rescue else _kv, rescue))
                 got = operator_labels.label_operator(
                     config, k_t, kv_t, score, self.n_tests[op], self.nulls.get(op),
                     self.fits.get(op), clock.time)
@@ -365,19 +366,22 @@ class CheckpointRun(CheckpointSummary):
         return op == "/" and "multi_result" in self.config.families
 
     def _match(self, o: int, op: str, k_map: torch.Tensor, kv: torch.Tensor,
-               orders: dict | None = None, kv_raw: torch.Tensor | None = None
-               ) -> list[Matches]:
+               orders: dict | None = None, kv_raw: torch.Tensor | None = None,
+               results_only: bool = False) -> list[Matches]:
         """Scores of the live maps of one operator (result heuristics on ``kv``: the KV map,
-        or what is left of it beyond the operands); ``orders`` receives each side's sort
-        order (the label rule reuses them). Multi-result sets are chosen on ``kv_raw`` (the
-        KV map itself; ``kv`` where not given)."""
+        or what is left of it beyond the operands; ``results_only``: no others); ``orders``
+        receives each side's sort order (the label rule reuses them). Multi-result sets are
+        chosen on ``kv_raw`` (the KV map itself); none where it is not given."""
         config = self.config
         idx = self.table.op_index(op)
-        out = [score_partitions(k_map, kv, self.partitions[op], config.score_floor,
+        parts = self.partitions[op]
+        if results_only:
+            parts = result_partitions(parts)
+        out = [score_partitions(k_map, kv, parts, config.score_floor,
                                 self.with_bottom, config.pattern_top_k, cells=self.cells[op],
                                 op=o, orders=orders)]
-        if self._multi_result(op):
-            out.append(multi_result_matches((kv if kv_raw is None else kv_raw).cpu(),
+        if self._multi_result(op) and kv_raw is not None:
+            out.append(multi_result_matches(kv_raw.cpu(),
                                             self.table.result[idx],
                                             top=config.multi_result_top,
                                             floor=config.score_floor, op=o))

@@ -75,9 +75,16 @@ def _log_comb(a: int, b: int) -> float:
 
 def _hyper_pmf(n: int, u: int, m: int) -> np.ndarray:
     """P(X = x), x = 0..m: overlap of a fixed m-subset with a random u-subset of n."""
+    from scipy.special import gammaln
+
     out = np.zeros(m + 1)
-    for x in range(max(0, m - (n - u)), min(m, u) + 1):
-        out[x] = np.exp(_log_comb(u, x) + _log_comb(n - u, m - x) - _log_comb(n, m))
+    lo, hi = max(0, m - (n - u)), min(m, u)
+    if hi < lo:
+        return out
+    x = np.arange(lo, hi + 1, dtype=np.float64)
+    out[lo:hi + 1] = np.exp(gammaln(u + 1) - gammaln(x + 1) - gammaln(u - x + 1)
+                            + gammaln(n - u + 1) - gammaln(m - x + 1)
+                            - gammaln(n - u - m + x + 1) - _log_comb(n, m))
     return out
 
 

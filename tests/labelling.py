@@ -6,7 +6,7 @@ import torch
 from catalog import nulls
 from catalog.arith import apply_op, is_valid
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, n_tests, partitions_for
+from catalog.heuristics import Cells, n_tests, partitions_for, result_partitions
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
 from catalog.operator_labels import OperatorLabels, label_operator, operand_fit
@@ -39,14 +39,18 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
     k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
     dead = np.nonzero(constant_maps(k_map))[0]
 
-    def score(kv_scored: torch.Tensor, orders: dict) -> Matches:
-        found = [score_partitions(k_t, kv_scored, parts, config.score_floor, with_bottom,
-                                  config.pattern_top_k, cells=cells, orders=orders)]
-        if multi:
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict,
+              rescue: bool) -> Matches:
+        found = [score_partitions(k, kv_scored, result_partitions(parts) if rescue else parts,
+                                  config.score_floor, with_bottom, config.pattern_top_k,
+                                  cells=cells, orders=orders)]
+        if multi and not rescue:
             found.append(multi_result_matches(kv_t, cells.result,
                                               top=config.multi_result_top,
                                               floor=config.score_floor))
-        return Matches.concat(found).without_neurons(dead)
+        # constant maps are not scored (the run leaves them out before scoring; the second
+        # pass leaves out maps with nothing beyond the operands)
+        return Matches.concat(found).without_neurons([] if rescue else dead)
 
     m_tests = n_tests(parts, with_bottom, multi)
     null = None

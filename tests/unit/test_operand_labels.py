@@ -92,13 +92,23 @@ TRUE_RESULT = [("+", Heuristic("range", "result", (20, 10))),
                ("*", Heuristic("pattern", "result", ("..4",)))]
 
 
+def _beyond_share(cells: Cells, s: np.ndarray) -> float:
+    """The share of a set's variance on the grid that its operands' additive fit leaves."""
+    fit = AdditiveOperands.of(cells.a, cells.b)
+    r = s - fit.fitted(torch.from_numpy(s[None]))[0].numpy()
+    return float((r ** 2).sum() / ((s - s.mean()) ** 2).sum())
+
+
 @pytest.mark.parametrize("op,h", TRUE_RESULT, ids=[f"{o}{h.key}" for o, h in TRUE_RESULT])
 def test_result_heuristics_keep_their_labels_under_the_new_rule(op, h):
-    """The gate costs a true result set's own label (alone, or with additive operand
-    effects of its own spread mixed in) at most 5 points of the recall the rule before
-    0.10.0 had on the same maps. (Against the set ALONE under the old rule, mixtures with
-    a smooth operand trend lose more: Algorithm 1 on the map itself is crowded by the
-    trend; bench/label_power.py measures it and docs/labels.md reports it.)"""
+    """A true result set with additive operand effects of its own spread mixed in (a step
+    per operand, a smooth increasing trend, the token format) keeps its label within 10
+    points of the recall the rule before 0.10.0 had on the set ALONE: the trend takes the
+    map's top cells, and the maps the first pass leaves without a result label are scored
+    again beyond the operands (``operator_labels.rescued``). Where the operands explain
+    over half of the set itself on the grid (a window at the corner of [0, 30)^2 is
+    nearly "both operands large"), the target is the old rule's recall on the same maps
+    within 5 points."""
     hi = 30 if op == "+" else 50
     cells = cells_of(op, hi)
     n = 40
@@ -109,15 +119,30 @@ def test_result_heuristics_keep_their_labels_under_the_new_rule(op, h):
         add = additive_maps(kind, cells, n, rng)
         add = (add - add.mean(1, keepdims=True)) / add.std(1, keepdims=True) * s.std()
         cases[kind] = s + add + noise_maps(cells, n, rng)
+    _, alone = _result_labelled(op, cells, cases["alone"], beyond=False, only=h)
+    assert len(alone) >= 0.9 * n, len(alone)  # sets the rule finds at this noise
+    additive_set = _beyond_share(cells, s) < 0.5
     for name, maps in cases.items():
-        _, new = _result_labelled(op, cells, maps, only=h)
+        out, new = _result_labelled(op, cells, maps, only=h)
         _, old = _result_labelled(op, cells, maps, beyond=False, only=h)
         assert len(new) >= len(old) - 0.05 * n, (name, len(new), len(old))
-        if name == "alone":
-            assert len(old) >= 0.9 * n, len(old)  # sets the rule finds at this noise
-        if name == "two-digit" and h.family != "range":
-            # a step per operand does not hide a residue or a digit pattern
-            assert len(new) >= 0.9 * n, len(new)
+        if not additive_set:
+            assert len(new) >= len(alone) - 0.10 * n, (name, len(new), len(alone))
+
+
+def test_smooth_trends_hide_result_sets_from_the_first_pass():
+    """The rescue is what keeps them: the map itself labels none of the window with a
+    smooth trend mixed in, before 0.10.0 and in the first pass alike (the test can fail)."""
+    cells = cells_of("+", 30)
+    h = Heuristic("range", "result", (20, 10))
+    s = h.contains(cells.a, cells.b, cells.result).astype(float)
+    rng = np.random.default_rng(3)
+    add = additive_maps("monotone", cells, 40, rng)
+    add = (add - add.mean(1, keepdims=True)) / add.std(1, keepdims=True) * s.std()
+    maps = s + add + noise_maps(cells, 40, rng)
+    _, old = _result_labelled("+", cells, maps, beyond=False, only=h)
+    _, new = _result_labelled("+", cells, maps, only=h)
+    assert len(old) <= 4 and len(new) >= 36, (len(old), len(new))
 
 
 def test_the_additive_fit_is_the_least_squares_fit_on_a_triangle():
