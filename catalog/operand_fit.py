@@ -309,9 +309,15 @@ def _partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch
 
 def _set_residuals(fit: OperandFit, members: np.ndarray, device) -> tuple:
     """(the distinct sets of ``members`` less their additive fit, each member's row)."""
-    uniq_s, s_of = np.unique(members, return_inverse=True)
+    # in the order of their keys, not of the cache: the cache's order depends on which
+    # layers this process measured before, and a matrix product's last bits on the rows'
+    # order, so a layer's p-values would depend on the process that measured it
+    keys = {i: k for k, i in fit._set_of.items()}
+    uniq_s = np.array(sorted(set(members.tolist()), key=keys.__getitem__), dtype=np.int64)
+    pos = np.zeros(len(fit.sets), dtype=np.int64)
+    pos[uniq_s] = np.arange(len(uniq_s))
     sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=device)
-    return sets - fit.additive.fitted(sets), s_of.reshape(-1)
+    return sets - fit.additive.fitted(sets), pos[members].reshape(-1)
 
 
 def _blocks(neuron: np.ndarray):
