@@ -39,6 +39,9 @@ import torch
 from _common import ROOT, plain, save
 
 MODEL = "qwen2.5-coder-0.5b"
+# the label rule's steps (catalog.operator_labels.label_operator), by the function timed
+STEPS = {"score": "scores", "label": "value rule", "gate": "gate",
+         "rescued": "second pass (scores, value rule)", "explain_maps": "explanations"}
 
 
 def main() -> None:
@@ -75,6 +78,7 @@ def main() -> None:
     control = {"labelled": 0, "n": 0, "format_labelled": 0, "format_result": 0,
                "format_n": 0}
     timing = {"new": [], "old": []}
+    step_timing: dict[str, dict[str, float]] = {"new": {}, "old": {}}
     best_explanation = {"operands": 0, "result": 0, "other operator": 0}
     for layer in run.layers:
         res = run.run_layer(layer)
@@ -88,23 +92,36 @@ def main() -> None:
         k_t = torch.as_tensor(k_all[live])
         kv_t = torch.as_tensor(kv_map(k_all[live], res.answer_lens[live][:, idx]))
 
-        def label(cfg, fit, k_t=k_t, kv_t=kv_t):
+        def label(cfg, fit, steps, k_t=k_t, kv_t=kv_t):
             def score(k_scored, kv_scored, orders, rescue):
                 return Matches.concat(run._match(0, "+", k_scored, kv_scored, orders,
                                                  None if rescue else kv_t, rescue))
+
+            def timed(phase, fn, *a):  # each step of the rule, by its function
+                t = time.perf_counter()
+                out = fn(*a)
+                name = STEPS.get(getattr(fn, "__name__", phase), phase)
+                steps[name] = steps.get(name, 0.0) + time.perf_counter() - t
+                return out
             return operator_labels.label_operator(cfg, k_t, kv_t, score, run.n_tests["+"],
-                                                  run.nulls["+"], fit)
+                                                  run.nulls["+"], fit, timed)
         per = {"new": [], "old": []}
+        per_step: dict[str, dict[str, list[float]]] = {"new": {}, "old": {}}
         outs = {}
         timed_layer = layer in {int(x) for x in args.time_layers.split(",")}
         for _ in range(args.repeat if timed_layer else 1):
             for name, cfg, fit in (("new", config, run.fits["+"]), ("old", before, None)):
+                steps: dict[str, float] = {}
                 t = time.perf_counter()
-                outs[name] = label(cfg, fit)
+                outs[name] = label(cfg, fit, steps)
                 per[name].append(time.perf_counter() - t)
+                for k, v in steps.items():
+                    per_step[name].setdefault(k, []).append(v)
         if timed_layer:
             for name in per:
                 timing[name].append(per[name])
+                for k, v in per_step[name].items():
+                    step_timing[name][k] = step_timing[name].get(k, 0.0) + statistics.median(v)
         masks = {}
         for name, out in outs.items():
             m = out.matches
@@ -161,7 +178,9 @@ def main() -> None:
                               "added_share": round(new_s / old_s - 1, 3),
                               "new_totals": [round(x, 2) for x in totals["new"]],
                               "old_totals": [round(x, 2) for x in totals["old"]],
-                              "repeat": args.repeat, "layers": args.time_layers},
+                              "repeat": args.repeat, "layers": args.time_layers,
+                              "steps_median_sum": {n: {k: round(v, 2) for k, v in st.items()}
+                                                   for n, st in step_timing.items()}},
         "threads": torch.get_num_threads(),
     }
     if args.record:

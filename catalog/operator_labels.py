@@ -100,9 +100,10 @@ Score = Callable[[torch.Tensor, torch.Tensor, dict, bool], Matches]
 
 def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
                    n_tests: int, null: nulls.ValueNull | None, fit: OperandFit | None,
-                   timed: Callable | None = None) -> OperatorLabels:
+                   timed: Callable | None = None, explain: bool = True) -> OperatorLabels:
     """Score, label and gate one operator's live maps (steps 1-4 of the module doc).
-    ``timed(phase, fn, *args)`` times each phase where given (the run's clock)."""
+    ``timed(phase, fn, *args)`` times each phase where given (the run's clock);
+    ``explain``: the labelled maps' explanations (the controls count labels alone)."""
     def run(phase, fn, *args):
         return fn(*args) if timed is None else timed(phase, fn, *args)
 
@@ -122,6 +123,8 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     labelled = np.union1d(value_labelled, r.neuron)
     r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
     m = merged(m, r)
+    if not explain:
+        labelled = np.zeros(0, np.int64)
     ex_k, ex_kv = run("significance", explain_maps, fit, k_map, kv, labelled)
     # a row the gate unlabels is kept only where it is among its family's best
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
@@ -205,7 +208,7 @@ def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list
         return nulls.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
                                       null, with_bottom, orders)
 
-    out = label_operator(config, k_map, kv, score, n_tests, null, fit)
+    out = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False)
     return np.unique(out.matches.neuron[out.matches.implements])
 
 
@@ -219,7 +222,7 @@ def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partition
         return nulls.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
                                       null, with_bottom, orders)
 
-    m = label_operator(config, k_map, kv, score, n_tests, null, fit).matches
+    m = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False).matches
     result = np.array([h.target == "result" for h in m.heuristics] or [False])[m.heuristic]
     return (np.unique(m.neuron[m.implements]),
             np.unique(m.neuron[m.implements & result]))
