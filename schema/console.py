@@ -198,6 +198,12 @@ def run(url: str, text: str, *, row_cap: int = 1000, timeout_ms: int = 5000,
     except (psycopg.errors.QueryCanceled, _OutOfTime):
         raise ConsoleError(f"The query ran longer than {timeout_ms / 1000:g} s and was "
                            "stopped.") from None
+    except psycopg.OperationalError as exc:
+        if "too many connections for role" in str(exc):  # migration 0028's limit
+            raise ConsoleError("Every analysts' connection is in use (the catalog_reader "
+                               "role's connection limit, which leaves the rest to the "
+                               "workers); try again in a moment.") from None
+        raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
     except psycopg.Error as exc:
         raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
 

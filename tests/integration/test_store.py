@@ -14,7 +14,7 @@ from catalog.config import ScienceConfig
 from catalog.run import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
-from schema import reads, store
+from schema import console, reads, store
 from schema.database import Settings, resolve_database_url
 from schema.engine import alembic_config, migrate
 from schema.quantize import dequantize, max_error, quantize_rows
@@ -648,3 +648,39 @@ def test_reader_limits_hold_in_the_psql_binary(db):
     assert out.stdout.split() == ["2", "SET"], out
     denied = [line for line in out.stderr.splitlines() if "permission denied" in line]
     assert len(denied) == 5, out.stderr
+
+
+@pytest.mark.serial  # holds every reader slot of the server while it runs
+def test_readers_cannot_take_the_workers_connections_nor_read_other_queries(db):
+    """Issue 49.5: 89 idle reader connections took every slot of the server and the
+    workers' heartbeats failed. The role's connection limit (migration 0028: a quarter of
+    the non-superuser slots) refuses the next reader, and a worker still connects and
+    beats; a reader cannot read another session's query text by backend slot either."""
+    with store.connect(db) as conn:
+        limit = conn.execute("SELECT rolconnlimit FROM pg_roles "
+                             "WHERE rolname = 'catalog_reader'").fetchone()[0]
+        slots = conn.execute("SELECT current_setting('max_connections')::int - "
+                             "current_setting('superuser_reserved_connections')::int"
+                             ).fetchone()[0]
+    assert limit == max(1, slots // 4), (limit, slots)
+    readers: list = []
+    try:
+        # other tests' readers may hold some slots: connect until refused
+        with pytest.raises(psycopg.OperationalError, match="too many connections for role"):
+            for _ in range(limit + 1):
+                readers.append(store.connect(reader_url(db), autocommit=True))
+        assert 0 < len(readers) <= limit
+        # the console says why, not a driver's traceback
+        with pytest.raises(console.ConsoleError, match="connection limit"):
+            console.run(db, "SELECT 1")
+        readers[0].execute("SELECT 'secret text of another analyst'")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            readers[1].execute("SELECT pg_stat_get_backend_activity(s) "
+                               "FROM pg_stat_get_backend_idset() s")
+        # a worker's heartbeat: its own connection, an update
+        with store.connect(db, autocommit=True, connect_timeout=10) as worker:
+            worker.execute("UPDATE job_layer SET heartbeat_at = now() WHERE job_id = -1")
+            assert worker.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        for r in readers:
+            r.close()
