@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="Redis URL of the job broker; unset: localhost:6379 if it answers, "
                           "else an embedded redis-server in NCAT_HOME/redis")
+    ncat_reader_password: SecretStr | None = Field(
+        None, description="password of the analysts' role catalog_reader, for servers that "
+                          "authenticate by password (scram-sha-256); `ncat migrate` sets it "
+                          "and the explorer's readers use it; unset: no password (trust)")
     ncat_home: Path = Field(
         default_factory=_default_home,
         description="the catalog's own files: built-in checkpoints, embedded servers, logs")
@@ -97,6 +101,8 @@ def child_env(settings: Settings | None = None, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     if settings is not None:
         for name, value in settings.model_dump().items():
+            if isinstance(value, SecretStr):  # str() of it is asterisks
+                value = value.get_secret_value()
             if value is not None:
                 env[name.upper()] = str(value)
     env.update(extra)

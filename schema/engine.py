@@ -76,6 +76,34 @@ def migrate(url: str | None = None, revision: str = "head") -> str:
     return url
 
 
+def set_reader_password(url: str, password: str) -> None:
+    """Give the analysts' role ``password`` (``NCAT_READER_PASSWORD``; ``ncat migrate``):
+    sent as its SCRAM-SHA-256 verifier, computed here, so the server's logs never hold
+    the password itself. The role is the server's: two catalogs migrating at once race on
+    its row ("tuple concurrently updated"), and the loser tries again."""
+    import time
+
+    import psycopg
+    from psycopg import sql
+
+    from schema import store
+    from schema.export import READER
+
+    with store.connect(url, autocommit=True) as conn:
+        verifier = conn.pgconn.encrypt_password(password.encode(), READER.encode(),
+                                                b"scram-sha-256").decode()
+        statement = sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(READER),
+                                                               sql.Literal(verifier))
+        for attempt in range(50):
+            try:
+                conn.execute(statement)
+                return
+            except psycopg.errors.InternalError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.05 + 0.2 * (attempt % 5) / 5)
+
+
 class SchemaBehind(RuntimeError):
     """The database is missing, empty, or at an older migration than this code."""
 

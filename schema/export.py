@@ -20,7 +20,13 @@ FORMATS = ("parquet", "csv")
 
 
 def as_reader(url: str) -> str:
-    return make_url(url).set(username=READER, password=None).render_as_string(
+    """``url`` as the analysts' role, with its password where one is set
+    (``NCAT_READER_PASSWORD``: servers that authenticate by password), else none."""
+    from catalog.settings import get_settings
+
+    secret = get_settings().ncat_reader_password
+    password = secret.get_secret_value() if secret is not None else None
+    return make_url(url).set(username=READER, password=password).render_as_string(
         hide_password=False)
 
 

