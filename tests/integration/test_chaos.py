@@ -1,6 +1,8 @@
 """Jobs heal themselves: two real workers, a private Redis, PostgreSQL, and in turn a pool
 child killed mid-layer, a pool child killed during the summary, a worker's parent
-killed, a worker's database backend terminated and Redis restarted empty. After each,
+killed, a worker's database backend terminated, Redis restarted empty, and both workers
+killed (parents and pool children) during a checkpoint's summary, two new ones started in
+their place. After each,
 with no manual command, every job reaches 'done' within a bound, and in the end the
 stored rows equal a clean run's (checksums per checkpoint and config), with no
 duplicate and no partial layer.
@@ -47,7 +49,8 @@ STALE = 4.0
 CONFIGS = {name: ScienceConfig(operand_hi=12, pairs_per_op=pairs, faithfulness_prompts=30)
            for name, pairs in (("child mid-layer", 6), ("child in summary", 7),
                                ("worker parent", 8), ("database backend", 9),
-                               ("redis restarted empty", 10))}
+                               ("redis restarted empty", 10),
+                               ("both workers in summary", 11))}
 STEPS = {"redis restarted empty": "64,128,300"}  # more messages than workers: some wait
 
 
@@ -84,6 +87,15 @@ def chaos(db, tiny_builtin, tmp_path, monkeypatch):
                 stderr=subprocess.STDOUT, start_new_session=True)
             workers[label] = proc
             return proc
+
+        def running(self) -> list[str]:
+            return [label for label, proc in workers.items() if proc.poll() is None]
+
+        def kill_worker(self, label: str) -> None:
+            """SIGKILL a worker's parent and its pool children (its process group)."""
+            proc = workers[label]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
         def marks(self) -> list[list[str]]:
             return [line.split() for line in marks.read_text().splitlines()]
@@ -197,6 +209,19 @@ def test_every_job_finishes_after_each_failure_with_rows_equal_to_a_clean_run(
     t0 = time.monotonic()
     recovery["redis restarted empty"] = _wait_all_done(chaos.url, t0, "redis restarted empty",
                                                        chaos.logs)
+
+    # 6. both workers killed, parents and children, during a checkpoint's summary; two
+    # new workers are started (what a supervisor does) and nothing else
+    seen = len(chaos.marks())
+    enqueue("both workers in summary")
+    chaos.wait_for_mark("summary", seen)
+    for label in chaos.running():
+        chaos.kill_worker(label)
+    chaos.start_worker("w4")
+    chaos.start_worker("w5")
+    t0 = time.monotonic()
+    recovery["both workers in summary"] = _wait_all_done(chaos.url, t0,
+                                                         "both workers in summary", chaos.logs)
 
     with capsys.disabled():
         print("\nrecovery (failure -> every job done): " + ", ".join(
