@@ -9,5 +9,6 @@ COPY schema schema
 COPY migrations migrations
 COPY jobs jobs
 COPY ui ui
+COPY reports reports
 RUN pip install --no-cache-dir .
 ENV NCAT_HOME=/data/ncat

@@ -65,3 +65,33 @@ def test_the_reader_logs_in_by_scram_password_set_by_migrate(scram_server, monke
     monkeypatch.delenv("NCAT_READER_PASSWORD")
     with pytest.raises(console.ConsoleError, match="password"):
         console.run(url, "select 1")
+
+
+def test_the_reader_reaches_only_the_catalogs_database(scram_server, monkeypatch):
+    """scripts/postgres-init/10-reader-hba.sh, which docker-compose.yml gives the postgres
+    image: catalog_reader may connect to the catalog's database and to no other (the
+    `postgres` database is open to PUBLIC, and the migrations' guards hold per database);
+    the owner still reaches every database."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    url, data = scram_server
+    monkeypatch.setenv("NCAT_READER_PASSWORD", READER_PW)
+    assert main(["migrate", "--database-url", url]) == 0
+    reader = f"postgresql://catalog_reader:{READER_PW}@/{{db}}?host={data}"
+    # before: the reader reaches the server's maintenance database too
+    psycopg.connect(reader.format(db="postgres")).close()
+    script = Path(__file__).resolve().parents[2] / "scripts" / "postgres-init" / "10-reader-hba.sh"
+    env = {**os.environ, "PGDATA": str(data), "POSTGRES_DB": "ncat"}
+    for _ in range(2):  # a second run changes nothing
+        subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
+    assert (data / "pg_hba.conf").read_text().count("ncat: catalog_reader") == 1
+    with psycopg.connect(url, autocommit=True) as owner:
+        owner.execute("SELECT pg_reload_conf()")
+    for db in ("postgres", "template1"):
+        with pytest.raises(psycopg.OperationalError, match="pg_hba.conf rejects"):
+            psycopg.connect(reader.format(db=db)).close()
+    res = console.run(url, "select current_database() as db, current_user as who")
+    assert res.rows == [("ncat", "catalog_reader")]
+    psycopg.connect(url.replace("/ncat?", "/postgres?")).close()  # the owner: anywhere

@@ -44,6 +44,10 @@ def test_services_healthchecks_and_dependencies():
     for name in ("migrate", "worker", "explorer"):
         assert services[name]["environment"]["NCAT_READER_PASSWORD"].startswith(
             "${NCAT_READER_PASSWORD:?"), name
+    # the postgres image runs the script that confines the reader to the catalog's database
+    mount = "./scripts/postgres-init:/docker-entrypoint-initdb.d:ro"
+    assert mount in services["postgres"]["volumes"]
+    assert (ROOT / "scripts" / "postgres-init" / "10-reader-hba.sh").is_file()
     # Redis keeps an append-only file on a volume: queued messages survive its restart
     redis_cmd = services["redis"]["command"]
     assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"
@@ -83,7 +87,17 @@ def test_dockerfile_copies_what_exists():
     text = (ROOT / "Dockerfile").read_text()
     assert "pip install --no-cache-dir torch==2.13.0" in text
     assert text.index("torch==2.13.0") < text.index("pip install --no-cache-dir .")
+    copied = set()
     for line in text.splitlines():
         if line.startswith("COPY "):
             for src in shlex.split(line)[1:-1]:
                 assert (ROOT / src).exists(), src
+                copied.add(src.rstrip("/"))
+    # every package `pip install .` installs is in the image: reports/ was added after the
+    # Dockerfile and left out, and the explorer imports it (the image could not serve)
+    import tomllib
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = found["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    assert packages and packages <= copied, packages - copied
