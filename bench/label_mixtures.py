@@ -36,10 +36,15 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from labelling import additive_maps, cells_of, labelled_with_fit, noise_maps
+    from labelling import (
+        TRUE_RESULT,
+        additive_maps,
+        cells_of,
+        labelled_with_fit,
+        noise_maps,
+    )
 
     from catalog.config import ScienceConfig
-    from catalog.heuristics import Heuristic
     from catalog.operand_fit import AdditiveOperands
 
     def labelled(op, cells, maps, beyond, h):
@@ -54,13 +59,7 @@ def main() -> None:
         other = set(np.unique(m.neuron[m.implements & result & ~hit]).tolist())
         return len(own), len(other)
 
-    planted = [("+", Heuristic("range", "result", (20, 10))),
-               ("+", Heuristic("range", "result", (40, 30))),
-               ("+", Heuristic("modulo", "result", (5, 2))),
-               ("+", Heuristic("pattern", "result", ("..7",))),
-               ("*", Heuristic("range", "result", (99, 100))),
-               ("*", Heuristic("modulo", "result", (3, 0))),
-               ("*", Heuristic("pattern", "result", ("..4",)))]
+    planted = TRUE_RESULT
     t0 = time.perf_counter()
     rows = []
     for op, h in planted:

@@ -6,7 +6,7 @@ import torch
 from catalog import nulls
 from catalog.arith import apply_op, is_valid
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, n_tests, partitions_for, result_partitions
+from catalog.heuristics import Cells, Heuristic, n_tests, partitions_for, result_partitions
 from catalog.matches import Matches
 from catalog.matching import multi_result_matches, score_partitions
 from catalog.operator_labels import OperatorLabels, label_operator, operand_fit
@@ -117,3 +117,12 @@ def product_window_maps(cells: Cells, n: int, rng) -> np.ndarray:
     return x + noise_maps(cells, n, rng)
 
 
+# true result sets the rule must keep with operand effects mixed in (the tests and
+# bench/label_mixtures.py)
+TRUE_RESULT = [("+", Heuristic("range", "result", (20, 10))),
+               ("+", Heuristic("range", "result", (40, 30))),
+               ("+", Heuristic("modulo", "result", (5, 2))),
+               ("+", Heuristic("pattern", "result", ("..7",))),
+               ("*", Heuristic("range", "result", (99, 100))),
+               ("*", Heuristic("modulo", "result", (3, 0))),
+               ("*", Heuristic("pattern", "result", ("..4",)))]

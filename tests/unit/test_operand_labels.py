@@ -10,6 +10,7 @@ import pytest
 import torch
 from labelling import (
     ADDITIVE,
+    TRUE_RESULT,
     additive_maps,
     cells_of,
     labelled_with_fit,
@@ -83,13 +84,6 @@ def test_another_operators_result_is_not_this_operators_result():
     assert len(old) > n // 2  # before 0.10.0 they were labelled as sums
 
 
-TRUE_RESULT = [("+", Heuristic("range", "result", (20, 10))),
-               ("+", Heuristic("range", "result", (40, 30))),
-               ("+", Heuristic("modulo", "result", (5, 2))),
-               ("+", Heuristic("pattern", "result", ("..7",))),
-               ("*", Heuristic("range", "result", (99, 100))),
-               ("*", Heuristic("modulo", "result", (3, 0))),
-               ("*", Heuristic("pattern", "result", ("..4",)))]
 
 
 def _beyond_share(cells: Cells, s: np.ndarray) -> float:
