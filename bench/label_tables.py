@@ -8,23 +8,12 @@ Run: .venv/bin/python bench/label_tables.py   (prints Markdown)
 from __future__ import annotations
 
 import json
-import math
+
+from catalog.stats import wilson
 
 from _common import ROOT
 
 RECORDED = ROOT / "bench" / "recorded"
-Z = 1.959963984540054
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    if not n:
-        return float("nan"), float("nan")
-    p = k / n
-    c = (p + Z * Z / (2 * n)) / (1 + Z * Z / n)
-    h = Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n)) / (1 + Z * Z / n)
-    return max(0.0, c - h), min(1.0, c + h)
-
-
 def share(k: int, n: int) -> str:
     lo, hi = wilson(k, n)
     return f"{k:,}/{n:,} = {k / n:.3f} [{lo:.3f}, {hi:.3f}]" if n else "n/a"

@@ -24,18 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from catalog import stats
+
 TRIM = 0.1  # share of pairs dropped at each end by the trimmed mean
 MOVED_EPS = 1e-3  # |log-space effect| from which a pair counts as moved
-
-
-def trimmed_mean(x: np.ndarray, prop: float = TRIM) -> np.ndarray:
-    """Mean over the last axis after dropping floor(prop * n) values at each end."""
-    n = x.shape[-1]
-    if n == 0:
-        return np.full(x.shape[:-1], np.nan, dtype=np.float32)
-    cut = int(np.floor(prop * n))
-    s = np.sort(x, axis=-1)
-    return s[..., cut:n - cut].mean(-1)
 
 
 @dataclass
@@ -62,7 +54,8 @@ class PairStats:
         # the largest value, which float32 holds)
         std = base.std(1, dtype=np.float64).astype(base.dtype)
         return cls(mean=base.mean(1), std=std, log_mean=log_effect.mean(1),
-                   median=np.median(log_effect, axis=1), trimmed=trimmed_mean(log_effect),
+                   median=np.median(log_effect, axis=1),
+                   trimmed=stats.trimmed_mean(log_effect, TRIM),
                    moved=(np.abs(log_effect) > MOVED_EPS).mean(1))
 
     def statistic(self, name: str) -> np.ndarray:
@@ -80,25 +73,3 @@ def ranks(key: np.ndarray) -> np.ndarray:
     """0 = largest key, per column; ties keep neuron order."""
     return np.argsort(np.argsort(-key, axis=0, kind="stable"), axis=0,
                       kind="stable").astype(np.int32)
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN with fewer than 3 values
-    or a constant side."""
-    ok = np.isfinite(x) & np.isfinite(y)
-    x, y = x[ok], y[ok]
-    if len(x) < 3:
-        return float("nan")
-
-    def avg_rank(v):
-        order = np.argsort(v, kind="stable")
-        r = np.empty(len(v))
-        r[order] = np.arange(len(v), dtype=np.float64)
-        _, inv, counts = np.unique(v, return_inverse=True, return_counts=True)
-        sums = np.bincount(inv, weights=r)
-        return sums[inv] / counts[inv]
-
-    rx, ry = avg_rank(x), avg_rank(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])

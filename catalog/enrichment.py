@@ -19,40 +19,7 @@ import math
 
 import numpy as np
 
-from catalog.significance import overlap_tail
-
-Z95 = 1.959963984540054
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a binomial share k / n (nan, nan for n = 0)."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
-    """Newcombe's hybrid score interval of p1 - p2 (from the two Wilson intervals)."""
-    if not n1 or not n2:
-        return float("nan"), float("nan")
-    p1, p2 = k1 / n1, k2 / n2
-    l1, u1 = wilson(k1, n1)
-    l2, u2 = wilson(k2, n2)
-    d = p1 - p2
-    return (d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2),
-            d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2))
-
-
-def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
-    """One-sided Fisher exact p-value that group 1 has the larger share: P(X >= k1) for X
-    the labelled count of n1 neurons drawn from the n1 + n2 with k1 + k2 labelled."""
-    total, labelled = n1 + n2, k1 + k2
-    if n1 == 0 or labelled == 0 or total == 0:
-        return 1.0
-    return float(overlap_tail(total, labelled, n1)[min(k1, n1)])
+from catalog.stats import fisher_greater, newcombe, wilson
 
 
 def compare(k_top: int, n_top: int, k_rand: int, n_rand: int, k_all: int, n_all: int) -> dict:

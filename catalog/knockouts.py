@@ -20,6 +20,7 @@ from transformer_lens import HookedTransformer
 from catalog.grids import PrefixRunner, post_hook_name
 from catalog.heuristics import Heuristic
 from catalog.prompts import PromptTable
+from catalog.stats import share_se
 
 
 @torch.no_grad()
@@ -89,8 +90,7 @@ def verdict(acc_associated: float, n_associated: int, acc_other: float, n_other:
     more than two, ``inconclusive`` otherwise (or when a side has no prompt)."""
     if not (n_associated and n_other) or math.isnan(acc_associated) or math.isnan(acc_other):
         return "inconclusive"
-    se = math.sqrt(acc_associated * (1 - acc_associated) / n_associated
-                   + acc_other * (1 - acc_other) / n_other)
+    se = math.hypot(share_se(acc_associated, n_associated), share_se(acc_other, n_other))
     diff = acc_associated - acc_other
     # with no variance on either side (every prompt right or wrong), any gap is exact
     if diff < -2 * se or (se == 0 and diff < 0):

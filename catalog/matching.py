@@ -26,6 +26,7 @@ from catalog import significance
 from catalog.heuristics import Cells, Heuristic, Partition
 from catalog.matches import Matches
 from catalog.significance import base_rate, p_values
+from catalog.stats import log_n_choose
 
 
 @dataclass
@@ -405,7 +406,7 @@ def multi_result_matches(
                     k = int(np.isin(result, results).sum())
                     x = int(round(share * top))
                     log_p = (np.log(max(overlap_tail_at(c, k, top, x), 1e-300))
-                             + significance.log_n_choose(len(uniq), r))
+                             + log_n_choose(len(uniq), r))
                     out.append((neuron, op, Heuristic("multi_result", "result", results),
                                 share, False, k / c, float(min(1.0, np.exp(log_p))), False))
                 break

@@ -22,10 +22,10 @@ import torch
 from catalog.heuristics import Cells, Heuristic, Partition
 from catalog.matches import Matches
 from catalog.matching import score_partitions
+from catalog.stats import fisher_combined
 from catalog.tails import (
     STRATA,
     ValueGroups,
-    fisher,
     identical_p,
     min_p,
     set_p_values,
@@ -93,7 +93,7 @@ class ValueNull:
         if h.family == "identical":
             return 1.0 / (1 + self.permutations)
         if h.target == "both":
-            return float(fisher(min_p(self.groups["op1"], self.member(h, "op1")),
+            return float(fisher_combined(min_p(self.groups["op1"], self.member(h, "op1")),
                                 min_p(self.groups["op2"], self.member(h, "op2"))))
         return min_p(self.groups[h.target], self.member(h, h.target))
 
@@ -145,7 +145,7 @@ class ValueNull:
             hidx = np.concatenate([h for _, _, h in parts])
             out[rows] = self._set_p(share, hidx, kinds, t)
         for rows, (share1, h1), (share2, h2) in tests.both:
-            out[rows] = fisher(self._set_p(share1, h1, kinds, "op1"),
+            out[rows] = fisher_combined(self._set_p(share1, h1, kinds, "op1"),
                                self._set_p(share2, h2, kinds, "op2"))
         for rows, p in tests.identical:
             out[rows] = p

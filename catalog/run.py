@@ -30,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from catalog import effects, nulls, operator_labels, spectra
+from catalog import effects, nulls, operator_labels, spectra, stats
 from catalog.builtin.model import BUILTIN_NAME
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.grids import mlp_width, run_grid
@@ -352,7 +352,7 @@ class CheckpointRun(CheckpointSummary):
         facts["n_exact"] = int(len(neurons))
         if attr_stats is not None:
             a = attr_stats.log_mean if stat == "mean" else attr_stats.statistic(stat)
-            rho = effects.spearman(a[neurons], ex.log_mean if stat == "mean"
+            rho = stats.spearman(a[neurons], ex.log_mean if stat == "mean"
                                    else ex.statistic(stat))
             facts["spearman"] = None if np.isnan(rho) else rho
         return facts

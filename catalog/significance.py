@@ -24,10 +24,9 @@ most ``significance_level``, whatever the grid size, the operator or the familie
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
-import torch
+
+from catalog.stats import hypergeom_tail
 
 
 def base_rate(k: np.ndarray | int, n_cells: int) -> np.ndarray:
@@ -35,43 +34,17 @@ def base_rate(k: np.ndarray | int, n_cells: int) -> np.ndarray:
     return np.asarray(k, dtype=np.float64) / n_cells
 
 
-def _log_comb(n, r):
-    return torch.lgamma(n + 1) - torch.lgamma(r + 1) - torch.lgamma(n - r + 1)
-
-
-def log_n_choose(n: int, r: int) -> float:
-    """log C(n, r)."""
-    return float(_log_comb(torch.tensor(float(n), dtype=torch.float64),
-                           torch.tensor(float(r), dtype=torch.float64)))
-
-
-@lru_cache(maxsize=8192)
 def overlap_tail(n_cells: int, k: int, draws: int | None = None) -> np.ndarray:
     """P(X >= x) for x = 0..draws, X the overlap of a random ``draws``-subset of
-    ``n_cells`` cells with a fixed set of k cells (hypergeometric; draws defaults to k),
-    computed exactly in log space.
-
-    Cached: every layer of a checkpoint asks for the same (cells, k) pairs. The array
-    returned is read-only."""
+    ``n_cells`` cells with a fixed set of k cells (``catalog.stats.hypergeom_tail``;
+    draws defaults to k). Read-only, cached there: every layer of a checkpoint asks for
+    the same (cells, k) pairs."""
     draws = k if draws is None else draws
     if not 0 < k <= n_cells:
         raise ValueError(f"k must be in 1..{n_cells}, got {k}")
     if not 0 < draws <= n_cells:
         raise ValueError(f"draws must be in 1..{n_cells}, got {draws}")
-    i = torch.arange(0, draws + 1, dtype=torch.float64)
-    n = torch.tensor(float(n_cells), dtype=torch.float64)
-    kk = torch.tensor(float(k), dtype=torch.float64)
-    d = torch.tensor(float(draws), dtype=torch.float64)
-    # i successes need i <= k and draws - i <= n - k
-    possible = (i <= k) & ((draws - i) <= (n_cells - k))
-    log_pmf = torch.where(possible,
-                          _log_comb(kk, i.clamp(max=k)) + _log_comb(n - kk, (d - i).clamp(min=0))
-                          - _log_comb(n, d),
-                          torch.full_like(i, -float("inf")))
-    # upper tail: logcumsumexp from the right
-    tail = torch.logcumsumexp(log_pmf.flip(0), dim=0).flip(0).exp().clamp(max=1.0).numpy()
-    tail.flags.writeable = False
-    return tail
+    return hypergeom_tail(int(n_cells), int(k), int(draws))
 
 
 def p_values(score: np.ndarray, k: np.ndarray, n_cells: int,

@@ -1,19 +1,19 @@
 """The value null's tails (docs/method.md section 7): the exact upper tail of the
-overlap X as a sum of per-stratum hypergeometrics (``value_tail``), Fisher's combination,
-the Monte Carlo tail of op1 = op2 (``identical_p``), the bounded within-class tails
-(``within_class_tail``) and Tarone's correction. ``catalog.nulls`` puts them together
-into a label."""
+overlap X as a sum of per-stratum hypergeometrics (``value_tail``), the Monte Carlo tail
+of op1 = op2 (``identical_p``), the bounded within-class tails (``within_class_tail``)
+and Tarone's correction. The hypergeometric itself and Fisher's combination are
+``catalog.stats``'. ``catalog.nulls`` puts them together into a label."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import lgamma
 
 import numpy as np
 import torch
 
 from catalog.heuristics import Cells, Heuristic
+from catalog.stats import hypergeom_pmf
 from catalog.vocab import NULL_STRATA
 
 STRATA = NULL_STRATA  # how values are grouped: by digit count, or not at all
@@ -69,25 +69,6 @@ class ValueGroups:
         return probe.contains(v, v, v)
 
 
-def _log_comb(a: int, b: int) -> float:
-    return lgamma(a + 1) - lgamma(b + 1) - lgamma(a - b + 1)
-
-
-def _hyper_pmf(n: int, u: int, m: int) -> np.ndarray:
-    """P(X = x), x = 0..m: overlap of a fixed m-subset with a random u-subset of n."""
-    from scipy.special import gammaln
-
-    out = np.zeros(m + 1)
-    lo, hi = max(0, m - (n - u)), min(m, u)
-    if hi < lo:
-        return out
-    x = np.arange(lo, hi + 1, dtype=np.float64)
-    out[lo:hi + 1] = np.exp(gammaln(u + 1) - gammaln(x + 1) - gammaln(u - x + 1)
-                            + gammaln(n - u + 1) - gammaln(m - x + 1)
-                            - gammaln(n - u - m + x + 1) - _log_comb(n, m))
-    return out
-
-
 @lru_cache(maxsize=65536)
 def value_tail(strata: tuple[tuple[int, int, int], ...]) -> np.ndarray:
     """P(X >= x), x = 0..sum m_s, for X the sum over strata (n_s values, u_s of them in
@@ -97,7 +78,7 @@ def value_tail(strata: tuple[tuple[int, int, int], ...]) -> np.ndarray:
     for n, u, m in strata:
         if m == 0:
             continue
-        pmf = np.convolve(pmf, _hyper_pmf(n, u, m))
+        pmf = np.convolve(pmf, hypergeom_pmf(n, u, m))
     tail = np.minimum(np.cumsum(pmf[::-1])[::-1], 1.0)
     tail.flags.writeable = False
     return tail
@@ -110,13 +91,6 @@ def min_p(groups: ValueGroups, member: np.ndarray) -> float:
     m_s = np.bincount(groups.stratum[member], minlength=len(n_s))
     layout = tuple((int(n), int(m), int(m)) for n, m in zip(n_s, m_s, strict=True))
     return float(value_tail(layout)[-1])
-
-
-def fisher(p1: np.ndarray | float, p2: np.ndarray | float) -> np.ndarray:
-    """Fisher's combination of two independent p-values: P(U1 U2 <= u) = u (1 - ln u)."""
-    u = np.clip(np.asarray(p1, dtype=np.float64) * np.asarray(p2, dtype=np.float64),
-                1e-300, 1.0)
-    return np.minimum(1.0, u * (1.0 - np.log(u)))
 
 
 def top_weights(maps: torch.Tensor, draws: int, kth: torch.Tensor | None = None) -> torch.Tensor:

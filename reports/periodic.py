@@ -5,8 +5,9 @@ spectra."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from catalog.stats import wilson
 
 AXES = ("op1", "op2", "result", "kv")
 
@@ -39,16 +40,6 @@ def gather(conn, model_id: int, checkpoint_id: int, config_id: int) -> PeriodicD
         "FROM period_label_overlap WHERE model_id = %s AND checkpoint_id = %s "
         "AND config_id = %s ORDER BY op, family, target", key)]
     return d
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score 95% interval of k successes in n."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def share_text(k: int, n: int) -> str:

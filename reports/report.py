@@ -30,7 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
-from catalog.enrichment import wilson
+from catalog.stats import share_se, wilson
 from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic
@@ -202,7 +202,7 @@ def markdown(d: ReportData) -> str:
            "| op | accuracy | ± SE | prompts | pairs used |", "|---|---|---|---|---|"]
     for op in ops:
         acc, n = d.accuracy.get(op), d.n_prompts.get(op, 0)
-        se = math.sqrt(acc * (1 - acc) / n) if acc is not None and n else None
+        se = share_se(acc, n) if acc is not None and n else None
         out.append(f"| {op} | {_fmt(acc)} | {_fmt(se)} | {n} | {d.n_pairs.get(op, 'n/a')} |")
     covered = (f"over the {len(d.layers)} layers measured of the model's {d.n_model_layers}: "
                "the layers not measured are not in the total" if d.n_model_layers

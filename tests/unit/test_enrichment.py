@@ -1,35 +1,11 @@
 """Enrichment of the top set (catalog.enrichment): known answers for the intervals and the
 exact test, and planted layers whose top set is (or is not) labelled more often."""
 
-import math
-
 import numpy as np
-import pytest
 
 from catalog import enrichment
 from catalog.heuristics import Heuristic
 from catalog.matches import Matches
-
-
-def test_wilson_interval_known_values():
-    # Newcombe (1998), table I: 81/263 -> 0.2553-0.3662; 15/148 -> 0.0624-0.1605
-    assert enrichment.wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=5e-5)
-    assert enrichment.wilson(15, 148) == pytest.approx((0.0624, 0.1605), abs=5e-5)
-    assert enrichment.wilson(0, 10)[0] == 0.0
-    assert enrichment.wilson(10, 10)[1] == pytest.approx(1.0)
-
-
-def test_newcombe_difference_known_values():
-    # Newcombe (1998), method 10, example (56/70 - 48/80): 0.0524 to 0.3339
-    assert enrichment.newcombe(56, 70, 48, 80) == pytest.approx((0.0524, 0.3339), abs=5e-4)
-
-
-def test_fisher_one_sided_equals_the_hypergeometric_sum():
-    for k1, n1, k2, n2 in [(8, 10, 3, 10), (45, 50, 160, 200), (0, 5, 5, 5), (3, 3, 0, 30)]:
-        total, lab = n1 + n2, k1 + k2
-        want = sum(math.comb(lab, j) * math.comb(total - lab, n1 - j)
-                   for j in range(k1, min(lab, n1) + 1)) / math.comb(total, n1)
-        assert enrichment.fisher_greater(k1, n1, k2, n2) == pytest.approx(want, rel=1e-9)
 
 
 def _matches(labelled: dict[int, list[int]], width: int) -> Matches:

@@ -199,8 +199,8 @@ def test_bfloat16_forward_passes_keep_the_ranking_of_effects(tiny_builtin, tiny)
     0.8) per (layer, operator), 6-9 of the float32 top 10 in the bfloat16 top 10."""
     from dataclasses import replace
 
-    from catalog.effects import spearman
     from catalog.run import CheckpointRun
+    from catalog.stats import spearman
 
     lm32 = tiny[0]
     cfg, root = tiny_builtin
