@@ -31,28 +31,34 @@ def queue_name() -> str:
 
 
 def make_app(settings: Settings | None = None) -> Celery:
-    """A Celery app configured from the settings (broker URL, queue, timeouts)."""
-    settings = settings or get_settings()
-    app = Celery("ncat", broker=resolve_redis_url(settings), include=["jobs.tasks"])
-    visibility = settings.ncat_visibility_timeout
-    app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        worker_concurrency=1,
-        broker_transport_options={"visibility_timeout": visibility},
-        broker_connection_retry_on_startup=True,
-        task_ignore_result=True,
-        task_default_queue=settings.ncat_queue,
-        task_serializer="json",
-        accept_content=["json"],
-        worker_hijack_root_logger=False,
+    """A Celery app configured from the settings (broker URL, queue, timeouts), lazily:
+    nothing is resolved until the app's configuration is first read (a task sent, a
+    worker started, a control command), so importing this module neither probes for a
+    broker nor starts the embedded Redis server (``jobs.broker.resolve_redis_url``)."""
+    app = Celery("ncat", include=["jobs.tasks"])
+    app.add_defaults(lambda: _config(settings or get_settings()))
+    return app
+
+
+def _config(settings: Settings) -> dict:
+    return {
+        "broker_url": resolve_redis_url(settings),
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_concurrency": 1,
+        "broker_transport_options": {"visibility_timeout": settings.ncat_visibility_timeout},
+        "broker_connection_retry_on_startup": True,
+        "task_ignore_result": True,
+        "task_default_queue": settings.ncat_queue,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "worker_hijack_root_logger": False,
         # a new pool process imports torch and the catalog before it reports ready, which
         # takes 7-17 s on a loaded machine; Celery's default allowance (4 s) killed every
         # replacement child in a loop, so the task it held never ran
-        worker_proc_alive_timeout=settings.ncat_child_startup_seconds,
-    )
-    return app
+        "worker_proc_alive_timeout": settings.ncat_child_startup_seconds,
+    }
 
 
 def workers_on_queue(settings: Settings | None = None, timeout: float = 1.0) -> int:

@@ -129,16 +129,15 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
             if quiet is not None and quiet < bound:
                 continue
             quiet_s = None if quiet is None else round(float(quiet), 1)
-            if status == Status.RUNNING and resends + 1 >= s.ncat_max_attempts:
-                error = (f"layer {layer} was lost {resends + 1} times while running (last on "
-                         f"{worker}); the reconciler gave up (`ncat retry` tries again)")
-                jobdb.fail_layer(conn, job_id, layer, error)
-                failed_jobs.add(job_id)
-                actions.append(Action(job_id, layer, "failed", {"lost": resends + 1,
-                                                                "started": attempts}))
-                continue
             if status == Status.RUNNING:  # a start that died: one more loss
-                jobdb.resend_layer(conn, job_id, layer)
+                cause = (f"no heartbeat for {quiet_s} s (last on {worker}); the reconciler "
+                         "judged it lost")
+                if jobdb.lose_layer(conn, job_id, layer, resends=resends,
+                                    limit=s.ncat_max_attempts, cause=cause, then="resend"):
+                    failed_jobs.add(job_id)
+                    actions.append(Action(job_id, layer, "failed", {"lost": resends + 1,
+                                                                    "started": attempts}))
+                    continue
                 counts = {"lost": resends + 1}
             else:  # queued: its message lost, or waiting in a worker's prefetch
                 jobdb.resend_queued(conn, job_id, layer)

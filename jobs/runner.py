@@ -198,15 +198,14 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> O
         with store.connect(url, autocommit=True, connect_timeout=10) as conn:
             row = conn.execute("SELECT status, resends FROM job_layer WHERE job_id = %s "
                                "AND layer = %s", (job_id, layer)).fetchone()
-            status, lost = row if row else (None, 0)
-            lost += 1
+            status, resends = row if row else (None, 0)
+            lost = resends + 1
             if status != Status.RUNNING:  # stored already (the final step lost it): again
                 raise Transient(message, retry_in=5.0)
-            if lost >= s.ncat_max_attempts:
-                error = f"{message} (lost {lost} times; NCAT_MAX_ATTEMPTS {s.ncat_max_attempts})"
-                jobdb.fail_layer(conn, job_id, layer, error)
+            if jobdb.lose_layer(conn, job_id, layer, resends=resends,
+                                limit=s.ncat_max_attempts, then="resend",
+                                cause=f"its database connection was lost ({message})"):
                 return Outcome.FAILED
-            jobdb.resend_layer(conn, job_id, layer, error=message, only_running=True)
     except psycopg.Error as exc:
         log.warning("job %s layer %s: database still unreachable (%s); the reconciler will "
                     "send the layer again", job_id, layer, exc)
@@ -257,18 +256,11 @@ def poisoned(conn, job_id: int, layer: int, state: jobdb.LayerState) -> bool:
     kernel), and Celery delivered the task again. Count the loss; once the layer has been
     lost NCAT_MAX_ATTEMPTS times (since a person last queued it), fail it and its job with
     the cause instead of starting it again. True if it failed."""
-    limit = get_settings().ncat_max_attempts
-    lost = state.resends + 1
-    cause = (f"layer {layer} was lost {lost} time(s) while running: the process running it "
-             f"(last on {state.worker or 'a worker'}) died without an error (killed, out of "
-             f"memory or a crash), after {state.attempts} start(s)")
-    log.warning("job %s: %s", job_id, cause)
-    if lost >= limit:
-        jobdb.fail_layer(conn, job_id, layer, f"{cause}; NCAT_MAX_ATTEMPTS is {limit}, so it "
-                                              "is not started again (`ncat retry` does)")
-        return True
-    jobdb.count_loss(conn, job_id, layer, cause)
-    return False
+    cause = (f"the process running it (last on {state.worker or 'a worker'}) died without "
+             f"an error (killed, out of memory or a crash), after {state.attempts} start(s)")
+    log.warning("job %s: layer %s lost (%s)", job_id, layer, cause)
+    return jobdb.lose_layer(conn, job_id, layer, resends=state.resends,
+                            limit=get_settings().ncat_max_attempts, cause=cause, then="count")
 
 
 def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int,

@@ -92,6 +92,31 @@ def count_loss(conn: psycopg.Connection, job_id: int, layer: int, cause: str) ->
                  "WHERE job_id = %s AND layer = %s", (cause[:ERROR_CHARS], job_id, layer))
 
 
+def lose_layer(conn: psycopg.Connection, job_id: int, layer: int, *, resends: int,
+               limit: int, cause: str, then: str) -> bool:
+    """The one rule for a layer lost while running (its process died without a word, or
+    its task or database connection was lost; the reconciler, a worker's redelivery and a
+    worker that lost its connection all come here): the loss is counted in ``resends``
+    (losses since a person last queued it, ``resends`` before this one); the ``limit``-th
+    (NCAT_MAX_ATTEMPTS) fails the layer and its job with the cause, otherwise ``then``:
+    'resend' (back to queued, to be sent again) or 'count' (the caller starts it again
+    now). True if the layer failed."""
+    if then not in ("resend", "count"):
+        raise ValueError(f"then must be 'resend' or 'count', got {then!r}")
+    lost = resends + 1
+    if lost >= limit:
+        fail_layer(conn, job_id, layer,
+                   f"layer {layer} was lost {lost} times while running: {cause}; "
+                   f"NCAT_MAX_ATTEMPTS is {limit}, so it is not started again "
+                   "(`ncat retry` does)")
+        return True
+    if then == "resend":
+        resend_layer(conn, job_id, layer, error=cause, only_running=True)
+    else:
+        count_loss(conn, job_id, layer, cause)
+    return False
+
+
 def start_layer(conn: psycopg.Connection, job_id: int, layer: int, worker: str) -> None:
     """The job is running (if it was queued) and this layer is, on ``worker``."""
     conn.execute("UPDATE job SET status = %s, updated_at = now() WHERE id = %s AND status = %s",

@@ -282,7 +282,7 @@ def test_a_layer_whose_process_dies_every_time_fails_its_job_and_retry_finishes_
         raise AssertionError(f"no verdict in 300 s: {statuses(chaos.url)}\n{chaos.logs()}")
     st = statuses(chaos.url)[bad]
     assert st.failed_layer == 1
-    assert "layer 1 was lost 3 time(s) while running" in st.error, st.error
+    assert "layer 1 was lost 3 times while running" in st.error, st.error
     assert "died without an error" in st.error and "ncat retry" in st.error
     kills = [m for m in chaos.marks() if m[0] == "poison"]
     assert len(kills) == 3  # it ran (and died) NCAT_MAX_ATTEMPTS times, then no more

@@ -42,6 +42,21 @@ def test_worker_settings_suit_long_gpu_tasks(monkeypatch):
     assert conf.broker_transport_options["visibility_timeout"] == 7200
 
 
+def test_importing_the_celery_app_starts_nothing():
+    """Importing the app and its tasks resolves no broker (no port probe, no embedded
+    Redis started): only reading the app's configuration does, with the settings then."""
+    code = ("import jobs.broker as b\n"
+            "def boom(*a, **k):\n    raise RuntimeError('broker resolved')\n"
+            "b.resolve_redis_url = b.start_embedded_redis = boom\n"
+            "import jobs.celery_app as c, jobs.tasks\n"
+            "print('imported')\n"
+            "try:\n    c.app.conf.broker_url\nexcept RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, env={k: v for k, v in os.environ.items()
+                                         if k != "REDIS_URL"}, check=True)
+    assert out.stdout.split("\n")[:2] == ["imported", "broker resolved"], out.stdout
+
+
 @pytest.mark.serial  # an import time against the allowance
 def test_a_new_pool_process_has_time_to_import_the_science():
     """Celery's default allowance for a new pool process (4 s) is shorter than the

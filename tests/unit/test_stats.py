@@ -83,7 +83,8 @@ def test_fisher_greater_equals_scipy_and_the_hypergeometric_sum():
 def test_fisher_combined_equals_scipy():
     rng = np.random.default_rng(0)
     p1, p2 = rng.random(20), rng.random(20) ** 4
-    want = [sps.combine_pvalues([a, b], method="fisher").pvalue for a, b in zip(p1, p2, strict=True)]
+    want = [sps.combine_pvalues([a, b], method="fisher").pvalue
+            for a, b in zip(p1, p2, strict=True)]
     np.testing.assert_allclose(stats.fisher_combined(p1, p2), want, rtol=1e-10)
     assert stats.fisher_combined(1.0, 1.0) == 1.0
 
