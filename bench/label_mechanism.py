@@ -44,7 +44,7 @@ STEPS = {"score": "scores", "label": "value rule", "gate": "gate",
          "rescued": "second pass (scores, value rule)", "explain_maps": "explanations"}
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hi", type=int, default=30)
     parser.add_argument("--shots", type=int, default=3)

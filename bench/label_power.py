@@ -30,7 +30,7 @@ from _common import ROOT, save
 SIGMAS = (0.3, 0.6, 1.0, 1.5, 2.0)
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--maps", type=int, default=60)
     parser.add_argument("--record", action="store_true")

@@ -27,11 +27,12 @@ from catalog.vocab import (
 
 # The checks read a ``catalog.config.ScienceConfig`` by its field names; they take it as
 # ``Any`` so this module need not import the one that imports it (no cycle, not even one
-# for the type checker). tests/integration/test_cli_fuzz.py and the unit tests reach the checks through the class.
+# for the type checker). tests/integration/test_cli_fuzz.py and the unit tests reach the
+# checks through the class.
 Science = Any
 
 
-def check_science(self: Science) -> None:
+def check_science(self: Science) -> None:  # noqa: C901
     for name in ("operators", "patching", "circuit_fractions", "families",
                  "faithfulness_protocols", "component_positions"):
         object.__setattr__(self, name, tuple(getattr(self, name)))

@@ -69,7 +69,7 @@ class Heuristic:
             return f"result in {{{', '.join(map(str, p))}}}"
         return self.key
 
-    def contains(self, a: np.ndarray, b: np.ndarray, result: np.ndarray) -> np.ndarray:
+    def contains(self, a: np.ndarray, b: np.ndarray, result: np.ndarray) -> np.ndarray:  # noqa: C901
         """Boolean membership of cells (a, b, result) in S_H: the definition itself."""
         p = self.params
         if self.family == "identical":

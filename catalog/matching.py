@@ -266,7 +266,7 @@ def value_group_scores(
     return out
 
 
-def score_partitions(
+def score_partitions(  # noqa: C901
     k_map: Float[torch.Tensor, "neuron cell"],
     kv_map: Float[torch.Tensor, "neuron cell"],
     partitions: list[Partition],

@@ -106,7 +106,7 @@ def active_layers(conn) -> list[tuple]:
         (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
 
 
-def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
+def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,  # noqa: C901
               settings: Settings | None = None) -> list[Action]:
     """One pass (see the module docstring); returns what it did."""
     s = settings or get_settings()

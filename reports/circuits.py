@@ -145,7 +145,7 @@ def warnings(d: CircuitData, s: dict) -> list[str]:
     return out
 
 
-def markdown(d: CircuitData, ops: list[str]) -> list[str]:
+def markdown(d: CircuitData, ops: list[str]) -> list[str]:  # noqa: C901
     """The circuits sections of the report, as Markdown lines."""
     out = ["", "## Where the answer is computed (the mediation paper: late MLPs at the last "
            "position and a few heads that move the operands there)", ""]

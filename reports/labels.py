@@ -84,7 +84,7 @@ def _p(x) -> str:
     return "n/a" if x is None else (f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}")
 
 
-def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:
+def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:  # noqa: C901
     pct = f"{100 * d.top_set_fraction:g}%"
     out = ["", f"## Do important neurons implement heuristics? (the paper: "
            f"{PAPER_SHARE:.0%} of the top 200 per layer of Llama3-8B)", "",

@@ -80,7 +80,7 @@ def unique_names(names: list[str]) -> list[str]:
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
 
 
-def statements(text: str) -> list[str]:
+def statements(text: str) -> list[str]:  # noqa: C901
     """Split SQL at top-level semicolons, skipping quoted text and comments; empty
     statements (a trailing ';') are dropped."""
     out, start, i, n = [], 0, 0, len(text)

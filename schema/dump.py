@@ -30,7 +30,7 @@ def _rows(conn: psycopg.Connection, sql: str, params: tuple = ()) -> list[tuple]
     return conn.execute(sql, params).fetchall()
 
 
-def schema_text(conn: psycopg.Connection) -> str:
+def schema_text(conn: psycopg.Connection) -> str:  # noqa: C901
     """Every object of the public schema that a migration defines, in a stable order."""
     out = [HEADER]
     owner = str(_rows(conn, "SELECT current_user")[0][0])

@@ -174,7 +174,7 @@ def _group_of(key: str) -> int:
 _READ_OUT = ("ln_final.", "unembed.")
 
 
-def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutral: str,
+def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutral: str,  # noqa: C901
                         tokens: torch.Tensor, *, dtype: torch.dtype, fold_ln: bool,
                         center_writing_weights: bool,
                         center_unembed: bool) -> tuple[bool, torch.Tensor]:

@@ -55,7 +55,7 @@ STEPS = {"redis restarted empty": "64,128,300"}  # more messages than workers: s
 
 
 @pytest.fixture
-def chaos(db, tiny_builtin, tmp_path, monkeypatch):
+def chaos(db, tiny_builtin, tmp_path, monkeypatch):  # noqa: C901
     if shutil.which("redis-server") is None:
         pytest.fail("redis-server is missing: scripts/setup.sh installs it")
     _, root = tiny_builtin

@@ -154,7 +154,7 @@ def _where(p: dict) -> str:
             f"{config.get('label_rule', 'significant')}, dtype {config.get('dtype', 'float32')}")
 
 
-def render() -> None:
+def render() -> None:  # noqa: C901
     st.title("Neuron")
     if not require_catalog():
         return
