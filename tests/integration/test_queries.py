@@ -26,6 +26,18 @@ def queries() -> dict[str, str]:
     return found
 
 
+def test_the_readme_queries_are_the_guides():
+    """The README's study shows queries of the analyst's guide, word for word, so the
+    checks of this file (each query's answer against the library's) cover them too."""
+    readme = DOC.parents[1] / "README.md"
+    shown = re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", readme.read_text(),
+                       flags=re.S)
+    assert len(shown) >= 2
+    guide = queries()
+    for name, sql in shown:
+        assert sql == guide[name], name
+
+
 @pytest.fixture(scope="module")
 def direct(tiny_builtin):
     """The same checkpoints measured by the library, no database involved."""

@@ -116,15 +116,15 @@ def test_readme_real_model_commands_are_the_real_model_tests():
 
 
 def test_the_architecture_table_lists_what_the_architecture_tests_load():
-    """The README's architecture table and docs/models.md's are the same rows, one per
-    architecture that tests/unit/test_architectures.py loads and patches."""
+    """docs/figures.md's architecture table and docs/models.md's are the same rows, one
+    per architecture that tests/unit/test_architectures.py loads and patches."""
     from test_architectures import ARCHITECTURES  # this folder is on the path (pytest)
 
     def rows(text: str) -> list[str]:
         return [line for line in text.splitlines()
                 if line.startswith("| ") and "CausalLM`" in line]
 
-    readme = rows((ROOT / "README.md").read_text())
-    assert readme == rows((ROOT / "docs" / "models.md").read_text())
+    readme = rows((ROOT / "docs" / "figures.md").read_text())
+    assert readme and readme == rows((ROOT / "docs" / "models.md").read_text())
     tested = [row.split(" | ")[0][2:].replace(" (text)", "") for row in readme]
     assert tested == [a[0] for a in ARCHITECTURES]
