@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
 
     from catalog.config import ScienceConfig
-    from catalog.run import CheckpointRun
+    from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model
     from jobs.store_results import register, stored_digests
     from schema import reads, store

@@ -40,8 +40,8 @@ def one_dtype(args, dtype: str) -> dict:
     import torch
 
     from catalog.config import ExecutionConfig, ScienceConfig
-    from catalog.grids import accuracy_by_operator
-    from catalog.run import CheckpointRun
+    from catalog.measuring.grids import accuracy_by_operator
+    from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model
 
     t = time.perf_counter()

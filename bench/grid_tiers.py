@@ -81,7 +81,7 @@ def main() -> None:
 
     from catalog import builtin
     from catalog.config import ScienceConfig
-    from catalog.run import CheckpointRun
+    from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model
     from jobs.store_results import layer_rows
     from schema import store

@@ -33,14 +33,14 @@ def main() -> None:
 
     import dataclasses
 
-    from catalog import nulls
     from catalog.config import ScienceConfig
-    from catalog.heuristics import n_tests, partitions_for
-    from catalog.lens import lens_at
-    from catalog.maps import kv_map
-    from catalog.matches import Matches
-    from catalog.matching import score_partitions
-    from catalog.run import CheckpointRun, constant_maps
+    from catalog.core.maps import kv_map
+    from catalog.labels import value_null
+    from catalog.labels.heuristics import n_tests, partitions_for
+    from catalog.labels.matches import Matches
+    from catalog.labels.matching import score_partitions
+    from catalog.measuring.lens import lens_at
+    from catalog.run.checkpoint import CheckpointRun, constant_maps
     from catalog.sources import load_model
 
     config = ScienceConfig(operators=("+",), operand_hi=args.hi, shots=args.shots,
@@ -69,14 +69,14 @@ def main() -> None:
             return Matches(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.heuristics,
                            m.base_rate, m.p_value.copy(), m.implements.copy())
         t = time.perf_counter()
-        values = nulls.label(copy(), config, run.n_tests["+"], run.nulls["+"],
+        values = value_null.label(copy(), config, run.n_tests["+"], run.nulls["+"],
                              torch.as_tensor(k_map), torch.as_tensor(kv), orders)
         rule_s = time.perf_counter() - t
         t = time.perf_counter()
         run._label_control(layer, 0, "+", k_map, kv)
         control_s = time.perf_counter() - t
         t = time.perf_counter()
-        cells = nulls.label(copy(), cells_rule, m_cells(run), None, torch.as_tensor(k_map),
+        cells = value_null.label(copy(), cells_rule, m_cells(run), None, torch.as_tensor(k_map),
                             torch.as_tensor(kv))
         cell_s = time.perf_counter() - t
         # the matching phase of catalog 0.5.0: every heuristic (duplicates of a cell set
@@ -106,7 +106,7 @@ def main() -> None:
 
 
 def m_cells(run) -> int:
-    from catalog.heuristics import n_tests
+    from catalog.labels.heuristics import n_tests
     return n_tests(run.partitions["+"], run.with_bottom, False)
 
 

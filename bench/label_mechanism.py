@@ -13,7 +13,7 @@ rule before 0.10.0 (`result_beyond_operands` off). Written to bench/results and,
 - per rule: the labelled share of the top set (5% of each layer by rank) against a random
   set of as many other neurons of the same layer, pooled and per layer, per family and per
   target (result / operand), with Wilson intervals and one-sided Fisher p-values
-  (catalog.enrichment);
+  (catalog.labels.enrichment);
 - where the old result labels went: neurons with an old result label that keep a result
   label, keep only operand labels, or lose every label;
 - the controls' shares (any label; result label for the token-format maps);
@@ -39,7 +39,7 @@ import torch
 from _common import ROOT, plain, save
 
 MODEL = "qwen2.5-coder-0.5b"
-# the label rule's steps (catalog.operator_labels.label_operator), by the function timed
+# the label rule's steps (catalog.labels.operator_labels.label_operator), by the function timed
 STEPS = {"score": "scores", "label": "value rule", "gate": "gate",
          "rescued": "second pass (scores, value rule)", "explain_maps": "explanations"}
 
@@ -56,11 +56,11 @@ def main() -> None:  # noqa: C901
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
-    from catalog import enrichment, operator_labels
     from catalog.config import ScienceConfig
-    from catalog.maps import kv_map
-    from catalog.matches import Matches
-    from catalog.run import CheckpointRun, constant_maps
+    from catalog.core.maps import kv_map
+    from catalog.labels import enrichment, operator_labels
+    from catalog.labels.matches import Matches
+    from catalog.run.checkpoint import CheckpointRun, constant_maps
     from catalog.sources import load_model
 
     config = ScienceConfig(operators=("+",), operand_hi=args.hi, shots=args.shots,

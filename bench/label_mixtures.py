@@ -6,7 +6,7 @@ The maps and seeds of tests/unit/test_operand_labels.py
 set (0/1) plus Gaussian noise (sigma 0.3), alone and with an additive operand effect of
 the set's own spread (a step per operand at 10, a random increasing f(op1) + g(op2), a
 random function of each operand's token format), 40 maps per case, labelled through the
-catalog's own labelling (``catalog.operator_labels.label_operator``, rule 'values',
+catalog's own labelling (``catalog.labels.operator_labels.label_operator``, rule 'values',
 level 0.05). Per case: the maps labelled with the planted heuristic (or an alias) under
 each rule, the maps given another result label under the new rule, and the share of
 the set's own variance on the grid that the operands' additive fit leaves (sets under
@@ -45,7 +45,7 @@ def main() -> None:
     )
 
     from catalog.config import ScienceConfig
-    from catalog.operand_fit import AdditiveOperands
+    from catalog.labels.operand_fit import AdditiveOperands
 
     def labelled(op, cells, maps, beyond, h):
         cfg = ScienceConfig(operand_hi=cells.hi, significance_level=0.05,

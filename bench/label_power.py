@@ -1,5 +1,5 @@
 """Recall and false labels of the label rule, before and after catalog 0.10.0, on planted
-maps through the catalog's own labelling (catalog.operator_labels.label_operator, the
+maps through the catalog's own labelling (catalog.labels.operator_labels.label_operator, the
 calls CheckpointRun.run_layer makes; default rule 'values', level 0.05).
 
 - recall against noise: a planted heuristic's 0/1 set plus Gaussian noise of standard
@@ -39,9 +39,9 @@ def main() -> None:  # noqa: C901
     from labelling import additive_maps, cells_of, labelled_with_fit, product_window_maps
 
     from catalog.config import ScienceConfig
-    from catalog.heuristics import Heuristic
-    from catalog.tails import digit_count
-    from catalog.token_format import format_maps
+    from catalog.core.token_format import format_maps
+    from catalog.labels.heuristics import Heuristic
+    from catalog.labels.tails import digit_count
 
     n = args.maps
 

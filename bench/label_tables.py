@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from catalog.stats import wilson
+from catalog.core.stats import wilson
 
 from _common import ROOT
 

@@ -14,10 +14,10 @@ the spread (min-max) of each time and of the per-run ratios.
 import numpy as np
 import torch
 
-from catalog.arith import apply_op, is_valid
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, partitions_for
-from catalog.matching import score_partitions
+from catalog.core.arith import apply_op, is_valid
+from catalog.labels.heuristics import Cells, partitions_for
+from catalog.labels.matching import score_partitions
 
 from _common import over_runs, runs_option, save, timed
 from reference import per_neuron_scores, reference_score
@@ -92,8 +92,8 @@ def tie_heavy(neurons=512, hi=100):
     code, still reachable by turning the run path off); same scores first. A constant layer
     is not scored at all by a checkpoint run (its neurons are never labelled): the last
     column is that path, detection included."""
-    from catalog import matching
-    from catalog.run import constant_maps
+    from catalog.labels import matching
+    from catalog.run.checkpoint import constant_maps
 
     cells = cells_for("+", hi)
     parts = partitions_for(cells, ScienceConfig(operand_hi=hi))
@@ -141,9 +141,9 @@ def label_rule_cost(neurons=4864, hi=30):
     noise), a third planted residues and ranges (plus noise), a third noise. Scoring alone
     (the matching phase before labels), then the cell rule ('significant') and the value
     rule ('values', the default) on the scored rows."""
-    from catalog import nulls
-    from catalog.heuristics import n_tests
-    from catalog.matches import Matches
+    from catalog.labels import value_null
+    from catalog.labels.heuristics import n_tests
+    from catalog.labels.matches import Matches
 
     cells = cells_for("+", hi)
     config = ScienceConfig(operand_hi=hi)
@@ -160,9 +160,9 @@ def label_rule_cost(neurons=4864, hi=30):
     maps = torch.from_numpy((maps + 0.3 * rng.standard_normal((neurons, c))).astype(np.float32))
     kv = maps * torch.from_numpy(rng.standard_normal(c).astype(np.float32) * 0.1 + 1.0)
     m_tests = n_tests(parts, True, False)
-    null = nulls.ValueNull.of(cells, parts, config.null_strata, 0, config.pattern_top_k,
+    null = value_null.ValueNull.of(cells, parts, config.null_strata, 0, config.pattern_top_k,
                               m_tests, config.significance_level)
-    k_values = nulls.n_value_tests(null, parts, True, config.significance_level)
+    k_values = value_null.n_value_tests(null, parts, True, config.significance_level)
 
     orders: dict = {}
 
@@ -176,8 +176,8 @@ def label_rule_cost(neurons=4864, hi=30):
     def copy(m):
         return Matches(m.neuron, m.op, m.heuristic, m.score, m.bottom, m.heuristics,
                        m.base_rate, m.p_value.copy(), m.implements.copy())
-    cell_s, cm = timed(lambda: nulls.label(copy(m), cell, m_tests, None, maps, kv))
-    value_s, vm = timed(lambda: nulls.label(copy(m), config, k_values, null, maps, kv, orders))
+    cell_s, cm = timed(lambda: value_null.label(copy(m), cell, m_tests, None, maps, kv))
+    value_s, vm = timed(lambda: value_null.label(copy(m), config, k_values, null, maps, kv, orders))
     return {"neurons": neurons, "cells": c, "heuristics": sum(len(p.heuristics) for p in parts),
             "rows_scored": len(m),
             "labelled_cell_rule": int(len(np.unique(cm.neuron[cm.implements]))),

@@ -46,7 +46,7 @@ def main(hi: int = 100, model: str = "builtin", runs: int = 5):
 
 def measure_once(lm, config):
     """(prepared run, layer results, seconds per phase and in total) of one measurement."""
-    from catalog.run import CheckpointRun
+    from catalog.run.checkpoint import CheckpointRun
 
     phases = {}
     t0 = time.perf_counter()

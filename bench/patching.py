@@ -52,9 +52,9 @@ def bench(name, lm, layers, hi, pairs, runs):
     import torch
 
     from catalog.config import ScienceConfig
-    from catalog.patching import exact_patching
-    from catalog.prompts import sample_pairs
-    from catalog.run import CheckpointRun
+    from catalog.measuring.patching import exact_patching
+    from catalog.measuring.prompts import sample_pairs
+    from catalog.run.checkpoint import CheckpointRun
 
     from reference import naive_patching
 

@@ -27,13 +27,12 @@ def main() -> None:
 
     import numpy as np
 
-    from catalog import registry
     from catalog.config import ScienceConfig
-    from catalog.grids import run_grid
-    from catalog.prompts import build_prompts
-    from catalog.settings import get_settings
-    from catalog.sources import load_model
-    from catalog.tokens import detect_number_tokens
+    from catalog.config.settings import get_settings
+    from catalog.core.tokens import detect_number_tokens
+    from catalog.measuring.grids import run_grid
+    from catalog.measuring.prompts import build_prompts
+    from catalog.sources import load_model, registry
 
     registry.fetch("qwen2.5-coder-0.5b", get_settings().ncat_home)
     lm = load_model("qwen2.5-coder-0.5b")

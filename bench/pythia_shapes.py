@@ -48,8 +48,8 @@ def measure(shape: str, args) -> dict:
     import torch
 
     from catalog.config import ExecutionConfig, ScienceConfig
-    from catalog.prompts import sample_pairs
-    from catalog.run import CheckpointRun
+    from catalog.measuring.prompts import sample_pairs
+    from catalog.run.checkpoint import CheckpointRun
 
     from offline_models import pythia_shaped
 

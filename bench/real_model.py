@@ -46,11 +46,10 @@ def main() -> None:
 
     import torch
 
-    from catalog import registry
     from catalog.config import ExecutionConfig, ScienceConfig
-    from catalog.run import CheckpointRun
-    from catalog.settings import get_settings
-    from catalog.sources import load_model
+    from catalog.config.settings import get_settings
+    from catalog.run.checkpoint import CheckpointRun
+    from catalog.sources import load_model, registry
     from jobs.store_results import layer_rows, register, summary_dict, write_layouts
     from reports.report import report
     from schema import store

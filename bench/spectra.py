@@ -34,7 +34,7 @@ from _common import RESULTS, save
 
 def main() -> int:
     from catalog.config import ScienceConfig
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
     from catalog.sources import list_checkpoints, load_model
     from schema.database import resolve_database_url
 
@@ -94,7 +94,7 @@ def main() -> int:
 def _one_run(server: str, lm, config, layers, step) -> dict:
     """Catalog one checkpoint into a scratch database, time its phases, read the figures
     back through the views, and drop the database."""
-    from catalog import run as run_module
+    from catalog.run import checkpoint as run_module
     from jobs.store_results import catalog_checkpoint
     from schema import store
     from schema.engine import migrate, scratch_url
@@ -171,7 +171,7 @@ def markdown(out: dict) -> str:
 
 
 def _read(conn, step, total: float, seconds: dict) -> dict:
-    from catalog.spectra import SPECTRUM_COLS
+    from catalog.periodic.spectra import SPECTRUM_COLS
 
     dist = [dict(zip(("layer", "op", "axis", "period", "n", "n_periodic", "n_live", "share",
                       "low", "high"), r, strict=True)) for r in conn.execute(

@@ -13,7 +13,7 @@ import torch
 
 from catalog import builtin
 from catalog.config import ScienceConfig
-from catalog.run import CheckpointRun
+from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import store

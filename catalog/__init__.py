@@ -4,10 +4,10 @@
     lm = load_model("builtin")                       # or "EleutherAI/pythia-14m", checkpoint=1000
     result = measure(lm.model, lm.tokenizer, ScienceConfig(operand_hi=100))
 
-``measure`` drives a ``CheckpointRun`` (catalog.run), the one object that runs a
+``measure`` drives a ``CheckpointRun`` (catalog.run.checkpoint), the one object that runs a
 checkpoint for every caller; docs/method.md defines what it measures.
 
-Names are imported on first use, so ``catalog.config`` or ``catalog.arith`` can be used
+Names are imported on first use, so ``catalog.config`` or ``catalog.core.arith`` can be used
 without importing torch (the job system's parent process relies on that).
 """
 
@@ -16,13 +16,13 @@ import importlib
 _EXPORTS = {
     "ScienceConfig": "catalog.config",
     "ExecutionConfig": "catalog.config",
-    "Settings": "catalog.settings",
-    "CheckpointRun": "catalog.run",
-    "CheckpointResult": "catalog.run",
-    "LayerResult": "catalog.run",
-    "Summary": "catalog.run",
-    "Matches": "catalog.matching",
-    "measure": "catalog.measurement",
+    "Settings": "catalog.config.settings",
+    "CheckpointRun": "catalog.run.checkpoint",
+    "CheckpointResult": "catalog.run.checkpoint",
+    "LayerResult": "catalog.run.checkpoint",
+    "Summary": "catalog.run.checkpoint",
+    "Matches": "catalog.labels.matching",
+    "measure": "catalog.run.measurement",
     "LoadedModel": "catalog.sources",
     "ModelInfo": "catalog.sources",
     "ModelSourceError": "catalog.sources",

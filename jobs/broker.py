@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from catalog.settings import Settings, get_settings
+from catalog.config.settings import Settings, get_settings
 from schema.database import port_open
 
 log = logging.getLogger(__name__)

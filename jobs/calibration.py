@@ -180,7 +180,7 @@ PROPORTIONAL = ("lens", "write")
 def _warm_up(lm, config: ScienceConfig, execution: ExecutionConfig) -> None:
     """One small run first, untimed: the first forward passes and allocations of a
     process are slower than the rest and would inflate the small run's costs."""
-    from catalog.run import CheckpointRun
+    from catalog.run.checkpoint import CheckpointRun
 
     tiny = dataclasses.replace(config, operand_hi=config.operand_lo + 8, pairs_per_op=4,
                                faithfulness_prompts=4)
@@ -193,10 +193,10 @@ def live_shares(lm, config: ScienceConfig, execution: ExecutionConfig) -> list[f
     """Per layer, the share of (neuron, operator) maps that are not constant (constant
     ones get no scores and are not matched), on the small calibration grid: one pass per
     layer, so memory stays one layer's activations."""
-    from catalog.grids import run_grid
-    from catalog.prompts import build_prompts
-    from catalog.run import constant_maps
-    from catalog.tokens import detect_number_tokens
+    from catalog.core.tokens import detect_number_tokens
+    from catalog.measuring.grids import run_grid
+    from catalog.measuring.prompts import build_prompts
+    from catalog.run.checkpoint import constant_maps
 
     small = dataclasses.replace(config, operand_hi=config.operand_lo + SMALL_RUN[0])
     numbers = detect_number_tokens(lm.tokenizer,
@@ -213,9 +213,9 @@ def live_shares(lm, config: ScienceConfig, execution: ExecutionConfig) -> list[f
 def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: ExecutionConfig,
                      progress=None) -> dict:
     """One calibration catalog: per phase (units, seconds), bytes per row."""
-    from catalog import ablation
-    from catalog.heuristics import partitions_for
-    from catalog.run import CheckpointRun, LayerResult
+    from catalog.labels.heuristics import partitions_for
+    from catalog.measuring import ablation
+    from catalog.run.checkpoint import CheckpointRun, LayerResult
     from jobs.store_results import layer_rows, register, summary_dict, write_layouts
     from schema import reads, store
     from schema.engine import migrate

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from catalog.settings import Settings, get_settings
+from catalog.config.settings import Settings, get_settings
 from jobs.broker import RUN_LAYER, resolve_redis_url
 
 

@@ -40,7 +40,7 @@ class Calibration:
     correct_share: dict[str, float] = dataclasses.field(default_factory=dict)
     # the label rule's time (significance) over random maps' matching time on that grid
     significance_ratio: float = 0.0
-    # the periodic spectra's time (catalog.spectra) over the same, where the config asks
+    # the periodic spectra's time (catalog.periodic.spectra) over the same, where the config asks
     spectra_ratio: float = 0.0
 
     def as_dict(self) -> dict:
@@ -105,8 +105,8 @@ def pairs_per_op(config: ScienceConfig, correct: dict[str, float] | None) -> dic
 
 def grid_cells(config: ScienceConfig, limit: int | None) -> dict[str, np.ndarray]:
     """Per operator the valid cells' (a, b) of the request's grid (limit None: none)."""
-    from catalog.arith import is_valid
-    from catalog.prompts import UNLIMITED
+    from catalog.core.arith import is_valid
+    from catalog.measuring.prompts import UNLIMITED
 
     r = np.arange(config.operand_lo, config.operand_hi)
     a, b = (x.reshape(-1) for x in np.meshgrid(r, r, indexing="ij"))
@@ -143,9 +143,9 @@ def grid_costs(config: ScienceConfig, valid: dict[str, np.ndarray], device: str,
     """Time the heuristics and the matching of the request's grid on random maps."""
     import torch
 
-    from catalog.arith import apply_op
-    from catalog.heuristics import Cells, partitions_for
-    from catalog.matching import multi_result_matches, score_partitions
+    from catalog.core.arith import apply_op
+    from catalog.labels.heuristics import Cells, partitions_for
+    from catalog.labels.matching import multi_result_matches, score_partitions
 
     r = np.arange(config.operand_lo, config.operand_hi)
     a, b = (x.reshape(-1) for x in np.meshgrid(r, r, indexing="ij"))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from catalog.config import ScienceConfig
-from catalog.settings import Settings, child_env, get_settings
+from catalog.config.settings import Settings, child_env, get_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 # The demo catalogs operands in [0, 100): on 2 CPU cores a full built-in checkpoint then

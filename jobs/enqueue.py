@@ -88,7 +88,7 @@ def validate_request(model: str, checkpoints, config: ScienceConfig,
     """Validate a request completely; raises EnqueueError naming what is wrong."""
     # imported here: loading transformer_lens takes seconds, and status, cancel and retry
     # (which share this module) need none of it
-    from catalog.prompts import check_context, longest_prompt
+    from catalog.measuring.prompts import check_context, longest_prompt
     from catalog.sources import ModelSourceError, canonical_name, inspect_model
 
     if not model:
@@ -243,7 +243,7 @@ class _BrokerSend:
     restarted meanwhile (a restarted Redis without persistence has lost what it held)."""
 
     def __init__(self) -> None:
-        from catalog.settings import get_settings
+        from catalog.config.settings import get_settings
         from jobs.broker import check_broker, resolve_redis_url
 
         self.url = resolve_redis_url(get_settings())

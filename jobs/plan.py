@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from catalog.memory import MemoryEstimate
+from catalog.measuring.memory import MemoryEstimate
 from jobs.calibration import (
     cached_calibration,
     cached_grid_costs,
@@ -199,8 +199,8 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
     """The estimate of a request (validated as ``ncat enqueue`` validates it). Calibrates
     on the first checkpoint when no cached calibration fits (or ``recalibrate``); with
     ``calibrate_if_missing`` False returns None instead."""
-    from catalog.memory import fit_request
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
+    from catalog.measuring.memory import fit_request
     from catalog.sources import load_model
     from jobs.enqueue import validate_request
 

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from catalog.settings import Settings, get_settings
+from catalog.config.settings import Settings, get_settings
 from jobs.broker import RUN_LAYER
 from jobs.locks import LOCK_NAMESPACE, RECONCILE_KEY, SUMMARY_SLOT, layer_lock_key
 from schema import jobs as jobdb

@@ -1,6 +1,6 @@
 """What a worker does for one (job, layer), and the job's final step. No Celery here.
 
-The science is a ``catalog.run.CheckpointRun``; this module only locks, records progress
+The science is a ``catalog.run.checkpoint.CheckpointRun``; this module only locks, records progress
 and stores. Each layer is computed at most once at a time: the worker holds a
 PostgreSQL session-level advisory lock on (job, layer) while it works, which the server
 releases when the worker's connection dies, so a redelivered task after a crash can
@@ -20,8 +20,8 @@ from enum import StrEnum
 
 import psycopg
 
-from catalog.results import LayerDigest
-from catalog.settings import Settings, get_settings
+from catalog.config.settings import Settings, get_settings
+from catalog.run.results import LayerDigest
 from jobs import store_results
 from jobs.locks import layer_lock_key, summary_lock_key
 from schema import jobs as jobdb
@@ -68,7 +68,7 @@ def fit_memory(job: JobRow, config, execution, settings: Settings):
     activations at a time, where that fits; MemoryBudgetError where nothing does (the
     layer and its job fail with the need and the budget in the message instead of the
     process being killed for memory, which the queue would retry NCAT_MAX_ATTEMPTS times)."""
-    from catalog.memory import fit_request
+    from catalog.measuring.memory import fit_request
     from catalog.sources import inspect_model
 
     shape = inspect_model(job.model_name, job.step, cache_root=settings.builtin_root)
@@ -84,7 +84,7 @@ def _loaded(conn, job: JobRow) -> _Loaded:
     """The model, prepared run and catalog ids of the job, cached per process."""
     global _CURRENT
     from catalog.config import ScienceConfig
-    from catalog.run import CheckpointRun
+    from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model
 
     config = ScienceConfig.from_dict(jobdb.job_config(conn, job.config_id))

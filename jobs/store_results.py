@@ -18,10 +18,10 @@ import numpy as np
 import psycopg
 
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
-from catalog.effects import rank_key
-from catalog.heuristics import Heuristic
-from catalog.matches import Matches
-from catalog.run import CheckpointRun, LayerDigest, LayerResult, Summary
+from catalog.labels.heuristics import Heuristic
+from catalog.labels.matches import Matches
+from catalog.measuring.effects import rank_key
+from catalog.run.checkpoint import CheckpointRun, LayerDigest, LayerResult, Summary
 from catalog.sources import LoadedModel
 from schema import reads, rows, store
 from schema.sketch import GridGeometry
@@ -137,7 +137,7 @@ COMPONENT_STATS = ("effect_exact", "effect_exact_std", "effect_attr", "effect_at
 def component_rows(summary: Summary) -> list[dict]:
     """component_effect rows of a Summary: one per operator, layer, head (-1: the whole
     MLP layer) and prompt position."""
-    from catalog.vocab import ROLES
+    from catalog.config.vocab import ROLES
 
     rows = []
     for op, ce in summary.components.items():

@@ -17,7 +17,7 @@ def _import_the_science(**_) -> None:
     """Import torch and the catalog in each pool process as it starts, not on its first
     task (several seconds). The parent process never imports them, so CUDA is never
     initialised there."""
-    import catalog.measurement  # noqa: F401
+    import catalog.run.measurement  # noqa: F401
     import catalog.sources  # noqa: F401
     import jobs.runner  # noqa: F401
 
@@ -26,7 +26,7 @@ def _import_the_science(**_) -> None:
 def _start_reconciler(sender=None, **_) -> None:
     """Every worker's parent process runs the reconciler (jobs.reconcile) in a thread: it
     needs the database and the broker only, never torch."""
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
     from jobs.broker import resolve_redis_url
     from jobs.celery_app import queue_name
     from jobs.reconcile import Reconciler
@@ -60,7 +60,7 @@ def run_layer(self, job_id: int, layer: int) -> str:
     A layer whose lock another session holds is sent again after
     NCAT_BUSY_RETRY_SECONDS, never dropped: if that session dies, the layer still runs.
     """
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
     from jobs.runner import Outcome, Transient, process_layer
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from catalog.stats import wilson
+from catalog.core.stats import wilson
 
 PAPER_SHARE = 0.91  # top 200 neurons per layer of Llama3-8B that implement a heuristic
 

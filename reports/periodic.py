@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from catalog.stats import wilson
+from catalog.core.stats import wilson
 
 AXES = ("op1", "op2", "result", "kv")
 

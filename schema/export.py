@@ -22,7 +22,7 @@ FORMATS = ("parquet", "csv")
 def as_reader(url: str) -> str:
     """``url`` as the analysts' role, with its password where one is set
     (``NCAT_READER_PASSWORD``: servers that authenticate by password), else none."""
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
 
     secret = get_settings().ncat_reader_password
     password = secret.get_secret_value() if secret is not None else None

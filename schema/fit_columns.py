@@ -1,4 +1,4 @@
-"""The explanation columns of ``neuron_op`` (migration 0025; catalog.operand_fit): a mixin
+"""The explanation columns of ``neuron_op`` (migration 0025; catalog.labels.operand_fit): a mixin
 of ``schema.tables.NeuronOp``, apart so that the table module stays short. For each map
 the value rule labels, the held-out R^2 of the operands' additive fit (with the prompt's
 token layout), of the result, of both, and of the best other operator's result with the

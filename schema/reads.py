@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import psycopg
 
-from catalog.maps import kv_map
+from catalog.core.maps import kv_map
 from schema.sketch import (
     GridGeometry,
     StoredGrid,

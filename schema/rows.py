@@ -15,7 +15,7 @@ from schema.sketch import (
 
 
 class HeuristicLike(Protocol):
-    """What the writer reads of a heuristic (``catalog.heuristics.Heuristic`` is one)."""
+    """What the writer reads of a heuristic (``catalog.labels.heuristics.Heuristic`` is one)."""
 
     @property
     def key(self) -> str: ...
@@ -30,7 +30,7 @@ class HeuristicLike(Protocol):
 
 
 class MatchArrays(Protocol):
-    """One layer's heuristic scores as parallel arrays (``catalog.matching.Matches`` is
+    """One layer's heuristic scores as parallel arrays (``catalog.labels.matching.Matches`` is
     one): neuron, op (index into ``LayerRows.ops``), heuristic (index into
     ``heuristics``), score, bottom."""
 

@@ -1,4 +1,4 @@
-"""The spectrum columns of ``neuron_op`` (migrations 0023 and 0024; catalog.spectra): a
+"""The spectrum columns of ``neuron_op`` (migrations 0023 and 0024; catalog.periodic.spectra): a
 mixin of ``schema.tables.NeuronOp``, apart so that the table module stays short."""
 
 from typing import Any
@@ -12,7 +12,7 @@ def _small() -> Any:
 
 
 class SpectrumColumns(SQLModel):
-    # periodic structure (catalog.spectra, migration 0024), packed: {axis}_spec is the
+    # periodic structure (catalog.periodic.spectra, migration 0024), packed: {axis}_spec is the
     # period * 300 + its share in 299ths, {axis}_fitlin the fit R^2 * 181 + the linear
     # share (180ths each), spec_helix the helix R^2 in 2000ths * 16 + a bit per axis
     # whose period is significant; the view neuron_spectrum unpacks them

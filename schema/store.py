@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import psycopg
 
-from catalog.spectra import SPECTRUM_COLS
-from catalog.vocab import FIT_COLS, FIT_OP_COLS
+from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
+from catalog.periodic.spectra import SPECTRUM_COLS
 from schema.quantize import quantize_rows
 from schema.rows import HeuristicLike, LayerRows
 from schema.sketch import (

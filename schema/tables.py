@@ -227,7 +227,7 @@ class LayerResult(SQLModel, table=True):
     # rank agreement of attribution with exact patching on those neurons
     patching: dict | None = Field(default=None, sa_column=Column(JSONB))
     # op -> {"labelled", "n"}: the label rule on a sample of the layer's maps against
-    # relabelled values (catalog.run.CheckpointRun._label_control; migration 0021)
+    # relabelled values (catalog.run.checkpoint.CheckpointRun._label_control; migration 0021)
     label_control: dict | None = Field(default=None, sa_column=Column(JSONB))
     written_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
@@ -251,7 +251,7 @@ class CheckpointSummary(SQLModel, table=True):
     # the residual stream at the last position (migration 0019)
     residual_lens: dict | None = Field(default=None, sa_column=Column(JSONB))
     # labelled share of the top set against a random set of the layer, per layer, operator
-    # and family, with intervals and Fisher's exact test (catalog.enrichment; 0021)
+    # and family, with intervals and Fisher's exact test (catalog.labels.enrichment; 0021)
     enrichment: list | None = Field(default=None, sa_column=Column(JSONB))
     # op -> heuristic key -> labels of heuristics with the same cells, scored once (0021)
     aliases: dict | None = Field(default=None, sa_column=Column(JSONB))
@@ -317,7 +317,7 @@ class CircuitSummary(_CheckpointOpKey, table=True):
 class CircuitPoint(_CheckpointOpKey, table=True):
     """One point of a faithfulness curve: a protocol's circuit (``ranked``, or the
     ``random`` and ``reversed`` controls) with ``k`` neurons per pruned layer, scored by
-    one metric (migration 0019; catalog.faithfulness)."""
+    one metric (migration 0019; catalog.circuits.faithfulness)."""
 
     __tablename__ = "circuit_point"
     protocol: str = Field(sa_type=String(16), primary_key=True)

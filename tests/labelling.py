@@ -3,16 +3,16 @@
 import numpy as np
 import torch
 
-from catalog import nulls
-from catalog.arith import apply_op, is_valid
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic, n_tests, partitions_for, result_partitions
-from catalog.matches import Matches
-from catalog.matching import multi_result_matches, score_partitions
-from catalog.operator_labels import OperatorLabels, label_operator, operand_fit
-from catalog.prompts import UNLIMITED
-from catalog.run import constant_maps
-from catalog.token_format import number_format
+from catalog.core.arith import apply_op, is_valid
+from catalog.core.token_format import number_format
+from catalog.labels import value_null
+from catalog.labels.heuristics import Cells, Heuristic, n_tests, partitions_for, result_partitions
+from catalog.labels.matches import Matches
+from catalog.labels.matching import multi_result_matches, score_partitions
+from catalog.labels.operator_labels import OperatorLabels, label_operator, operand_fit
+from catalog.measuring.prompts import UNLIMITED
+from catalog.run.checkpoint import constant_maps
 
 
 def cells_of(op: str, hi: int) -> Cells:
@@ -26,14 +26,14 @@ def cells_of(op: str, hi: int) -> Cells:
 def labelled(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray, config: ScienceConfig,
              with_bottom: bool = True) -> Matches:
     """Score the maps, leave out constant ones, apply the config's label rule
-    (catalog.nulls.label) and keep the rows to store."""
+    (catalog.labels.value_null.label) and keep the rows to store."""
     return labelled_with_fit(op, cells, k_map, kv, config, with_bottom).matches
 
 
 def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
                       config: ScienceConfig, with_bottom: bool = True) -> OperatorLabels:
     """``labelled`` with the explanations of every labelled map (the same steps as
-    CheckpointRun.run_layer: catalog.operator_labels.label_operator)."""
+    CheckpointRun.run_layer: catalog.labels.operator_labels.label_operator)."""
     parts = partitions_for(cells, config)
     multi = op == "/" and "multi_result" in config.families
     k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
@@ -55,9 +55,9 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
     m_tests = n_tests(parts, with_bottom, multi)
     null = None
     if config.label_rule == "values":
-        null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+        null = value_null.ValueNull.of(cells, parts, config.null_strata, config.seed,
                                   config.pattern_top_k, m_tests, config.significance_level)
-        m_tests = nulls.n_value_tests(null, parts, with_bottom, config.significance_level)
+        m_tests = value_null.n_value_tests(null, parts, with_bottom, config.significance_level)
     fit = operand_fit(config, cells)
     return label_operator(config, k_t, kv_t, score, m_tests, null, fit)
 

@@ -3,9 +3,9 @@
 import numpy as np
 import torch
 
-from catalog.ablation import z_hook_name
-from catalog.grids import post_hook_name
-from catalog.patching import effect_from_logprobs
+from catalog.measuring.ablation import z_hook_name
+from catalog.measuring.grids import post_hook_name
+from catalog.measuring.patching import effect_from_logprobs
 
 
 def naive_patching(model, table, layer, clean, cf):

@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy import create_engine, text
 
-from catalog.settings import get_settings
+from catalog.config.settings import get_settings
 from schema import console, reads, store
 from schema import jobs as jobdb
 from schema.database import resolve_database_url, with_driver

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from catalog.arith import OPERATORS
 from catalog.builtin.vocab import MAX_NUMBER, builtin_vocab
-from catalog.settings import get_settings
-from catalog.weights import weights_hash
+from catalog.config.settings import get_settings
+from catalog.core.arith import OPERATORS
+from catalog.core.weights import weights_hash
 
 BUILTIN_NAME = "builtin-arith"
 

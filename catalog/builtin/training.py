@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from transformer_lens import HookedTransformer
 
-from catalog.arith import OPERATORS, apply_op, is_valid
 from catalog.builtin.model import (
     TrainConfig,
     builtin_model_config,
@@ -26,9 +25,10 @@ from catalog.builtin.model import (
     default_cache_root,
 )
 from catalog.builtin.vocab import MAX_NUMBER, builtin_vocab
-from catalog.grids import final_logits
-from catalog.settings import child_env
-from catalog.weights import weights_hash
+from catalog.config.settings import child_env
+from catalog.core.arith import OPERATORS, apply_op, is_valid
+from catalog.core.weights import weights_hash
+from catalog.measuring.grids import final_logits
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from tokenizers import Regex, Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from catalog.arith import OPERATORS
+from catalog.core.arith import OPERATORS
 
 MAX_NUMBER = 999
 SPECIAL_TOKENS = ["<bos>", "<pad>", "<unk>"]
@@ -34,5 +34,5 @@ def builtin_tokenizer() -> PreTrainedTokenizerFast:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>"
     )
-    fast.add_bos_token = True  # type: ignore[misc]  # read by catalog.tokens: BOS comes first
+    fast.add_bos_token = True  # type: ignore[misc]  # read by catalog.core.tokens: BOS comes first
     return fast

@@ -6,7 +6,7 @@ weights hash, shape, tokenizer facts), for:
 
 - the built-in arithmetic model (``builtin``), at any cached checkpoint step;
 - a GGUF file (a path ending in ``.gguf``; transformers dequantizes it);
-- a known model fetched with ``ncat fetch NAME`` (catalog.registry), by that name;
+- a known model fetched with ``ncat fetch NAME`` (catalog.sources.registry), by that name;
 - a local Hugging Face model directory (a path holding ``config.json``);
 - a TransformerLens / Hugging Face hub name (``EleutherAI/pythia-14m``), with a
   training checkpoint given as a step (Pythia revisions ``step{N}``). With
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from catalog import builtin
-from catalog.memory import freed_memory_returned
+from catalog.measuring.memory import freed_memory_returned
 from catalog.sources import builtin_source, gguf, hub, local
 from catalog.sources.base import (
     SOURCES,

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from transformer_lens import HookedTransformer
 
-from catalog.tokens import detect_number_tokens
+from catalog.core.tokens import detect_number_tokens
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,11 @@ class ModelShape:
     """What validation needs to know about a model, without loading its weights."""
 
     n_layers: int
-    numbers: object  # catalog.tokens.NumberTokens
+    numbers: object  # catalog.core.tokens.NumberTokens
     n_ctx: int | None = None  # positions the model reads (None: not known without weights)
     tokenizer: object = None  # for checking prompt lengths before anything is queued
-    footprint: object = None  # catalog.memory.Footprint: parameters and widths, for memory
+    # catalog.measuring.memory.Footprint: parameters and widths, for memory
+    footprint: object = None
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import torch
 
 from catalog import builtin
 from catalog.builtin.model import N_CTX
+from catalog.core.tokens import detect_number_tokens
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
-from catalog.tokens import detect_number_tokens
 
 
 def _is_builtin(name: str) -> bool:
@@ -68,7 +68,7 @@ def _footprint(cfg: builtin.TrainConfig):
     """The built-in model's parameters, counted on the meta device."""
     from transformer_lens import HookedTransformer
 
-    from catalog.memory import Footprint
+    from catalog.measuring.memory import Footprint
 
     tl = builtin.builtin_model_config(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_mlp)
     with torch.device("meta"):

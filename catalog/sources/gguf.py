@@ -1,5 +1,5 @@
 """A GGUF file (a path ending in ``.gguf``), and the known models fetched with ``ncat fetch
-NAME`` (``catalog.registry``), which are GGUF files loaded by name.
+NAME`` (``catalog.sources.registry``), which are GGUF files loaded by name.
 
 Loaded one tensor at a time in the working dtype (``streaming``); a file that cannot be
 (a tensor processor that splits or merges tensors) is loaded whole by transformers in
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from catalog.memory import trim
+from catalog.core.tokens import detect_number_tokens
+from catalog.core.weights import weights_hash
+from catalog.measuring.memory import trim
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import check_convertible, context_length, from_hf_model, hf_footprint
 from catalog.sources.streaming import load_streamed_or_none
 from catalog.sources.tensor_files import streams
-from catalog.tokens import detect_number_tokens
-from catalog.weights import weights_hash
 
 
 def _is_gguf(name: str) -> bool:
@@ -94,14 +94,14 @@ def _canonical_path(name, **_) -> str:
 
 
 def _is_known(name: str) -> bool:
-    from catalog import registry
+    import catalog.sources.registry as registry
 
     return name in registry.KNOWN
 
 
 def _known_path(name: str) -> Path:
-    from catalog import registry
-    from catalog.settings import get_settings
+    import catalog.sources.registry as registry
+    from catalog.config.settings import get_settings
 
     path = registry.fetched_path(name, get_settings().ncat_home)
     if path is None:

@@ -15,9 +15,9 @@ from transformer_lens import loading_from_pretrained as tl_loading
 from transformer_lens.utilities.activation_functions import softcap_enabled
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
+from catalog.core.tokens import detect_number_tokens
 from catalog.sources.architectures import config_dict, hooked_config
 from catalog.sources.base import ModelShape, ModelSourceError
-from catalog.tokens import detect_number_tokens
 
 # Config attributes that TransformerLens 3.x reads under names recent transformers
 # configs may lack, by architecture: the old name and how to find its value. A GPT-2
@@ -285,7 +285,7 @@ def hf_footprint(hf_cfg, source: str):
     separate unembedding)."""
     from transformers import AutoModelForCausalLM
 
-    from catalog.memory import Footprint
+    from catalog.measuring.memory import Footprint
 
     try:
         with torch.device("meta"):

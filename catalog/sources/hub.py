@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from transformer_lens import loading_from_pretrained as tl_loading
 
+from catalog.core.weights import weights_hash
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import from_hf_model, inspect_hf
 from catalog.sources.streaming import load_streamed_or_none
-from catalog.weights import weights_hash
 
 
 def _official_name(name: str) -> str:

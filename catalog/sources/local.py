@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
+from catalog.core.weights import weights_hash
 from catalog.sources.base import LoadedModel, ModelShape, ModelSourceError, Source, model_info
 from catalog.sources.hf import check_weight_files, from_hf_model, inspect_hf
 from catalog.sources.streaming import load_streamed_or_none
-from catalog.weights import weights_hash
 
 
 def _is_local(name: str) -> bool:

@@ -12,7 +12,7 @@ dtype and one layer's float32 tensors besides:
    hold it (GGUF: transformers' own name map and tensor processors; safetensors: the
    checkpoint's keys as transformers renames them on load), and nothing is allocated.
 2. The weights hash: every tensor dequantized in the hash's order (sorted names), hashed
-   as float32 exactly as ``catalog.weights.weights_hash`` of the transformers model
+   as float32 exactly as ``catalog.core.weights.weights_hash`` of the transformers model
    loaded whole, and dropped.
 3. The reference for ``check_against_transformers``: transformers' forward on the check
    tokens, each decoder layer's parameters dequantized just before it runs and dropped
@@ -51,6 +51,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities.activation_functions import softcap_enabled
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
+from catalog.core.weights import hash_tensor
 from catalog.sources.hf import (
     _LN_KEYS,
     _architecture,
@@ -66,7 +67,6 @@ from catalog.sources.tensor_files import (
     StreamedTensors,
     StreamUnsupported,
 )
-from catalog.weights import hash_tensor
 
 
 @contextmanager
@@ -97,7 +97,7 @@ def _set_parameter(model: torch.nn.Module, name: str, value: torch.Tensor) -> No
 
 
 def streamed_hash(tensors: StreamedTensors) -> str:
-    """``catalog.weights.weights_hash`` of the transformers model loaded whole in float32,
+    """``catalog.core.weights.weights_hash`` of the transformers model loaded whole in float32,
     with one tensor in memory at a time."""
     h = hashlib.sha256()
     for name in tensors.names:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from catalog.memory import trim
+from catalog.measuring.memory import trim
 
 
 class StreamUnsupported(Exception):

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from catalog.config_fields import add_arguments, from_args
+from catalog.config.fields import add_arguments, from_args
 
 DB_HELP = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
 BAD_INPUT = 2  # exit code of every command for input it refuses
@@ -103,7 +103,7 @@ def service_error(exc: BaseException, args=None) -> str | None:
                 "running there? (--database-url or DATABASE_URL chooses the server; what was "
                 "stored before stays as it was)")
     if type(exc).__module__.split(".")[0] in ("redis", "kombu", "amqp"):
-        from catalog.settings import get_settings
+        from catalog.config.settings import get_settings
 
         url = hide_password(get_settings().redis_url or "redis://localhost:6379/0")
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from catalog.arith import OPERATORS
+from catalog.core.arith import OPERATORS
 from jobs.cli.common import (
     checkpoints_option,
     database_option,
@@ -82,8 +82,8 @@ def cmd_train_builtin(args) -> int:
 
 
 def cmd_fetch(args) -> int:
-    from catalog import registry
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
+    from catalog.sources import registry
 
     if args.list or not args.name:
         for m in registry.KNOWN.values():
@@ -114,7 +114,7 @@ def cmd_checkpoints(args) -> int:
 def fitted_execution(shape, config, execution, n_layers: int, what: str):
     """``execution`` sized to the memory budget (what was lowered said on stderr);
     MemoryBudgetError (a ValueError: exit 2) where the request cannot fit."""
-    from catalog.memory import fit_request
+    from catalog.measuring.memory import fit_request
 
     fitted = fit_request(shape, config, execution, n_layers, what)
     if fitted.note:
@@ -123,7 +123,7 @@ def fitted_execution(shape, config, execution, n_layers: int, what: str):
 
 
 def cmd_measure(args) -> int:
-    from catalog.measurement import measure
+    from catalog.run.measurement import measure
     from catalog.sources import ModelSourceError, load_model
     from jobs.enqueue import validate_request
 

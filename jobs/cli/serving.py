@@ -25,7 +25,7 @@ def _port(args) -> int:
         return args.port
     from pydantic import ValidationError
 
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
 
     try:
         return get_settings().ncat_explorer_port
@@ -35,7 +35,7 @@ def _port(args) -> int:
 
 
 def cmd_migrate(args) -> int:
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
     from jobs.cli.common import hide_password
     from schema.engine import migrate, set_reader_password
 
@@ -94,7 +94,7 @@ def cmd_report(args) -> int:
 
 def cmd_explore(args) -> int:
     """Serve the Streamlit explorer (prints its URL)."""
-    from catalog.settings import child_env, get_settings
+    from catalog.config.settings import child_env, get_settings
 
     port = _port(args)
     settings = get_settings()
@@ -172,7 +172,7 @@ def _demo(args) -> int:
 def cmd_stop(args) -> int:
     """Stop the embedded servers of NCAT_HOME (started when no DATABASE_URL / REDIS_URL was
     set and nothing answered on the local ports)."""
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
     from jobs.broker import stop_embedded_redis
     from schema.database import stop_embedded_in
 

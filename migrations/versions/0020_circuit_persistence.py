@@ -5,7 +5,7 @@ of the final checkpoint's circuit neurons are already in the circuit earlier. He
 checkpoint's circuit (protocol ``paper``) is, in each layer it prunes, its top
 ``circuit_k`` neurons (catalog_setting, default 20) by the ranking its curve used
 (circuit_summary.ranking: attribution, mean + std over pairs, largest first; or the
-catalog's rank), ties by neuron index as in catalog.circuits.top_k_mask. For every
+catalog's rank), ties by neuron index as in catalog.circuits.paper.top_k_mask. For every
 checkpoint, operator and config the view gives the final checkpoint's circuit size, how
 many of those neurons this checkpoint's circuit holds, and the share. The final
 checkpoint is the largest step with a paper circuit under the config.

@@ -3,7 +3,7 @@
 - ``checkpoint_summary.enrichment``: per layer (and pooled), operator and heuristic family,
   the labelled share of the top set beside a seeded random set of the same layer and the
   whole layer, with Wilson intervals, Newcombe's interval of the difference and Fisher's
-  one-sided exact p-value (catalog.enrichment).
+  one-sided exact p-value (catalog.labels.enrichment).
 - ``checkpoint_summary.aliases``: per operator, the heuristics scored once for a cell set
   that other heuristics share, with those others' labels.
 - ``layer_result.label_control``: per operator, how many of a sample of the layer's maps

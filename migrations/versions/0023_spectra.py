@@ -1,4 +1,4 @@
-"""Periodic structure of every map (catalog 0.7.0, catalog.spectra, docs/method.md
+"""Periodic structure of every map (catalog 0.7.0, catalog.periodic.spectra, docs/method.md
 section 11): columns of ``neuron_op``, their indexes and three views.
 
 Columns (NULL in rows catalogued before; -1 is never stored):

@@ -1,4 +1,4 @@
-"""The spectrum columns packed into eight smallints a map (catalog.spectra, docs/method.md
+"""The spectrum columns packed into eight smallints a map (catalog.periodic.spectra, docs/method.md
 section 11): 0023's seventeen took 34 bytes a row, 18% of ``neuron_op``'s bytes on the
 built-in model, where issue 34 allows 10%; these take 16.
 

@@ -1,4 +1,4 @@
-"""What explains each labelled map (catalog 0.10.0, catalog.operand_fit, docs/method.md
+"""What explains each labelled map (catalog 0.10.0, catalog.labels.operand_fit, docs/method.md
 section 7, "What a label explains"): columns of ``neuron_op`` and a view.
 
 Columns (REAL, NULL where the map got no label under the value rule, or in rows
@@ -11,7 +11,7 @@ each competing explanation of the neuron's K map (``fit_*``) and KV map (``kv_fi
 - ``fit_other``: the best other operator's result with the operands, and
   ``fit_other_op`` (CHAR(1)) which operator that is.
 
-They describe; the gate decides on sets (catalog.operand_fit.gate: the label's own set
+They describe; the gate decides on sets (catalog.labels.operand_fit.gate: the label's own set
 beyond the operands, against every other operator's result sets and windows).
 ``kv_fit_joint - kv_fit_operands`` is what the result adds to the operands.
 

@@ -129,7 +129,7 @@ def test_a_sketch_is_drawn_and_compute_full_grid_fills_it_in(queue, tiny_builtin
     after which the page shows the full grid and the store holds it within half a code
     step of the activations."""
     from catalog.config import ScienceConfig
-    from catalog.run import CheckpointRun
+    from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model
     from jobs.store_results import catalog_checkpoint
     from schema import reads, store

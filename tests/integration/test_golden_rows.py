@@ -64,7 +64,7 @@ def golden_home(tmp_path):
 # Knockout accuracies count prompts whose greedy answer survives. The golden step has a
 # prompt whose answer logit ties another token's EXACTLY in float32 (margin 0.0, measured)
 # under some knockouts; running only the last position against the kept context (since
-# 0.2.0, catalog.grids.PrefixRunner.context) rounds differently and argmax picks the other
+# 0.2.0, catalog.measuring.grids.PrefixRunner.context) rounds differently and argmax picks the other
 # token. So an accuracy may move by one prompt of the 59-123 a knockout row counts.
 KNOCKOUT_SLACK = 0.02
 
@@ -106,7 +106,7 @@ FLOOR, CELL_SHARE = 0.3, 0.05
 STD_FIELDS = (8, 10)  # effect_exact_std, effect_attr_std in golden_rows' neuron_op query
 # An exact effect is a difference of float32 log-probabilities (a few nats, whose last bit
 # is 2.4e-7 to 9.5e-7): summed in another order (since 0.9.1 each pair's rows attend to its
-# keys in one product, catalog.single_position) one neuron's effect of 0.00203 moved by
+# keys in one product, catalog.measuring.single_position) one neuron's effect of 0.00203 moved by
 # 1.05e-6, about two last bits of its log-probabilities. Four are allowed.
 EFFECT_FIELD, EFFECT_ABS = 7, 4e-6
 

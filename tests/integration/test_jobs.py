@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from catalog.config import ScienceConfig
-from catalog.measurement import measure
+from catalog.run.measurement import measure
 from catalog.sources import load_model
 from jobs import enqueue as enq
 from schema import reads, store
@@ -505,7 +505,7 @@ def test_workers_are_counted_on_their_own_queue_only(queue):
     """The explorer's hint that queued jobs wait for a worker (issue 32.6) asks the broker
     which workers consume this catalog's queue: none before one starts, one after, and a
     worker of this queue is not counted for another queue on the same broker."""
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
     from jobs.celery_app import workers_on_queue
 
     assert workers_on_queue(timeout=1.0) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from catalog.builtin import model_name
-from catalog.measurement import measure
+from catalog.run.measurement import measure
 from catalog.sources import load_model
 from schema import store
 
@@ -428,10 +428,10 @@ def test_label_enrichment_equals_the_top_sets_of_the_library_and_the_summary(see
 
 def test_stored_spectra_and_period_views_equal_the_library(seeded, direct):
     """Issue 34: each map's packed spectrum columns are the library's own run's
-    (catalog.spectra), period_distribution counts the significant periods per layer,
+    (catalog.periodic.spectra), period_distribution counts the significant periods per layer,
     operator and axis as numpy does, and neuron_spectrum unpacks the columns as
-    ``catalog.spectra.unpack`` does."""
-    from catalog.spectra import AXES, SPECTRUM_COLS, unpack
+    ``catalog.periodic.spectra.unpack`` does."""
+    from catalog.periodic.spectra import AXES, SPECTRUM_COLS, unpack
 
     cols = ", ".join(f"n.{c}" for c in SPECTRUM_COLS)
     view_cols = ["op1_period", "op1_share", "op1_fit", "op1_linear", "result_period",

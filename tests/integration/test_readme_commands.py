@@ -69,7 +69,7 @@ def _test_home(work: Path) -> Path:
     servers' data and fetched files land there), whose trained built-in model is the test
     session's cached one (a link: training it takes minutes, and a cache keyed by its
     training config is the same model wherever it lives)."""
-    from catalog.settings import get_settings
+    from catalog.config.settings import get_settings
 
     home = work / "ncat-home"
     home.mkdir(parents=True, exist_ok=True)

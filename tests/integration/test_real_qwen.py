@@ -8,8 +8,8 @@ catalogs a small configuration and renders the report.
 import pytest
 import torch
 
-from catalog import registry
-from catalog.settings import get_settings
+from catalog.config.settings import get_settings
+from catalog.sources import registry
 from jobs.cli import main
 from schema import store
 

@@ -3,7 +3,7 @@ plays the lost worker and the broker)."""
 
 import pytest
 
-from catalog.settings import Settings
+from catalog.config.settings import Settings
 from jobs import enqueue as enq
 from jobs.locks import layer_lock_key, summary_lock_key
 from jobs.reconcile import reconcile, stale_layers

@@ -11,7 +11,7 @@ from alembic import command
 from sqlalchemy.engine import make_url
 
 from catalog.config import ScienceConfig
-from catalog.run import CheckpointRun
+from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import console, reads, store

@@ -1,5 +1,5 @@
-"""Ablated forward passes (catalog.ablation) equal plain forward passes with hooks at every
-layer and position (tests/reference.py): per-position means, mean ablation of the prompt's
+"""Ablated forward passes (catalog.measuring.ablation) equal plain forward passes with hooks
+at every layer and position (tests/reference.py): per-position means, mean ablation of the prompt's
 own positions or of every position (a cached few-shot prefix included), counterfactual
 patching, and several circuits evaluated together from a shared early part."""
 
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from catalog import ablation
-from catalog.ablation import Circuit
 from catalog.config import ScienceConfig
-from catalog.grids import run_grid
-from catalog.prompts import build_prompts
+from catalog.core.tokens import detect_number_tokens
+from catalog.measuring import ablation
+from catalog.measuring.ablation import Circuit
+from catalog.measuring.grids import run_grid
+from catalog.measuring.prompts import build_prompts
 from catalog.sources import load_model
-from catalog.tokens import detect_number_tokens
 
 from reference import reference_ablated_logits, reference_activations, reference_means
 

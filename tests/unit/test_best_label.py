@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from catalog.heuristics import Heuristic
-from catalog.matches import Matches
+from catalog.labels.heuristics import Heuristic
+from catalog.labels.matches import Matches
 from schema.store import _best_per_neuron_op
 
 

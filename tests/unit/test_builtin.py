@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from catalog import builtin
-from catalog.arith import OPERATORS
+from catalog.core.arith import OPERATORS
 
 
 def test_training_is_deterministic_and_cached(tiny_builtin, tmp_path):

@@ -10,18 +10,19 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from catalog import ablation, circuits, faithfulness, knockouts
-from catalog.ablation import Circuit
 from catalog.builtin.vocab import builtin_tokenizer
-from catalog.components import component_effects
+from catalog.circuits import faithfulness, knockouts, paper
 from catalog.config import ScienceConfig
-from catalog.heuristics import Heuristic
-from catalog.patching import effect_from_logprobs
-from catalog.prompts import build_prompts, sample_pairs
-from catalog.run import CheckpointRun
+from catalog.config.vocab import ROLES
+from catalog.core.tokens import detect_number_tokens
+from catalog.labels.heuristics import Heuristic
+from catalog.measuring import ablation
+from catalog.measuring.ablation import Circuit
+from catalog.measuring.components import component_effects
+from catalog.measuring.patching import effect_from_logprobs
+from catalog.measuring.prompts import build_prompts, sample_pairs
+from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
-from catalog.tokens import detect_number_tokens
-from catalog.vocab import ROLES
 
 # ------------------------------------------------------------------ statistics by hand
 
@@ -58,31 +59,31 @@ def test_areas_by_hand():
 
 
 def test_circuit_sizes_and_top_k_mask():
-    assert circuits.circuit_sizes(512, (0.01, 0.02, 0.05)) == [6, 11, 26]
-    assert circuits.circuit_sizes(10, (0.01, 0.05)) == [1]
+    assert paper.circuit_sizes(512, (0.01, 0.02, 0.05)) == [6, 11, 26]
+    assert paper.circuit_sizes(10, (0.01, 0.05)) == [1]
     assert faithfulness.fraction_counts(10, (0.001, 0.01, 0.5)) == [1, 1, 5]
-    mask = circuits.top_k_mask(np.array([[0.1, 0.5, 0.3], [2.0, -1.0, 0.0]]), 2)
+    mask = paper.top_k_mask(np.array([[0.1, 0.5, 0.3], [2.0, -1.0, 0.0]]), 2)
     assert mask.tolist() == [[False, True, True], [True, False, True]]
-    assert not circuits.top_k_mask(np.ones((2, 3)), 0).any()
+    assert not paper.top_k_mask(np.ones((2, 3)), 0).any()
 
 
 # ------------------------------------------------------------------ the protocol's rules
 
 
 def test_heads_kept_and_first_heuristics_layer_rules():
-    assert circuits.heads_to_keep(32, 32, "auto") == 50  # Pythia-6.9B: the paper's 50
-    assert circuits.heads_to_keep(80, 64, "auto") == 112  # Llama3-70B (the paper: 100)
-    assert circuits.heads_to_keep(24, 14, "auto") == 29  # Qwen2.5-0.5B
-    assert circuits.heads_to_keep(1, 2, "auto") == 2  # 50 x sqrt(2 / 1024) = 2.2: all
-    assert circuits.heads_to_keep(2, 4, "100") == 8  # never more than every head
-    assert circuits.known_first_layer("EleutherAI/pythia-6.9b") == 14
-    assert circuits.known_first_layer("meta-llama/Meta-Llama-3-8B") == 16
-    assert circuits.known_first_layer("EleutherAI/gpt-j-6B") == 17
-    assert circuits.known_first_layer("qwen2.5-coder-0.5b") is None
+    assert paper.heads_to_keep(32, 32, "auto") == 50  # Pythia-6.9B: the paper's 50
+    assert paper.heads_to_keep(80, 64, "auto") == 112  # Llama3-70B (the paper: 100)
+    assert paper.heads_to_keep(24, 14, "auto") == 29  # Qwen2.5-0.5B
+    assert paper.heads_to_keep(1, 2, "auto") == 2  # 50 x sqrt(2 / 1024) = 2.2: all
+    assert paper.heads_to_keep(2, 4, "100") == 8  # never more than every head
+    assert paper.known_first_layer("EleutherAI/pythia-6.9b") == 14
+    assert paper.known_first_layer("meta-llama/Meta-Llama-3-8B") == 16
+    assert paper.known_first_layer("EleutherAI/gpt-j-6B") == 17
+    assert paper.known_first_layer("qwen2.5-coder-0.5b") is None
     # the first layer from 1 reaching 10% of the largest whole-MLP effect (MLP 0 never)
-    assert circuits.first_heuristics_layer(np.array([9.0, 0.05, 0.2, 0.09, 1.0, 0.5])) == 2
-    assert circuits.first_heuristics_layer(np.array([5.0, 0.0, 0.0])) == 1
-    assert circuits.first_heuristics_layer(np.array([1.0, np.nan, -np.inf, 3.0])) == 3
+    assert paper.first_heuristics_layer(np.array([9.0, 0.05, 0.2, 0.09, 1.0, 0.5])) == 2
+    assert paper.first_heuristics_layer(np.array([5.0, 0.0, 0.0])) == 1
+    assert paper.first_heuristics_layer(np.array([1.0, np.nan, -np.inf, 3.0])) == 3
 
 
 def test_config_checks_name_the_bad_field():
@@ -120,9 +121,9 @@ def trained(tiny_builtin):
     return lm, prep
 
 
-def _setup(table, width, prompts, counts, cf_of=None) -> circuits.CurveSetup:
+def _setup(table, width, prompts, counts, cf_of=None) -> paper.CurveSetup:
     cf_of = cf_of or {int(p): int(p + 1) for p in prompts}
-    return circuits.CurveSetup(table=table, width=width, fractions=(0.1, 0.5, 1.0),
+    return paper.CurveSetup(table=table, width=width, fractions=(0.1, 0.5, 1.0),
                                counts=counts, seeds=[prompts[: len(prompts) // 2],
                                                      prompts[len(prompts) // 2:]],
                                cf_of=cf_of, seed=0, batch_size=64)
@@ -143,8 +144,8 @@ def test_everything_kept_is_faithful_and_everything_ablated_is_not(trained):
     pop = ablation.mean_population(lm.tokenizer, table, prep.config, "grid", 400, seed=0)
     replace = ablation.mean_replacement(ablation.position_means(model, pop, "all"))
     for heads in (np.ones((n_layers, n_heads), bool), np.zeros((n_layers, n_heads), bool)):
-        plan = circuits.CircuitPlan("paper", heads, [0, 1], [], score, Circuit.nothing(model))
-        got = circuits.measure_curve(model, _setup(table, d_mlp, prompts, [0, d_mlp]), "+",
+        plan = paper.CircuitPlan("paper", heads, [0, 1], [], score, Circuit.nothing(model))
+        got = paper.measure_curve(model, _setup(table, d_mlp, prompts, [0, d_mlp]), "+",
                                      plan, replace, "all", "grid", "rank")
         for metric in faithfulness.METRICS:
             if heads.all():  # every head and every neuron kept: the model itself
@@ -228,20 +229,20 @@ def test_a_hand_built_circuit_is_found_by_the_paper_protocol_not_by_all_layers()
     setup = _setup(table, 64, prompts, [len(KEY)], cf_of)
     got = {}
     for protocol in ("paper", "all-layers"):
-        plan = circuits.plan(protocol, model, [0, 1], score, score, comps, late_from="1",
+        plan = paper.plan(protocol, model, [0, 1], score, score, comps, late_from="1",
                              heads="auto", sign="abs")
         kind, context = ("grid", "all") if protocol == "paper" else ("valid", "prompt")
         pop = ablation.mean_population(tok, table, config, kind, 0, seed=0)
         replace = ablation.mean_replacement(ablation.position_means(model, pop, context))
-        got[protocol] = circuits.measure_curve(model, setup, "+", plan, replace, context,
+        got[protocol] = paper.measure_curve(model, setup, "+", plan, replace, context,
                                                kind, "rank")
-    paper, every = got["paper"], got["all-layers"]
-    assert paper.plan.pruned == [1] and paper.plan.whole == [0]
+    by_paper, every = got["paper"], got["all-layers"]
+    assert by_paper.plan.pruned == [1] and by_paper.plan.whole == [0]
     # auto keeps 3 of the 4 heads (50 x sqrt(4 / 1024)); the one that writes, by its effect
-    assert paper.plan.heads.sum() == 3 and paper.plan.heads[0, 0]
+    assert by_paper.plan.heads.sum() == 3 and by_paper.plan.heads[0, 0]
     assert every.plan.pruned == [0, 1]
     for metric in faithfulness.METRICS:
-        p, a = _point(paper, len(KEY), metric=metric), _point(every, len(KEY), metric=metric)
+        p, a = _point(by_paper, len(KEY), metric=metric), _point(every, len(KEY), metric=metric)
         # the paper's circuit: layer 0 whole, layer 1's carriers: the model, exactly
         assert p["ratio_of_means"] == pytest.approx(1.0, abs=1e-5), metric
         assert p["mean_ratio"] == pytest.approx(1.0, abs=1e-5), metric
@@ -254,7 +255,7 @@ def test_a_hand_built_circuit_is_found_by_the_paper_protocol_not_by_all_layers()
         else:
             assert a["ratio_of_means"] < 0.5, (metric, a)
     # a random circuit of 7 late neurons (10% of 64, the first control level) misses them
-    assert _point(paper, 7, "random")["ratio_of_means"] < 0.5
+    assert _point(by_paper, 7, "random")["ratio_of_means"] < 0.5
 
 
 # ------------------------------------------------------------------ component effects

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_worker_parent_process_never_imports_torch():
     """CUDA can only be initialised by code that imports torch: the Celery parent must not."""
     code = ("import sys, jobs.cli, jobs.celery_app, jobs.tasks; "
-            "print('torch' in sys.modules, 'catalog.measurement' in sys.modules)")
+            "print('torch' in sys.modules, 'catalog.run.measurement' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"}, check=True)
     assert out.stdout.split() == ["False", "False"]
@@ -201,12 +201,12 @@ def test_the_suite_never_writes_to_the_users_home():
     """Every test, and every process a test starts, reads NCAT_HOME from the environment
     the suite sets (tests/conftest.py): a folder of the checkout, not the user's
     ~/.cache/neuron-catalog, where a user's trained models, logs and servers live."""
-    from catalog.settings import Settings, get_settings
+    from catalog.config.settings import Settings, get_settings
 
     user_home = Settings.model_fields["ncat_home"].default_factory()
     assert get_settings().ncat_home != user_home
     assert Path(os.environ["NCAT_HOME"]) == get_settings().ncat_home
-    out = subprocess.run([sys.executable, "-c", "from catalog.settings import get_settings;"
+    out = subprocess.run([sys.executable, "-c", "from catalog.config.settings import get_settings;"
                           "print(get_settings().ncat_home)"], cwd=ROOT, capture_output=True,
                          text=True, check=True)
     assert Path(out.stdout.strip()) == get_settings().ncat_home

@@ -5,8 +5,8 @@ import pytest
 
 from catalog import builtin
 from catalog.config import ScienceConfig
-from catalog.prompts import build_prompts, check_context, longest_prompt
-from catalog.tokens import detect_number_tokens
+from catalog.core.tokens import detect_number_tokens
+from catalog.measuring.prompts import build_prompts, check_context, longest_prompt
 
 from offline_models import write_llama_gguf
 

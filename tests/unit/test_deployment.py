@@ -61,7 +61,7 @@ def test_services_healthchecks_and_dependencies():
 
 
 def test_every_command_exists_in_the_project():
-    from catalog.settings import Settings
+    from catalog.config.settings import Settings
 
     known = ncat_commands()
     read = {name.upper(): f for name, f in Settings.model_fields.items()}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from catalog import effects
+from catalog.measuring import effects
 
 
 def test_statistics_on_hand_numbers():
@@ -45,7 +45,7 @@ def test_one_outlier_pair_cannot_move_a_neuron_by_more_than_a_few_places(statist
 def test_the_spread_of_huge_paper_effects_is_finite_and_warns_nothing():
     import warnings
 
-    from catalog.effects import PairStats
+    from catalog.measuring.effects import PairStats
 
     # two pairs whose patched answer probability grew by e^80: effects near 5.5e34
     paper = np.array([[np.expm1(80.0), 0.0], [1.0, 3.0]], dtype=np.float32)

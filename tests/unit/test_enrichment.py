@@ -1,11 +1,11 @@
-"""Enrichment of the top set (catalog.enrichment): known answers for the intervals and the
+"""Enrichment of the top set (catalog.labels.enrichment): known answers for the intervals and the
 exact test, and planted layers whose top set is (or is not) labelled more often."""
 
 import numpy as np
 
-from catalog import enrichment
-from catalog.heuristics import Heuristic
-from catalog.matches import Matches
+from catalog.labels import enrichment
+from catalog.labels.heuristics import Heuristic
+from catalog.labels.matches import Matches
 
 
 def _matches(labelled: dict[int, list[int]], width: int) -> Matches:

@@ -1,4 +1,4 @@
-"""The held-out fits behind each label's explanations (catalog.fit_models), against a slow
+"""The held-out fits behind each label's explanations (catalog.labels.fit_models), against a slow
 reference: per fold, numpy's least-norm least squares (the ridge, ``RIDGE``, is
 the fast path's way to it) on the training cells, judged on the
 held-out cells."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 from labelling import cells_of
 
-from catalog.fit_models import TSS, FoldModel, held_out_all, levels, pair_folds
-from catalog.operand_fit import operand_groups, other_result
+from catalog.labels.fit_models import TSS, FoldModel, held_out_all, levels, pair_folds
+from catalog.labels.operand_fit import operand_groups, other_result
 
 
 def _reference(groups: list[np.ndarray], folds: np.ndarray, y: np.ndarray):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from labelling import cells_of, labelled
 
-from catalog.arith import OPERATORS
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic
-from catalog.matches import Matches
-from catalog.run import constant_maps
+from catalog.core.arith import OPERATORS
+from catalog.labels.heuristics import Cells, Heuristic
+from catalog.labels.matches import Matches
+from catalog.run.checkpoint import constant_maps
 
 N_NOISE = 1000
 LEVEL = 0.05

@@ -11,7 +11,7 @@ the last bits of that order (a matrix product over the sets in cache order).
 import numpy as np
 
 from catalog.config import ScienceConfig
-from catalog.run import CheckpointRun
+from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
 
 

@@ -104,11 +104,11 @@ def test_the_checker_sees_an_upward_import_and_a_cycle():
     """The checks themselves: an upward import inside a function, a relative import and a
     two-module cycle are all found."""
     src = "def f():\n    from jobs.enqueue import enqueue\n"
-    assert imports_of(src, "catalog.run") == {"jobs.enqueue", "jobs.enqueue.enqueue"}
+    assert imports_of(src, "catalog.run.checkpoint") == {"jobs.enqueue", "jobs.enqueue.enqueue"}
     assert imports_of("from . import store\n", "schema.jobs") == {"schema", "schema.store"}
-    graph = {"catalog.run": {"jobs.enqueue"}, "jobs.enqueue": set(),
+    graph = {"catalog.run.checkpoint": {"jobs.enqueue"}, "jobs.enqueue": set(),
              "jobs.a": {"jobs.b"}, "jobs.b": {"jobs.a"}}
-    assert layer_violations(graph) == ["catalog.run imports jobs.enqueue"]
+    assert layer_violations(graph) == ["catalog.run.checkpoint imports jobs.enqueue"]
     assert cycles(graph) == [["jobs.a", "jobs.b"]]
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ui.app import x\n"
     assert imports_of(typed, "jobs.a") == {"ui.app", "ui.app.x"}
@@ -118,12 +118,56 @@ def test_the_checker_sees_an_upward_import_and_a_cycle():
 @pytest.fixture(scope="module")
 def graph():
     g = project_graph()
-    assert len(g) > 60 and "catalog.run" in g and "ui.app" in g  # it read the project
+    assert len(g) > 60 and "catalog.run.checkpoint" in g and "ui.app" in g  # it read the project
     return g
 
 
 def test_no_layer_imports_a_higher_one(graph):
     assert layer_violations(graph) == []
+
+
+# catalog's packages by concept, each importing only itself and those before it (the
+# package docstrings say the same); ``catalog`` itself is the notebook facade (lazy names)
+CATALOG_PACKAGES = ("core", "config", "measuring", "builtin", "sources", "labels", "periodic",
+                    "circuits", "run")
+
+
+def catalog_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between catalog's packages against CATALOG_PACKAGES' order; a module of
+    catalog outside every package (the facade aside) is one too."""
+    rank = {p: i for i, p in enumerate(CATALOG_PACKAGES)}
+
+    def package(name: str) -> str | None:
+        parts = name.split(".")
+        return parts[1] if len(parts) > 1 else None
+
+    out = [f"{a} is in no package of CATALOG_PACKAGES" for a in graph
+           if a.startswith("catalog.") and package(a) not in rank]
+    for a, targets in graph.items():
+        if not a.startswith("catalog.") or package(a) not in rank:
+            continue
+        for b in targets:
+            pb = package(b) if b.startswith("catalog.") else None
+            if pb is not None and pb in rank and rank[pb] > rank[str(package(a))]:
+                out.append(f"{a} imports {b}")
+    return sorted(out)
+
+
+def test_the_checker_sees_an_upward_import_between_catalog_packages():
+    graph = {"catalog.core.arith": {"catalog.labels.matching"},
+             "catalog.labels.matching": {"catalog.core.arith"},
+             "catalog.stray": set()}
+    assert catalog_violations(graph) == [
+        "catalog.core.arith imports catalog.labels.matching",
+        "catalog.stray is in no package of CATALOG_PACKAGES"]
+
+
+def test_catalog_packages_import_only_those_before_them(graph):
+    assert catalog_violations(graph) == []
+    packages = {p.parent.name for p in (ROOT / "catalog").glob("*/__init__.py")}
+    assert packages == set(CATALOG_PACKAGES)
+    for name in CATALOG_PACKAGES:  # each says what it owns and may import
+        assert (ROOT / "catalog" / name / "__init__.py").read_text().startswith('"""')
 
 
 def test_no_import_cycles(graph):
@@ -146,8 +190,9 @@ def test_no_module_is_over_450_lines():
 # split below the limit must leave it, and a new one cannot join
 OVER_COMPLEXITY = {
     "bench/label_mechanism.py:main", "bench/label_power.py:main",
-    "catalog/config_checks.py:check_science", "catalog/heuristics.py:contains",
-    "catalog/matching.py:score_partitions", "catalog/sources/streaming.py:streamed_conversion",
+    "catalog/config/checks.py:check_science", "catalog/labels/heuristics.py:contains",
+    "catalog/labels/matching.py:score_partitions",
+    "catalog/sources/streaming.py:streamed_conversion",
     "jobs/reconcile.py:reconcile", "reports/circuits.py:markdown", "reports/labels.py:markdown",
     "schema/console.py:statements", "schema/dump.py:schema_text",
     "tests/integration/test_chaos.py:chaos", "ui/views/neuron.py:render",

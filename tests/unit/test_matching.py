@@ -7,18 +7,18 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from catalog import matching, nulls
-from catalog.arith import OPERATORS, apply_op, is_valid
 from catalog.builtin import builtin_tokenizer, builtin_vocab
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic, partitions_for, register_family
-from catalog.matching import (
+from catalog.core.arith import OPERATORS, apply_op, is_valid
+from catalog.labels import matching, value_null
+from catalog.labels.heuristics import Cells, Heuristic, partitions_for, register_family
+from catalog.labels.matching import (
     SortedMaps,
     multi_result_matches,
     partition_scores,
     score_partitions,
 )
-from catalog.run import CheckpointRun
+from catalog.run.checkpoint import CheckpointRun
 
 from reference import reference_score
 
@@ -165,7 +165,7 @@ def test_the_layer_scores_only_live_neurons_and_keeps_their_numbers(planted_run,
                              planted_run.partitions["+"], 0.0, planted_run.with_bottom,
                              planted_run.config.pattern_top_k, cells=planted_run.cells["+"])
     c = planted_run.config
-    whole = nulls.label(whole.without_neurons(np.nonzero(planted_layer.constant[:, 0])[0]), c,
+    whole = value_null.label(whole.without_neurons(np.nonzero(planted_layer.constant[:, 0])[0]), c,
                         planted_run.n_tests["+"], planted_run.nulls.get("+"),
                         torch.from_numpy(k_map), torch.from_numpy(planted_layer.kv(idx)))
     got = planted_layer.matches

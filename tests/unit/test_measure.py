@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from catalog.config import ScienceConfig
-from catalog.measurement import measure
+from catalog.core.tokens import number_token_ids
+from catalog.run.measurement import measure
 from catalog.sources import load_model
-from catalog.tokens import number_token_ids
 
 from offline_models import write_llama_gguf
 from reference import reference_score
@@ -111,7 +111,7 @@ def test_batch_sizes_change_no_number_and_not_the_config_hash(tiny, monkeypatch)
         a, b = res.layers[layer], again.layers[layer]
         np.testing.assert_allclose(a.acts, b.acts, atol=1e-5)
         # a chunk's rows attend to their pair's keys in one product whose shape the chunk
-        # sets (catalog.single_position): float32 rounding, relative (effects reach 129
+        # sets (catalog.measuring.single_position): float32 rounding, relative (effects reach 129
         # here, expm1 of log-probability differences; 1.3e-6 relative measured)
         np.testing.assert_allclose(a.effect_exact, b.effect_exact, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(a.effect_attr, b.effect_attr, atol=1e-5)
@@ -199,8 +199,8 @@ def test_bfloat16_forward_passes_keep_the_ranking_of_effects(tiny_builtin, tiny)
     0.8) per (layer, operator), 6-9 of the float32 top 10 in the bfloat16 top 10."""
     from dataclasses import replace
 
-    from catalog.run import CheckpointRun
-    from catalog.stats import spearman
+    from catalog.core.stats import spearman
+    from catalog.run.checkpoint import CheckpointRun
 
     lm32 = tiny[0]
     cfg, root = tiny_builtin

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from catalog.memory import (
+from catalog.measuring.memory import (
     GIB,
     PROCESS_BYTES,
     Footprint,
@@ -76,7 +76,7 @@ def test_a_streamed_gguf_load_is_estimated_from_the_weights_in_the_run_dtype():
     """Qwen2.5-Coder-0.5B loaded one tensor at a time (bench/load_memory.py, 2026-11-26,
     over the process): 1.66 GiB in bfloat16, 2.54 GiB in float32; the estimate is an
     upper bound within 1.5x of each, and far under the whole-file load's."""
-    from catalog.memory import streamed_load
+    from catalog.measuring.memory import streamed_load
 
     fp = Footprint("gguf-streamed", 630_167_424, 24, 896, 4864, 151_936)
     for dtype, measured in (("bfloat16", 1.66), ("float32", 2.54)):
@@ -107,7 +107,7 @@ def test_a_request_over_the_budget_is_sized_down_to_the_largest_chunk_that_fits(
     the one before it did not fit. Under the smallest: refused, with that need."""
     from dataclasses import replace
 
-    from catalog.memory import fit_request
+    from catalog.measuring.memory import fit_request
 
     shape = _qwen_shape()
     config = ScienceConfig(operators=("+",), operand_hi=100, exact="top:64", pairs_per_op=200)
@@ -242,7 +242,7 @@ def test_plan_and_measure_refuse_before_loading(tiny_builtin, monkeypatch, tmp_p
 
 FRAGMENT = """
 import re, sys, torch
-from catalog.memory import freed_memory_returned
+from catalog.measuring.memory import freed_memory_returned
 
 def rss():
     return int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1]) * 1024

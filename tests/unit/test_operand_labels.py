@@ -1,4 +1,4 @@
-"""Labels name the explanation that fits (catalog.operand_fit, docs/method.md section 7):
+"""Labels name the explanation that fits (catalog.labels.operand_fit, docs/method.md section 7):
 maps that add a feature of each operand are not result heuristics, a map made from
 another operator's result is not this operator's result heuristic, and true result
 heuristics keep their labels with operand effects of equal size mixed in."""
@@ -19,10 +19,10 @@ from labelling import (
 )
 
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic
-from catalog.operand_fit import AdditiveOperands, OperandFit, layout, own_beyond
-from catalog.operator_labels import operand_fit
-from catalog.token_format import format_maps, number_format
+from catalog.core.token_format import format_maps, number_format
+from catalog.labels.heuristics import Cells, Heuristic
+from catalog.labels.operand_fit import AdditiveOperands, OperandFit, layout, own_beyond
+from catalog.labels.operator_labels import operand_fit
 
 LEVEL = 0.05
 

@@ -7,15 +7,15 @@ from transformer_lens import HookedTransformer
 
 from catalog.builtin import builtin_model_config, builtin_tokenizer
 from catalog.config import ScienceConfig
-from catalog.grids import post_hook_name
-from catalog.patching import (
+from catalog.measuring.grids import post_hook_name
+from catalog.measuring.patching import (
     attribution_patching,
     effect_from_logprobs,
     exact_patching,
     patching_effect,
 )
-from catalog.prompts import sample_pairs
-from catalog.run import CheckpointRun
+from catalog.measuring.prompts import sample_pairs
+from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
 
 from reference import naive_patching
@@ -55,8 +55,8 @@ def test_exact_patching_equals_naive_loop_on_builtin(tiny_builtin):
 
 def test_exact_patching_through_transformer_lens_cached_forward_equals_naive_loop(
         tiny_builtin):
-    """The path of models that catalog.single_position does not reproduce (ALiBi, attention
-    sinks, ...): each row through TransformerLens's cached forward."""
+    """The path of models that catalog.measuring.single_position does not reproduce (ALiBi,
+    attention sinks, ...): each row through TransformerLens's cached forward."""
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root, dtype=torch.float64)
     check_exact_equals_naive(lm.model, lm.tokenizer, [0, 1], hi=20, grouped=False)
@@ -151,7 +151,7 @@ def _bf16_builtin():
 def test_low_precision_models_unembed_in_float32():
     """A bfloat16 model's logits are the float32 final LayerNorm and unembedding of its
     residual stream, not bfloat16-rounded logits (steps of 0.06 near 10)."""
-    from catalog.grids import final_logits
+    from catalog.measuring.grids import final_logits
 
     model = _bf16_builtin()
     resid = (torch.randn(64, 1, model.cfg.d_model) * 3).to(torch.bfloat16)
@@ -171,7 +171,7 @@ def test_exact_effects_do_not_see_the_full_forwards_rounding(monkeypatch):
     patched rows, so whatever a full forward's kernels round differently (a GPU's bfloat16
     kernels for another batch shape) cannot become an effect: noise added to the full
     forward's logits changes no effect, and a patch with the clean activation is 0."""
-    from catalog import grids
+    from catalog.measuring import grids
 
     model = _bf16_builtin()
     config = ScienceConfig(operand_hi=15, pairs_per_op=12, dtype="bfloat16")
@@ -202,7 +202,7 @@ def test_attribution_needs_no_gradient_on_the_weights(tiny_builtin):
     memory): attribution patching of every layer at once, and of every head and MLP
     layer, equals what the same model gives with trainable weights, and leaves no
     gradient on any weight."""
-    from catalog.components import component_effects
+    from catalog.measuring.components import component_effects
 
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)

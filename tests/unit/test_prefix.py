@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from catalog.config import ScienceConfig
-from catalog.grids import run_grid
-from catalog.prompts import build_prompts, sample_pairs
+from catalog.core.tokens import detect_number_tokens
+from catalog.measuring.grids import run_grid
+from catalog.measuring.prompts import build_prompts, sample_pairs
 from catalog.sources import load_model
-from catalog.tokens import detect_number_tokens
 
 CONFIG = ScienceConfig(operators=("+", "-"), operand_hi=12, few_shot="Solve. ", shots=3,
                        shot_separator="; ", pairs_per_op=30)
@@ -79,8 +79,8 @@ def test_knockouts_with_prefix_reuse_equal_full_forwards(pythia):
     prefix as with full forwards (ablations with a prefix: tests/unit/test_ablation.py)."""
     import torch
 
-    from catalog import knockouts
-    from catalog.grids import post_hook_name
+    from catalog.circuits import knockouts
+    from catalog.measuring.grids import post_hook_name
 
     model, tok = pythia.model, pythia.tokenizer
     numbers = detect_number_tokens(tok, prepend_bos=False)
@@ -112,7 +112,7 @@ def test_an_answer_must_end_where_the_result_ends(pythia):
 
     import torch
 
-    from catalog.tokens import continuing_ids
+    from catalog.core.tokens import continuing_ids
 
     model = copy.deepcopy(pythia.model)
     tok = pythia.tokenizer

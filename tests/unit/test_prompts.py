@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from catalog.arith import apply_op, is_valid
 from catalog.builtin import builtin_tokenizer
 from catalog.config import ScienceConfig
-from catalog.prompts import build_prompts, sample_pairs
-from catalog.tokens import detect_number_tokens, encode_number
+from catalog.core.arith import apply_op, is_valid
+from catalog.core.tokens import detect_number_tokens, encode_number
+from catalog.measuring.prompts import build_prompts, sample_pairs
 
 from offline_models import number_tokenizer
 

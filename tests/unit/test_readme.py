@@ -87,7 +87,7 @@ def test_readme_python_example_runs():
 
 
 def test_readme_configuration_table_lists_every_setting_with_its_default():
-    from catalog.settings import Settings
+    from catalog.config.settings import Settings
 
     text = (ROOT / "docs" / "deployment.md").read_text()
     section = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog import registry
-from catalog.registry import FetchError, KnownModel, Piece
+from catalog.sources import registry
+from catalog.sources.registry import FetchError, KnownModel, Piece
 
 PARTS = [b"GGUF" + bytes(range(256)) * 40, b"second piece" * 1000, b"tail"]
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from catalog.significance import base_rate, overlap_tail, p_values
+from catalog.labels.significance import base_rate, overlap_tail, p_values
 
 from reference import reference_score
 

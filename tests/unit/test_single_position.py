@@ -1,4 +1,4 @@
-"""catalog.single_position: one position through the later blocks with the keys shared by
+"""catalog.measuring.single_position: one position through the later blocks with the keys shared by
 each pair's rows equals TransformerLens's own cached forward (keys copied per row) in
 float32, the dtype runs use; models with features it does not reproduce are sent to
 TransformerLens's path. Exact patching through it equals the naive loop on every
@@ -9,9 +9,9 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.utilities import get_act_name
 
-from catalog import single_position
-from catalog.grids import cache_keys, final_logits
-from catalog.patching import _last_position_forward
+from catalog.measuring import single_position
+from catalog.measuring.grids import cache_keys, final_logits
+from catalog.measuring.patching import _last_position_forward
 from catalog.sources import load_model
 
 

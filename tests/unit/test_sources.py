@@ -160,8 +160,7 @@ def test_gguf_and_known_models_are_inspected_without_loading_weights(tmp_path, m
     import dataclasses
 
     import catalog.sources as sources
-    from catalog import registry
-    from catalog.sources import ModelSourceError, inspect_model
+    from catalog.sources import ModelSourceError, inspect_model, registry
 
     path = write_llama_gguf(tmp_path / "tiny.gguf")
 

@@ -1,11 +1,11 @@
-"""Periodic structure of neuron maps (catalog.spectra, issue 34): planted neurons found with
-their period, noise not, and the shares equal to numpy's FFT of the axis profile."""
+"""Periodic structure of neuron maps (catalog.periodic.spectra, issue 34): planted neurons
+found with their period, noise not, and the shares equal to numpy's FFT of the axis profile."""
 
 import numpy as np
 import pytest
 
-from catalog import spectra, spectra_guard
-from catalog.arith import apply_op, is_valid
+from catalog.core.arith import apply_op, is_valid
+from catalog.periodic import guard, spectra
 
 
 def _grid(op: str, lo: int, hi: int, limit: int = 10**9):
@@ -363,11 +363,11 @@ def test_the_smooth_guard_equals_least_squares_with_each_range(edges, monkeypatc
     maps = rng.normal(size=(5, len(a))) + ((res >= 7) & (res < 12)) * 2.0 + 0.1 * res
     ap = spectra.profile(maps, res)
     if edges:
-        monkeypatch.setattr(spectra_guard, "RANGE_EDGES", edges)
+        monkeypatch.setattr(guard, "RANGE_EDGES", edges)
         cut = np.unique(np.linspace(0, len(ap.values), edges).round().astype(int))
     else:
         cut = np.arange(len(ap.values) + 1)
-    np.testing.assert_allclose(spectra_guard.smooth_share(ap), _smooth_share_reference(ap, cut),
+    np.testing.assert_allclose(guard.smooth_share(ap), _smooth_share_reference(ap, cut),
                                rtol=1e-9, atol=1e-12)
 
 

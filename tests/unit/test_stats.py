@@ -1,4 +1,4 @@
-"""catalog.stats, the one home of every statistic: published values, exact rationals, and
+"""catalog.core.stats, the one home of every statistic: published values, exact rationals, and
 scipy's own implementations where the catalog keeps a faster hand version."""
 
 import math
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from catalog import stats
+from catalog.core import stats
 
 
 @pytest.mark.parametrize(("k", "n", "want"), [

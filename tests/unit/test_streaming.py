@@ -182,7 +182,7 @@ def test_a_bfloat16_load_peaks_within_one_and_a_half_times_its_weights(tmp_path)
     for a 98M-parameter model shaped like a real one (embeddings a quarter of it; 0.4 GB
     of float32 weights). The whole-file load, which dequantizes everything into float32
     first, does not fit the same bound: the test can fail."""
-    from catalog.memory import PROCESS_BYTES, streamed_load
+    from catalog.measuring.memory import PROCESS_BYTES, streamed_load
     from catalog.sources import inspect_model
 
     path = write_gguf(tmp_path / "big.gguf", seed=0, d=768, n_layers=8, d_ff=3072,

@@ -7,7 +7,7 @@ import pytest
 
 from catalog import builtin
 from catalog.config import ScienceConfig
-from catalog.run import CheckpointRun
+from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
 
 # the built-in model's step 0 does not depend on how long it is trained: one step of

@@ -1,5 +1,5 @@
-"""The 'values' label rule (catalog.nulls): structured maps that compute no arithmetic are
-labelled at most at the configured rate, planted heuristics still are, and the exact
+"""The 'values' label rule (catalog.labels.value_null): structured maps that compute no
+arithmetic are labelled at most at the configured rate, planted heuristics still are, and the exact
 tail equals enumeration and Monte Carlo."""
 
 import itertools
@@ -9,10 +9,10 @@ import pytest
 import torch
 from labelling import cells_of, labelled
 
-from catalog import tails
-from catalog.arith import OPERATORS
 from catalog.config import ScienceConfig
-from catalog.heuristics import Cells, Heuristic, partitions_for
+from catalog.core.arith import OPERATORS
+from catalog.labels import tails
+from catalog.labels.heuristics import Cells, Heuristic, partitions_for
 
 LEVEL = 0.05
 
@@ -233,9 +233,9 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     """``labelled_maps`` (the relabelled-values control) scores only rows from the label
     threshold up and only partitions that can reach the corrected level: the maps it
     counts are exactly those that scoring every partition and labelling label."""
-    from catalog import nulls, operator_labels
-    from catalog.heuristics import n_tests
-    from catalog.operand_fit import OperandFit
+    from catalog.labels import operator_labels, value_null
+    from catalog.labels.heuristics import n_tests
+    from catalog.labels.operand_fit import OperandFit
 
     hi = 30
     cells = cells_of(op, hi)
@@ -255,9 +255,9 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     assert 0 < len(expected) < len(maps)  # both outcomes occur
     parts = partitions_for(cells, config)
     k = n_tests(parts, True, False)
-    null = nulls.ValueNull.of(cells, parts, config.null_strata, config.seed,
+    null = value_null.ValueNull.of(cells, parts, config.null_strata, config.seed,
                               config.pattern_top_k, k, config.significance_level)
-    k = nulls.n_value_tests(null, parts, True, config.significance_level)
+    k = value_null.n_value_tests(null, parts, True, config.significance_level)
     reach = config.significance_level / k
     assert any(all(null.min_p(h) > reach for h in p.heuristics) for p in parts)
     fit = OperandFit.of(op, cells.a, cells.b, cells.result)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from catalog.arith import OPERATORS
+from catalog.core.arith import OPERATORS
 from reports import plots
 from ui import data
 from ui.views.common import require_catalog

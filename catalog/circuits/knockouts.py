@@ -1,0 +1,149 @@
+"""Knockouts: the heuristics paper's two ablation checks of the heuristic story
+(docs/method.md section 8).
+
+Zeroing the neurons matched to a heuristic should hurt the prompts that heuristic is
+about far more than the others (heuristic knockout), and zeroing a prompt's own
+heuristic neurons should hurt it far more than zeroing as many random top neurons
+(prompt knockout). Both zero neurons at the last position only, so each runs that one
+position against the clean keys and values of the others (``PrefixRunner``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from jaxtyping import Bool
+from transformer_lens import HookedTransformer
+
+from catalog.core.stats import share_se
+from catalog.labels.heuristics import Heuristic
+from catalog.measuring.grids import PrefixRunner, post_hook_name
+from catalog.measuring.prompts import PromptTable
+
+
+@torch.no_grad()
+def accuracy_with_zeroed(
+    model: HookedTransformer,
+    table: PromptTable,
+    prompts: np.ndarray,
+    zero: Bool[np.ndarray, "prompt n_layers d_mlp"] | Bool[np.ndarray, "n_layers d_mlp"],
+    runner: PrefixRunner | None = None,
+) -> np.ndarray:
+    """Per-prompt correctness (answer's first token), given neurons zeroed at the last position.
+
+    ``zero`` is one mask for all prompts or one per prompt. Zeroing at the last position
+    leaves every earlier position as in the clean run, so only that position is run,
+    against the clean keys and values the runner keeps per prompt group (computed by the
+    first knockout on those prompts, reused by the others).
+    """
+    out = np.zeros(len(prompts), dtype=bool)
+    per_prompt = zero.ndim == 3
+    runner = runner or PrefixRunner(model, table)
+    n_layers = model.cfg.n_layers
+    order = {int(p): i for i, p in enumerate(prompts)}
+    for skip, sel in runner.groups(prompts):
+        pos = np.array([order[int(p)] for p in sel])
+        z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
+
+        def edit(act, hook, _z=z):
+            return act.masked_fill(_z[:, hook.layer()][:, None, :], 0.0)
+
+        pred = runner.last_position_logits(sel, skip, fwd_hooks=[
+            (post_hook_name(layer), edit) for layer in range(n_layers)]).argmax(-1).cpu().numpy()
+        out[pos] = pred == table.answer[sel]
+    return out
+
+
+def heuristic_knockout(
+    model: HookedTransformer,
+    table: PromptTable,
+    prompts: np.ndarray,
+    heuristic: Heuristic,
+    neurons: Bool[np.ndarray, "n_layers d_mlp"],
+    runner: PrefixRunner | None = None,
+) -> dict:
+    """Zero every neuron matched to ``heuristic``; accuracy on its prompts vs the others.
+
+    ``prompts`` are correct prompts of one operator (accuracy 1 before the knockout).
+    """
+    member = heuristic.contains(table.a[prompts], table.b[prompts], table.result[prompts])
+    ok = accuracy_with_zeroed(model, table, prompts, neurons, runner)
+    acc_a = float(ok[member].mean()) if member.any() else float("nan")
+    acc_o = float(ok[~member].mean()) if (~member).any() else float("nan")
+    return {
+        "heuristic": heuristic.key,
+        "label": heuristic.label,
+        "n_neurons": int(neurons.sum()),
+        "n_associated": int(member.sum()),
+        "acc_associated": acc_a,
+        "acc_other": acc_o,
+        "verdict": verdict(acc_a, int(member.sum()), acc_o, int((~member).sum())),
+    }
+
+
+def verdict(acc_associated: float, n_associated: int, acc_other: float, n_other: int) -> str:
+    """How a heuristic knockout row reads against the paper, which finds the prompts a
+    heuristic is about hurt more than the others: ``agrees`` when their accuracy is lower
+    by more than two standard errors of the difference, ``contradicts`` when it is higher by
+    more than two, ``inconclusive`` otherwise (or when a side has no prompt)."""
+    if not (n_associated and n_other) or math.isnan(acc_associated) or math.isnan(acc_other):
+        return "inconclusive"
+    se = math.hypot(share_se(acc_associated, n_associated), share_se(acc_other, n_other))
+    diff = acc_associated - acc_other
+    # with no variance on either side (every prompt right or wrong), any gap is exact
+    if diff < -2 * se or (se == 0 and diff < 0):
+        return "agrees"
+    if diff > 2 * se or (se == 0 and diff > 0):
+        return "contradicts"
+    return "inconclusive"
+
+
+def prompt_knockout(
+    model: HookedTransformer,
+    table: PromptTable,
+    prompts: np.ndarray,
+    heuristics: list[Heuristic],
+    matched: list[Bool[np.ndarray, "n_layers d_mlp"]],
+    top_set: Bool[np.ndarray, "n_layers d_mlp"],
+    n_per_layer: int,
+    seed: int,
+    runner: PrefixRunner | None = None,
+) -> dict:
+    """Zero up to N heuristic neurons per layer per prompt, against N random top neurons.
+
+    For each prompt, candidate neurons are the top-set neurons matched to any
+    heuristic the prompt belongs to; up to ``n_per_layer`` of them are drawn per
+    layer. The baseline zeroes as many neurons drawn at random from the same
+    layer's top set.
+    """
+    rng = np.random.default_rng(seed)
+    n_layers, d_mlp = top_set.shape
+    member = np.stack([h.contains(table.a[prompts], table.b[prompts], table.result[prompts])
+                       for h in heuristics], axis=1) if heuristics else np.zeros((len(prompts), 0),
+                                                                                 dtype=bool)
+    stacked = np.stack(matched) if matched else np.zeros((0, n_layers, d_mlp), dtype=bool)
+    heur = np.zeros((len(prompts), n_layers, d_mlp), dtype=bool)
+    rand = np.zeros_like(heur)
+    for i in range(len(prompts)):
+        cand = stacked[member[i]].any(axis=0) & top_set if member[i].any() else \
+            np.zeros((n_layers, d_mlp), dtype=bool)
+        for layer in range(n_layers):
+            pool = np.nonzero(cand[layer])[0]
+            take = min(n_per_layer, len(pool))
+            if take:
+                heur[i, layer, rng.choice(pool, take, replace=False)] = True
+                top_pool = np.nonzero(top_set[layer])[0]
+                rand[i, layer, rng.choice(top_pool, take, replace=False)] = True
+    def acc(zero: np.ndarray) -> float:
+        if not len(prompts):
+            return float("nan")
+        return float(accuracy_with_zeroed(model, table, prompts, zero, runner).mean())
+
+    return {
+        "n_prompts": len(prompts),
+        "mean_neurons_zeroed": float(heur.sum(axis=(1, 2)).mean()) if len(prompts) else 0.0,
+        "acc_heuristic_knockout": acc(heur),
+        "acc_random_knockout": acc(rand),
+    }

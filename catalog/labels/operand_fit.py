@@ -1,0 +1,417 @@
+"""Does a map say more about the result than its two operands say additively?
+
+On ``+`` every map that adds a feature of op1 to a feature of op2 (how many digits each
+operand has, whether each is at least 10) is highest where both operands are large, so
+it correlates with the result and its top cells look like a result range. Such a map
+has no result structure: nothing in it needs the sum. docs/method.md section 7 ("What a
+label explains") states the rule this module implements:
+
+- ``AdditiveOperands``: the exact least-squares projection of maps on one operator's
+  cells onto the functions f(op1) + g(op2) (both operands' main effects; the cells need
+  not be a rectangle: the normal equations are solved with their pseudo-inverse, built
+  once per operator).
+- ``_partial_p``: does a result heuristic's set explain the KV map beyond that fit?
+  The partial regression's t-test, classic and heteroscedasticity-robust, the larger
+  p-value kept. A result label needs it at the corrected level too (``gate``), so an
+  additive map, which the fit explains whole, keeps no result label, while a result set
+  with operand effects of any size mixed in keeps its own.
+- ``Explanations``: per map, the held-out R^2 of the competing explanations (fit on four
+  folds of unordered operand pairs, judged on the fifth): the operands additively, the
+  result as a factor (one mean per result value), both together, and the best other
+  operator's result with the operands. A result
+  label of this operator is kept only where its own result explains the map at least as
+  well as every other operator's (``gate``): a window of op1 * op2 measured on ``+``
+  prompts is not a sum heuristic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from catalog.core.arith import OPERATORS, apply_op
+from catalog.labels.fit_models import (
+    TSS,
+    Design,
+    Explanations,
+    FoldModel,
+    held_out_all,
+    held_out_r2,
+    levels,
+    pair_folds,
+)
+from catalog.labels.tails import digit_count
+
+# neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
+# block x 90,000 x 8 bytes)
+BLOCK = 256
+# a result set of another operator must explain this much more of a KV map beyond the
+# operands than the label's own set (relative) to take the label away: on small grids
+# two operators' results describe one set almost equally (the corner of [0, 30)^2 is
+# both "a + b >= 40" and "a * b large"), and a near tie is not evidence
+RIVAL_MARGIN = 0.1
+
+
+def other_result(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Operator ``op``'s result on cells that may not be valid for it (``apply_op``; a
+    division by zero is a value of its own, -1)."""
+    out = apply_op(op, a, b)
+    return np.where(np.asarray(b) > 0, out, -1) if op == "/" else out
+
+
+def layout(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each cell's token layout: the digit counts of op1 and op2 together (how the prompt
+    is written: on a digit-level tokenizer, its token count and positions)."""
+    return digit_count(np.abs(np.asarray(a))) * 100 + digit_count(np.abs(np.asarray(b)))
+
+
+def operand_groups(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    """The nuisance the rule keeps: op1's value, op2's value and the prompt's layout
+    (their digit counts together: "both operands have two digits" is a fact of the
+    format, not of the result)."""
+    return [np.unique(x, return_inverse=True)[1].reshape(-1)
+            for x in (np.asarray(a), np.asarray(b), layout(a, b))]
+
+
+@dataclass
+class AdditiveOperands:
+    """f(op1) + g(op2) + h(layout) fit to maps on one operator's cells, exactly (normal
+    equations with the pseudo-inverse of X'X, X the one-hot designs side by side): both
+    operands' main effects and the prompt's token layout (``operand_groups``)."""
+
+    design: Design
+    pinv: torch.Tensor  # (width, width) float64
+    n_operands: int  # every column (op1's values, op2's, the layouts)
+    rank: int  # dimension of the space (constant included)
+
+    @classmethod
+    def of(cls, a: np.ndarray, b: np.ndarray, device: str | torch.device = "cpu"
+           ) -> AdditiveOperands:
+        groups = operand_groups(a, b)
+        design = Design(groups, device)
+        n_op = design.width
+        rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
+        pinv = np.linalg.pinv(design.xtx, hermitian=True)
+        return cls(design, torch.as_tensor(pinv, device=device), n_op, rank)
+
+    def fitted(self, maps: torch.Tensor) -> torch.Tensor:
+        """(n, cells) float64: each map's least-squares f(op1) + g(op2)."""
+        y = maps.double()
+        c = self.design.sums(y) @ self.pinv.to(y.device)
+        return self.design.on_cells(c, self.n_operands)
+
+
+# the windows of an operator's values that compete for a map: every run of consecutive
+# bins of at most this many bins of its distinct values (by rank)
+SCAN_BINS = 64
+
+
+@dataclass
+class WindowScan:
+    """Every window of one operator's values (runs of ``SCAN_BINS`` bins) as a cell set
+    less the additive fit, through cumulative sums: with C the cumulative residual bin
+    indicators (C_0 = 0), window [i, j) explains (D_j - D_i)^2 / (G_jj + G_ii - 2 G_ij)
+    of a map's residual r_y beyond the operands, D = r_y C', G = C C'. Cells where the
+    operator's result is undefined (negative, division by zero) are in no window."""
+
+    c: torch.Tensor  # (bins + 1, cells) float64
+    g: torch.Tensor  # (bins + 1, bins + 1)
+
+    @classmethod
+    def of(cls, values: np.ndarray, add: AdditiveOperands, device) -> WindowScan:
+        values = np.asarray(values)
+        valid = np.nonzero(values >= 0)[0]
+        lev = levels(values[valid], SCAN_BINS)
+        ind = torch.zeros(int(lev.max()) + 1 if len(lev) else 0, len(values),
+                          dtype=torch.float64, device=device)
+        ind[torch.as_tensor(lev, device=device), torch.as_tensor(valid, device=device)] = 1
+        r = ind - add.fitted(ind)
+        c = torch.cat([torch.zeros(1, len(values), dtype=torch.float64, device=device),
+                       torch.cumsum(r, 0)])
+        return cls(c, c @ c.T)
+
+    def best(self, r_y: torch.Tensor) -> torch.Tensor:
+        """(n,) the largest sum of squares one window explains of each residual map."""
+        d = r_y @ self.c.T
+        diag = torch.diagonal(self.g)
+        den = diag[None, :] + diag[:, None] - 2 * self.g  # [i, j]
+        upper = torch.triu(torch.ones_like(den, dtype=torch.bool), diagonal=1) & (den > 1e-12)
+        num = (d[:, None, :] - d[:, :, None]) ** 2
+        return torch.where(upper, num / den.clamp(min=1e-12), torch.zeros_like(num)).amax((1, 2))
+
+
+@dataclass
+class OperandFit:
+    """What one operator's grid needs for the rule: its additive fit and the competing
+    explanations' models."""
+
+    op: str
+    additive: AdditiveOperands
+    models: dict[str, FoldModel]  # "operands", "result", and "joint:" + each operator
+    n_cells: int
+    cells: tuple[np.ndarray, np.ndarray, np.ndarray]  # op1, op2, result of each cell
+    # the cell sets of the heuristics tested so far (rows of a bool array) and their keys
+    sets: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+    _set_of: dict[str, int] = field(default_factory=dict)
+    # the rivals of a result label: other operators' result sets on these cells, less
+    # their additive fit (float64, sets x cells), their sums of squares and operators
+    rivals: torch.Tensor | None = None
+    rival_ss: torch.Tensor | None = None
+    rival_ops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="<U1"))
+    # every operator's windows (built with the rivals)
+    scans: dict[str, WindowScan] = field(default_factory=dict)
+
+    def set_index(self, heuristics: list) -> np.ndarray:
+        """Each heuristic's row in ``sets`` (added the first time it is asked for)."""
+        new = [h for h in dict.fromkeys(heuristics) if h.key not in self._set_of]
+        if new:
+            a, b, r = self.cells
+            rows = np.stack([h.contains(a, b, r) for h in new]).astype(bool)
+            base = self.sets if self.sets.size else np.zeros((0, len(a)), dtype=bool)
+            for i, h in enumerate(new):
+                self._set_of[h.key] = len(base) + i
+            self.sets = np.concatenate([base, rows])
+        return np.array([self._set_of[h.key] for h in heuristics], dtype=np.int64)
+
+    @classmethod
+    def of(cls, op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
+           device: str | torch.device | None = "cpu", rivals: np.ndarray | None = None,
+           rival_ops: np.ndarray | None = None) -> OperandFit:
+        """``rivals``: (sets, cells) bool, other operators' result sets on these cells
+        (``catalog.labels.operator_labels.operand_fit`` builds them from the config's
+        heuristics), and ``rival_ops`` their operators; without them no label is taken
+        for another operator's result."""
+        device = "cpu" if device is None else device
+        a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
+        add = AdditiveOperands.of(a, b, device)
+        groups = operand_groups(a, b)
+        folds = pair_folds(a, b)
+        models = {"operands": FoldModel.of(groups, folds, device),
+                  "result": FoldModel.of([levels(result)], folds, device)}
+        for o in OPERATORS:
+            values = result if o == op else other_result(o, a, b)
+            models["joint:" + o] = FoldModel.of([*groups, levels(values)], folds, device)
+        fit = cls(op, add, models, len(a), (a, b, result))
+        if rivals is not None and len(rivals):
+            r = torch.as_tensor(np.asarray(rivals), dtype=torch.float64, device=device)
+            r = r - add.fitted(r)
+            ss = (r * r).sum(1)
+            keep = (ss > 1e-12).cpu().numpy()  # an additive set explains nothing beyond
+            fit.rivals, fit.rival_ss = r[torch.as_tensor(keep, device=device)], ss[keep]
+            fit.rival_ops = np.asarray(rival_ops)[keep].astype("<U1")
+        if rivals is not None:
+            fit.scans = {o: WindowScan.of(result if o == op else other_result(o, a, b), add,
+                                          device) for o in OPERATORS}
+        return fit
+
+    def rival_beyond(self, maps: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per map (rows): the largest sum of squares that one rival (another operator's
+        result set, or window of its values) explains beyond the operands' fit (the
+        partial regression's (r_y . r_s)^2 / |r_s|^2), that rival's operator ('' without
+        rivals), and the largest that a window of this operator's values explains."""
+        n = len(maps)
+        best, which, own = np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
+        for s in range(0, n, BLOCK):
+            y = maps[s:s + BLOCK].double()
+            got = self.rival_beyond_residual(y - self.additive.fitted(y))
+            best[s:s + BLOCK], which[s:s + BLOCK], own[s:s + BLOCK] = got
+        return best, which, own
+
+    def rival_beyond_residual(self, r_y: torch.Tensor) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+        """``rival_beyond`` of maps given as their residuals beyond the operands' fit."""
+        n = len(r_y)
+        if not n or not self.scans:
+            return np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
+        others = [o for o in OPERATORS if o != self.op]
+        cand = [self.scans[o].best(r_y) for o in others]
+        if self.rivals is not None:
+            assert self.rival_ss is not None
+            v, i = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).max(1)
+            cand.append(v)
+        stack = torch.stack(cand).cpu().numpy()
+        pick = stack.argmax(0)
+        best = stack[pick, np.arange(n)]
+        ops = np.array(others + [""])[np.minimum(pick, len(others))]
+        if self.rivals is not None:
+            at = pick == len(others)
+            ops[at] = self.rival_ops[i.cpu().numpy()][at]
+        return best, ops.astype("<U1"), self.scans[self.op].best(r_y).cpu().numpy()
+
+    def explain(self, maps: torch.Tensor) -> Explanations:
+        """The held-out R^2 of every explanation of each map: each model fit on four
+        fifths of the cells and judged on the fifth it did not see (``pair_folds``), so a
+        model with more parameters (the product's many values) gains nothing it cannot
+        predict. Adjusted R^2 was not enough: the product's levels on [0, 50)^2 nearly
+        name the unordered operand pair and fit any symmetric map (a parity neuron of the
+        built-in model: 0.91 against its own sum's 0.41)."""
+        n = len(maps)
+        out = Explanations.empty(n)
+        if not n:
+            return out
+        keys = ["operands", "result"] + ["joint:" + o for o in OPERATORS]
+        cols: dict[str, list] = {k: [] for k in keys}
+        for s in range(0, n, BLOCK):
+            got = held_out_all({k: self.models[k] for k in keys}, maps[s:s + BLOCK].double())
+            for k in keys:
+                cols[k].append(held_out_r2(got[k], got[TSS]))
+        adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}
+        out.operands, out.result = adj["operands"], adj["result"]
+        out.joint = adj["joint:" + self.op]
+        others = [o for o in OPERATORS if o != self.op]
+        stack = np.stack([np.nan_to_num(adj["joint:" + o], nan=-np.inf) for o in others])
+        which = stack.argmax(0)
+        best = stack[which, np.arange(n)]
+        out.other = np.where(np.isinf(best), np.nan, best)
+        out.other_op = np.array(others)[which].astype("<U1")
+        return out
+
+
+def _partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
+               sign: np.ndarray | None, df: int) -> np.ndarray:
+    """One-sided p-value of each row (``ni``: its map among the residual maps ``r_y``;
+    ``si``: its set among the residual sets ``r_s``, both less the operands' additive
+    fit) for "the set explains the map beyond f(op1) + g(op2)": the partial regression of
+    the map on the set's indicator with both operands' main effects in the model. Both
+    the classic t-test (Student's t, ``df`` = N - rank - 1 degrees of freedom) and the
+    heteroscedasticity-robust one (HC0, normal tail) are computed and the larger p-value
+    is kept: maps whose spread differs from cell to cell (sparse activations) cannot pass
+    on the classic test's variance alone. ``sign``: +1 where the set is scored at the
+    map's top, -1 at its bottom; None: either direction (the K map of a result label,
+    whose sign on the set depends on the sign of the lens). Every product is a matrix
+    product over the rows' maps and sets."""
+    from scipy import stats
+
+    ss_y = (r_y * r_y).sum(1)
+    ss_s = (r_s * r_s).sum(1)
+    dot = (r_y @ r_s.T)[ni, si]
+    sss = ss_s[si]
+    beta = dot / sss.clamp(min=1e-300)
+    rss = (ss_y[ni] - dot * beta).clamp(min=0)
+    t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
+    # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
+    y2s2 = ((r_y ** 2) @ (r_s ** 2).T)[ni, si]
+    ys3 = (r_y @ (r_s ** 3).T)[ni, si]
+    hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (r_s ** 4).sum(1)[si]).clamp(min=0)
+    z = dot / torch.sqrt(hc).clamp(min=1e-300)
+    if sign is None:
+        p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
+                       2 * stats.norm.sf(np.abs(z.cpu().numpy())))
+    else:
+        sg = torch.as_tensor(sign, dtype=torch.float64, device=r_y.device)
+        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
+                       stats.norm.sf((sg * z).cpu().numpy()))
+    p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
+    return p
+
+
+def _set_residuals(fit: OperandFit, members: np.ndarray, device) -> tuple:
+    """(the distinct sets of ``members`` less their additive fit, each member's row)."""
+    # in the order of their keys, not of the cache: the cache's order depends on which
+    # layers this process measured before, and a matrix product's last bits on the rows'
+    # order, so a layer's p-values would depend on the process that measured it
+    keys = {i: k for k, i in fit._set_of.items()}
+    uniq_s = np.array(sorted(set(members.tolist()), key=keys.__getitem__), dtype=np.int64)
+    pos = np.zeros(len(fit.sets), dtype=np.int64)
+    pos[uniq_s] = np.arange(len(uniq_s))
+    sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=device)
+    return sets - fit.additive.fitted(sets), pos[members].reshape(-1)
+
+
+def _blocks(neuron: np.ndarray):
+    """The distinct maps of rows ``neuron`` by blocks of ``BLOCK``: (maps of the block,
+    the block's rows, each row's map within the block)."""
+    uniq_n, n_of = np.unique(neuron, return_inverse=True)
+    n_of = n_of.reshape(-1)
+    for start in range(0, len(uniq_n), BLOCK):
+        stop = min(start + BLOCK, len(uniq_n))
+        rows = np.nonzero((n_of >= start) & (n_of < stop))[0]
+        yield uniq_n[start:stop], rows, n_of[rows] - start
+
+
+def own_beyond(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
+               members: np.ndarray) -> np.ndarray:
+    """Per row, the sum of squares its set (``members``: rows of ``fit.sets``) explains of
+    map ``neuron`` beyond the operands' fit."""
+    out = np.zeros(len(neuron))
+    if not len(neuron):
+        return out
+    dev = maps.device
+    r_s, s_of = _set_residuals(fit, members, dev)
+    for uniq, rows, ni in _blocks(neuron):
+        y = maps.index_select(0, torch.as_tensor(uniq, device=dev)).double()
+        out[rows] = _explained(y - fit.additive.fitted(y), r_s,
+                               torch.as_tensor(ni, device=dev),
+                               torch.as_tensor(s_of[rows], device=dev))
+    return out
+
+
+def _explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,
+               si: torch.Tensor) -> np.ndarray:
+    """(r_y . r_s)^2 / |r_s|^2 of each row: what its set explains of its residual map."""
+    dot = (r_y @ r_s.T)[ni, si]
+    return (dot ** 2 / (r_s * r_s).sum(1)[si].clamp(min=1e-300)).cpu().numpy()
+
+
+def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
+         strict: bool = False):
+    """The result labels of one operator's rows ``m`` (neuron indices into the maps) that
+    stand beyond the operands: each result row the value rule labels has its p-value
+    raised to its tests beyond f(op1) + g(op2) on the KV map (one-sided, the side scored)
+    and on the K map (two-sided: the activation must carry the set, not only the lens;
+    ``_partial_p``), and keeps its label only where that p-value is at most
+    ``reach`` (the corrected level) and no other operator's result set explains the KV
+    map beyond the operands by more than ``RIVAL_MARGIN`` over the label's own set
+    (``OperandFit.rival_beyond``: one set against one set, so a factor with many levels
+    gains nothing; a set that both operators' results name, parity under + and -, ties
+    and stays). A row whose set also explains the map within ``RIVAL_MARGIN`` of the
+    best window of the operator's own values (``WindowScan``) FITS: it names the set that
+    fits, not a set that overlaps it (a wide window around the one that fits, or its
+    complement on the other side); with ``strict`` (the second pass) only such rows keep
+    their labels. Returns ``m``, its rows updated, and the maps (indices) with a labelled
+    row that fits."""
+    result_row = np.array([h.target == "result" and h.family != "multi_result"
+                           for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
+    rows = np.nonzero(result_row & m.implements)[0]
+    if len(rows):
+        members = fit.set_index([m.heuristics[i] for i in m.heuristic[rows]])
+        p, keep, fits = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows])
+        m.p_value[rows] = np.fmax(m.p_value[rows], p)
+        m.implements[rows] &= (p <= reach) & keep & (fits if strict else True)
+        return m, np.unique(m.neuron[rows][m.implements[rows] & fits])
+    return m, np.zeros(0, np.int64)
+
+
+def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: np.ndarray,
+               members: np.ndarray, bottom: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gate's tests of result rows, each map's and set's residual beyond the operands
+    taken once for all of them: (the larger p-value of the KV test, one-sided, and the K
+    test, two-sided; whether no rival explains the KV map more than ``RIVAL_MARGIN`` over
+    the row's own set or its own operator's best window; whether the own operator's best
+    window explains it no more than that over the row's set)."""
+    dev = kv.device
+    r_s, s_of = _set_residuals(fit, members, dev)
+    df = max(fit.n_cells - fit.additive.rank - 1, 1)
+    sign = np.where(bottom, -1.0, 1.0)
+    p, keep = np.ones(len(neuron)), np.ones(len(neuron), dtype=bool)
+    fits = np.ones(len(neuron), dtype=bool)
+    for uniq, rows, ni in _blocks(neuron):
+        idx = torch.as_tensor(uniq, device=dev)
+        ni_t, si_t = torch.as_tensor(ni, device=dev), torch.as_tensor(s_of[rows], device=dev)
+        y = kv.index_select(0, idx).double()
+        r_kv = y - fit.additive.fitted(y)
+        y = k_map.index_select(0, idx).double()
+        # the activation itself must carry the set beyond both operands: a KV map that is
+        # an additive activation times the neuron's lens has result structure from the
+        # lens alone (the neuron pushes some answer digits whatever the prompt's result)
+        p[rows] = np.fmax(_partial_p(r_kv, r_s, ni_t, si_t, sign[rows], df),
+                          _partial_p(y - fit.additive.fitted(y), r_s, ni_t, si_t, None, df))
+        if fit.scans:
+            rival, _, window = fit.rival_beyond_residual(r_kv)
+            own_set = _explained(r_kv, r_s, ni_t, si_t)
+            keep[rows] = np.fmax(own_set, window[ni]) >= (1 - RIVAL_MARGIN) * rival[ni]
+            fits[rows] = own_set >= (1 - RIVAL_MARGIN) * window[ni]
+    return p, keep, fits

@@ -1,0 +1,319 @@
+"""One operator's labels from its maps, the one sequence every caller runs: the run's
+layers (``CheckpointRun.run_layer``), its controls (relabelled values, token format) and
+the label-rule tests.
+
+1. Algorithm 1 scores on the K and KV maps (the caller's ``score``: it knows the
+   operator's index and the multi-result family);
+2. the config's label rule (``catalog.labels.value_null.label``);
+3. with ``result_beyond_operands``, the gate (``catalog.labels.operand_fit.gate``): a result
+   label must also explain the KV map beyond both operands' additive effects, and no
+   other operator's result set (``operand_fit``: the config's result heuristics of every
+   other operator, on these cells) may explain it clearly better;
+4. with the gate, the maps left without a result label that FITS (its set explains the
+   map beyond the operands within 10% of the best window of the operator's values) are
+   scored again on what is left of the KV map beyond the operands' additive fit
+   (``rescued``): a result set with a smooth operand trend of its own size mixed in loses
+   its top cells to the trend (the first pass labels a wide window around it, or
+   nothing), and the residual gives them back. A result row found so passes steps 2 and
+   3 as every row does, and must fit. The explanations of every labelled map (K and KV)
+   are kept for the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
+from catalog.core.arith import OPERATORS, is_valid
+from catalog.core.token_format import FORMAT_KINDS, format_maps
+from catalog.labels import value_null
+from catalog.labels.heuristics import Cells, partitions_for, result_partitions
+from catalog.labels.heuristics import n_tests as count_tests
+from catalog.labels.matches import Matches
+from catalog.labels.operand_fit import BLOCK, Explanations, OperandFit, gate, other_result
+from catalog.measuring.prompts import UNLIMITED
+
+# maps per layer and operator that each control scores
+CONTROL_MAPS = 128
+
+
+
+def gated(config) -> bool:
+    """Whether the config's labels pass the gate: ``result_beyond_operands`` under the
+    'values' rule (the 'paper' and 'significant' rules stay as they were defined)."""
+    return bool(config.result_beyond_operands and config.label_rule == "values")
+
+
+# the config's families whose result sets of other operators are rivals one by one; their
+# ranges and values are windows, which the fit scans whole (on a [0, 300) grid op1 * op2
+# has thousands of range heuristics)
+RIVAL_FAMILIES = ("modulo", "pattern")
+
+
+def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
+    """The gate's fit for one operator's cells (``catalog.labels.heuristics.Cells``), with its
+    rivals: every residue and digit-pattern result heuristic the config builds for each
+    other operator, on the cells where its result is defined (non-negative, no division
+    by zero), beside which the fit scans every window of each operator's values
+    (``operand_fit.WindowScan``)."""
+    rivals: list[np.ndarray] = []
+    ops: list[str] = []
+    for o in OPERATORS:
+        if o == cells.op:
+            continue
+        valid = is_valid(o, cells.a, cells.b, UNLIMITED)
+        if valid.sum() < 2:
+            continue
+        r = other_result(o, cells.a, cells.b)
+        sub = Cells(o, cells.a[valid], cells.b[valid], r[valid], cells.lo, cells.hi)
+        for part in partitions_for(sub, config):
+            for h in part.heuristics:
+                if h.target == "result" and h.family in RIVAL_FAMILIES:
+                    rivals.append(np.asarray(h.contains(cells.a, cells.b, r), bool) & valid)
+                    ops.append(o)
+    sets, first = (np.unique(np.stack(rivals), axis=0, return_index=True) if rivals
+                   else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
+    return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
+                         rival_ops=np.array(ops, dtype="<U1")[first])
+
+
+@dataclass
+class OperatorLabels:
+    """The labelled rows of one operator (neuron indices into the maps given) and the
+    explanations of each labelled map (``labelled``: those indices)."""
+
+    matches: Matches
+    labelled: np.ndarray
+    k: Explanations
+    kv: Explanations
+
+
+# the caller's scoring of some maps: score(k_map, kv_scored, orders, rescue) -> Matches,
+# with neuron indices into the maps given; ``rescue``: the second pass (step 4), result
+# heuristics of one value set only (no operand heuristics, no multi-result sets)
+Score = Callable[[torch.Tensor, torch.Tensor, dict, bool], Matches]
+
+
+def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
+                   n_tests: int, null: value_null.ValueNull | None, fit: OperandFit | None,
+                   timed: Callable | None = None, explain: bool = True) -> OperatorLabels:
+    """Score, label and gate one operator's live maps (steps 1-4 of the module doc).
+    ``timed(phase, fn, *args)`` times each phase where given (the run's clock);
+    ``explain``: the labelled maps' explanations (the controls count labels alone)."""
+    def run(phase, fn, *args):
+        return fn(*args) if timed is None else timed(phase, fn, *args)
+
+    beyond = fit is not None and gated(config)
+    orders: dict = {}
+    m = run("matching", score, k_map, kv, orders, False)
+    m = run("significance", value_null.label, m, config, n_tests, null, k_map, kv, orders)
+    orders.clear()  # the sorted maps: the second pass sorts its own
+    if not beyond:
+        return OperatorLabels(m, np.zeros(0, np.int64), Explanations.empty(),
+                              Explanations.empty())
+    assert fit is not None
+    reach = config.significance_level / max(n_tests, 1)
+    value_labelled = np.unique(m.neuron[m.implements])
+    m, fitting = run("significance", gate, m, fit, kv, k_map, reach)
+    r = run("matching", rescued, fitting, config, kv, k_map, score, n_tests, null, fit)
+    labelled = np.union1d(value_labelled, r.neuron)
+    r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
+    m = merged(m, r)
+    if not explain:
+        labelled = np.zeros(0, np.int64)
+    ex_k, ex_kv = run("significance", explain_maps, fit, k_map, kv, labelled)
+    # a row the gate unlabels is kept only where it is among its family's best
+    return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
+
+
+def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,
+                 labelled: np.ndarray) -> tuple[Explanations, Explanations]:
+    """The explanations of maps ``labelled`` (indices), on the K and the KV map."""
+    if not len(labelled):
+        return Explanations.empty(), Explanations.empty()
+    idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)
+    return fit.explain(k_map.index_select(0, idx)), fit.explain(kv.index_select(0, idx))
+
+
+# a residual below this share of its map's norm is the float32 rounding of the fit
+RESIDUAL_FLOOR = 1e-5
+
+
+def residual_maps(fit: OperandFit, maps: torch.Tensor) -> torch.Tensor:
+    """The maps less their additive fit (both operands and the layout), in their dtype."""
+    out = torch.empty_like(maps)
+    for s in range(0, len(maps), BLOCK):
+        y = maps[s:s + BLOCK].double()
+        out[s:s + BLOCK] = (y - fit.additive.fitted(y)).to(maps.dtype)
+    return out
+
+
+def _result_rows(m: Matches) -> np.ndarray:
+    """Whether each row's heuristic is a result heuristic of one value set."""
+    return np.array([h.target == "result" and h.family != "multi_result"
+                     for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
+
+
+def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
+            score: Score, n_tests: int, null: value_null.ValueNull | None,
+            fit: OperandFit) -> Matches:
+    """Step 4 of the module doc: the result rows that the label rule labels on the KV map
+    less its operands' additive fit, of the maps not in ``fitting`` (those with a result
+    label whose set fits: ``catalog.labels.operand_fit.gate``); neuron indices into the maps
+    (every row is labelled by the value rule; the strict gate is still to pass)."""
+    todo = np.setdiff1d(np.arange(len(kv)), fitting)
+    if not len(todo):
+        return Matches.empty()
+    idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
+    kv_sub = kv.index_select(0, idx)
+    r_kv = residual_maps(fit, kv_sub)
+    # a map the operands explain to its last digits (a constant one) has nothing left
+    left = (r_kv.double().norm(dim=1) > RESIDUAL_FLOOR * kv_sub.double().norm(dim=1)).cpu()
+    todo, r_kv = todo[left.numpy()], r_kv[left.to(r_kv.device)]
+    if not len(todo):
+        return Matches.empty()
+    k_sub = k_map.index_select(0, torch.as_tensor(todo, device=kv.device, dtype=torch.long))
+    orders: dict = {}
+    r = score(k_sub, r_kv, orders, True)
+    r = r._select(_result_rows(r))
+    r = value_null.label(r, config, n_tests, null, k_sub, r_kv, orders)
+    r = r._select(r.implements)
+    r.neuron = todo[r.neuron].astype(np.int32)
+    return r
+
+
+def merged(m: Matches, r: Matches) -> Matches:
+    """``m`` with the labelled rows of ``r`` (rescued), in place of any row of ``m`` for
+    the same neuron and heuristic."""
+    r = r._select(r.implements)
+    if not len(r):
+        return m
+    taken = {(int(n), r.heuristics[h].key) for n, h in zip(r.neuron, r.heuristic, strict=True)}
+    drop = np.array([(int(n), m.heuristics[h].key) in taken
+                     for n, h in zip(m.neuron, m.heuristic, strict=True)] or [False], bool)
+    return Matches.concat([m._select(~drop[:len(m)]), r])
+
+
+def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,
+                  n_tests: int, null: value_null.ValueNull | None, with_bottom: bool,
+                  fit: OperandFit | None) -> np.ndarray:
+    """Indices of the maps the rule labels (the controls count them): the rows from the
+    label threshold up, under the same steps as ``label_operator``."""
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue: bool) -> Matches:
+        parts = result_partitions(partitions) if rescue else partitions
+        return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
+                                      null, with_bottom, orders)
+
+    out = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False)
+    return np.unique(out.matches.neuron[out.matches.implements])
+
+
+def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list,
+                         config, n_tests: int, null: value_null.ValueNull | None,
+                         with_bottom: bool, fit: OperandFit | None) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+    """(maps with any label, maps with a result label), for the controls."""
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue: bool) -> Matches:
+        parts = result_partitions(partitions) if rescue else partitions
+        return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
+                                      null, with_bottom, orders)
+
+    m = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False).matches
+    result = np.array([h.target == "result" for h in m.heuristics] or [False])[m.heuristic]
+    return (np.unique(m.neuron[m.implements]),
+            np.unique(m.neuron[m.implements & result]))
+
+
+def fit_columns(d_mlp: int, n_ops: int) -> dict[str, np.ndarray]:
+    """Empty explanation columns of one layer (NaN / '': not computed)."""
+    cols: dict[str, np.ndarray] = {c: np.full((d_mlp, n_ops), np.nan, np.float32)
+                                   for c in FIT_COLS}
+    cols.update({c: np.full((d_mlp, n_ops), "", dtype="<U1") for c in FIT_OP_COLS})
+    return cols
+
+
+def set_fit_columns(cols: dict[str, np.ndarray], neurons: np.ndarray, o: int,
+                    out: OperatorLabels) -> None:
+    """Write one operator's explanations (``neurons``: the layer's index of each map
+    ``out`` was given) into the layer's columns."""
+    at = neurons[out.labelled]
+    for prefix, ex in (("", out.k), ("kv_", out.kv)):
+        for name in ("operands", "result", "joint", "other"):
+            cols[f"{prefix}fit_{name}"][at, o] = getattr(ex, name)
+        cols[f"{prefix}fit_other_op"][at, o] = ex.other_op
+
+
+class LabelControls:
+    """Two controls of the label rule on each layer, each on up to ``CONTROL_MAPS`` maps:
+
+    - ``labelled`` of ``n`` of the layer's live maps scored against heuristics whose
+      operand and result values are relabelled at random (within the null's strata): how
+      often maps of THIS model get labels for values they cannot be about;
+    - ``format_labelled`` (any label) and ``format_result`` (a result label) of
+      ``format_n`` maps that know only how the numbers are written (a random function of
+      each operand's digit count, first digit and token count, added across the operands;
+      or of the answer's digit and token counts), on the operator's own cells and
+      heuristics: what the rule makes of the token format alone, for every tokenizer.
+
+    The report shows them beside every label share."""
+
+    def __init__(self, config, cells: dict, partitions: dict, n_tests: dict, nulls_: dict,
+                 fits: dict, with_bottom: bool, multi_result: dict, tokenizer, device) -> None:
+        self.config, self.cells, self.partitions = config, cells, partitions
+        self.n_tests, self.nulls, self.fits = n_tests, nulls_, fits
+        self.with_bottom, self.multi_result = with_bottom, multi_result
+        self.tokenizer, self.device = tokenizer, device
+        self._relabelled: dict[str, tuple] = {}  # op -> the relabelled-values setup
+        self._tokens_of: dict[int, int] = {}
+
+    def _setup(self, op: str, o: int) -> tuple:
+        """One relabelling per operator, for every layer."""
+        if op not in self._relabelled:
+            config = self.config
+            cells = value_null.relabelled(self.cells[op], config.null_strata,
+                                     np.random.default_rng([config.seed, o, 1]))
+            parts = partitions_for(cells, config)
+            m_tests = count_tests(parts, self.with_bottom, self.multi_result[op])
+            null = None
+            if config.label_rule == "values":
+                null = value_null.ValueNull.of(cells, parts, config.null_strata, config.seed,
+                                          config.pattern_top_k, m_tests,
+                                          config.significance_level)
+                m_tests = value_null.n_value_tests(null, parts, self.with_bottom,
+                                              config.significance_level)
+            fit = operand_fit(config, cells, self.device) if gated(config) else None
+            self._relabelled[op] = (cells, parts, null, m_tests, fit)
+        return self._relabelled[op]
+
+    def token_count(self, value: int) -> int:
+        """How many tokens the tokenizer writes ``value`` with."""
+        if value not in self._tokens_of:
+            self._tokens_of[value] = len(self.tokenizer.encode(str(value),
+                                                               add_special_tokens=False))
+        return self._tokens_of[value]
+
+    def measure(self, layer: int, o: int, op: str, k_map: np.ndarray, kv: np.ndarray) -> dict:
+        config, dev = self.config, self.device
+        gen = np.random.default_rng([config.seed, layer, o, 1])
+        pick = np.sort(gen.choice(len(k_map), min(CONTROL_MAPS, len(k_map)), replace=False))
+        cells, parts, null, m_tests, fit = self._setup(op, o)
+        hits = labelled_maps(torch.as_tensor(k_map[pick], device=dev),
+                             torch.as_tensor(kv[pick], device=dev), cells, parts, config,
+                             m_tests, null, self.with_bottom, fit)
+        out = {"labelled": int(len(hits)), "n": int(len(pick))}
+        own = self.cells[op]
+        fmt_gen = np.random.default_rng([config.seed, layer, o, 2])
+        per_kind = max(1, len(pick) // len(FORMAT_KINDS))
+        maps = torch.as_tensor(np.concatenate([
+            format_maps(kind, own.a, own.b, own.result, per_kind, fmt_gen, self.token_count)
+            for kind in FORMAT_KINDS]), device=dev)
+        any_label, result_label = result_labelled_maps(
+            maps, maps, own, self.partitions[op], config, self.n_tests[op],
+            self.nulls.get(op), self.with_bottom, self.fits.get(op))
+        out.update(format_labelled=int(len(any_label)), format_result=int(len(result_label)),
+                   format_n=int(len(maps)))
+        return out
