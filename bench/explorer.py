@@ -121,14 +121,16 @@ def main(rows: int = 1_000_000, runs: int = 5):
         count = conn.execute("SELECT count(*) FROM neuron_op").fetchone()[0]
     os.environ["DATABASE_URL"] = url
     neuron = dict(model_id=1, checkpoint_id=n_ck, config_id=1, layer=3, neuron=7)
+    from schema.explorer_reads import frame
     from ui import data
 
     per_run = []
     for _ in range(runs):  # each run: the unpaged load, then the two pages, caches cleared
         t = time.perf_counter()
-        unpaged = data.query("SELECT n.*, h.label FROM neuron_op n LEFT JOIN heuristic h ON "
-                             "h.id = n.best_heuristic_id WHERE n.model_id = 1 AND "
-                             f"n.checkpoint_id = {n_ck} ORDER BY n.effect_exact DESC")
+        with data.engine().connect() as conn:  # the naive page: every row at once
+            unpaged = frame(conn, "SELECT n.*, h.label FROM neuron_op n LEFT JOIN heuristic "
+                            "h ON h.id = n.best_heuristic_id WHERE n.model_id = 1 AND "
+                            f"n.checkpoint_id = {n_ck} ORDER BY n.effect_exact DESC")
         unpaged_s = time.perf_counter() - t
         ((search_s, search_all),) = render_runs("search", repeat=1)
         ((neuron_s, neuron_all),) = render_runs("neuron", neuron, repeat=1)
