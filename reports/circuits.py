@@ -10,10 +10,11 @@ of 0.96 on average, on a curve that rises with the circuit's size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import plotly.graph_objects as go
+
+from schema.report_reads import CircuitData
 
 PAPER_F = {"+": 0.97, "-": 0.98, "*": 0.90, "/": 0.96}
 PAPER_F_AT = "200 neurons per late layer (about 1.5% of 14,336) on Llama3-8B"
@@ -22,62 +23,8 @@ PAPER_F_AT = "200 neurons per late layer (about 1.5% of 14,336) on Llama3-8B"
 SMALL = 0.1
 
 
-@dataclass
-class CircuitData:
-    """What the report shows of one checkpoint's circuits."""
-
-    summaries: list[dict] = field(default_factory=list)  # circuit_summary rows
-    points: list[dict] = field(default_factory=list)  # circuit_point rows
-    components: list[dict] = field(default_factory=list)  # component_effect rows
-    residual_lens: dict = field(default_factory=dict)  # op -> per-layer lists
-    n_layers: int = 0
-    n_heads: int = 0
-
-    def curve(self, op: str, protocol: str, circuit: str, metric: str) -> list[dict]:
-        return sorted((p for p in self.points if p["op"] == op and p["protocol"] == protocol
-                       and p["circuit"] == circuit and p["metric"] == metric),
-                      key=lambda p: p["k"])
-
-    def effects(self, op: str, position: str = "last") -> tuple[np.ndarray, np.ndarray]:
-        """(MLP effect per layer, head effect (n_layers, n_heads)) at ``position``: the
-        exact mean where it ran, else the attribution estimate (log-space)."""
-        mlp = np.full(self.n_layers, np.nan)
-        heads = np.full((self.n_layers, self.n_heads), np.nan)
-        for r in self.components:
-            if r["op"] != op or r["position"] != position:
-                continue
-            value = r["effect_log"]
-            if r["head"] < 0:
-                mlp[r["layer"]] = value
-            else:
-                heads[r["layer"], r["head"]] = value
-        return mlp, heads
 
 
-def gather(conn, model_id: int, checkpoint_id: int, config_id: int) -> CircuitData:
-    """The circuit tables of one checkpoint under one config."""
-    key = (model_id, checkpoint_id, config_id)
-    where = "WHERE model_id = %s AND checkpoint_id = %s AND config_id = %s"
-
-    def rows(sql: str) -> list[dict]:
-        cur = conn.execute(sql, key)
-        names = [c.name for c in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-
-    order = {p: i for i, p in enumerate(("paper", "all-layers", "counterfactual"))}
-    d = CircuitData(
-        summaries=sorted(rows(f"SELECT * FROM circuit_summary {where}"),
-                         key=lambda r: ("+-*/".index(r["op"]), order.get(r["protocol"], 9))),
-        points=rows(f"SELECT * FROM circuit_point {where}"),
-        components=rows(f"SELECT op, layer, head, position, effect_exact, effect_log, "
-                        f"rank_value, is_exact FROM component_effect {where}"))
-    lens = conn.execute("SELECT residual_lens FROM checkpoint_summary WHERE checkpoint_id = %s "
-                        "AND config_id = %s", (checkpoint_id, config_id)).fetchone()
-    d.residual_lens = (lens[0] if lens else None) or {}
-    if d.components:
-        d.n_layers = 1 + max(r["layer"] for r in d.components)
-        d.n_heads = 1 + max(r["head"] for r in d.components)
-    return d
 
 
 # ------------------------------------------------------------------ Markdown

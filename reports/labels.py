@@ -4,68 +4,17 @@ the controls a label rate needs (docs/method.md section 7)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from catalog.core.stats import wilson
+from schema.report_reads import LabelData
 
 PAPER_SHARE = 0.91  # top 200 neurons per layer of Llama3-8B that implement a heuristic
 
 
-@dataclass
-class LabelData:
-    enrichment: list[dict] = field(default_factory=list)
-    # op -> (labelled, maps) of the relabelled-values control, summed over layers
-    control: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # op -> (labelled, result-labelled, maps) of the token-format control (catalog 0.10.0)
-    format_control: dict[str, tuple[int, int, int]] = field(default_factory=dict)
-    # op -> (labelled, neurons) at this checkpoint and at the untrained one (step 0)
-    here: dict[str, tuple[int, int]] = field(default_factory=dict)
-    untrained: dict[str, tuple[int, int]] = field(default_factory=dict)
-    untrained_step: int | None = None
-    top_set_fraction: float = 0.05
-    # op -> heuristic key -> labels of the heuristics with the same cells, scored once
-    aliases: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
-def gather(conn, model_id: int, checkpoint_id: int, config_id: int, config: dict) -> LabelData:
-    d = LabelData(top_set_fraction=float(config.get("top_set_fraction", 0.05)))
-    row = conn.execute("SELECT enrichment, aliases FROM checkpoint_summary "
-                       "WHERE checkpoint_id = %s AND config_id = %s",
-                       (checkpoint_id, config_id)).fetchone()
-    d.enrichment = (row[0] if row else None) or []
-    d.aliases = (row[1] if row else None) or {}
-    for (control,) in conn.execute(
-            "SELECT label_control FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
-            "AND label_control IS NOT NULL", (checkpoint_id, config_id)):
-        for op, c in control.items():
-            k, n = d.control.get(op, (0, 0))
-            d.control[op] = (k + int(c["labelled"]), n + int(c["n"]))
-            if "format_n" in c:
-                fk, fr, fn = d.format_control.get(op, (0, 0, 0))
-                d.format_control[op] = (fk + int(c["format_labelled"]),
-                                        fr + int(c["format_result"]), fn + int(c["format_n"]))
-    d.here = _label_rates(conn, model_id, checkpoint_id, config_id)
-    first = conn.execute(
-        "SELECT c.id, c.step FROM checkpoint c JOIN layer_result r ON r.checkpoint_id = c.id "
-        "WHERE c.model_id = %s AND r.config_id = %s AND c.step = 0 AND c.id <> %s LIMIT 1",
-        (model_id, config_id, checkpoint_id)).fetchone()
-    if first is not None:
-        d.untrained = _label_rates(conn, model_id, first[0], config_id)
-        d.untrained_step = first[1]
-    return d
 
 
-def _label_rates(conn, model_id: int, checkpoint_id: int, config_id: int) -> dict:
-    out = {}
-    for op, k, n in conn.execute(
-            "SELECT n.op, count(*) FILTER (WHERE EXISTS (SELECT 1 FROM neuron_score s WHERE "
-            "s.model_id = n.model_id AND s.checkpoint_id = n.checkpoint_id AND "
-            "s.config_id = n.config_id AND s.layer = n.layer AND s.neuron = n.neuron AND "
-            "s.op = n.op AND s.implements)), count(*) FROM neuron_op n WHERE n.model_id = %s "
-            "AND n.checkpoint_id = %s AND n.config_id = %s GROUP BY n.op",
-            (model_id, checkpoint_id, config_id)):
-        out[op] = (int(k), int(n))
-    return out
 
 
 def _f(x, digits=3) -> str:

@@ -5,41 +5,8 @@ spectra."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from catalog.core.stats import wilson
-
-AXES = ("op1", "op2", "result", "kv")
-
-
-@dataclass
-class PeriodicData:
-    # (layer, axis) -> [periodic maps, live maps] over every operator
-    counts: dict[tuple[int, str], list[int]] = field(default_factory=dict)
-    # (layer, axis) -> {period: maps}
-    periods: dict[tuple[int, str], dict[int, int]] = field(default_factory=dict)
-    # rows of period_label_overlap: (op, family, target, n_labelled, n_agree, n_live, n_base)
-    overlap: list[tuple] = field(default_factory=list)
-
-
-def gather(conn, model_id: int, checkpoint_id: int, config_id: int) -> PeriodicData:
-    d = PeriodicData()
-    key = (model_id, checkpoint_id, config_id)
-    per_op: dict[tuple[int, str], dict[str, tuple[int, int]]] = {}
-    for layer, op, axis, period, n, n_periodic, n_live in conn.execute(
-            "SELECT layer, op, axis, period, n, n_periodic, n_live FROM period_distribution "
-            "WHERE model_id = %s AND checkpoint_id = %s AND config_id = %s", key):
-        per_op.setdefault((layer, axis), {})[op] = (n_periodic, n_live)
-        if period is not None:  # None: the row of an axis without periodic maps
-            periods = d.periods.setdefault((layer, axis), {})
-            periods[period] = periods.get(period, 0) + n
-    d.counts = {k: [sum(v[0] for v in ops.values()), sum(v[1] for v in ops.values())]
-                for k, ops in per_op.items()}
-    d.overlap = [tuple(r) for r in conn.execute(
-        "SELECT op, family, target, n_labelled, n_agree, n_live, n_base "
-        "FROM period_label_overlap WHERE model_id = %s AND checkpoint_id = %s "
-        "AND config_id = %s ORDER BY op, family, target", key)]
-    return d
+from schema.report_reads import AXES, PeriodicData
 
 
 def share_text(k: int, n: int) -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,8 @@ from catalog.core.stats import share_se, wilson
 from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic
-from schema import reads, store
+from schema.report_reads import ReportData
+from schema.report_reads import gather_report as gather
 
 PAPER = {
     "top_share": 0.91,
@@ -43,38 +43,8 @@ PAPER = {
 }
 
 
-class ReportError(ValueError):
-    """The catalog has nothing to report for what was asked."""
 
 
-@dataclass
-class ReportData:
-    model: str
-    step: int | None
-    config_id: int
-    config: dict
-    layers: list[int]  # layers with stored rows
-    top_n: int
-    accuracy: dict[str, float] = field(default_factory=dict)
-    n_prompts: dict[str, int] = field(default_factory=dict)
-    n_pairs: dict[str, int] = field(default_factory=dict)
-    summary_layers: list[int] | None = None
-    layer_share: dict[str, dict[int, float]] = field(default_factory=dict)  # op -> layer -> share
-    n_model_layers: int | None = None  # the model's layers (the shares cover d.layers)
-    faithfulness: dict[str, list] = field(default_factory=dict)
-    top_labelled: dict[str, tuple[int, int]] = field(default_factory=dict)  # op -> (k, n)
-    all_labelled: dict[str, tuple[int, int]] = field(default_factory=dict)
-    top_by_family: dict[str, dict[str, int]] = field(default_factory=dict)
-    heuristic_knockouts: list = field(default_factory=list)
-    prompt_knockouts: dict = field(default_factory=dict)
-    spearman: dict[int, dict] = field(default_factory=dict)  # layer -> op -> facts
-    top_neurons: list[tuple] = field(default_factory=list)  # (op, layer, neuron, value, label)
-    grids: list[np.ndarray] = field(default_factory=list)  # their K maps
-    sketch: list[bool] = field(default_factory=list)  # which of them are sketches
-    circuits: report_circuits.CircuitData = field(default_factory=report_circuits.CircuitData)
-    labels: report_labels.LabelData = field(default_factory=report_labels.LabelData)
-    periodic: report_periodic.PeriodicData = field(
-        default_factory=report_periodic.PeriodicData)
 
 
 def _share_ci(k: int, n: int) -> str:
@@ -85,98 +55,6 @@ def _share_ci(k: int, n: int) -> str:
     return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def gather(url: str, model: str, step: int | None = None, top_n: int = 20,
-           config_id: int | None = None, n_maps: int = 6) -> ReportData:
-    """The report's numbers for ``model`` at ``step`` (default: its last measured one)."""
-    with store.connect(url) as conn:
-        row = conn.execute("SELECT id FROM model WHERE name = %s", (model,)).fetchone()
-        if row is None:
-            known = [r[0] for r in conn.execute("SELECT name FROM model ORDER BY name")]
-            raise ReportError(f"model {model!r} is not in the catalog; it has {known}")
-        model_id = row[0]
-        n_model_layers = conn.execute("SELECT n_layers FROM model WHERE id = %s",
-                                      (model_id,)).fetchone()[0]
-        ck = conn.execute(
-            "SELECT c.id, c.step, lr.config_id FROM checkpoint c "
-            "JOIN layer_result lr ON lr.checkpoint_id = c.id WHERE c.model_id = %s "
-            + ("AND c.step = %s " if step is not None else "")
-            + ("AND lr.config_id = %s " if config_id is not None else "")
-            + "ORDER BY c.step DESC NULLS FIRST, lr.written_at DESC LIMIT 1",
-            [model_id] + ([step] if step is not None else [])
-            + ([config_id] if config_id is not None else [])).fetchone()
-        if ck is None:
-            raise ReportError(f"{model} has no measured layers"
-                              + (f" at step {step}" if step is not None else ""))
-        checkpoint_id, step, config_id = ck
-        config = store.scalar(conn.execute("SELECT config FROM measure_config WHERE id = %s",
-                                           (config_id,)))
-        key = (model_id, checkpoint_id, config_id)
-        layers = [r[0] for r in conn.execute(
-            "SELECT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
-            "ORDER BY layer", (checkpoint_id, config_id))]
-        data = ReportData(model, step, config_id, config, layers, top_n)
-        data.n_model_layers = n_model_layers
-        for layer, patching in conn.execute(
-                "SELECT layer, patching FROM layer_result WHERE checkpoint_id = %s "
-                "AND config_id = %s AND patching IS NOT NULL ORDER BY layer",
-                (checkpoint_id, config_id)):
-            data.spearman[layer] = patching
-        summ = conn.execute(
-            "SELECT accuracy, faithfulness, heuristic_knockouts, prompt_knockouts, layers, "
-            "n_pairs FROM checkpoint_summary WHERE checkpoint_id = %s AND config_id = %s",
-            (checkpoint_id, config_id)).fetchone()
-        if summ is not None:
-            (data.accuracy, data.faithfulness, data.heuristic_knockouts,
-             data.prompt_knockouts, data.summary_layers, pairs) = summ
-            data.n_pairs = pairs or {}
-        for op, n in conn.execute("SELECT op, n_cells FROM grid_layout WHERE config_id = %s "
-                                  "AND number_limit = (SELECT number_limit FROM model "
-                                  "WHERE id = %s)", (config_id, model_id)):
-            data.n_prompts[op] = n
-        for op, layer, total in conn.execute(
-                "SELECT op, layer, sum(abs(rank_value)) FROM neuron_op WHERE model_id = %s "
-                "AND checkpoint_id = %s AND config_id = %s GROUP BY op, layer", key):
-            data.layer_share.setdefault(op, {})[layer] = float(total or 0.0)
-        for op, shares in data.layer_share.items():
-            grand = sum(shares.values())
-            data.layer_share[op] = {k: (v / grand if grand else float("nan"))
-                                    for k, v in sorted(shares.items())}
-        labelled = ("EXISTS (SELECT 1 FROM neuron_score s WHERE s.model_id = n.model_id AND "
-                    "s.checkpoint_id = n.checkpoint_id AND s.config_id = n.config_id AND "
-                    "s.layer = n.layer AND s.neuron = n.neuron AND s.op = n.op AND "
-                    "s.implements)")
-        for op, top_k, top_n_, all_k, all_n in conn.execute(
-                f"SELECT n.op, count(*) FILTER (WHERE n.rank < %s AND {labelled}), "
-                f"count(*) FILTER (WHERE n.rank < %s), count(*) FILTER (WHERE {labelled}), "
-                "count(*) FROM neuron_op n WHERE n.model_id = %s AND n.checkpoint_id = %s "
-                "AND n.config_id = %s GROUP BY n.op", (top_n, top_n) + key):
-            data.top_labelled[op] = (top_k, top_n_)
-            data.all_labelled[op] = (all_k, all_n)
-        for op, family, k in conn.execute(
-                "SELECT n.op, h.family, count(DISTINCT (n.layer, n.neuron)) FROM neuron_op n "
-                "JOIN neuron_score s ON s.model_id = n.model_id AND "
-                "s.checkpoint_id = n.checkpoint_id AND s.config_id = n.config_id AND "
-                "s.layer = n.layer AND s.neuron = n.neuron AND s.op = n.op "
-                "JOIN heuristic h ON h.id = s.heuristic_id WHERE n.model_id = %s AND "
-                "n.checkpoint_id = %s AND n.config_id = %s AND n.rank < %s AND s.implements "
-                "GROUP BY n.op, h.family", key + (top_n,)):
-            data.top_by_family.setdefault(op, {})[family] = k
-        data.top_neurons = list(conn.execute(
-            "SELECT n.op, n.layer, n.neuron, n.rank_value, CASE WHEN n.labelled THEN "
-            "(CASE WHEN n.best_bottom THEN 'bottom-k ' ELSE '' END) || h.label END "
-            "FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id "
-            "WHERE n.model_id = %s AND n.checkpoint_id = %s AND n.config_id = %s "
-            "ORDER BY abs(n.rank_value) DESC NULLS LAST, n.layer, n.neuron, n.op LIMIT %s",
-            key + (n_maps,)))
-        stored = [reads.read_stored_grid(conn, model_id=model_id, checkpoint_id=checkpoint_id,
-                                  config_id=config_id, layer=layer, neuron=neuron, op=op)
-                  for op, layer, neuron, _, _ in data.top_neurons]
-        data.circuits = report_circuits.gather(conn, *key)
-        data.labels = report_labels.gather(conn, *key, config)
-        data.periodic = report_periodic.gather(conn, *key)
-        data.grids = [g.values for g in stored]
-        data.sketch = [g.sketch for g in stored]
-    return data
 
 
 # ------------------------------------------------------------------ rendering

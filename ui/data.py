@@ -261,9 +261,8 @@ def run_console(sql: str, row_cap: int | None = None) -> console.ConsoleResult:
 @st.cache_data(ttl=TTL)
 def circuits(model_id: int, checkpoint_id: int, config_id: int):
     """Component effects, circuit curves and the residual lens of one checkpoint
-    (reports.circuits.CircuitData)."""
-    from reports.circuits import gather
-    from schema import store
+    (schema.report_reads.CircuitData)."""
+    from schema.report_reads import gather_circuits
 
     with store.connect(database_url()) as conn:
-        return gather(conn, model_id, checkpoint_id, config_id)
+        return gather_circuits(conn, model_id, checkpoint_id, config_id)
