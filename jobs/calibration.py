@@ -261,7 +261,7 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
                     int(result.is_exact[:, o].sum()) * used[op]
                     for o, op in enumerate(small.operators)) / 1e9
                 if result.layer == layers[-1]:
-                    conn.execute("VACUUM ANALYZE")  # as a catalog is measured (free space map)
+                    reads.vacuum_analyze(conn)  # as a catalog is measured (free space map)
                     before = {t: reads.table_bytes(conn, t) for t in TABLES}
                     rows_before = _counts(conn)
                 t = time.perf_counter()
@@ -292,7 +292,7 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
             summary_s = max(summary_s - means_s - comp_s, 0.0)
             store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
                                 summary=summary_dict(summ))
-            conn.execute("VACUUM ANALYZE")
+            reads.vacuum_analyze(conn)
             after = {t: reads.table_bytes(conn, t) for t in TABLES}
             rows_after = _counts(conn)
             if len(layers) == 1:  # one layer: its bytes, less the empty tables'
@@ -300,20 +300,13 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
             sizes = {t: after[t] - before[t] for t in TABLES}
             n_op = rows_after["neuron_op"] - rows_before["neuron_op"]
             n_score = rows_after["neuron_score"] - rows_before["neuron_score"]
-            live_last = store.scalar(conn.execute(
-                "SELECT count(*) FILTER (WHERE NOT coalesce(constant, false)) FROM neuron_op "
-                "WHERE layer = %s", (layers[-1],)))
-            live_all = store.scalar(conn.execute(
-                "SELECT count(*) FILTER (WHERE NOT coalesce(constant, false)) FROM neuron_op"))
+            live_last = reads.live_maps(conn, layers[-1])
+            live_all = reads.live_maps(conn)
             # grid payloads by tier, against the cells (full) or codes (sketch) they hold
             geometry = {g.op: GridGeometry(g.side, g.valid) for g in run.grid_layouts()}
             payload = {False: 0.0, True: 0.0}
             held = {False: 0, True: 0}
-            for op, sketch, n, q in conn.execute(
-                    "SELECT g.op, g.sketch, count(*), sum(pg_column_size(g.q)) FROM neuron_grid g "
-                    "JOIN neuron_op n USING (model_id, checkpoint_id, config_id, layer, neuron, "
-                    "op) WHERE g.layer = %s AND NOT coalesce(n.constant, false) "
-                    "GROUP BY g.op, g.sketch", (layers[-1],)).fetchall():
+            for op, sketch, n, q in reads.grid_payloads(conn, layers[-1]):
                 payload[sketch] += float(q)
                 held[sketch] += int(n) * (geometry[op].sketch_length if sketch
                                           else geometry[op].n_cells)
@@ -359,4 +352,6 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
 
 
 def _counts(conn) -> dict[str, int]:
-    return {t: int(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES}
+    from schema import reads
+
+    return {t: reads.row_count(conn, t) for t in TABLES}

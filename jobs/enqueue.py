@@ -19,7 +19,6 @@ from catalog.config import CATALOG_VERSION, ScienceConfig
 from schema import jobs as jobdb
 from schema import reads, store
 from schema.jobs import Status
-from schema.store import scalar
 
 
 class QueuedWithoutBroker(RuntimeError):
@@ -201,17 +200,10 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
         if have is None or layer not in have.layers:
             raise EnqueueError(f"layer {layer} of {where} is not stored under this config; "
                                "catalog it first (ncat enqueue or ncat catalog)")
-        config_id = scalar(conn.execute("SELECT id FROM measure_config WHERE config_hash = %s",
-                                        (config_hash,)))
-        stored = dict(conn.execute(
-            "SELECT neuron, bool_or(sketch) FROM neuron_grid WHERE checkpoint_id = %s AND "
-            "config_id = %s AND layer = %s AND neuron = ANY(%s) GROUP BY neuron",
-            (have.checkpoint_id, config_id, layer, neurons)).fetchall())
+        config_id, stored, d_mlp = jobdb.grids_of(conn, have.checkpoint_id, config_hash,
+                                                  layer, neurons)
         missing = [n for n in neurons if n not in stored]
         if missing:
-            d_mlp = scalar(conn.execute(
-                "SELECT count(DISTINCT neuron) FROM neuron_op WHERE checkpoint_id = %s AND "
-                "config_id = %s AND layer = %s", (have.checkpoint_id, config_id, layer)))
             raise EnqueueError(f"neurons {missing} have no grids in layer {layer} of {where} "
                                f"(its neurons are 0..{d_mlp - 1})")
         done = not any(stored.values())

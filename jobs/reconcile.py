@@ -40,7 +40,8 @@ from jobs.broker import RUN_LAYER
 from jobs.locks import LOCK_NAMESPACE, RECONCILE_KEY, SUMMARY_SLOT, layer_lock_key
 from schema import jobs as jobdb
 from schema import store
-from schema.jobs import Status
+from schema.console import cancel_overdue_readers
+from schema.jobs import Status, active_layers
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +54,6 @@ class Action:
     layer: int | None
     action: str  # resent | summary_resumed | failed
     detail: dict
-
-
-def held_lock_keys(conn) -> set[int]:
-    """Advisory lock keys (bigint form, this project's namespace) held by any session in
-    THIS database (advisory locks are per database: another catalog on the same server
-    has job ids, and so lock keys, of its own)."""
-    rows = conn.execute(
-        "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
-        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
-        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        ).fetchall()
-    return {r[0] for r in rows if r[0] >> 40 == LOCK_NAMESPACE}
 
 
 def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
@@ -95,18 +84,7 @@ def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
     return out
 
 
-def active_layers(conn) -> list[tuple]:
-    """(job, layer, status, attempts, resends, sends, worker, seconds quiet) of the queued
-    and running layers of active jobs; quiet is since the last heartbeat, send or start."""
-    return conn.execute(
-        "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.sends, l.worker, "
-        "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
-        "FROM job_layer l JOIN job j ON j.id = l.job_id "
-        "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
-        (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
-
-
-def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,  # noqa: C901
+def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
               settings: Settings | None = None) -> list[Action]:
     """One pass (see the module docstring); returns what it did."""
     s = settings or get_settings()
@@ -115,8 +93,7 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,  # noq
     actions: list[Action] = []
     to_send: list[tuple[int, int]] = []
     with store.connect(url) as conn, conn.transaction():
-        if not store.scalar(conn.execute("SELECT pg_try_advisory_xact_lock(%s)",
-                                         (RECONCILE_KEY,))):
+        if not jobdb.try_lock(conn, RECONCILE_KEY, transaction=True):
             return []  # another worker's reconciler is at it
         held = held_lock_keys(conn)
         rows = active_layers(conn)
@@ -149,15 +126,7 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,  # noq
         # (with how often its summary was resumed since its last layer finished: the
         # bound doubles each time, up to 8x, so a summary no worker can take is not sent
         # every stale period)
-        finals = conn.execute(
-            "SELECT j.id, j.status, extract(epoch FROM now() - j.updated_at), "
-            "(SELECT min(layer) FROM job_layer WHERE job_id = j.id), "
-            "(SELECT count(*) FROM reconcile_event e WHERE e.job_id = j.id "
-            " AND e.action = 'summary_resumed' AND e.at > coalesce((SELECT max(finished_at) "
-            " FROM job_layer WHERE job_id = j.id), j.created_at)) FROM job j "
-            "WHERE j.status IN (%s, %s, %s) AND NOT EXISTS (SELECT 1 FROM job_layer l "
-            "WHERE l.job_id = j.id AND l.status <> %s)",
-            (Status.QUEUED, Status.RUNNING, Status.SUMMARIZING, Status.DONE)).fetchall()
+        finals = jobdb.finished_layers_jobs(conn)
         for job_id, status, quiet, first, resumed in finals:
             bound = s.ncat_stale_seconds * 2 ** min(int(resumed), 3)
             if layer_lock_key(job_id, SUMMARY_SLOT) in held or quiet < bound:
@@ -167,15 +136,18 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,  # noq
             actions.append(Action(job_id, None, "summary_resumed",
                                   {"was": status, "quiet_seconds": round(float(quiet), 1),
                                    "times": int(resumed) + 1}))
-        for a in actions:
-            conn.execute("INSERT INTO reconcile_event (job_id, layer, action, detail) "
-                         "VALUES (%s, %s, %s, %s)",
-                         (a.job_id, a.layer, a.action, json.dumps(a.detail)))
+        jobdb.record_events(conn, [(a.job_id, a.layer, a.action, a.detail) for a in actions])
     for job_id, layer in to_send:
         send(job_id, layer)
     for a in actions:
         log.warning("reconciler: job %s layer %s: %s %s", a.job_id, a.layer, a.action, a.detail)
     return actions
+
+
+def held_lock_keys(conn) -> set[int]:
+    """Advisory lock keys of this project's namespace held in THIS database
+    (``schema.jobs.advisory_keys``)."""
+    return {k for k in jobdb.advisory_keys(conn) if k >> 40 == LOCK_NAMESPACE}
 
 
 def stale_layers(conn, settings: Settings | None = None) -> list[tuple]:
@@ -187,43 +159,6 @@ def stale_layers(conn, settings: Settings | None = None) -> list[tuple]:
     return [(j, la, st, w, None if q is None else float(q))
             for j, la, st, _, _, _, w, q in active_layers(conn)
             if layer_lock_key(j, la) not in held and (q is None or q >= s.ncat_stale_seconds)]
-
-
-def recent_events(conn, job_ids: list[int] | None = None, limit: int = 10) -> list[tuple]:
-    """The reconciler's latest actions: (at, job, layer, action, detail), newest first."""
-    return conn.execute(
-        "SELECT at, job_id, layer, action, detail FROM reconcile_event "
-        "WHERE %s::int[] IS NULL OR job_id = ANY(%s::int[]) ORDER BY at DESC, id DESC LIMIT %s",
-        (job_ids, job_ids, limit)).fetchall()
-
-
-READER = "catalog_reader"
-READER_GRACE_S = 5.0  # beyond the role's own statement_timeout
-
-
-def reader_timeout(conn) -> float:
-    """The analysts' role's statement_timeout in seconds (its role setting; 10 s if none)."""
-    value = store.scalar(conn.execute(
-        "SELECT coalesce((SELECT split_part(c, '=', 2) FROM pg_roles r, unnest(r.rolconfig) c "
-        "WHERE r.rolname = %s AND c LIKE 'statement_timeout=%%'), '10s')", (READER,)))
-    return float(store.scalar(conn.execute("SELECT extract(epoch FROM %s::interval)",
-                                           (value,))))
-
-
-def cancel_overdue_readers(conn, limit_s: float | None = None) -> list[int]:
-    """Cancel the analysts' statements in this database that have run longer than the
-    role's statement_timeout plus a grace (``limit_s`` instead, where given): a psql
-    session may raise its own timeout, which PostgreSQL cannot forbid. Returns the pids."""
-    limit = reader_timeout(conn) + READER_GRACE_S if limit_s is None else limit_s
-    pids = [r[0] for r in conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE usename = %s AND state = 'active' "
-        "AND datname = current_database() AND pid <> pg_backend_pid() "
-        "AND now() - query_start > make_interval(secs => %s)", (READER, limit)).fetchall()]
-    for pid in pids:
-        conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
-        log.warning("reconciler: cancelled a %s statement (pid %s) past %.0f s", READER,
-                    pid, limit)
-    return pids
 
 
 class Reconciler(threading.Thread):

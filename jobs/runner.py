@@ -139,12 +139,7 @@ class Heartbeat(threading.Thread):
         while not self.stopped.wait(self.every):
             try:
                 with store.connect(self.url, autocommit=True, connect_timeout=10) as conn:
-                    if self.layer is None:
-                        conn.execute("UPDATE job SET updated_at = now() WHERE id = %s",
-                                     (self.job_id,))
-                    else:
-                        conn.execute("UPDATE job_layer SET heartbeat_at = now() "
-                                     "WHERE job_id = %s AND layer = %s", (self.job_id, self.layer))
+                    jobdb.beat(conn, self.job_id, self.layer)
             except psycopg.Error as exc:  # the next beat tries again
                 log.warning("heartbeat of job %s layer %s: %s", self.job_id, self.layer, exc)
 
@@ -180,14 +175,14 @@ def _process(url: str, job_id: int, layer: int, worker: str) -> Outcome:
             log.info("job %s is %s: layer %s skipped", job_id, job.status, layer)
             return Outcome.SKIPPED
         key = layer_lock_key(job_id, layer)
-        if not store.scalar(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
+        if not jobdb.try_lock(conn, key):
             return Outcome.BUSY  # another session holds the layer: the task is sent again later
         try:
             with Heartbeat(url, job_id, layer, get_settings().ncat_heartbeat_seconds):
                 return _process_locked(conn, url, job, layer, worker)
         finally:
             if not conn.closed and not conn.broken:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                jobdb.unlock(conn, key)
 
 
 def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> Outcome:
@@ -196,9 +191,7 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> O
     s = get_settings()
     try:
         with store.connect(url, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute("SELECT status, resends FROM job_layer WHERE job_id = %s "
-                               "AND layer = %s", (job_id, layer)).fetchone()
-            status, resends = row if row else (None, 0)
+            status, resends = jobdb.layer_losses(conn, job_id, layer)
             lost = resends + 1
             if status != Status.RUNNING:  # stored already (the final step lost it): again
                 raise Transient(message, retry_in=5.0)
@@ -294,7 +287,7 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
     claimer holds the job's summary lock while it works: the reconciler resumes a job
     left in 'summarizing' only when no one holds it."""
     key = summary_lock_key(job_id)
-    if not store.scalar(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
+    if not jobdb.try_lock(conn, key):
         return False  # someone is at the final step
     try:
         if not jobdb.claim_summary(conn, job_id):
@@ -316,7 +309,7 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
         return True
     finally:
         if not conn.closed and not conn.broken:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            jobdb.unlock(conn, key)
 
 
 def _summarize(conn, job: JobRow) -> None:

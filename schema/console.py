@@ -24,6 +24,7 @@ Layers, each enough on its own for what it guards:
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import threading
@@ -34,6 +35,8 @@ from psycopg import sql as psql
 
 from schema import store
 from schema.export import as_reader
+
+log = logging.getLogger(__name__)
 
 ALLOWED = ("select", "with", "values", "table", "explain", "show")
 WRAPPABLE = ("select", "with", "values", "table")  # may stand as a subquery in FROM
@@ -311,3 +314,35 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
         out.rows = out.rows[:row_cap]
         out.oversized = [i for i in out.oversized if i < row_cap]
     return out
+
+
+# ------------------------------------------------------------------ overdue readers
+
+
+READER = "catalog_reader"
+READER_GRACE_S = 5.0  # beyond the role's own statement_timeout
+
+
+def reader_timeout(conn) -> float:
+    """The analysts' role's statement_timeout in seconds (its role setting; 10 s if none)."""
+    value = store.scalar(conn.execute(
+        "SELECT coalesce((SELECT split_part(c, '=', 2) FROM pg_roles r, unnest(r.rolconfig) c "
+        "WHERE r.rolname = %s AND c LIKE 'statement_timeout=%%'), '10s')", (READER,)))
+    return float(store.scalar(conn.execute("SELECT extract(epoch FROM %s::interval)",
+                                           (value,))))
+
+
+def cancel_overdue_readers(conn, limit_s: float | None = None) -> list[int]:
+    """Cancel the analysts' statements in this database that have run longer than the
+    role's statement_timeout plus a grace (``limit_s`` instead, where given): a psql
+    session may raise its own timeout, which PostgreSQL cannot forbid. Returns the pids."""
+    limit = reader_timeout(conn) + READER_GRACE_S if limit_s is None else limit_s
+    pids = [r[0] for r in conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE usename = %s AND state = 'active' "
+        "AND datname = current_database() AND pid <> pg_backend_pid() "
+        "AND now() - query_start > make_interval(secs => %s)", (READER, limit)).fetchall()]
+    for pid in pids:
+        conn.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        log.warning("reconciler: cancelled a %s statement (pid %s) past %.0f s", READER,
+                    pid, limit)
+    return pids

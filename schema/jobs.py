@@ -8,6 +8,7 @@ go through these functions, so a status string is written in one place.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -293,3 +294,102 @@ def progress(conn: psycopg.Connection, job_ids: list[int] | None = None,
         f"GROUP BY j.id ORDER BY j.id {order} LIMIT %s",
         (job_ids, job_ids, limit)).fetchall()
     return [JobProgress(*r) for r in rows]
+
+
+# ------------------------------------------------------------------ the reconciler's reads
+
+
+def try_lock(conn, key: int, *, transaction: bool = False) -> bool:
+    """Take advisory lock ``key`` if no other session holds it (for this transaction
+    only, with ``transaction``); True if taken."""
+    fn = "pg_try_advisory_xact_lock" if transaction else "pg_try_advisory_lock"
+    return bool(scalar(conn.execute(f"SELECT {fn}(%s)", (key,))))
+
+
+def unlock(conn, key: int) -> None:
+    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def beat(conn, job_id: int, layer: int | None) -> None:
+    """A heartbeat: of the layer, or of the job's final step (``layer`` None)."""
+    if layer is None:
+        conn.execute("UPDATE job SET updated_at = now() WHERE id = %s", (job_id,))
+    else:
+        conn.execute("UPDATE job_layer SET heartbeat_at = now() WHERE job_id = %s "
+                     "AND layer = %s", (job_id, layer))
+
+
+def layer_losses(conn, job_id: int, layer: int) -> tuple[str | None, int]:
+    """(status, resends) of a job's layer; (None, 0) if it has no row."""
+    row = conn.execute("SELECT status, resends FROM job_layer WHERE job_id = %s "
+                       "AND layer = %s", (job_id, layer)).fetchone()
+    return (row[0], int(row[1])) if row else (None, 0)
+
+
+def grids_of(conn, checkpoint_id: int, config_hash: str, layer: int,
+             neurons: list[int]) -> tuple[int, dict[int, bool], int]:
+    """(config id, neuron -> whether its stored grid is a sketch, for the ``neurons`` that
+    have one, the layer's neuron count) of a stored layer."""
+    config_id = scalar(conn.execute("SELECT id FROM measure_config WHERE config_hash = %s",
+                                    (config_hash,)))
+    stored = dict(conn.execute(
+        "SELECT neuron, bool_or(sketch) FROM neuron_grid WHERE checkpoint_id = %s AND "
+        "config_id = %s AND layer = %s AND neuron = ANY(%s) GROUP BY neuron",
+        (checkpoint_id, config_id, layer, neurons)).fetchall())
+    width = scalar(conn.execute(
+        "SELECT count(DISTINCT neuron) FROM neuron_op WHERE checkpoint_id = %s AND "
+        "config_id = %s AND layer = %s", (checkpoint_id, config_id, layer)))
+    return int(config_id), stored, int(width)
+
+
+def advisory_keys(conn) -> set[int]:
+    """Advisory lock keys (bigint form) held by any session in THIS database (advisory
+    locks are per database: another catalog on the same server has job ids, and so lock
+    keys, of its own)."""
+    rows = conn.execute(
+        "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks "
+        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def active_layers(conn) -> list[tuple]:
+    """(job, layer, status, attempts, resends, sends, worker, seconds quiet) of the queued
+    and running layers of active jobs; quiet is since the last heartbeat, send or start."""
+    return conn.execute(
+        "SELECT l.job_id, l.layer, l.status, l.attempts, l.resends, l.sends, l.worker, "
+        "extract(epoch FROM now() - greatest(l.heartbeat_at, l.sent_at, l.started_at)) "
+        "FROM job_layer l JOIN job j ON j.id = l.job_id "
+        "WHERE j.status IN (%s, %s) AND l.status IN (%s, %s) ORDER BY l.job_id, l.layer",
+        (Status.QUEUED, Status.RUNNING, Status.QUEUED, Status.RUNNING)).fetchall()
+
+
+def finished_layers_jobs(conn) -> list[tuple]:
+    """(job, status, seconds since its last update, its first layer, how often its summary
+    was resumed since its last layer finished) of the active jobs whose layers are all
+    done: their final step is to run, or running."""
+    return conn.execute(
+        "SELECT j.id, j.status, extract(epoch FROM now() - j.updated_at), "
+        "(SELECT min(layer) FROM job_layer WHERE job_id = j.id), "
+        "(SELECT count(*) FROM reconcile_event e WHERE e.job_id = j.id "
+        " AND e.action = 'summary_resumed' AND e.at > coalesce((SELECT max(finished_at) "
+        " FROM job_layer WHERE job_id = j.id), j.created_at)) FROM job j "
+        "WHERE j.status IN (%s, %s, %s) AND NOT EXISTS (SELECT 1 FROM job_layer l "
+        "WHERE l.job_id = j.id AND l.status <> %s)",
+        (Status.QUEUED, Status.RUNNING, Status.SUMMARIZING, Status.DONE)).fetchall()
+
+
+def record_events(conn, events: list[tuple]) -> None:
+    """The reconciler's actions, (job, layer, action, detail) each, into reconcile_event."""
+    for job_id, layer, action, detail in events:
+        conn.execute("INSERT INTO reconcile_event (job_id, layer, action, detail) "
+                     "VALUES (%s, %s, %s, %s)", (job_id, layer, action, json.dumps(detail)))
+
+
+def recent_events(conn, job_ids: list[int] | None = None, limit: int = 10) -> list[tuple]:
+    """The reconciler's latest actions: (at, job, layer, action, detail), newest first."""
+    return conn.execute(
+        "SELECT at, job_id, layer, action, detail FROM reconcile_event "
+        "WHERE %s::int[] IS NULL OR job_id = ANY(%s::int[]) ORDER BY at DESC, id DESC LIMIT %s",
+        (job_ids, job_ids, limit)).fetchall()

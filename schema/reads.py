@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import psycopg
+from psycopg import sql as psql
 
 from catalog.core.maps import kv_map
 from schema.sketch import (
@@ -134,3 +135,34 @@ def stored_labels(conn: psycopg.Connection, *, ids) -> list[tuple]:
         "WHERE s.model_id = %s AND s.checkpoint_id = %s AND s.config_id = %s "
         "AND s.implements ORDER BY s.layer, s.neuron, s.op, h.key",
         (ids.model_id, ids.checkpoint_id, ids.config_id)).fetchall()
+
+
+# ------------------------------------------------------------------ the planner's calibration
+
+
+def vacuum_analyze(conn: psycopg.Connection) -> None:
+    """VACUUM ANALYZE the database (autocommit connections only): sizes and statistics
+    as a long-lived catalog would have them."""
+    conn.execute("VACUUM ANALYZE")
+
+
+def row_count(conn: psycopg.Connection, table: str) -> int:
+    return int(scalar(conn.execute(
+        psql.SQL("SELECT count(*) FROM {}").format(psql.Identifier(table)))))
+
+
+def live_maps(conn: psycopg.Connection, layer: int | None = None) -> int:
+    """(neuron, operator) rows that are not constant, of one layer or of all."""
+    where = "" if layer is None else " WHERE layer = %s"
+    return int(scalar(conn.execute(
+        "SELECT count(*) FILTER (WHERE NOT coalesce(constant, false)) FROM neuron_op" + where,
+        () if layer is None else (layer,))))
+
+
+def grid_payloads(conn: psycopg.Connection, layer: int) -> list[tuple]:
+    """(op, sketch, grids, payload bytes) of a layer's live grids, by tier."""
+    return conn.execute(
+        "SELECT g.op, g.sketch, count(*), sum(pg_column_size(g.q)) FROM neuron_grid g "
+        "JOIN neuron_op n USING (model_id, checkpoint_id, config_id, layer, neuron, op) "
+        "WHERE g.layer = %s AND NOT coalesce(n.constant, false) GROUP BY g.op, g.sketch",
+        (layer,)).fetchall()

@@ -165,8 +165,9 @@ def cmd_status(args) -> int:
 def _print_reconciler(url: str, job_ids: list[int] | None) -> None:
     """Stale layers (no live worker, quiet past NCAT_STALE_SECONDS: the reconciler will
     send them again) and the reconciler's latest actions."""
-    from jobs.reconcile import recent_events, stale_layers
+    from jobs.reconcile import stale_layers
     from schema import store
+    from schema.jobs import recent_events
 
     with store.connect(url) as conn:
         stale = [r for r in stale_layers(conn) if job_ids is None or r[0] in job_ids]

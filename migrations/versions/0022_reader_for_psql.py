@@ -20,7 +20,7 @@ What a session cannot undo is enforced here:
 
 What a session can always change, ``statement_timeout``, is guarded outside the database:
 each worker's reconciler cancels reader statements running longer than the role's
-timeout plus a grace (``jobs.reconcile.cancel_overdue_readers``).
+timeout plus a grace (``schema.console.cancel_overdue_readers``).
 
 Changing privileges on pg_catalog objects, the language and role settings needs a
 superuser; without one the migration warns and goes on (the console's read-only,

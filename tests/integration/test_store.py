@@ -579,7 +579,7 @@ def test_reader_through_psql_cannot_escape_its_limits(db):
     statement whose session raised its own timeout is cancelled by the reconciler's guard."""
     import threading
 
-    from jobs.reconcile import cancel_overdue_readers, reader_timeout
+    from schema.console import cancel_overdue_readers, reader_timeout
 
     with store.connect(reader_url(db), autocommit=True) as other, \
             store.connect(reader_url(db), autocommit=True) as conn:
