@@ -78,8 +78,9 @@ def stored_name(name: str) -> str:
 
 
 def cmd_report(args) -> int:
-    from reports.report import ReportError, report
+    from reports.report import report
     from schema.engine import SchemaBehind, require_current
+    from schema.report_reads import ReportError
 
     try:
         url = require_current(database_url(args))

@@ -112,7 +112,8 @@ def report_button(model: str, cks: pd.DataFrame) -> None:
         import tempfile
         from pathlib import Path
 
-        from reports.report import ReportError, report
+        from reports.report import report
+        from schema.report_reads import ReportError
 
         try:
             with tempfile.TemporaryDirectory() as tmp:

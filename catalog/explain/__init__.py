@@ -1,0 +1,8 @@
+"""One prompt, explained (issue 47): which components carry its answer. The exact direct
+decomposition of the answer's logit difference over every MLP neuron and attention head
+with the normalisations' scales frozen (``decompose``), and the explanation built on it
+(``prompt``): the model's answer, the logit lens per layer, the top neurons with their
+labels and whether each label's heuristic holds for this prompt, the sums by heuristic
+family, and the prompt knockout against random neurons of the same layers.
+
+May import every package of the catalog but ``run``."""
