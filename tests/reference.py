@@ -144,3 +144,65 @@ def sketch_reference(grid: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarr
             warnings.simplefilter("ignore", RuntimeWarning)
             rows, cols = np.nanmean(grid, axis=1), np.nanmean(grid, axis=0)
     return out, rows, cols
+
+
+@torch.no_grad()
+def reference_direct_effect(model, tokens, answer: int, competitors, component) -> float:
+    """The direct effect of one component on T (the answer's logit minus the mean logit of
+    ``competitors``, before any soft cap) by one hooked forward: the component's output at
+    the last position removed (a neuron's activation or a head's z set to 0), every norm
+    kept at its clean scale, and every later write (the blocks after it, and the MLP of
+    its own block for a head) replaced by its clean value, so that only the component's
+    own path to the unembedding changes. Returns T(clean) - T(removed).
+    ``component``: ("neuron", layer, n) or ("head", layer, h)."""
+    import torch
+
+    kind, layer, idx = component
+    toks = torch.as_tensor(tokens, dtype=torch.long)[None]
+    comp = torch.as_tensor(competitors, dtype=torch.long)
+    n_layers = model.cfg.n_layers
+
+    def target(logits_pre):
+        return float(logits_pre[answer] - logits_pre[comp].mean())
+
+    _, clean = model.run_with_cache(toks)
+    frozen = []
+    for name in clean.keys():
+        if name.endswith("hook_scale"):
+            frozen.append((name, lambda x, hook, v=clean[name]: v))
+    for later in range(layer + 1, n_layers):
+        for part in ("hook_attn_out", "hook_mlp_out"):
+            name = f"blocks.{later}.{part}"
+            if name in clean:
+                frozen.append((name, lambda x, hook, v=clean[name]: v))
+    if kind == "head":
+        if f"blocks.{layer}.hook_mlp_out" in clean:
+            frozen.append((f"blocks.{layer}.hook_mlp_out",
+                           lambda x, hook, v=clean[f"blocks.{layer}.hook_mlp_out"]: v))
+
+        def remove(z, hook):
+            z = z.clone()
+            z[0, -1, idx] = 0.0
+            return z
+        frozen.append((f"blocks.{layer}.attn.hook_z", remove))
+    else:
+        def remove(post, hook):
+            post = post.clone()
+            post[0, -1, idx] = 0.0
+            return post
+        frozen.append((f"blocks.{layer}.mlp.hook_post", remove))
+    grab = {}
+
+    def keep(resid, hook):
+        grab["resid"] = resid
+        return resid
+    last = f"blocks.{n_layers - 1}.hook_resid_post"
+    with model.hooks(fwd_hooks=frozen + [(last, keep)]):
+        model(toks)
+        norm = getattr(model, "ln_final", None)
+        removed = model.unembed(norm(grab["resid"]) if norm is not None else grab["resid"])
+    resid = clean[last]
+    with model.hooks(fwd_hooks=[h for h in frozen if h[0].endswith("hook_scale")]):
+        norm = getattr(model, "ln_final", None)
+        base = model.unembed(norm(resid) if norm is not None else resid)
+    return target(base[0, -1].double()) - target(removed[0, -1].double())

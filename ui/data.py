@@ -19,7 +19,13 @@ from schema import console, reads, store
 from schema import explorer_reads as reads_x
 from schema import jobs as jobdb
 from schema.database import resolve_database_url, with_driver
-from schema.explorer_reads import COUNT_CAP, Filters
+
+# the search's names, for the pages (``data.Filters``, ``data.SORTS``...)
+from schema.explorer_reads import COUNT_CAP as COUNT_CAP
+from schema.explorer_reads import SORTS as SORTS
+from schema.explorer_reads import SPECTRUM_AXES as SPECTRUM_AXES
+from schema.explorer_reads import Filters as Filters
+from schema.explorer_reads import search_sql as search_sql
 from schema.sketch import StoredGrid
 
 TTL = 5  # seconds a query result is reused

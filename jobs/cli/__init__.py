@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from jobs.cli import measuring, queue, serving
+from jobs.cli import explaining, measuring, queue, serving
 from jobs.cli.common import service_error
 from jobs.cli.measuring import print_result
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     serving.add_commands(sub)
     measuring.add_commands(sub)
+    explaining.add_commands(sub)
     queue.add_commands(sub)
     return p
 

@@ -1,0 +1,113 @@
+"""``ncat explain``: one prompt of one checkpoint, explained (catalog.explain.prompt)."""
+
+from __future__ import annotations
+
+import json
+
+from jobs.cli.common import database_option, fail, science_from, science_options
+from jobs.cli.measuring import MODEL_HELP
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("explain", help="which neurons and heads carry one prompt's answer, "
+                                       "with their labels where the checkpoint is catalogued")
+    s.add_argument("model", help=MODEL_HELP)
+    s.add_argument("prompt", help="the arithmetic, e.g. '21+17=' (written under the config's "
+                                  "template and few-shot prefix, as the catalog measures it)")
+    s.add_argument("--checkpoint", type=int, default=None, help="training step")
+    s.add_argument("--json", action="store_true", help="the explanation as JSON")
+    s.add_argument("--top", type=int, default=10, help="neurons shown each way (default 10)")
+    s.add_argument("--seeds", type=int, default=5,
+                   help="random draws of the knockout's control (0: no knockout)")
+    database_option(s)
+    science_options(s)
+    s.set_defaults(fn=cmd_explain)
+
+
+def _labels(args, lm, config, op: str):
+    """The catalog's labels of ``op`` at this checkpoint, when a database is named and
+    holds the checkpoint under the config; (None, None, why) otherwise."""
+    from catalog.config.settings import get_settings
+    from catalog.labels.heuristics import Heuristic
+    from jobs.cli.common import database_url
+    from schema import store
+    from schema.explain_reads import catalogued_labels
+
+    if not (args.database_url or get_settings().database_url):
+        return None, None, "no database named (--database-url or DATABASE_URL): no labels"
+    with store.connect(database_url(args)) as conn:
+        got = catalogued_labels(conn, model_name=lm.info.name, step=lm.info.checkpoint,
+                                config_hash=config.config_hash(), op=op)
+    if got is None:
+        return None, None, (f"{lm.info.name} step {lm.info.checkpoint} is not catalogued under "
+                            "this config: no labels (catalog it, or pass its config's flags)")
+    rows, typical = got
+    labels: dict = {}
+    for layer, neuron, family, target, params in rows:
+        labels.setdefault((int(layer), int(neuron)), []).append(
+            Heuristic(family, target, tuple(params)))
+    return labels, typical, f"labels of {len(labels)} neurons from the catalog"
+
+
+def cmd_explain(args) -> int:
+    from catalog.explain.prompt import PromptError, explain, parse
+    from catalog.sources import ModelSourceError, load_model
+
+    if args.top < 1 or args.seeds < 0:
+        return fail("--top must be at least 1 and --seeds at least 0")
+    try:
+        config = science_from(args)
+        _, op, _ = parse(args.prompt, config)
+        lm = load_model(args.model, args.checkpoint, dtype=config.torch_dtype(),
+                        progress=not args.quiet)
+        labels, typical, note = _labels(args, lm, config, op)
+        e = explain(lm.model, lm.tokenizer, args.prompt, config, labels=labels,
+                    typical=typical, top=args.top, seeds=args.seeds)
+    except (PromptError, ModelSourceError, ValueError) as exc:
+        return fail(str(exc))
+    if args.json:
+        print(json.dumps({"model": lm.info.name, "checkpoint": lm.info.checkpoint,
+                          "labels": note, **e.to_dict()}, default=float))
+    else:
+        print(render(e, f"{lm.info.name} step {lm.info.checkpoint}", note))
+    return 0
+
+
+def render(e, where: str, note: str) -> str:
+    """The explanation as a readable terminal table."""
+    out = [f"{e.prompt} on {where} ({note})",
+           f"answer {e.result}: the model's top token is {e.predicted!r} "
+           f"({'correct' if e.correct else 'wrong'}); p = {e.p_answer:.3f}, rank {e.rank_answer}",
+           "logit lens, the answer's rank by layer: "
+           + " ".join(f"L{la}:{rank}" for la, rank, _ in e.lens),
+           f"T (the answer's logit minus the competing numbers' mean) = {e.target:.3f}: "
+           f"neurons {e.neurons_total:+.3f}, heads {e.heads_total:+.3f}, embeddings "
+           f"{e.embed:+.3f}, biases {e.biases:+.3f} (rest {e.error:+.1e}; direct effects, "
+           "the norms' scales frozen)",
+           "shares of T: " + ", ".join(f"{k} {v:.1%}" for k, v in e.shares.items()),
+           f"neurons to reach 50% / 80% of T: {e.n_for['50%']} / {e.n_for['80%']} "
+           f"(-1: never), carrying {e.heuristics_in_80} distinct heuristics that hold here"]
+    for title, rows in (("toward the answer", e.toward), ("away from it", e.away)):
+        out.append(f"\nneurons {title}:")
+        out.append(f"  {'layer':>5} {'neuron':>6} {'term':>8} {'share':>7} {'act':>7} "
+                   f"{'typical':>7}  labels (✓ holds here)  promotes")
+        for r in rows:
+            labs = "; ".join(f"{'✓' if x.holds else '✗'} {x.label}" for x in r.labels) or "-"
+            typ = "-" if r.typical is None else f"{r.typical:.3f}"
+            out.append(f"  {r.layer:>5} {r.neuron:>6} {r.contribution:>+8.3f} {r.share:>7.1%} "
+                       f"{r.activation:>7.3f} {typ:>7}  {labs}  {' '.join(r.promotes)}")
+    out.append("\nheads: " + ", ".join(f"L{la}H{h} {c:+.3f}" for la, h, c in e.heads[:5]))
+    if e.by_family:
+        out.append("by family (labels that hold): "
+                   + ", ".join(f"{k} {v:+.3f}" for k, v in sorted(e.by_family.items())))
+    k = e.knockout
+    if k is not None:
+        lo, hi = k.top_random_ci
+        out.append(f"\nknockout of the {len(k.neurons)} labelled neurons whose heuristic holds: "
+                   f"p {k.p_clean:.3f} -> {k.p_knocked:.3f} (top token: "
+                   f"{'still the answer' if k.top_after else 'no longer the answer'}); "
+                   f"as many random neurons of the same layers, {len(k.p_random)} draws: "
+                   f"p {k.p_random_mean:.3f} ± {k.p_random_se:.3f}, answer still on top in "
+                   f"{sum(k.top_random)}/{len(k.top_random)} [{lo:.2f}, {hi:.2f}]")
+    return "\n".join(out)
+

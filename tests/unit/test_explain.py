@@ -1,0 +1,235 @@
+"""One prompt explained (catalog.explain): a hand-built bag of heuristics whose answer is
+carried by known neurons is explained by exactly those, its terms add up, and knocking
+them out breaks the answer while random neurons do not; the decomposition equals one
+hooked forward per component on the built-in model and on a tiny model of every
+architecture; bad prompts get a message that names what is wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_architectures import ARCHITECTURES, random_model
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from catalog.builtin import builtin_tokenizer, builtin_vocab
+from catalog.config import ScienceConfig
+from catalog.explain.decompose import decompose
+from catalog.explain.prompt import PromptError, build, explain
+from catalog.labels.heuristics import Heuristic
+from catalog.sources import from_hf_model
+
+from reference import reference_direct_effect
+
+# ------------------------------------------------------------ a hand-built bag of heuristics
+
+SIDE = 10  # operands 0..9 of "+"; results 0..18
+ONE_A, ONE_B, COPY_A, COPY_B, POS, VOTE = 0, 10, 20, 30, 40, 45  # residual dims
+D_MODEL = VOTE + 19
+N_DISTRACT = 15
+VOTE_SIZE = 8.0  # a firing neuron (0.5) adds 4 to each logit it promotes
+
+
+def planted_neurons() -> list[tuple[Heuristic, list[int], list[int], list[int]]]:
+    """(the heuristic a neuron is labelled with, the op1 values and op2 values it needs,
+    the results it promotes). Every neuron fires (0.5) iff op1 is in its first set AND op2
+    in its second; each promotes a set of results that contains a + b when it fires:
+    op1 = i promotes [i, i + 10); op2 = j promotes [j, j + 10); (op1, op2) residues mod 2
+    and mod 5 promote the result's residue. Only a + b gets all four votes: in a window of
+    at most 10 results one residue mod 10 is unique."""
+    every = list(range(SIDE))
+    out = []
+    for i in every:
+        out.append((Heuristic("value", "op1", (i,)), [i], every, list(range(i, i + 10))))
+    for j in every:
+        out.append((Heuristic("value", "op2", (j,)), every, [j], list(range(j, j + 10))))
+    for m in (2, 5):
+        for p in range(m):
+            for q in range(m):
+                out.append((Heuristic("modulo", "result", (m, (p + q) % m)),
+                            [x for x in every if x % m == p], [x for x in every if x % m == q],
+                            [r for r in range(19) if r % m == (p + q) % m]))
+    return out
+
+
+def hand_model() -> tuple[HookedTransformer, list]:
+    """One layer: head 0 at '=' copies op1's one-hot, head 1 copies op2's; the MLP holds
+    the planted neurons, then distractors that read random mixtures and write little."""
+    vocab = builtin_vocab()
+    planted = planted_neurons()
+    d_mlp = len(planted) + N_DISTRACT
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=D_MODEL, n_heads=2, d_head=SIDE, d_mlp=d_mlp,
+        d_vocab=len(vocab), n_ctx=8, act_fn="relu", normalization_type=None,
+        positional_embedding_type="standard", default_prepend_bos=True)
+    model = HookedTransformer(cfg)
+    sd = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    for n in range(SIDE):
+        sd["embed.W_E"][vocab[str(n)], ONE_A + n] = 1.0
+    for p in range(5):
+        sd["pos_embed.W_pos"][p, POS + p] = 1.0
+    att = "blocks.0.attn."
+    for head, src in ((0, 1), (1, 3)):  # BOS, op1, +, op2, =
+        sd[att + "W_Q"][head, POS + 4, 0] = 30.0
+        sd[att + "W_K"][head, POS + src, 0] = 30.0
+        for n in range(SIDE):
+            sd[att + "W_V"][head, ONE_A + n, n] = 1.0
+            sd[att + "W_O"][head, n, (COPY_A if head == 0 else COPY_B) + n] = 1.0
+    mlp = "blocks.0.mlp."
+    for k, (_, need_a, need_b, promotes) in enumerate(planted):
+        for x in need_a:
+            sd[mlp + "W_in"][COPY_A + x, k] = 1.0
+        for x in need_b:
+            sd[mlp + "W_in"][COPY_B + x, k] = 1.0
+        sd[mlp + "b_in"][k] = -1.5
+        for r in promotes:
+            if r < 19:
+                sd[mlp + "W_out"][k, VOTE + r] = VOTE_SIZE
+    g = torch.Generator().manual_seed(3)
+    rest = slice(len(planted), d_mlp)
+    sd[mlp + "W_in"][COPY_A:COPY_B + SIDE, rest] = torch.rand(2 * SIDE, N_DISTRACT, generator=g)
+    sd[mlp + "b_in"][rest] = -0.5
+    sd[mlp + "W_out"][rest, VOTE:VOTE + 19] = 0.1 * torch.randn(N_DISTRACT, 19, generator=g)
+    for r in range(19):
+        sd["unembed.W_U"][VOTE + r, vocab[str(r)]] = 1.0
+    model.load_state_dict(sd)
+    model.eval()
+    return model, planted
+
+
+@pytest.fixture(scope="module")
+def hand():
+    model, planted = hand_model()
+    config = ScienceConfig(operators=("+",), operand_hi=SIDE, shots=0, seed=0)
+    labels = {(0, k): [h] for k, (h, *_rest) in enumerate(planted)}
+    return model, planted, config, labels
+
+
+def firing(planted, a: int, b: int) -> set[int]:
+    return {k for k, (_, na, nb, _) in enumerate(planted) if a in na and b in nb}
+
+
+@pytest.mark.parametrize("a, b", [(2, 7), (9, 9), (0, 0), (4, 5), (8, 1)])
+def test_the_planted_neurons_are_named_and_add_up(hand, a, b):
+    model, planted, config, labels = hand
+    e = explain(model.to(torch.float64), builtin_tokenizer(), f"{a}+{b}=", config,
+                labels=labels, seeds=8)
+    # (no end token after the answer in this model: its first token is the test)
+    assert e.result == a + b and e.rank_answer == 0 and e.predicted == str(a + b)
+    assert e.p_answer > 0.9
+    want = firing(planted, a, b)
+    assert len(want) == 4
+    # exactly the four that fire are the top four, and they carry the answer
+    assert {r.neuron for r in e.toward[:4]} == want
+    assert e.toward[4].contribution < 0.1 * min(r.contribution for r in e.toward[:4]) \
+        if len(e.toward) > 4 else True
+    assert all(lab.holds for r in e.toward[:4] for lab in r.labels)
+    assert e.shares["labelled, heuristic holds"] > 0.9
+    # the terms add up to T (float64 model: to the rounding of its forward)
+    total = e.neurons_total + e.heads_total + e.embed + e.biases
+    assert abs(e.target - total) <= 1e-9 * max(abs(e.target), 1.0)
+    assert abs(sum(e.shares.values()) - 1.0) < 1e-9
+    assert set(e.by_family) == {"value", "modulo"}
+    assert e.by_family["value"] == pytest.approx(sum(
+        r.contribution for r in e.toward[:4] if r.labels[0].family == "value"))
+    # knockout: the planted neurons break it, random ones of the layer do not
+    ko = e.knockout
+    holds = {k for k, (h, *_r) in enumerate(planted)
+             if h.contains(np.array([a]), np.array([b]), np.array([a + b]))[0]}
+    assert ko is not None and {n for _, n in ko.neurons} == holds >= want
+    assert not ko.top_after and ko.p_knocked < 0.5 * ko.p_clean
+    assert sum(ko.top_random) >= len(ko.top_random) - 1
+    assert ko.p_random_mean > 2 * ko.p_knocked
+
+
+def test_unlabelled_prompts_still_decompose_and_have_no_knockout(hand):
+    model, planted, config, _ = hand
+    e = explain(model, builtin_tokenizer(), "3+4=", config, labels=None)
+    assert e.knockout is None and not e.labelled
+    assert e.shares["labelled, heuristic holds"] == 0.0
+    assert e.shares["other neurons"] > 0.9
+    assert e.n_for["80%"] == 4 or e.n_for["80%"] == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("hello", "not an arithmetic prompt"),
+    ("3*4=", "operator '\\*' is not measured"),
+    ("12+4=", "must be in the config's range \\[0, 10\\)"),
+])
+def test_bad_prompts_get_a_clear_message(hand, text, message):
+    model, _, config, _ = hand
+    with pytest.raises(PromptError, match=message):
+        explain(model, builtin_tokenizer(), text, config)
+
+
+def test_a_prompt_longer_than_the_context_is_refused(hand):
+    model, _, config, _ = hand
+    long = ScienceConfig(operators=("+",), operand_hi=SIDE, shots=3, seed=0)
+    with pytest.raises(PromptError, match="longer than the model's context \\(8\\)"):
+        build(model, builtin_tokenizer(), "3+4=", long)
+
+
+def test_an_invalid_cell_is_refused():
+    model, _ = hand_model()
+    config = ScienceConfig(operators=("-",), operand_hi=SIDE, shots=0)
+    with pytest.raises(PromptError, match="negative"):
+        build(model, builtin_tokenizer(), "3-4=", config)
+
+
+# ------------------------------------------------------------ against the slow reference
+
+def check_against_reference(model, tokens, answer, competitors, n_neurons: int = 40,
+                            seed: int = 0) -> None:
+    """Every head and ``n_neurons`` random neurons of every layer: the decomposition's
+    term equals the reference's direct effect; the terms and the rest add up to T."""
+    dec = decompose(model, tokens, answer, competitors)
+    assert abs(dec.error) <= 1e-9 * max(abs(dec.target), 1.0), dec.error
+    rng = np.random.default_rng(seed)
+    scale = max(np.abs(dec.neurons).max(), np.abs(dec.heads).max(), 1e-12)
+    for layer in range(model.cfg.n_layers):
+        for h in range(model.cfg.n_heads):
+            ref = reference_direct_effect(model, tokens, answer, competitors, ("head", layer, h))
+            assert dec.heads[layer, h] == pytest.approx(ref, abs=1e-9 * scale), (layer, h)
+        for n in rng.choice(model.cfg.d_mlp, size=min(n_neurons, model.cfg.d_mlp),
+                            replace=False):
+            ref = reference_direct_effect(model, tokens, answer, competitors,
+                                          ("neuron", layer, int(n)))
+            assert dec.neurons[layer, n] == pytest.approx(ref, abs=1e-9 * scale), (layer, n)
+    assert np.abs(dec.neurons).max() > 1e-6 and np.abs(dec.heads).max() > 1e-6
+
+
+def test_decomposition_equals_the_reference_on_the_built_in_model(tiny_builtin):
+    from catalog.sources import load_model
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", None, builtin_config=cfg, cache_root=root)
+    model = lm.model.to(torch.float64)
+    config = ScienceConfig(operators=("+", "*"), operand_hi=cfg.operand_hi)
+    for text in ("7+5=", "3*6="):
+        p = build(model, lm.tokenizer, text, config)
+        check_against_reference(model, p.tokens, p.answer, p.competitors)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """The built-in tokenizer as transformers reads a model's (test_architectures)."""
+    import transformers as T
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    builtin_tokenizer().save_pretrained(folder)
+    return T.AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=[a[0] for a in ARCHITECTURES])
+def test_decomposition_equals_the_reference_on_every_architecture(tokenizer, arch):
+    """A tiny random model of each architecture (norm weights and biases away from their
+    init, so that every frozen norm and bias term matters), in float64, its final soft cap
+    (Gemma 2) off: T is the logit difference before it."""
+    name, config_cls, model_cls, extra, _ = arch
+    hf = random_model(config_cls, model_cls, extra, len(tokenizer))
+    model = from_hf_model(hf, tokenizer, f"random {name}", "cpu", torch.float32)
+    model = model.to(torch.float64)
+    model.cfg.output_logits_soft_cap = -1.0
+    tokens = np.array([5, 17, 3, 9, 11, 2, 40, 7], dtype=np.int64)
+    competitors = np.arange(20, 60)
+    check_against_reference(model, tokens, 33, competitors, n_neurons=24)
