@@ -288,6 +288,15 @@ def psql(env: Env, line: str) -> None:
     assert env.one("SELECT count(*) FROM model") == 2
 
 
+def explain(env: Env, line: str) -> None:
+    """docs/explain.md's example, on the demo's catalog: the labels come from it."""
+    done = env.run(line)
+    assert done.returncode == 0, done.stderr
+    assert "answer 38: the model's top token is '38'" in done.stdout, done.stdout
+    assert re.search(r"labels of \d+ neurons from the catalog", done.stdout), done.stdout
+    assert "T (the answer's logit minus the competing numbers' mean)" in done.stdout
+
+
 def worker(env: Env, line: str) -> None:
     served = env.start(line)
     served.wait_for(r"ready\.|celery@\S+ ready", 120)
@@ -339,14 +348,14 @@ def explore(env: Env, line: str) -> None:
     assert env.worker.stop() == 0, env.worker.text[-2000:]
 
 
-RUNNERS = {
+RUNNERS = {  # in the order a reader meets them (shell_docs.documented_lines)
     "bash scripts/demo.sh": demo,
     "bash scripts/test.sh": None,  # this suite; .ci/run calls it (tests/unit/test_readme.py)
     "ncat migrate": migrate,
-    "ncat catalog builtin --checkpoints all --hi 100": catalog_builtin,
     "ncat catalog EleutherAI/pythia-70m --checkpoints 1000:143000:10000 --hi 300": catalog_pythia,
-    "ncat export neuron_evolution --out evolution.parquet": export,
     'psql "postgresql://catalog_reader@localhost:5432/ncat"': psql,
+    "ncat catalog builtin --checkpoints all --hi 100": catalog_builtin,
+    "ncat export neuron_evolution --out evolution.parquet": export,
     "ncat worker": worker,
     "ncat enqueue builtin --checkpoints all --hi 100": enqueue_builtin,
     "ncat enqueue EleutherAI/pythia-70m --checkpoints 1000:143000:10000 --hi 300 --device cuda":
@@ -356,6 +365,7 @@ RUNNERS = {
     "ncat retry 3": retry,
     "ncat explore": explore,
     "ncat export \"SELECT * FROM heuristic_census WHERE op = '+'\" --out census.csv": export,
+    'ncat explain builtin "21+17=" --hi 100': explain,
 }
 
 
