@@ -1,6 +1,6 @@
 """Configuration: what is measured (hashed) apart from how it is run (not). The package
 also holds the config's checks (``checks``), its command-line and form fields
-(``fields``), the vocabularies of its fields (``vocab``) and every environment variable
+(``flags``), the vocabularies of its fields (``vocab``) and every environment variable
 the project reads (``settings``). May import ``catalog.core`` only.
 
 ``ScienceConfig`` holds every choice that changes a stored number. It is validated
@@ -14,7 +14,7 @@ whatever it says, so it is never hashed or stored, and each worker may choose it
 
 Each field's metadata carries its help text (and, where it differs from
 ``--field-name``, its command-line flag): the ``ncat`` flags and the explorer's job
-form are generated from it (``catalog.config.fields``), so each default and its
+form are generated from it (``catalog.config.flags``), so each default and its
 help text live in exactly one place.
 """
 

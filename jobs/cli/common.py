@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from catalog.config.fields import add_arguments, from_args
+from catalog.config.flags import add_arguments, from_args
 
 DB_HELP = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
 BAD_INPUT = 2  # exit code of every command for input it refuses

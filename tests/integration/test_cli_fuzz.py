@@ -16,7 +16,7 @@ exit 4).
 import random
 
 from catalog.config import ScienceConfig
-from catalog.config.fields import from_args, specs
+from catalog.config.flags import from_args, specs
 from jobs.cli import main
 from schema import store
 

@@ -245,3 +245,27 @@ def test_every_sql_statement_lives_in_schema():
     """The store's statements are schema's (readers for the explorer and the reports,
     the job state), so a renamed column is one module's change and its tests'."""
     assert sql_outside_schema() == []
+
+
+def test_no_package_binds_a_name_its_submodule_takes():
+    """Importing ``pkg.sub`` sets the attribute ``sub`` on ``pkg``: a package whose
+    ``__init__`` binds another object to that name (``from dataclasses import fields``
+    beside ``fields.py``) has it replaced by the module as soon as anyone imports it."""
+    clashes = []
+    for init in sorted(ROOT.glob("*/**/__init__.py")):
+        rel = init.relative_to(ROOT)
+        if rel.parts[0] not in LAYERS:
+            continue
+        subs = {p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"} | {
+            p.parent.name for p in init.parent.glob("*/__init__.py")}
+        package = ".".join(rel.parts[:-1])
+        for node in ast.parse(init.read_text()).body:
+            bound = []
+            if isinstance(node, ast.ImportFrom) and node.module != package:
+                bound = [a.asname or a.name for a in node.names]
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound = [node.name]
+            elif isinstance(node, ast.Assign):
+                bound = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            clashes += [f"{package}: {name}" for name in bound if name in subs]
+    assert clashes == []

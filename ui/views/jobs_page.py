@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 from catalog.config import ExecutionConfig, ScienceConfig
-from catalog.config.fields import FieldSpec, specs
+from catalog.config.flags import FieldSpec, specs
 from ui import data
 from ui.views.overview import jobs_panel
 
