@@ -5,19 +5,19 @@ import re
 
 import pandas as pd
 
-from ui import data
+from schema import explorer_reads
 from ui.views import neuron
 
 
 def _selected_columns(monkeypatch) -> list[str]:
     seen = {}
 
-    def capture(sql, **params):
+    def capture(conn, sql, **params):
         seen["sql"] = sql
         return pd.DataFrame()
 
-    monkeypatch.setattr(data, "query", capture)
-    data.neuron_ops.__wrapped__(1, 2, 3, 4, 5)
+    monkeypatch.setattr(explorer_reads, "frame", capture)
+    explorer_reads.neuron_ops(None, 1, 2, 3, 4, 5)
     select = seen["sql"].split(" FROM ")[0].removeprefix("SELECT ")
     return [re.split(r"\s+AS\s+|\.", c.strip())[-1] for c in select.split(",")]
 
