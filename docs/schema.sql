@@ -52,6 +52,7 @@ CREATE TABLE checkpoint_summary (
     residual_lens jsonb,
     enrichment jsonb,
     aliases jsonb,
+    prompt_explanations jsonb,
     CONSTRAINT checkpoint_summary_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
     CONSTRAINT checkpoint_summary_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
     CONSTRAINT checkpoint_summary_pkey PRIMARY KEY (checkpoint_id, config_id)
@@ -400,6 +401,41 @@ CREATE TABLE neuron_score (
     CONSTRAINT neuron_score_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op, heuristic_id)
 ) PARTITION BY HASH (model_id);
 -- grants on neuron_score: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE prompt_explanation (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    prompt text NOT NULL,
+    op character varying(1) NOT NULL,
+    a integer NOT NULL,
+    b integer NOT NULL,
+    result integer NOT NULL,
+    predicted text NOT NULL,
+    correct boolean NOT NULL,
+    p_answer double precision NOT NULL,
+    rank_answer integer NOT NULL,
+    target double precision NOT NULL,
+    share_holds double precision,
+    share_labelled_other double precision,
+    share_other_neurons double precision,
+    share_heads double precision,
+    share_rest double precision,
+    neurons_50 integer,
+    neurons_80 integer,
+    heuristics_in_80 integer,
+    labelled boolean NOT NULL,
+    n_knocked integer,
+    p_knocked double precision,
+    p_random double precision,
+    p_random_se double precision,
+    explanation jsonb NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT prompt_explanation_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT prompt_explanation_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT prompt_explanation_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT prompt_explanation_pkey PRIMARY KEY (checkpoint_id, config_id, prompt)
+);
+-- grants on prompt_explanation: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 CREATE TABLE reconcile_event (
     id bigint DEFAULT nextval('reconcile_event_id_seq'::regclass) NOT NULL,
     at timestamp with time zone DEFAULT now() NOT NULL,
@@ -464,6 +500,8 @@ CREATE UNIQUE INDEX neuron_op_pkey ON ONLY public.neuron_op USING btree (model_i
 CREATE INDEX ix_neuron_score_checkpoint_heuristic ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, heuristic_id, score);
 CREATE INDEX ix_neuron_score_label ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, heuristic_id, op, score) WHERE implements;
 CREATE UNIQUE INDEX neuron_score_pkey ON ONLY public.neuron_score USING btree (model_id, checkpoint_id, config_id, layer, neuron, op, heuristic_id);
+CREATE INDEX prompt_explanation_model_idx ON public.prompt_explanation USING btree (model_id, prompt);
+CREATE UNIQUE INDEX prompt_explanation_pkey ON public.prompt_explanation USING btree (checkpoint_id, config_id, prompt);
 CREATE INDEX ix_reconcile_event_job ON public.reconcile_event USING btree (job_id, at);
 CREATE UNIQUE INDEX reconcile_event_pkey ON public.reconcile_event USING btree (id);
 
@@ -989,6 +1027,41 @@ CREATE VIEW period_label_overlap AS
      JOIN model md ON md.id = k.model_id
      JOIN checkpoint c ON c.id = k.checkpoint_id;
 -- grants on period_label_overlap: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW prompt_explanations AS
+ SELECT m.name AS model,
+    c.step,
+    e.config_id,
+    e.prompt,
+    e.op,
+    e.a,
+    e.b,
+    e.result,
+    e.predicted,
+    e.correct,
+    e.p_answer,
+    e.rank_answer,
+    e.target,
+    e.share_holds,
+    e.share_labelled_other,
+    e.share_other_neurons,
+    e.share_heads,
+    e.share_rest,
+    e.neurons_50,
+    e.neurons_80,
+    e.heuristics_in_80,
+    e.labelled,
+    e.n_knocked,
+    e.p_knocked,
+    e.p_random,
+    e.p_random_se,
+    e.written_at,
+    e.model_id,
+    e.checkpoint_id
+   FROM prompt_explanation e
+     JOIN model m ON m.id = e.model_id
+     JOIN checkpoint c ON c.id = e.checkpoint_id;
+-- grants on prompt_explanations: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE OR REPLACE FUNCTION public.emergence_histogram_track()
  RETURNS trigger

@@ -124,6 +124,7 @@ def summary_dict(summary: Summary) -> dict:
         "n_excluded": summary.n_excluded,
         "residual_lens": summary.residual_lens,
         "enrichment": summary.enrichment, "aliases": summary.aliases,
+        "prompt_explanations": summary.prompt_explanations,
         "components": component_rows(summary),
         "curves": [c.as_dict() for c in summary.curves],
     })

@@ -329,7 +329,7 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
     """Upsert a checkpoint summary (accuracy, faithfulness, knockouts, heuristic counts)."""
     cols = ("accuracy", "faithfulness", "heuristic_knockouts", "prompt_knockouts",
             "n_heuristic_neurons", "n_correct", "n_pairs", "n_excluded", "residual_lens",
-            "enrichment", "aliases")
+            "enrichment", "aliases", "prompt_explanations")
     conn.execute(
         f"INSERT INTO checkpoint_summary (checkpoint_id, config_id, layers, {', '.join(cols)}) "
         f"VALUES (%s, %s, %s, {', '.join(['%s'] * len(cols))}) "

@@ -1,8 +1,8 @@
 """Every statistic the catalog reports or decides with, defined once: intervals of a
 share and of a difference of shares, a share's standard error, the exact hypergeometric
 tail (the label rule's overlap test, the enrichment's Fisher test), Fisher's combination
-of two p-values, rank correlation and the trimmed mean. Each is tested against published values
-(tests/unit/test_stats.py).
+of two p-values, rank correlation, the trimmed mean and a median's interval. Each is
+tested against published values (tests/unit/test_stats.py).
 
 scipy computes where it is right and fast enough (the Spearman correlation, the normal
 and t tails). Four are written here, each for a stated reason:
@@ -151,3 +151,22 @@ def trimmed_mean(x: np.ndarray, prop: float) -> np.ndarray:
     cut = int(np.floor(prop * n))
     s = np.sort(x, axis=-1)
     return s[..., cut:n - cut].mean(-1)
+
+
+def median_ci(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The distribution-free interval of a median from two order statistics: [x_(r),
+    x_(n-r+1)] (1-based) with the largest r whose coverage 1 - 2 P(B <= r - 1), B ~
+    Binomial(n, 1/2), is at least ``level``; (nan, nan) below 6 values at 95% (no pair of
+    order statistics covers that often). NaN values are left out."""
+    from scipy import stats
+
+    s = np.sort(np.asarray(x, dtype=np.float64)[np.isfinite(np.asarray(x, dtype=np.float64))])
+    n = len(s)
+    if n == 0:
+        return float("nan"), float("nan")
+    r = int(stats.binom.ppf((1 - level) / 2, n, 0.5))  # smallest r' with P(B <= r') >= a/2
+    if stats.binom.cdf(r, n, 0.5) > (1 - level) / 2:
+        r -= 1  # then P(B <= r) <= a/2 and [x_(r+1), x_(n-r)] covers at least level
+    if r < 0:
+        return float("nan"), float("nan")
+    return float(s[r]), float(s[n - r - 1])

@@ -65,21 +65,6 @@ def target_direction(model: HookedTransformer, answer: int, competitors: np.ndar
     return w_u[:, answer] - w_u[:, comp].mean(1)
 
 
-def _adjoint(norm, scale: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """N^T u for the frozen linear part N of ``norm`` (a TransformerLens LayerNorm or
-    RMSNorm, with or without weights) at ``scale``."""
-    w = getattr(norm, "w", None)
-    v = u * w.detach().double() if w is not None else u.clone()
-    if "RMS" not in type(norm).__name__:
-        v = v - v.mean()
-    return v / scale
-
-
-def _bias_term(norm, d: torch.Tensor) -> float:
-    b = getattr(norm, "b", None)
-    return 0.0 if b is None else float(b.detach().double() @ d)
-
-
 def _output_norms(model: HookedTransformer, layer: int) -> tuple:
     """(the norm of the attention's output, of the MLP's output) of a block, None where the
     block writes its output unnormalised."""
@@ -105,56 +90,114 @@ def _hook_names(model: HookedTransformer) -> list[str]:
     return names
 
 
+@dataclass
+class Decompositions:
+    """``Decomposition`` of a batch of prompts of one length: the same fields with a
+    leading prompt axis (target, embed, biases: (B,); neurons, activations:
+    (B, n_layers, d_mlp); heads: (B, n_layers, n_heads); logits: (B, d_vocab))."""
+
+    target: np.ndarray
+    neurons: np.ndarray
+    heads: np.ndarray
+    embed: np.ndarray
+    biases: np.ndarray
+    activations: np.ndarray
+    logits: np.ndarray
+
+    def __getitem__(self, i: int) -> Decomposition:
+        return Decomposition(target=float(self.target[i]), neurons=self.neurons[i],
+                             heads=self.heads[i], embed=float(self.embed[i]),
+                             biases=float(self.biases[i]), activations=self.activations[i],
+                             logits=self.logits[i])
+
+
+def _adjoint(norm, scale: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """N^T u for the frozen linear part N of ``norm`` (a TransformerLens LayerNorm or
+    RMSNorm, with or without weights) at ``scale``: (B, d_model) directions, (B, 1)
+    scales."""
+    w = getattr(norm, "w", None)
+    v = u * w.detach().double() if w is not None else u.clone()
+    if "RMS" not in type(norm).__name__:
+        v = v - v.mean(-1, keepdim=True)
+    return v / scale.reshape(len(u), 1)
+
+
+def _bias_term(norm, d: torch.Tensor) -> torch.Tensor:
+    b = getattr(norm, "b", None)
+    return torch.zeros(len(d), dtype=torch.float64, device=d.device) if b is None \
+        else d @ b.detach().double()
+
+
 @torch.no_grad()
-def decompose(model: HookedTransformer, tokens: np.ndarray, answer: int,
-              competitors: np.ndarray) -> Decomposition:
-    """The exact direct decomposition of T (module doc) for one prompt's ``tokens``."""
+def decompose_batch(model: HookedTransformer, tokens: np.ndarray, answers: np.ndarray,
+                    competitors: np.ndarray) -> Decompositions:
+    """The exact direct decomposition of T (module doc) for a batch of prompts of one
+    length: ``tokens`` (B, L), ``answers`` (B,) each prompt's answer token, one set of
+    ``competitors`` (the operator's; each prompt's own answer is left out of its mean).
+    Only the last position is kept from each hook."""
     cfg = model.cfg
-    toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=model.W_U.device)[None]
+    dev = model.W_U.device
+    toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=dev)
+    ans = torch.as_tensor(np.asarray(answers), dtype=torch.long, device=dev)
+    comp = torch.as_tensor(np.asarray(competitors), dtype=torch.long, device=dev)
+    cache: dict[str, torch.Tensor] = {}
+
+    def keep(x, hook):
+        cache[hook.name] = x[:, -1].detach()
+        return x
+
     names = set(_hook_names(model))
-    out, cache = model.run_with_cache(toks, names_filter=lambda n: n in names)
-    logits = torch.as_tensor(out)
-    d = target_direction(model, answer, competitors)
-    biases = float(model.b_U.detach().double()[answer]
-                   - model.b_U.detach().double()[torch.as_tensor(np.asarray(competitors),
-                                                                 device=d.device)].mean())
+    logits = model.run_with_hooks(toks, fwd_hooks=[(lambda n: n in names, keep)])[:, -1]
+    w_u = model.W_U.detach().double()
+    others = (comp[None, :] != ans[:, None]).double()  # (B, C): the competitors of each
+    weights = others / others.sum(1, keepdim=True)
+    d = w_u[:, ans].T - weights @ w_u[:, comp].T  # (B, d_model)
+    b_u = model.b_U.detach().double()
+    biases = b_u[ans] - weights @ b_u[comp]
     norm = getattr(model, "ln_final", None)
     if norm is not None and "ln_final.hook_scale" in cache:
-        u = _adjoint(norm, cache["ln_final.hook_scale"][0, -1].double(), d)
-        biases += _bias_term(norm, d)
+        u = _adjoint(norm, cache["ln_final.hook_scale"].double(), d)
+        biases = biases + _bias_term(norm, d)
     else:  # no final norm
         u = d
     # T from the model's own final norm and unembedding (before any soft cap), in its dtype
-    last = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][:, -1:]
-    pre = model.unembed(norm(last) if norm is not None else last)
-    pre = pre[0, -1].double()
-    comp = torch.as_tensor(np.asarray(competitors), dtype=torch.long, device=pre.device)
-    target = float(pre[answer] - pre[comp].mean())
+    last = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][:, None]
+    pre = model.unembed(norm(last) if norm is not None else last)[:, -1].double()
+    target = pre.gather(1, ans[:, None])[:, 0] - (pre[:, comp] * weights).sum(1)
+    b = len(toks)
     n_mlp = 0 if cfg.attn_only else int(cfg.d_mlp or 0)
-    neurons = np.zeros((cfg.n_layers, n_mlp))
-    acts = np.zeros((cfg.n_layers, n_mlp))
-    heads = np.zeros((cfg.n_layers, cfg.n_heads))
+    neurons = torch.zeros((b, cfg.n_layers, n_mlp), dtype=torch.float64)
+    acts = torch.zeros((b, cfg.n_layers, n_mlp), dtype=torch.float64)
+    heads = torch.zeros((b, cfg.n_layers, cfg.n_heads), dtype=torch.float64)
     for layer in range(cfg.n_layers):
         attn_norm, mlp_norm = _output_norms(model, layer)
         u_attn, u_mlp = u, u
         if attn_norm is not None:
-            u_attn = _adjoint(attn_norm, cache[attn_norm.hook_scale.name][0, -1].double(), u)
-            biases += _bias_term(attn_norm, u)
-        z = cache[f"blocks.{layer}.attn.hook_z"][0, -1].double()  # (n_heads, d_head)
+            u_attn = _adjoint(attn_norm, cache[attn_norm.hook_scale.name].double(), u)
+            biases = biases + _bias_term(attn_norm, u)
+        z = cache[f"blocks.{layer}.attn.hook_z"].double()  # (B, n_heads, d_head)
         w_o = model.W_O[layer].detach().double()  # (n_heads, d_head, d_model)
-        heads[layer] = torch.einsum("hd,hdm,m->h", z, w_o, u_attn).cpu().numpy()
-        biases += float(model.b_O[layer].detach().double() @ u_attn)
+        heads[:, layer] = torch.einsum("bhd,hdm,bm->bh", z, w_o, u_attn).cpu()
+        biases = biases + u_attn @ model.b_O[layer].detach().double()
         if cfg.attn_only:
             continue
         if mlp_norm is not None:
-            u_mlp = _adjoint(mlp_norm, cache[mlp_norm.hook_scale.name][0, -1].double(), u)
-            biases += _bias_term(mlp_norm, u)
-        post = cache[f"blocks.{layer}.mlp.hook_post"][0, -1].double()
-        read = model.W_out[layer].detach().double() @ u_mlp  # (d_mlp,)
-        neurons[layer] = (post * read).cpu().numpy()
-        acts[layer] = post.cpu().numpy()
-        biases += float(model.b_out[layer].detach().double() @ u_mlp)
-    embed = float(cache["blocks.0.hook_resid_pre"][0, -1].double() @ u)
-    return Decomposition(target=target, neurons=neurons, heads=heads, embed=embed,
-                         biases=biases, activations=acts,
-                         logits=logits[0, -1].float().cpu().numpy())
+            u_mlp = _adjoint(mlp_norm, cache[mlp_norm.hook_scale.name].double(), u)
+            biases = biases + _bias_term(mlp_norm, u)
+        post = cache[f"blocks.{layer}.mlp.hook_post"].double()  # (B, d_mlp)
+        read = u_mlp @ model.W_out[layer].detach().double().T  # (B, d_mlp)
+        neurons[:, layer] = (post * read).cpu()
+        acts[:, layer] = post.cpu()
+        biases = biases + u_mlp @ model.b_out[layer].detach().double()
+    embed = (cache["blocks.0.hook_resid_pre"].double() * u).sum(-1)
+    return Decompositions(target=target.cpu().numpy(), neurons=neurons.numpy(),
+                          heads=heads.numpy(), embed=embed.cpu().numpy(),
+                          biases=biases.cpu().numpy(), activations=acts.numpy(),
+                          logits=logits.float().cpu().numpy())
+
+
+def decompose(model: HookedTransformer, tokens: np.ndarray, answer: int,
+              competitors: np.ndarray) -> Decomposition:
+    """The exact direct decomposition of T (module doc) for one prompt's ``tokens``."""
+    return decompose_batch(model, np.asarray(tokens)[None], np.array([answer]),
+                           competitors)[0]

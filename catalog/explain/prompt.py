@@ -41,6 +41,7 @@ from catalog.core.stats import wilson
 from catalog.core.tokens import detect_number_tokens, encode_number
 from catalog.explain.decompose import Decomposition, decompose
 from catalog.labels.heuristics import Heuristic
+from catalog.labels.matches import Matches
 from catalog.measuring.grids import final_logits
 from catalog.measuring.prompts import UNLIMITED, operator_prefix, tokenize_prompts
 
@@ -83,14 +84,21 @@ def parse(text: str, config: ScienceConfig) -> tuple[int, str, int]:
     return a, op, b
 
 
-def build(model: HookedTransformer, tokenizer, text: str, config: ScienceConfig) -> Prompt:
-    """The prompt of ``text`` as ``build_prompts`` writes it (the same prefix and shots)."""
-    a, op, b = parse(text, config)
+def build_many(model: HookedTransformer, tokenizer, op: str, a: np.ndarray, b: np.ndarray,
+               config: ScienceConfig) -> list[Prompt]:
+    """The prompts ``a[i] op b[i] =`` as ``build_prompts`` writes them (the operator's one
+    prefix of solved examples and its BOS), each checked against the config, the
+    tokenizer's limit and the model's context."""
+    for x, y in zip(a, b, strict=True):
+        parse(f"{int(x)}{op}{int(y)}=", config)
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
     numbers = detect_number_tokens(tokenizer, prepend_bos=model.cfg.default_prepend_bos)
     limit = UNLIMITED if numbers.digit_level else numbers.limit
-    if not bool(is_valid(op, np.array([a]), np.array([b]), limit)[0]):
-        raise PromptError(f"{a}{op}{b} is not a prompt the catalog measures (a result that "
-                          "is negative, not a whole number, or past the tokenizer's "
+    bad = ~is_valid(op, a, b, limit)
+    if bad.any():
+        i = int(np.nonzero(bad)[0][0])
+        raise PromptError(f"{a[i]}{op}{b[i]} is not a prompt the catalog measures (a result "
+                          "that is negative, not a whole number, or past the tokenizer's "
                           f"single-token limit {numbers.limit})")
     side = np.arange(config.operand_lo, config.operand_hi)
     ga, gb = (g.ravel() for g in np.meshgrid(side, side, indexing="ij"))
@@ -99,19 +107,28 @@ def build(model: HookedTransformer, tokenizer, text: str, config: ScienceConfig)
     results = apply_op(op, va, vb)
     prefix, _ = operator_prefix(tokenizer, numbers, config, config.operators.index(op), op,
                                 va, vb, results)
-    ids, _ = tokenize_prompts(tokenizer, config, [op], np.array([a]), np.array([b]))
-    tokens = np.concatenate([prefix, np.asarray(ids[0], dtype=np.int64)])
-    result = int(apply_op(op, np.array([a]), np.array([b]))[0])
-    res_tokens = encode_number(tokenizer, result)
-    n_ctx = model.cfg.n_ctx
-    if len(tokens) + len(res_tokens) > n_ctx:
-        raise PromptError(f"the prompt and its answer take {len(tokens) + len(res_tokens)} "
-                          f"tokens, longer than the model's context ({n_ctx})")
+    ids, _ = tokenize_prompts(tokenizer, config, [op] * len(a), a, b)
     firsts = {encode_number(tokenizer, int(r))[0] for r in np.unique(results)}
-    firsts.discard(res_tokens[0])
-    return Prompt(text=f"{a}{op}{b}=", a=a, op=op, b=b, result=result, tokens=tokens,
-                  answer=res_tokens[0], result_tokens=list(res_tokens),
-                  competitors=np.array(sorted(firsts), dtype=np.int64))
+    n_ctx = model.cfg.n_ctx
+    out = []
+    for x, y, row, r in zip(a, b, ids, apply_op(op, a, b), strict=True):
+        tokens = np.concatenate([prefix, np.asarray(row, dtype=np.int64)])
+        res_tokens = encode_number(tokenizer, int(r))
+        if len(tokens) + len(res_tokens) > n_ctx:
+            raise PromptError(f"the prompt {x}{op}{y}= and its answer take "
+                              f"{len(tokens) + len(res_tokens)} tokens, longer than the "
+                              f"model's context ({n_ctx})")
+        out.append(Prompt(text=f"{x}{op}{y}=", a=int(x), op=op, b=int(y), result=int(r),
+                          tokens=tokens, answer=res_tokens[0], result_tokens=list(res_tokens),
+                          competitors=np.array(sorted(firsts - {res_tokens[0]}),
+                                               dtype=np.int64)))
+    return out
+
+
+def build(model: HookedTransformer, tokenizer, text: str, config: ScienceConfig) -> Prompt:
+    """The prompt of ``text`` as ``build_prompts`` writes it (the same prefix and shots)."""
+    a, op, b = parse(text, config)
+    return build_many(model, tokenizer, op, np.array([a]), np.array([b]), config)[0]
 
 
 @dataclass
@@ -362,14 +379,18 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         heuristics_in_80=heuristics_in_80, labelled=bool(labels), knockout=ko)
 
 
+def labels_of(matches: Mapping[int, Matches], o: int) -> dict[tuple[int, int], list[Heuristic]]:
+    """(layer, neuron) -> the heuristics labelled for operator index ``o`` in each layer's
+    ``Matches``."""
+    out: dict[tuple[int, int], list[Heuristic]] = {}
+    for layer, m in matches.items():
+        for i in np.nonzero((m.op == o) & m.implements)[0]:
+            out.setdefault((int(layer), int(m.neuron[i])), []).append(m.row_heuristic(int(i)))
+    return out
+
+
 def labels_from_result(result, op: str) -> dict[tuple[int, int], list[Heuristic]]:
     """(layer, neuron) -> the heuristics labelled for ``op`` in a ``CheckpointResult``
     measured with its layers kept (``catalog.measure``)."""
-    o = list(result.config.operators).index(op)
-    out: dict[tuple[int, int], list[Heuristic]] = {}
-    for layer, lr in result.layers.items():
-        m = lr.matches
-        for i in np.nonzero((m.op == o) & m.implements)[0]:
-            out.setdefault((int(layer), int(m.neuron[i])), []).append(m.row_heuristic(i))
-    return out
-
+    return labels_of({layer: lr.matches for layer, lr in result.layers.items()},
+                     list(result.config.operators).index(op))

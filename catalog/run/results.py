@@ -159,6 +159,9 @@ class Summary:
     enrichment: list[dict] = field(default_factory=list)
     # op -> heuristic key -> labels of the heuristics with the same cells (not scored)
     aliases: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # op -> the direct decomposition of each prompt's answer over the labelled neurons,
+    # aggregated over the knockout's prompts (catalog.explain.grid.summarize_prompts)
+    prompt_explanations: dict[str, dict] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall time
 
 

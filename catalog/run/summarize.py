@@ -16,6 +16,8 @@ from transformer_lens import HookedTransformer
 
 from catalog.circuits import knockouts, paper
 from catalog.config import ExecutionConfig, ScienceConfig
+from catalog.explain.grid import explain_prompts, summarize_prompts
+from catalog.explain.prompt import labels_of
 from catalog.labels import enrichment
 from catalog.labels.heuristics import Heuristic, Partition
 from catalog.labels.matches import Matches
@@ -106,6 +108,10 @@ class CheckpointSummary:
             p_knock[op] = knockouts.prompt_knockout(
                 model, table, prompts, [h for h, _ in ranked], [m for _, m in ranked], top_set,
                 config.knockout_neurons, config.seed, runner)
+        seconds["knockouts"] = time.perf_counter() - t
+        t = time.perf_counter()
+        explained = self._explained(matches, draws, layers) if run_knockouts else {}
+        seconds["prompt explanations"] = time.perf_counter() - t
         correct_all = table.correct
         assert correct_all is not None and table.is_shot is not None
         return Summary(
@@ -131,8 +137,22 @@ class CheckpointSummary:
                 {layer: enrichment.label_masks(matches[layer], d_mlp, len(config.operators))
                  for layer in layers if layer in matches},
                 config.operators, config.top_set_fraction, config.seed),
-            seconds={**seconds, "knockouts": time.perf_counter() - t},
+            prompt_explanations=explained, seconds=seconds,
         )
+
+    def _explained(self, matches: dict[int, Matches], draws: dict[str, list[np.ndarray]],
+                   layers: list[int]) -> dict[str, dict]:
+        """op -> each knockout prompt's answer decomposed over the labelled neurons of the
+        measured layers, aggregated (catalog.explain.grid)."""
+        table, out = self.table, {}
+        for o, op in enumerate(self.config.operators):
+            prompts = np.unique(np.concatenate(draws[op])) if draws[op] else np.zeros(0, int)
+            if not len(prompts):
+                continue
+            terms = explain_prompts(self.model, self.tokenizer, self.config, op,
+                                    table.a[prompts], table.b[prompts], labels_of(matches, o))
+            out[op] = summarize_prompts(terms, layers)
+        return out
 
     def _exact_heads(self) -> int | None:
         """How many heads component effects patch exactly (None: every head)."""

@@ -19,6 +19,10 @@ def add_commands(sub) -> None:
     s.add_argument("--top", type=int, default=10, help="neurons shown each way (default 10)")
     s.add_argument("--seeds", type=int, default=5,
                    help="random draws of the knockout's control (0: no knockout)")
+    s.add_argument("--store", action="store_true",
+                   help="store the explanation in the catalog (table prompt_explanation, "
+                        "view prompt_explanations; replaces the prompt's earlier row at "
+                        "this checkpoint and config)")
     database_option(s)
     science_options(s)
     s.set_defaults(fn=cmd_explain)
@@ -31,7 +35,7 @@ def _labels(args, lm, config, op: str):
     from catalog.labels.heuristics import Heuristic
     from jobs.cli.common import database_url
     from schema import store
-    from schema.explain_reads import catalogued_labels
+    from schema.explanations import catalogued_labels
 
     if not (args.database_url or get_settings().database_url):
         return None, None, "no database named (--database-url or DATABASE_URL): no labels"
@@ -47,6 +51,23 @@ def _labels(args, lm, config, op: str):
         labels.setdefault((int(layer), int(neuron)), []).append(
             Heuristic(family, target, tuple(params)))
     return labels, typical, f"labels of {len(labels)} neurons from the catalog"
+
+
+def _store(args, lm, config, explanation: dict) -> str:
+    """Write the explanation (registering the model, checkpoint and config if new)."""
+    from jobs.cli.common import database_url
+    from jobs.store_results import register
+    from schema import store
+    from schema.engine import migrate
+    from schema.explanations import write_explanation
+
+    with store.connect(migrate(database_url(args))) as conn:
+        ids = register(conn, lm, config)
+        with conn.transaction():
+            write_explanation(conn, model_id=ids.model_id, checkpoint_id=ids.checkpoint_id,
+                              config_id=ids.config_id, explanation=explanation)
+    return (f"prompt_explanation (model {ids.model_id}, checkpoint {ids.checkpoint_id}, "
+            f"config {ids.config_id})")
 
 
 def cmd_explain(args) -> int:
@@ -65,6 +86,9 @@ def cmd_explain(args) -> int:
                     typical=typical, top=args.top, seeds=args.seeds)
     except (PromptError, ModelSourceError, ValueError) as exc:
         return fail(str(exc))
+    if args.store:
+        where = _store(args, lm, config, e.to_dict())
+        note += f"; stored as {where}"
     if args.json:
         print(json.dumps({"model": lm.info.name, "checkpoint": lm.info.checkpoint,
                           "labels": note, **e.to_dict()}, default=float))

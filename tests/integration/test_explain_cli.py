@@ -16,7 +16,7 @@ from catalog.run.measurement import measure
 from catalog.sources import load_model
 from jobs.cli import main
 from schema import store
-from schema.explain_reads import catalogued_labels
+from schema.explanations import catalogued_labels
 
 from helpers import SEED_CONFIG, SEED_STEPS
 
@@ -82,3 +82,80 @@ def test_a_bad_prompt_exits_2_with_the_reason(capsys, prompt, message):
 
     assert main(["explain", "builtin", prompt, "--quiet"]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+SEED_FLAGS = ["--hi", "20", "--pairs", "20", "--faithfulness-prompts", "40", "--spectra",
+              "true"]
+
+
+def test_stored_explanations_are_the_printed_ones_across_checkpoints(capsys, monkeypatch,
+                                                                     seeded, tiny_builtin):
+    """--store writes the explanation the command prints (the view reads it back), a
+    prompt explained again replaces its row, and the prompt's rows at two checkpoints come
+    back by step with the labels each checkpoint had. (The command's model is the seeded
+    catalog's tiny built-in model, which no command-line name selects.)"""
+    import catalog.sources
+    from schema.explanations import across_checkpoints, stored_explanation
+
+    cfg, root = tiny_builtin
+    monkeypatch.setattr(catalog.sources, "load_model", lambda name, step, **kw: load_model(
+        "builtin", step, builtin_config=cfg, cache_root=root))
+    last = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
+    printed = {}
+    for step in (SEED_STEPS[0], SEED_STEPS[-1], SEED_STEPS[-1]):
+        assert main(["explain", "builtin", "7+9=", "--checkpoint", str(step), "--json",
+                     "--quiet", "--store", "--seeds", "3", "--database-url", seeded,
+                     *SEED_FLAGS]) == 0
+        printed[step] = json.loads(capsys.readouterr().out)
+        assert "labels of" in printed[step]["labels"]
+        assert "stored as prompt_explanation" in printed[step]["labels"]
+    with store.connect(seeded) as conn:
+        rows = conn.execute("SELECT step, prompt, result, correct, p_answer, target, "
+                            "share_holds, neurons_80, p_knocked FROM prompt_explanations "
+                            "WHERE model = %s ORDER BY step",
+                            (last.info.name,)).fetchall()
+        model_id, config_id, checkpoint_id = conn.execute(
+            "SELECT model_id, config_id, checkpoint_id FROM prompt_explanation "
+            "ORDER BY checkpoint_id DESC LIMIT 1").fetchone()
+        whole = stored_explanation(conn, checkpoint_id=checkpoint_id, config_id=config_id,
+                                   prompt="7+9=")
+        series = across_checkpoints(conn, model_id=model_id, config_id=config_id,
+                                    prompt="7+9=")
+    assert [r[0] for r in rows] == [SEED_STEPS[0], SEED_STEPS[-1]]  # replaced, not doubled
+    for (step, prompt, result, correct, p, t, share, n80, p_knocked) in rows:
+        e = printed[step]
+        assert (prompt, result, correct) == ("7+9=", 16, e["correct"])
+        assert p == pytest.approx(e["p_answer"]) and t == pytest.approx(e["target"])
+        assert share == pytest.approx(e["shares"]["labelled, heuristic holds"])
+        assert n80 == e["n_for"]["80%"]
+        assert (p_knocked is None) == (e["knockout"] is None)
+    assert whole["toward"] == printed[SEED_STEPS[-1]]["toward"]
+    assert [s["step"] for s in series] == [SEED_STEPS[0], SEED_STEPS[-1]]
+    assert series[-1]["target"] == pytest.approx(printed[SEED_STEPS[-1]]["target"])
+
+
+def test_the_summary_stores_the_prompts_explained(seeded, last):
+    """The seeded run's summary holds the aggregate over its knockout prompts: the labels it
+    counts are the catalogued ones, and it equals the aggregate of the same run measured
+    again here (the library's summary, no database)."""
+    with store.connect(seeded) as conn:
+        agg = store.scalar(conn.execute(
+            "SELECT s.prompt_explanations FROM checkpoint_summary s JOIN checkpoint c "
+            "ON c.id = s.checkpoint_id WHERE c.step = %s", (SEED_STEPS[-1],)))
+        rows, _ = catalogued_labels(conn, model_name=last.info.name,
+                                    step=last.info.checkpoint,
+                                    config_hash=SEED_CONFIG.config_hash(), op="+")
+    plus = agg["+"]
+    assert plus["n_prompts"] > 10 and plus["layers"] == [0, 1]
+    assert plus["n_labelled"] == len({(layer, neuron) for layer, neuron, *_ in rows})
+    assert plus["n_neurons"] == 2 * 64
+    k, n = plus["mostly_labelled"]["count"], plus["n_prompts"]
+    lo, hi = plus["mostly_labelled"]["ci"]
+    assert 0 <= k <= n and lo <= k / n <= hi
+    again = measure(last.model, last.tokenizer, SEED_CONFIG, progress=False)
+    assert again.summary is not None
+    mine = again.summary.prompt_explanations["+"]
+    assert (mine["n_prompts"], mine["mostly_labelled"]["count"]) == (n, k)
+    for part, v in plus["shares"].items():
+        assert mine["shares"][part]["median"] == pytest.approx(v["median"], rel=1e-6)
+    assert mine["paired"]["higher_when_holds"] == plus["paired"]["higher_when_holds"]

@@ -14,7 +14,8 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from catalog.builtin import builtin_tokenizer, builtin_vocab
 from catalog.config import ScienceConfig
-from catalog.explain.decompose import decompose
+from catalog.explain.decompose import decompose, decompose_batch
+from catalog.explain.grid import PARTS, explain_prompts, summarize_prompts
 from catalog.explain.prompt import PromptError, build, explain
 from catalog.labels.heuristics import Heuristic
 from catalog.sources import from_hf_model
@@ -174,6 +175,63 @@ def test_an_invalid_cell_is_refused():
     config = ScienceConfig(operators=("-",), operand_hi=SIDE, shots=0)
     with pytest.raises(PromptError, match="negative"):
         build(model, builtin_tokenizer(), "3-4=", config)
+
+
+# ------------------------------------------------------------ over a grid of prompts
+
+def test_the_grid_aggregate_is_the_planted_mechanism(hand):
+    """Every prompt of the hand-built model: the four firing neurons carry it, so the
+    labelled neurons that hold carry most of T on every prompt, the neurons for 80% are
+    those four (or fewer), they combine an op1, an op2 and two residue heuristics, and each
+    labelled neuron's term is higher where its heuristic holds than where it does not."""
+    model, planted, config, labels = hand
+    model = model.to(torch.float64)
+    side = np.arange(SIDE)
+    a, b = (g.ravel() for g in np.meshgrid(side, side, indexing="ij"))
+    terms = explain_prompts(model, builtin_tokenizer(), config, "+", a, b, labels, batch=7)
+    # each prompt's split equals explain()'s for it (batched, with per-row competitors)
+    for i in (0, 23, 99):
+        e = explain(model, builtin_tokenizer(), f"{a[i]}+{b[i]}=", config, labels=labels,
+                    seeds=0)
+        assert terms.target[i] == pytest.approx(e.target, rel=1e-12)
+        for part in PARTS:
+            assert terms.shares[part][i] == pytest.approx(e.shares[part], abs=1e-12)
+        assert terms.n_for["80%"][i] == e.n_for["80%"]
+        assert terms.heuristics_in_80[i] == e.heuristics_in_80
+    assert np.allclose(sum(terms.shares.values()), 1.0, atol=1e-9)
+    s = summarize_prompts(terms, [0])
+    assert s["n_prompts"] == 100 and s["n_labelled"] == len(planted)
+    assert s["mostly_labelled"]["count"] == 100 and s["mostly_labelled"]["ci"][0] > 0.96
+    assert s["n_for"]["80%"]["median"] <= 4 and s["n_for"]["80%"]["never"] == 0
+    assert s["heuristics_in_80"]["median"] in (3.0, 4.0)
+    # base rate: the labels that hold per prompt (one op1, one op2, the 2 + 5 neurons of
+    # the result's residues mod 2 and 5; more than the 4 that fire) over the layer's 64
+    assert s["neuron_base_rate"] == pytest.approx((1 + 1 + 2 + 5) / (len(planted) + N_DISTRACT))
+    paired = s["paired"]
+    assert paired["n_neurons"] == len(planted)
+    assert paired["higher_when_holds"] == len(planted)
+    assert paired["difference"]["mean"] > 10 * paired["difference"]["se"]
+
+
+def test_a_batch_decomposes_each_prompt_as_alone(tiny_builtin):
+    """decompose_batch over prompts of several answers equals decompose of each (whose
+    competitors leave its own answer out), on the built-in model in float64."""
+    from catalog.sources import load_model
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", None, builtin_config=cfg, cache_root=root)
+    model = lm.model.to(torch.float64)
+    config = ScienceConfig(operators=("+",), operand_hi=cfg.operand_hi)
+    ps = [build(model, lm.tokenizer, t, config) for t in ("7+5=", "3+6=", "0+0=", "9+9=")]
+    everyone = np.union1d(ps[0].competitors, [ps[0].answer])
+    batch = decompose_batch(model, np.stack([p.tokens for p in ps]),
+                            np.array([p.answer for p in ps]), everyone)
+    for i, p in enumerate(ps):
+        one = decompose(model, p.tokens, p.answer, p.competitors)
+        assert batch[i].target == pytest.approx(one.target, rel=1e-12)
+        assert np.allclose(batch[i].neurons, one.neurons, rtol=0, atol=1e-12)
+        assert np.allclose(batch[i].heads, one.heads, rtol=0, atol=1e-12)
+        assert batch[i].biases == pytest.approx(one.biases, abs=1e-12)
 
 
 # ------------------------------------------------------------ against the slow reference

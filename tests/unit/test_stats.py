@@ -120,3 +120,13 @@ def test_share_standard_error():
     assert stats.share_se(0.5, 100) == pytest.approx(0.05)
     assert stats.share_se(0.0, 10) == 0.0
     assert math.isnan(stats.share_se(0.5, 0))
+
+
+def test_median_interval_is_the_published_order_statistics():
+    """Ranks of the distribution-free 95% interval of a median (Campbell and Gardner,
+    BMJ 1988, table): n = 10: 2nd and 9th; 20: 6th and 15th; 50: 18th and 33rd; 100: 40th
+    and 61st; under 6 values no pair of order statistics covers 95%."""
+    for n, lo, hi in ((10, 2, 9), (20, 6, 15), (50, 18, 33), (100, 40, 61), (6, 1, 6)):
+        assert stats.median_ci(np.arange(1, n + 1)[::-1]) == (lo, hi)
+    assert all(np.isnan(stats.median_ci(np.arange(5))))
+    assert stats.median_ci(np.array([np.nan, 3, 1, 2, 5, 4, 6])) == (1, 6)

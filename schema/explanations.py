@@ -1,0 +1,97 @@
+"""What ``ncat explain`` and the explorer's Prompt page read and write: the labels of every
+neuron of a catalogued checkpoint for one operator (the heuristics as family, target and
+parameters, so the catalog can test each against a prompt) and each neuron's typical
+activation; explained prompts stored (``prompt_explanation``, migration 0029) and read
+back, one or the same prompt across a model's checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+
+from schema.reads import find_stored
+from schema.store import scalar
+
+
+def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | None,
+                      config_hash: str, op: str) -> tuple[list[tuple], dict] | None:
+    """([(layer, neuron, family, target, params)], {(layer, neuron): mean activation}) of
+    the labelled rows (``implements``) of ``op`` at the checkpoint under the config; None
+    when the checkpoint is not catalogued under it."""
+    have = find_stored(conn, model_name=model_name, step=step, config_hash=config_hash)
+    if have is None or not have.layers:
+        return None
+    config_id = scalar(conn.execute("SELECT id FROM measure_config WHERE config_hash = %s",
+                                    (config_hash,)))
+    rows = conn.execute(
+        "SELECT s.layer, s.neuron, h.family, h.target, h.params FROM neuron_score s "
+        "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.checkpoint_id = %s "
+        "AND s.config_id = %s AND s.op = %s AND s.implements ORDER BY 1, 2, h.key",
+        (have.checkpoint_id, config_id, op)).fetchall()
+    typical = {(int(la), int(n)): float(v) for la, n, v in conn.execute(
+        "SELECT layer, neuron, mean_act FROM neuron_op WHERE checkpoint_id = %s "
+        "AND config_id = %s AND op = %s AND mean_act IS NOT NULL",
+        (have.checkpoint_id, config_id, op))}
+    return [tuple(r) for r in rows], typical
+
+
+EXPLANATION_COLS = ("model_id", "checkpoint_id", "config_id", "prompt", "op", "a", "b",
+                    "result", "predicted", "correct", "p_answer", "rank_answer", "target",
+                    "share_holds", "share_labelled_other", "share_other_neurons",
+                    "share_heads", "share_rest", "neurons_50", "neurons_80",
+                    "heuristics_in_80", "labelled", "n_knocked", "p_knocked", "p_random",
+                    "p_random_se", "explanation")
+SHARES = {"share_holds": "labelled, heuristic holds",
+          "share_labelled_other": "labelled, heuristic does not hold",
+          "share_other_neurons": "other neurons", "share_heads": "heads",
+          "share_rest": "embeddings and biases"}
+
+
+def _finite(x):
+    return None if x is None or x != x or x in (float("inf"), float("-inf")) else x
+
+
+def write_explanation(conn: psycopg.Connection, *, model_id: int, checkpoint_id: int,
+                      config_id: int, explanation: dict) -> None:
+    """Upsert one explained prompt (``Explanation.to_dict()``) by checkpoint, config and
+    prompt: a prompt explained again replaces its row."""
+    e = explanation
+    ko = e.get("knockout")
+    values = [model_id, checkpoint_id, config_id, e["prompt"], e["op"], e["a"], e["b"],
+              e["result"], e["predicted"], e["correct"], e["p_answer"], e["rank_answer"],
+              e["target"], *(_finite(e["shares"].get(v)) for v in SHARES.values()),
+              e["n_for"]["50%"], e["n_for"]["80%"], e["heuristics_in_80"], e["labelled"],
+              len(ko["neurons"]) if ko else None, ko["p_knocked"] if ko else None,
+              _finite(ko["p_random_mean"]) if ko else None,
+              _finite(ko["p_random_se"]) if ko else None,
+              json.dumps(e, default=lambda x: None if x != x else float(x))]
+    keys = ("checkpoint_id", "config_id", "prompt")
+    conn.execute(
+        f"INSERT INTO prompt_explanation ({', '.join(EXPLANATION_COLS)}) VALUES "
+        f"({', '.join(['%s'] * len(EXPLANATION_COLS))}) ON CONFLICT ({', '.join(keys)}) "
+        "DO UPDATE SET " + ", ".join(f"{c} = EXCLUDED.{c}" for c in EXPLANATION_COLS
+                                     if c not in keys) + ", written_at = now()", values)
+
+
+def stored_explanation(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
+                       prompt: str) -> dict | None:
+    """The stored explanation of ``prompt`` (as written: "21+17="), None if never stored."""
+    return scalar(conn.execute(
+        "SELECT explanation FROM prompt_explanation WHERE checkpoint_id = %s AND "
+        "config_id = %s AND prompt = %s", (checkpoint_id, config_id, prompt)))
+
+
+def across_checkpoints(conn: psycopg.Connection, *, model_id: int, config_id: int,
+                       prompt: str) -> list[dict]:
+    """The prompt's stored explanations at each of the model's checkpoints under the
+    config, by step: step, correct, p_answer, target, the shares, neurons for 80%, the
+    knockout and its control."""
+    cols = ("step", "correct", "p_answer", "target", *SHARES, "neurons_80", "p_knocked",
+            "p_random", "p_random_se")
+    rows = conn.execute(
+        f"SELECT c.step, e.{', e.'.join(cols[1:])} FROM prompt_explanation e "
+        "JOIN checkpoint c ON c.id = e.checkpoint_id WHERE e.model_id = %s AND "
+        "e.config_id = %s AND e.prompt = %s ORDER BY c.step NULLS LAST",
+        (model_id, config_id, prompt)).fetchall()
+    return [dict(zip(cols, r, strict=True)) for r in rows]
