@@ -14,7 +14,8 @@ errors, and base rates where a share could arise by chance:
 - the share of the top neurons (``rank < top_n`` per layer and operator) labelled with a
   heuristic, overall and per family, beside the same share among all measured neurons
   (the paper: 91% of the top 200 per layer of Llama3-8B);
-- heuristic and prompt knockouts from the summary;
+- heuristic knockouts from the summary; prompts explained (each answer's logit split over
+  the labelled neurons, aggregated) and the prompt knockout (``reports.prompts``);
 - the K maps of the top neurons.
 """
 
@@ -33,6 +34,7 @@ from catalog.core.stats import share_se, wilson
 from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic
+from reports import prompts as report_prompts
 from schema.report_reads import ReportData
 from schema.report_reads import gather_report as gather
 
@@ -118,11 +120,10 @@ def markdown(d: ReportData) -> str:
                    f"the others: {_fmt(row.get('acc_associated'))} / "
                    f"{_fmt(row.get('acc_other'))} (the paper: about 0.56-0.80 / 0.86-0.91): "
                    f"{row.get('verdict', 'no verdict stored')}")
-    for op, row in d.prompt_knockouts.items():
-        out.append(f"- prompt knockout {op}: " + ", ".join(
-            f"{k} {_fmt(v) if isinstance(v, float) else v}" for k, v in row.items()))
-    if not d.heuristic_knockouts and not d.prompt_knockouts:
-        out.append("- none stored (no summary, or no labelled top-set neurons)")
+    if not d.heuristic_knockouts:
+        out.append("- no heuristic knockout stored (no summary, or no labelled top-set "
+                   "neurons)")
+    out += report_prompts.markdown(d.prompt_explanations, d.prompt_knockouts, ops)
     if d.spearman:
         out += ["", "## Attribution against exact patching (Spearman on the exact set)", ""]
         for layer, facts in sorted(d.spearman.items()):
@@ -191,6 +192,8 @@ def numbers(d: ReportData) -> dict:
             "top_by_family": d.top_by_family, "enrichment": d.labels.enrichment,
             "label_control": d.labels.control, "untrained_labelled": d.labels.untrained,
             "periodic": report_periodic.numbers(d.periodic),
+            "prompt_explanations": d.prompt_explanations,
+            "prompt_knockouts": d.prompt_knockouts,
             "circuits": [{k: v for k, v in row.items() if not k.endswith("_id")}
                          for row in d.circuits.summaries],
             "top_neurons": [list(map(lambda x: float(x) if isinstance(x, np.floating) else x, t))

@@ -193,6 +193,7 @@ class ReportData:
     top_by_family: dict[str, dict[str, int]] = field(default_factory=dict)
     heuristic_knockouts: list = field(default_factory=list)
     prompt_knockouts: dict = field(default_factory=dict)
+    prompt_explanations: dict = field(default_factory=dict)  # op -> the summary's aggregate
     spearman: dict[int, dict] = field(default_factory=dict)  # layer -> op -> facts
     top_neurons: list[tuple] = field(default_factory=list)  # (op, layer, neuron, value, label)
     grids: list[np.ndarray] = field(default_factory=list)  # their K maps
@@ -241,12 +242,14 @@ def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20
             data.spearman[layer] = patching
         summ = conn.execute(
             "SELECT accuracy, faithfulness, heuristic_knockouts, prompt_knockouts, layers, "
-            "n_pairs FROM checkpoint_summary WHERE checkpoint_id = %s AND config_id = %s",
+            "n_pairs, prompt_explanations FROM checkpoint_summary WHERE checkpoint_id = %s "
+            "AND config_id = %s",
             (checkpoint_id, config_id)).fetchone()
         if summ is not None:
             (data.accuracy, data.faithfulness, data.heuristic_knockouts,
-             data.prompt_knockouts, data.summary_layers, pairs) = summ
+             data.prompt_knockouts, data.summary_layers, pairs, explained) = summ
             data.n_pairs = pairs or {}
+            data.prompt_explanations = explained or {}
         for op, n in conn.execute("SELECT op, n_cells FROM grid_layout WHERE config_id = %s "
                                   "AND number_limit = (SELECT number_limit FROM model "
                                   "WHERE id = %s)", (config_id, model_id)):

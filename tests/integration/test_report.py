@@ -52,6 +52,32 @@ def test_report_numbers_equal_sql(seeded):
         assert f"| {op} | {k}/{n} |" in md
 
 
+def test_report_prompts_section_is_the_stored_aggregate(seeded):
+    """The prompts-explained rows print the summary's stored counts, intervals and base
+    rate, and the prompt knockout its accuracies as counts with Wilson intervals."""
+    from catalog.core.stats import wilson
+
+    d = gather(seeded, model_name(TINY), None, top_n=5)
+    with store.connect(seeded) as conn:
+        stored, knock = conn.execute(
+            "SELECT s.prompt_explanations, s.prompt_knockouts FROM checkpoint_summary s "
+            "JOIN checkpoint c ON c.id = s.checkpoint_id JOIN model m ON m.id = c.model_id "
+            "WHERE m.name = %s AND c.step = %s", (model_name(TINY), d.step)).fetchone()
+    assert d.prompt_explanations == stored and set(stored) == set(d.config["operators"])
+    md = markdown(d)
+    assert "## Prompts explained" in md
+    for op, e in stored.items():
+        m = e["mostly_labelled"]
+        lo, hi = m["ci"]
+        assert (f"| {op} | {e['n_prompts']} | {m['count']}/{m['n']} [{lo:.2f}, {hi:.2f}] | "
+                f"{100 * e['neuron_base_rate']:.1f}% of {e['n_neurons']} |") in md
+        k = knock[op]
+        n, acc = k["n_prompts"], k["acc_heuristic_knockout"]
+        lo, hi = wilson(round(acc * n), n)
+        assert f"{round(acc * n)}/{n} = {acc:.2f} [{lo:.2f}, {hi:.2f}]" in md
+    assert numbers(d)["prompt_explanations"] == stored
+
+
 def test_report_periodic_section_equals_the_stored_bits(seeded):
     """Issue 34: the report's periodic maps per layer and axis are the rows of neuron_op
     whose packed spectrum has that axis's bit, of its live rows with spectra (counted

@@ -1,0 +1,85 @@
+"""The report's section on prompts explained (catalog.explain.grid, stored in every
+checkpoint summary) and the paper's prompt knockout, set beside the paper's claims.
+
+The paper (Nikankin et al., 2025) explains a prompt's answer as the sum of several
+heuristics' pushes (for 21+17=: neurons for "result above 21", for "result even", ...)
+and reports that zeroing the neurons of the heuristics a prompt satisfies hurts it far
+more than zeroing as many random neurons of the layer's top set. Here, per operator:
+how often the labelled neurons whose heuristic holds carry most of T (beside the share of
+neurons they are, the base rate), the medians of the shares and of the neurons for 50% /
+80% of T, the heuristics combining in the 80%, the paired comparison of a neuron where its
+heuristic holds and where not, and the prompt knockout with Wilson intervals."""
+
+from __future__ import annotations
+
+import math
+
+from catalog.core.stats import wilson
+
+PAPER = ("the paper: several heuristics combine per prompt; zeroing a prompt's heuristic "
+         "neurons breaks it far more often than as many random top neurons")
+
+
+def _f(x, digits: int = 2) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
+        else f"{x:.{digits}f}"
+
+
+def _med(m: dict, digits: int = 2) -> str:
+    lo, hi = (m.get("ci") or [None, None])
+    return f"{_f(m.get('median'), digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"
+
+
+def _acc(acc, n: int) -> str:
+    if acc is None or not n or (isinstance(acc, float) and not math.isfinite(acc)):
+        return "n/a"
+    k = round(acc * n)
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} = {acc:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def markdown(explained: dict, knockouts: dict, ops: list[str]) -> list[str]:
+    if not explained and not knockouts:
+        return ["", "## Prompts explained", "",
+                "None stored (no summary, or one written before migration 0029 added them)."]
+    out = ["", "## Prompts explained (" + PAPER + ")", "",
+           "Each prompt's T (the answer's logit minus the competing numbers' mean) split "
+           "exactly over the model's components, the norms' scales frozen (direct effects). "
+           "Labels come from the layers measured; neurons of other layers count as "
+           "\"other\". Medians with distribution-free 95% intervals; shares of prompts with "
+           "Wilson 95% intervals.", "",
+           "| op | prompts | labelled-and-holding carry >= 50% of T | such neurons (base "
+           "rate) | their share of T | heads' share | neurons for 50% / 80% of T | "
+           "heuristics in the 80% | neuron's term, holds - does not (± SE) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for op in ops:
+        e = explained.get(op)
+        if not e:
+            continue
+        m = e["mostly_labelled"]
+        lo, hi = m["ci"]
+        p = e["paired"]
+        d = p["difference"]
+        out.append(
+            f"| {op} | {e['n_prompts']} | {m['count']}/{m['n']} [{_f(lo)}, {_f(hi)}] | "
+            f"{_f(100 * e['neuron_base_rate'], 1)}% of {e['n_neurons']} | "
+            f"{_med(e['shares']['labelled, heuristic holds'])} | {_med(e['shares']['heads'])} | "
+            f"{_med(e['n_for']['50%'], 0)} / {_med(e['n_for']['80%'], 0)} "
+            f"(never: {e['n_for']['80%'].get('never', 0)}) | {_med(e['heuristics_in_80'], 0)} | "
+            f"{_f(d['mean'], 3)} ± {_f(d['se'], 3)} (higher in {p['higher_when_holds']} of "
+            f"{p['n_neurons']} neurons) |")
+    if knockouts:
+        out += ["", "Prompt knockout (up to N neurons per layer of the heuristics each prompt "
+                "satisfies, against as many random neurons of the layer's top set): accuracy "
+                "on the prompts, Wilson 95%.", "",
+                "| op | prompts | neurons zeroed (mean) | heuristic knockout | random knockout |",
+                "|---|---|---|---|---|"]
+        for op in ops:
+            k = knockouts.get(op)
+            if not k:
+                continue
+            n = int(k.get("n_prompts") or 0)
+            out.append(f"| {op} | {n} | {_f(k.get('mean_neurons_zeroed'), 1)} | "
+                       f"{_acc(k.get('acc_heuristic_knockout'), n)} | "
+                       f"{_acc(k.get('acc_random_knockout'), n)} |")
+    return out
