@@ -24,15 +24,21 @@ def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | 
         return None
     config_id = scalar(conn.execute("SELECT id FROM measure_config WHERE config_hash = %s",
                                     (config_hash,)))
+    return labels_at(conn, checkpoint_id=have.checkpoint_id, config_id=config_id, op=op)
+
+
+def labels_at(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int, op: str
+              ) -> tuple[list[tuple], dict]:
+    """``catalogued_labels`` of a checkpoint and config named by their ids."""
     rows = conn.execute(
         "SELECT s.layer, s.neuron, h.family, h.target, h.params FROM neuron_score s "
         "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.checkpoint_id = %s "
         "AND s.config_id = %s AND s.op = %s AND s.implements ORDER BY 1, 2, h.key",
-        (have.checkpoint_id, config_id, op)).fetchall()
+        (checkpoint_id, config_id, op)).fetchall()
     typical = {(int(la), int(n)): float(v) for la, n, v in conn.execute(
         "SELECT layer, neuron, mean_act FROM neuron_op WHERE checkpoint_id = %s "
         "AND config_id = %s AND op = %s AND mean_act IS NOT NULL",
-        (have.checkpoint_id, config_id, op))}
+        (checkpoint_id, config_id, op))}
     return [tuple(r) for r in rows], typical
 
 

@@ -13,6 +13,7 @@ from ui.views import (  # noqa: E402
     jobs_page,
     neuron,
     overview,
+    prompt,
     search,
     sql_console,
 )
@@ -22,6 +23,7 @@ pages = [
     st.Page(overview.render, title="Overview", default=True),
     st.Page(search.render, title="Neuron search", url_path="search"),
     st.Page(neuron.render, title="Neuron", url_path="neuron"),
+    st.Page(prompt.render, title="Prompt", url_path="prompt"),
     st.Page(heuristics.render, title="Heuristics", url_path="heuristics"),
     st.Page(circuits.render, title="Circuits", url_path="circuits"),
     st.Page(sql_console.render, title="SQL console", url_path="sql"),

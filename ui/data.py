@@ -272,3 +272,22 @@ def circuits(model_id: int, checkpoint_id: int, config_id: int):
 
     with store.connect(database_url()) as conn:
         return gather_circuits(conn, model_id, checkpoint_id, config_id)
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def prompt_labels(checkpoint_id: int, config_id: int, op: str) -> tuple[list[tuple], dict]:
+    """The labels of ``op`` at a catalogued checkpoint and each neuron's mean activation
+    (schema.explanations.labels_at)."""
+    from schema.explanations import labels_at
+
+    with store.connect(database_url()) as conn:
+        return labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id, op=op)
+
+
+@st.cache_data(ttl=TTL)
+def stored_prompt(model_id: int, config_id: int, prompt: str) -> list[dict]:
+    """The prompt's stored explanations at each checkpoint (``ncat explain --store``)."""
+    from schema.explanations import across_checkpoints
+
+    with store.connect(database_url()) as conn:
+        return across_checkpoints(conn, model_id=model_id, config_id=config_id, prompt=prompt)

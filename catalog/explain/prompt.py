@@ -19,9 +19,10 @@ returns an ``Explanation``:
   shares: labelled neurons whose heuristic holds, labelled neurons whose heuristics do
   not, other neurons, heads, embeddings and biases; the neurons it takes to reach 50% and
   80% of T and how many distinct heuristics they carry;
-- the prompt knockout: the labelled neurons whose heuristic holds, zeroed (at every
-  position), against as many random neurons of the same layers (``seeds`` draws): the
-  answer's probability and whether it stays the top token, with intervals.
+- the prompt knockout: per layer, up to the config's ``knockout_neurons`` labelled neurons
+  whose heuristic holds (those pushing the answer most), zeroed at every position, against
+  as many random neurons of the same layers (``seeds`` draws): the answer's probability
+  and whether it stays the top token, with intervals.
 """
 
 from __future__ import annotations
@@ -270,6 +271,23 @@ def _answer_prob(model: HookedTransformer, tokens: np.ndarray, answer: int,
     return float(logits.softmax(-1)[answer]), int(logits.argmax()) == answer
 
 
+def knockout_set(holds: set[tuple[int, int]], terms: np.ndarray, per_layer: int
+                 ) -> list[tuple[int, int]]:
+    """The prompt knockout's neurons: per layer, up to ``per_layer`` of the labelled neurons
+    whose heuristic holds, those pushing the answer most (largest direct terms) first. The
+    paper zeroes up to N neurons per layer of the heuristics a prompt satisfies; zeroing
+    every such neuron (tens of thousands in a real model) breaks any answer, and so does
+    as many random ones."""
+    by_layer: dict[int, list[int]] = {}
+    for layer, n in holds:
+        by_layer.setdefault(layer, []).append(n)
+    out = []
+    for layer, ns in sorted(by_layer.items()):
+        ns.sort(key=lambda n: (-terms[layer, n], n))
+        out += [(layer, n) for n in ns[:per_layer]]
+    return out
+
+
 def knockout(model: HookedTransformer, p: Prompt, neurons: list[tuple[int, int]],
              seeds: int, seed: int = 0) -> Knockout:
     """Zero ``neurons``, and ``seeds`` times as many random neurons of the same layers
@@ -364,7 +382,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     heuristics_in_80 = len({x.label for i in in80
                             for x in here.get((int(i) // width, int(i) % width), [])
                             if x.holds})
-    knocked = sorted(holds)
+    knocked = knockout_set(holds, dec.neurons, config.knockout_neurons)
     ko = knockout(model, p, knocked, seeds, config.seed) if labels and seeds and knocked \
         else None
     return Explanation(

@@ -127,7 +127,8 @@ def render(e, where: str, note: str) -> str:
     k = e.knockout
     if k is not None:
         lo, hi = k.top_random_ci
-        out.append(f"\nknockout of the {len(k.neurons)} labelled neurons whose heuristic holds: "
+        out.append(f"\nknockout of {len(k.neurons)} labelled neurons whose heuristic holds "
+                   "(per layer at most --knockout-neurons, those pushing the answer most): "
                    f"p {k.p_clean:.3f} -> {k.p_knocked:.3f} (top token: "
                    f"{'still the answer' if k.top_after else 'no longer the answer'}); "
                    f"as many random neurons of the same layers, {len(k.p_random)} draws: "

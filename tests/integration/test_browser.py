@@ -450,3 +450,86 @@ def test_each_family_has_one_colour_in_every_chart_the_browser_draws(server, see
     charts_with_families = sum(any(n in FAMILY_COLORS for n, _ in c) for c in traces)
     assert charts_with_families >= 2 and len(seen) >= 2, traces
     assert all(colors == {FAMILY_COLORS[f]} for f, colors in seen.items()), seen
+
+
+def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_builtin):
+    """Type a prompt: the page shows the answer, the chart of contributions grouped by
+    heuristic, the top neurons as links (one followed to its neuron page), the knockout
+    beside its random control and the prompt across the catalogued checkpoints; the
+    share of T it prints is explain()'s with the catalog's labels. A prompt that is not
+    arithmetic, one out of the config's range and one the catalog does not measure (a
+    negative result) each get a message that says so (a prompt longer than the context:
+    tests/unit/test_explain.py; no prompt of this config's is)."""
+    from catalog.explain.prompt import explain
+    from catalog.labels.heuristics import Heuristic
+    from catalog.sources import load_model
+    from schema import store
+    from schema.explanations import labels_at
+    from ui.views.common import neuron_link
+
+    from helpers import SEED_CONFIG, SEED_STEPS
+
+    cfg, root = tiny_builtin
+    env = {**os.environ, "DATABASE_URL": seeded, "NCAT_QUEUE": "browser-tests-no-worker",
+           "NCAT_HOME": str(root.parent)}
+    proc, url = start_explorer(env)
+    with store.connect(seeded) as conn:
+        model_id, checkpoint_id, config_id = conn.execute(
+            "SELECT c.model_id, c.id, s.config_id FROM checkpoint c JOIN checkpoint_summary s "
+            "ON s.checkpoint_id = c.id WHERE c.step = %s", (SEED_STEPS[-1],)).fetchone()
+        rows, typical = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id,
+                                  op="+")
+    labels: dict = {}
+    for layer, neuron, family, target, params in rows:
+        labels.setdefault((layer, neuron), []).append(Heuristic(family, target, tuple(params)))
+    lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
+    want = explain(lm.model, lm.tokenizer, "13+6=", SEED_CONFIG, labels=labels,
+                   typical=typical, seeds=0)
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(f"{url}/prompt?model_id={model_id}&checkpoint_id={checkpoint_id}"
+                      f"&config_id={config_id}", wait_until="networkidle")
+            box = page.get_by_label("Prompt (a op b =", exact=False)
+            box.wait_for(timeout=60_000)
+            box.fill("13+6=")
+            box.press("Enter")
+            share = f"{want.shares['labelled, heuristic holds']:.0%} of T"
+            try:
+                page.get_by_text(share).first.wait_for(timeout=120_000)
+            finally:
+                page.screenshot(path=str(ARTIFACTS / "prompt-page-typed.png"))
+            page.get_by_text(f"model says '{want.predicted}'").wait_for(timeout=10_000)
+            verdict = "Correct: greedy decoding writes" if want.correct else \
+                "Wrong: greedy decoding does not write"
+            page.get_by_text(verdict).wait_for(timeout=10_000)
+            chart_titles(page, ["Contributions to T", "by heuristic family",
+                                "The same prompt across training"], timeout=120_000)
+            if any(lab.holds for r in want.toward for lab in r.labels):
+                chart_titles(page, ["Knockout: the answer's probability"])
+            top = want.toward[0]
+            link = page.get_by_role("link", name=f"L{top.layer} N{top.neuron}").first
+            link.wait_for(timeout=10_000)
+            page.screenshot(path=str(ARTIFACTS / "prompt-page.png"))
+            for bad, message in (("what is 2+2", "not an arithmetic prompt"),
+                                 ("25+3=", "must be in the config's range [0, 20)"),
+                                 ("3-9=", "negative")):
+                box.fill(bad)
+                box.press("Enter")
+                page.get_by_text(message, exact=False).wait_for(timeout=60_000)
+            box.fill("13+6=")
+            box.press("Enter")
+            link = page.get_by_role("link", name=f"L{top.layer} N{top.neuron}").first
+            link.wait_for(timeout=60_000)
+            href = link.get_attribute("href") or ""
+            assert href.endswith(neuron_link(model_id, checkpoint_id, config_id, top.layer,
+                                             top.neuron)), href
+            # Streamlit opens a page's markdown links in a new tab: followed here
+            page.goto(url + href.removeprefix(url), wait_until="networkidle")
+            page.get_by_text(f"Layer {top.layer}, neuron {top.neuron}").wait_for(
+                timeout=60_000)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -478,3 +478,41 @@ def test_sql_console_cuts_long_arrays_for_display_and_keeps_them_whole_for_the_c
     at.button[0].click().run()
     assert at.dataframe[0].value["xs"].tolist()[0].endswith("...] (60 values)")
     assert "shown cut (xs)" in at.caption[-1].value
+
+
+def test_the_prompt_page_prints_the_library_explanation(catalog_env, tiny_builtin,
+                                                        monkeypatch):
+    """The Prompt page, from a link: its answer, verdict and shares are explain()'s with
+    the catalog's labels; each catalogued checkpoint gets a row across training."""
+    from catalog.explain.prompt import explain
+    from catalog.labels.heuristics import Heuristic
+    from catalog.sources import load_model
+    from schema.explanations import labels_at
+
+    from helpers import SEED_CONFIG, SEED_STEPS
+
+    cfg, root = tiny_builtin
+    monkeypatch.setenv("NCAT_HOME", str(root.parent))
+    model_id, checkpoint_id, config_id = ids(catalog_env)
+    with store.connect(catalog_env) as conn:
+        rows, typical = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id,
+                                  op="+")
+    labels: dict = {}
+    for layer, neuron, family, target, params in rows:
+        labels.setdefault((layer, neuron), []).append(Heuristic(family, target, tuple(params)))
+    lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
+    for prompt in ("13+6=", "9+9="):
+        want = explain(lm.model, lm.tokenizer, prompt, SEED_CONFIG, labels=labels,
+                       typical=typical, seeds=0)
+        at = run_page("prompt", {"model_id": model_id, "checkpoint_id": checkpoint_id,
+                                 "config_id": config_id, "prompt": prompt}, timeout=120)
+        text = text_of(at)
+        verdict = "Correct: greedy decoding writes" if want.correct else \
+            "Wrong: greedy decoding does not write"
+        assert verdict in text, text
+        assert at.metric[0].value == str(want.result)
+        assert at.metric[2].value == f"{want.shares['labelled, heuristic holds']:.0%} of T"
+        across = at.dataframe[-1].value
+        assert across.step.tolist() == list(SEED_STEPS)
+        assert across.p_answer.iloc[-1] == pytest.approx(want.p_answer, rel=1e-5)
+        assert bool(across.correct.iloc[-1]) == want.correct

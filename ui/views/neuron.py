@@ -154,6 +154,23 @@ def _where(p: dict) -> str:
             f"{config.get('label_rule', 'significant')}, dtype {config.get('dtype', 'float32')}")
 
 
+def _explain_a_cell(p: dict, layout: pd.DataFrame) -> None:
+    """A cell of the grids, as a link to the Prompt page with that prompt."""
+    from ui.views.prompt import prompt_link
+
+    with st.expander("Explain one prompt of these grids"):
+        c1, c2, c3 = st.columns(3)
+        op = c1.selectbox("operator", list(layout.index), key="cell-op")
+        lo = int(layout.lo[op])
+        a = c2.number_input("op1", min_value=lo, value=lo, step=1, key="cell-a")
+        b = c3.number_input("op2", min_value=lo, value=lo, step=1, key="cell-b")
+        prompt = f"{int(a)}{op}{int(b)}="
+        st.markdown(f"[Explain {prompt} on the Prompt page]"
+                    f"({prompt_link(p['model_id'], p['checkpoint_id'], p['config_id'], prompt)})"
+                    ": which neurons carry its answer, with their labels, and this neuron among "
+                    "them.")
+
+
 def render() -> None:  # noqa: C901
     st.title("Neuron")
     if not require_catalog():
@@ -200,6 +217,8 @@ def render() -> None:  # noqa: C901
                                       if g.sketch else "")
         st.plotly_chart(plots.heatmap(g.values, int(layout.lo[kv_op]), title,
                                       diverging=True, unit="activation x lens"), key="kv")
+
+    _explain_a_cell(p, layout)
 
     lens = data.lens(*p.values())
     if lens:

@@ -1,0 +1,251 @@
+"""One prompt explained (catalog.explain.prompt): which labelled neurons carry its answer.
+
+The URL may carry the checkpoint and the prompt (``/prompt?model_id=..&checkpoint_id=..
+&config_id=..&prompt=21%2B17%3D``; the neuron page links here from its grids); otherwise
+the sidebar picks them. Models up to ``MAX_NEURONS`` MLP neurons are explained in the
+explorer's process (the built-in model: well under a second a checkpoint); larger ones show
+what ``ncat explain ... --store`` stored for the prompt, with the command to run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from urllib.parse import quote
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from reports.plots import FAMILY_COLORS
+from ui import data
+from ui.views.common import neuron_link, pick_model_checkpoint_config, require_catalog
+
+KEYS = ("model_id", "checkpoint_id", "config_id")
+# the largest model (MLP neurons over every layer) explained in the explorer's process
+MAX_NEURONS = int(os.environ.get("NCAT_EXPLAIN_MAX_NEURONS", "20000"))
+OTHER_COLORS = {"labelled, does not hold here": "#bbbbbb", "unlabelled": "#7f7f7f",
+                "heads": "#17becf"}
+
+
+def prompt_link(model_id, checkpoint_id, config_id, prompt: str) -> str:
+    return (f"/prompt?model_id={model_id}&checkpoint_id={checkpoint_id}"
+            f"&config_id={config_id}&prompt={quote(prompt, safe='')}")
+
+
+def _picked() -> tuple[int, int, int]:
+    qp = st.query_params
+    try:
+        ids = tuple(int(qp[k]) for k in KEYS)
+    except (KeyError, ValueError):
+        model, ck, config_id = pick_model_checkpoint_config("prompt")
+        return int(model.id), int(ck.checkpoint_id), config_id
+    name, step, _ = data.job_request(*ids)
+    st.caption(f"{name} · {'final weights' if step is None else f'step {step}'} · "
+               f"measurement config #{ids[2]} (from the link)")
+    return ids  # type: ignore[return-value]
+
+
+@st.cache_resource(max_entries=4, show_spinner="loading the model")
+def _model(name: str, step: int | None, dtype: str):
+    """(the loaded model, the lock every use of it holds). The model is shared by every
+    session of the explorer, and an explanation attaches hooks to it for the duration of a
+    forward; Streamlit starts a rerun while the run it replaces may still be computing
+    (fast reruns), so two explanations on one model would see each other's hooks (a
+    knockout's zeroed neurons in another prompt's decomposition: seen in the browser test)."""
+    import torch
+
+    from catalog.sources import load_model
+
+    return load_model(name, step, dtype=getattr(torch, dtype), progress=False), \
+        threading.Lock()
+
+
+@st.cache_data(max_entries=64, show_spinner="explaining")
+def explained(model_id: int, checkpoint_id: int, config_id: int, prompt: str,
+              seeds: int) -> dict:
+    """The explanation as a dict (``Explanation.to_dict``), with the catalog's labels."""
+    from catalog.config import ScienceConfig
+    from catalog.explain.prompt import explain, parse
+    from catalog.labels.heuristics import Heuristic
+
+    name, step, stored = data.job_request(model_id, checkpoint_id, config_id)
+    config = ScienceConfig.from_dict(stored)
+    _, op, _ = parse(prompt, config)
+    rows, typical = data.prompt_labels(checkpoint_id, config_id, op)
+    labels: dict = {}
+    for layer, neuron, family, target, params in rows:
+        labels.setdefault((int(layer), int(neuron)), []).append(
+            Heuristic(family, target, tuple(params)))
+    lm, lock = _model(name, step, str(config.torch_dtype()).removeprefix("torch."))
+    with lock:
+        e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels, typical=typical,
+                    top=15, seeds=seeds)
+    return e.to_dict()
+
+
+def _group(row: dict) -> str:
+    holds = [x["family"] for x in row["labels"] if x["holds"]]
+    if holds:
+        return holds[0]
+    return "labelled, does not hold here" if row["labels"] else "unlabelled"
+
+
+def contributions_chart(e: dict) -> go.Figure:
+    """The top neurons' terms of T grouped by the family of the first label that holds
+    here (else "labelled, does not hold here" / "unlabelled"), each neuron its own block;
+    the heads' total beside them."""
+    fig = go.Figure()
+    for row in e["toward"] + e["away"]:
+        group = _group(row)
+        labs = "; ".join(("✓ " if x["holds"] else "✗ ") + x["label"] for x in row["labels"])
+        fig.add_bar(x=[group], y=[row["contribution"]], showlegend=False,
+                    marker_color=FAMILY_COLORS.get(group, OTHER_COLORS.get(group, "#444")),
+                    hovertemplate=(f"L{row['layer']} N{row['neuron']}: "
+                                   f"{row['contribution']:+.3f} ({row['share']:.1%} of T)<br>"
+                                   f"{labs or 'no label'}<extra></extra>"))
+    fig.add_bar(x=["heads"], y=[e["heads_total"]], showlegend=False,
+                marker_color=OTHER_COLORS["heads"],
+                hovertemplate=f"every head: {e['heads_total']:+.3f}<extra></extra>")
+    fig.update_layout(barmode="relative", height=380, margin=dict(l=40, r=10, t=50, b=40),
+                      title=f"Contributions to T = {e['target']:.2f}, by heuristic family",
+                      yaxis_title="term of T (logit difference)")
+    return fig
+
+
+def knockout_chart(ko: dict) -> go.Figure:
+    se = ko.get("p_random_se")
+    fig = go.Figure(go.Bar(
+        x=["clean", f"{len(ko['neurons'])} of its labelled neurons zeroed",
+           f"as many random neurons ({len(ko['p_random'])} draws)"],
+        y=[ko["p_clean"], ko["p_knocked"], ko["p_random_mean"]],
+        error_y=dict(type="data", array=[0, 0, se if se == se and se is not None else 0]),
+        marker_color=["#1f77b4", "#d62728", "#7f7f7f"]))
+    fig.update_layout(title="Knockout: the answer's probability", height=320,
+                      yaxis=dict(range=[0, 1]), margin=dict(l=40, r=10, t=50, b=40))
+    return fig
+
+
+def across_chart(rows: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    x = rows.step.clip(lower=0.5)  # step 0 on a log axis
+    fig.add_scatter(x=x, y=rows.p_answer, name="p(answer)", mode="lines+markers")
+    fig.add_scatter(x=x, y=rows.share_holds, name="share of T, labelled and holding",
+                    mode="lines+markers")
+    fig.add_scatter(x=x, y=rows.share_heads, name="share of T, heads", mode="lines+markers")
+    fig.update_layout(title="The same prompt across training", height=340,
+                      xaxis=dict(type="log", title="step (0 drawn at 0.5)"),
+                      margin=dict(l=40, r=10, t=50, b=40))
+    return fig
+
+
+def _across(model_id: int, config_id: int, prompt: str, small: bool) -> pd.DataFrame:
+    """One row per catalogued checkpoint of the model under the config: computed here for
+    a small model, else the stored explanations."""
+    if not small:
+        return pd.DataFrame(data.stored_prompt(model_id, config_id, prompt))
+    cks = data.checkpoints(model_id)
+    cks = cks[(cks.config_id == config_id) & cks.step.notna()]
+    rows = []
+    for ck in cks.itertuples():
+        e = explained(model_id, int(ck.checkpoint_id), config_id, prompt, 0)
+        rows.append({"step": int(ck.step), "correct": e["correct"], "p_answer": e["p_answer"],
+                     "target": e["target"],
+                     "share_holds": e["shares"]["labelled, heuristic holds"],
+                     "share_heads": e["shares"]["heads"], "neurons_80": e["n_for"]["80%"]})
+    return pd.DataFrame(rows)
+
+
+def _default_prompt(config_id: int, model_id: int, checkpoint_id: int) -> str:
+    from catalog.config import ScienceConfig
+
+    _, _, stored = data.job_request(model_id, checkpoint_id, config_id)
+    c = ScienceConfig.from_dict(stored)
+    lo, hi = c.operand_lo, c.operand_hi
+    a, b = (21, 17) if lo <= 17 and hi > 21 else (lo + (hi - lo) // 2, lo + (hi - lo) // 3)
+    return f"{a}{c.operators[0]}{b}="
+
+
+def _neuron_lines(e: dict, ids: tuple[int, int, int], rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        labs = "; ".join(("✓ " if x["holds"] else "✗ ") + x["label"] for x in r["labels"])
+        out.append(f"- [L{r['layer']} N{r['neuron']}]({neuron_link(*ids, r['layer'], r['neuron'])})"
+                   f" {r['contribution']:+.3f} ({r['share']:.1%}), act {r['activation']:.2f}"
+                   + (f" (typically {r['typical']:.2f})" if r["typical"] is not None else "")
+                   + f": {labs or 'no label'}; promotes {' '.join(r['promotes'])}")
+    return out
+
+
+def render() -> None:  # noqa: C901
+    st.title("Prompt")
+    if not require_catalog():
+        return
+    ids = _picked()
+    model_id, checkpoint_id, config_id = ids
+    model = data.models().set_index("id").loc[model_id]
+    small = int(model.n_layers) * int(model.d_mlp) <= MAX_NEURONS
+    prompt = st.text_input("Prompt (a op b =, written under the config's template and "
+                           "solved examples, as the catalog measures it)",
+                           value=st.query_params.get("prompt")
+                           or _default_prompt(config_id, model_id, checkpoint_id),
+                           key="prompt-text").strip()
+    if not small:
+        name, step, _ = data.job_request(model_id, checkpoint_id, config_id)
+        st.info(f"{model['name']} has {int(model.n_layers) * int(model.d_mlp):,} MLP neurons, "
+                f"more than this explorer explains in its own process ({MAX_NEURONS:,}; "
+                "NCAT_EXPLAIN_MAX_NEURONS). Explain it where the model fits and store it: "
+                f"`ncat explain {name} '{prompt}'"
+                + (f" --checkpoint {step}" if step is not None else "")
+                + " --store` (with the config's flags); stored explanations show below.")
+        rows = _across(model_id, config_id, prompt, small=False)
+        if len(rows):
+            st.dataframe(rows, hide_index=True)
+        return
+    from catalog.explain.prompt import PromptError
+
+    try:
+        e = explained(model_id, checkpoint_id, config_id, prompt, 5)
+    except PromptError as exc:
+        st.error(str(exc))
+        return
+    left, mid, right = st.columns(3)
+    left.metric("answer", f"{e['result']}", f"model says {e['predicted']!r}",
+                delta_color="normal" if e["correct"] else "inverse")
+    mid.metric("p(answer)", f"{e['p_answer']:.3f}", f"rank {e['rank_answer']}",
+               delta_color="off")
+    right.metric("labelled neurons that hold carry",
+                 f"{e['shares']['labelled, heuristic holds']:.0%} of T",
+                 f"{e['n_for']['80%']} neurons for 80%", delta_color="off")
+    st.caption(("Correct" if e["correct"] else "Wrong") + ": greedy decoding "
+               + ("writes" if e["correct"] else "does not write") + " the whole result. "
+               "T is the answer's logit minus the competing numbers' mean, split exactly "
+               "over every neuron and head with the norms' scales frozen (direct effects); "
+               "shares: " + ", ".join(f"{k} {v:.1%}" for k, v in e["shares"].items())
+               + ". Logit lens, the answer's rank by layer: "
+               + " ".join(f"L{la}:{rank}" for la, rank, _ in e["lens"]))
+    st.plotly_chart(contributions_chart(e), key="prompt-contributions")
+    st.subheader("Neurons toward the answer")
+    st.markdown("\n".join(_neuron_lines(e, ids, e["toward"])) or "none")
+    with st.expander("Neurons away from the answer"):
+        st.markdown("\n".join(_neuron_lines(e, ids, e["away"])) or "none")
+    ko = e["knockout"]
+    if ko is not None:
+        st.plotly_chart(knockout_chart(ko), key="prompt-knockout")
+        st.caption(f"Zeroing {len(ko['neurons'])} labelled neurons whose heuristic holds "
+                   "(per layer at most the config's knockout_neurons, those pushing the "
+                   "answer most; every position): the answer is "
+                   f"{'still' if ko['top_after'] else 'no longer'} the top token; as many "
+                   "random neurons of the same layers keep it on top "
+                   f"in {sum(ko['top_random'])} of {len(ko['top_random'])} draws (Wilson 95% "
+                   f"[{ko['top_random_ci'][0]:.2f}, {ko['top_random_ci'][1]:.2f}]). The "
+                   "knockout measures total effects, through later layers too.")
+    else:
+        st.caption("No knockout: no labelled neuron's heuristic holds for this prompt.")
+    st.subheader("Across training")
+    rows = _across(model_id, config_id, prompt, small=True)
+    if len(rows) > 1:
+        st.plotly_chart(across_chart(rows), key="prompt-across")
+        st.dataframe(rows, hide_index=True)
+    else:
+        st.caption("One catalogued checkpoint under this config: nothing to compare.")
