@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     ncat_reconcile_seconds: float = Field(
         60.0, gt=0, description="how often each worker's reconciler looks for stale layers "
                                 "and unfinished summaries")
+    ncat_explain_max_neurons: int = Field(
+        20_000, ge=0, description="the largest model (MLP neurons over every layer) the "
+                                  "explorer's Prompt page explains in its own process; "
+                                  "larger ones show what `ncat explain --store` stored")
     ncat_max_attempts: int = Field(
         5, ge=1, description="a layer lost this many times since it was last queued (its "
                              "process died, its task or its database connection was lost) "

@@ -2,14 +2,14 @@
 
 The URL may carry the checkpoint and the prompt (``/prompt?model_id=..&checkpoint_id=..
 &config_id=..&prompt=21%2B17%3D``; the neuron page links here from its grids); otherwise
-the sidebar picks them. Models up to ``MAX_NEURONS`` MLP neurons are explained in the
-explorer's process (the built-in model: well under a second a checkpoint); larger ones show
-what ``ncat explain ... --store`` stored for the prompt, with the command to run.
+the sidebar picks them. Models up to ``NCAT_EXPLAIN_MAX_NEURONS`` MLP neurons are
+explained in the explorer's process (the built-in model: well under a second a
+checkpoint); larger ones show what ``ncat explain ... --store`` stored for the prompt,
+with the command to run.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from urllib.parse import quote
 
@@ -17,13 +17,12 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from catalog.config.settings import get_settings
 from reports.plots import FAMILY_COLORS
 from ui import data
 from ui.views.common import neuron_link, pick_model_checkpoint_config, require_catalog
 
 KEYS = ("model_id", "checkpoint_id", "config_id")
-# the largest model (MLP neurons over every layer) explained in the explorer's process
-MAX_NEURONS = int(os.environ.get("NCAT_EXPLAIN_MAX_NEURONS", "20000"))
 OTHER_COLORS = {"labelled, does not hold here": "#bbbbbb", "unlabelled": "#7f7f7f",
                 "heads": "#17becf"}
 
@@ -184,7 +183,8 @@ def render() -> None:  # noqa: C901
     ids = _picked()
     model_id, checkpoint_id, config_id = ids
     model = data.models().set_index("id").loc[model_id]
-    small = int(model.n_layers) * int(model.d_mlp) <= MAX_NEURONS
+    limit = get_settings().ncat_explain_max_neurons
+    small = int(model.n_layers) * int(model.d_mlp) <= limit
     prompt = st.text_input("Prompt (a op b =, written under the config's template and "
                            "solved examples, as the catalog measures it)",
                            value=st.query_params.get("prompt")
@@ -193,7 +193,7 @@ def render() -> None:  # noqa: C901
     if not small:
         name, step, _ = data.job_request(model_id, checkpoint_id, config_id)
         st.info(f"{model['name']} has {int(model.n_layers) * int(model.d_mlp):,} MLP neurons, "
-                f"more than this explorer explains in its own process ({MAX_NEURONS:,}; "
+                f"more than this explorer explains in its own process ({limit:,}; "
                 "NCAT_EXPLAIN_MAX_NEURONS). Explain it where the model fits and store it: "
                 f"`ncat explain {name} '{prompt}'"
                 + (f" --checkpoint {step}" if step is not None else "")
