@@ -21,6 +21,7 @@ Run: .venv/bin/python bench/explain_grid.py [--model qwen2.5-coder-0.5b] [--hi 3
 from __future__ import annotations
 
 import argparse
+import pickle
 import shutil
 import time
 
@@ -68,6 +69,8 @@ def main() -> None:
     summary = run.summarize_digests(digests)
     summary_s = time.perf_counter() - t0
     labels = labels_of({k: d.matches for k, d in digests.items()}, 0)
+    with open(RESULTS / f"explain_grid_{args.model.replace('/', '_')}_labels.pkl", "wb") as f:
+        pickle.dump(labels, f)  # for a later look at the same labels
     table = run.table
     idx = table.op_index(args.op)
     assert table.correct is not None and table.is_shot is not None

@@ -18,7 +18,8 @@ Over the prompts (``summarize_prompts``):
   the mean term of a labelled neuron on the prompts where its heuristic holds against the
   same neuron on the prompts where it does not (the same neurons, layers and operator: only
   the label's condition differs), averaged over the labelled neurons, with its standard
-  error over neurons.
+  error over neurons; and the same per layer (most labelled neurons of a deep model sit
+  where their direct terms are near zero whatever the prompt).
 
 Labels exist only in the layers the catalog measured: the shares are of the whole model's
 T, and "other neurons" includes every neuron of an unmeasured layer (``layers`` says which).
@@ -57,6 +58,7 @@ class PromptTerms:
     n_holding: np.ndarray  # labelled neurons whose heuristic holds, per prompt
     n_neurons: int  # neurons of the model
     n_labelled: int  # labelled neurons (over the measured layers)
+    layer_of: np.ndarray  # the layer of each labelled neuron
     # per labelled neuron: the sum and count of its terms where its heuristic holds / not
     held_sum: np.ndarray
     held_n: np.ndarray
@@ -144,7 +146,9 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
                 in80[i] = len(carried)
     return PromptTerms(a=a_all, b=b_all, result=r_all, target=target, shares=shares,
                        n_for=n_for, heuristics_in_80=in80, n_holding=hold.sum(1),
-                       n_neurons=n_layers * d_mlp, n_labelled=len(keys), held_sum=held_sum,
+                       n_neurons=n_layers * d_mlp, n_labelled=len(keys),
+                       layer_of=np.array([layer for layer, _ in keys], dtype=np.int64),
+                       held_sum=held_sum,
                        held_n=held_n, not_sum=not_sum, not_n=not_n)
 
 
@@ -162,15 +166,22 @@ def summarize_prompts(terms: PromptTerms, layers: Sequence[int]) -> dict:
     mostly = int((terms.shares[PARTS[0]] >= 0.5).sum())
     reached = {k: v[v > 0] for k, v in terms.n_for.items()}
     both = (terms.held_n > 0) & (terms.not_n > 0)
-    diff = (terms.held_sum[both] / terms.held_n[both]
-            - terms.not_sum[both] / terms.not_n[both])
-    held_mean = terms.held_sum[both] / terms.held_n[both]
-    not_mean = terms.not_sum[both] / terms.not_n[both]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        held_all = terms.held_sum / terms.held_n
+        not_all = terms.not_sum / terms.not_n
+    held_mean, not_mean = held_all[both], not_all[both]
+    diff = held_mean - not_mean
     m = int(both.sum())
 
     def mean_se(x: np.ndarray) -> dict:
-        return {"mean": float(x.mean()) if m else float("nan"),
-                "se": float(x.std(ddof=1) / np.sqrt(m)) if m > 1 else float("nan")}
+        return {"mean": float(x.mean()) if len(x) else float("nan"),
+                "se": float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")}
+
+    by_layer = {}
+    for layer in np.unique(terms.layer_of[both]):
+        d = (held_all - not_all)[both & (terms.layer_of == layer)]
+        by_layer[str(int(layer))] = {**mean_se(d), "n_neurons": int(len(d)),
+                                     "higher_when_holds": int((d > 0).sum())}
 
     return {
         "n_prompts": n,
@@ -187,5 +198,5 @@ def summarize_prompts(terms: PromptTerms, layers: Sequence[int]) -> dict:
         "heuristics_in_80": _median(terms.heuristics_in_80[terms.n_for["80%"] > 0]),
         "paired": {"n_neurons": m, "holds": mean_se(held_mean), "does_not": mean_se(not_mean),
                    "difference": mean_se(diff),
-                   "higher_when_holds": int((diff > 0).sum())},
+                   "higher_when_holds": int((diff > 0).sum()), "by_layer": by_layer},
     }

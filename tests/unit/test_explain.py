@@ -211,6 +211,8 @@ def test_the_grid_aggregate_is_the_planted_mechanism(hand):
     assert paired["n_neurons"] == len(planted)
     assert paired["higher_when_holds"] == len(planted)
     assert paired["difference"]["mean"] > 10 * paired["difference"]["se"]
+    assert paired["by_layer"]["0"]["n_neurons"] == len(planted)
+    assert paired["by_layer"]["0"]["mean"] == pytest.approx(paired["difference"]["mean"])
 
 
 def test_a_batch_decomposes_each_prompt_as_alone(tiny_builtin):
