@@ -57,14 +57,6 @@ class Decomposition:
         return self.target - self.total
 
 
-def target_direction(model: HookedTransformer, answer: int, competitors: np.ndarray
-                     ) -> torch.Tensor:
-    """d = W_U[:, answer] - mean W_U[:, competitors] (float64), and the bias term alike."""
-    w_u = model.W_U.detach().double()
-    comp = torch.as_tensor(np.asarray(competitors), dtype=torch.long, device=w_u.device)
-    return w_u[:, answer] - w_u[:, comp].mean(1)
-
-
 def _output_norms(model: HookedTransformer, layer: int) -> tuple:
     """(the norm of the attention's output, of the MLP's output) of a block, None where the
     block writes its output unnormalised."""
@@ -148,12 +140,12 @@ def decompose_batch(model: HookedTransformer, tokens: np.ndarray, answers: np.nd
 
     names = set(_hook_names(model))
     logits = model.run_with_hooks(toks, fwd_hooks=[(lambda n: n in names, keep)])[:, -1]
-    w_u = model.W_U.detach().double()
+    w_u = model.W_U.detach()  # (d_model, d_vocab): only the columns used, in float64
     others = (comp[None, :] != ans[:, None]).double()  # (B, C): the competitors of each
     weights = others / others.sum(1, keepdim=True)
-    d = w_u[:, ans].T - weights @ w_u[:, comp].T  # (B, d_model)
-    b_u = model.b_U.detach().double()
-    biases = b_u[ans] - weights @ b_u[comp]
+    d = w_u[:, ans].double().T - weights @ w_u[:, comp].double().T  # (B, d_model)
+    b_u = model.b_U.detach()
+    biases = b_u[ans].double() - weights @ b_u[comp].double()
     norm = getattr(model, "ln_final", None)
     if norm is not None and "ln_final.hook_scale" in cache:
         u = _adjoint(norm, cache["ln_final.hook_scale"].double(), d)

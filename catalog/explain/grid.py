@@ -78,7 +78,7 @@ def _first_reach(sorted_terms: np.ndarray, target: np.ndarray, frac: float) -> n
 def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,
                     a: np.ndarray, b: np.ndarray,
                     labels: Mapping[tuple[int, int], Sequence[Heuristic]],
-                    batch: int = 32) -> PromptTerms:
+                    batch: int = 128) -> PromptTerms:
     """The split of T for each prompt ``a[i] op b[i] =`` (module doc); ``labels``:
     (layer, neuron) -> the heuristics labelled for ``op``."""
     prompts = build_many(model, tokenizer, op, np.asarray(a), np.asarray(b), config)

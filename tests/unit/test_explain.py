@@ -291,5 +291,5 @@ def test_decomposition_equals_the_reference_on_every_architecture(tokenizer, arc
     model = model.to(torch.float64)
     model.cfg.output_logits_soft_cap = -1.0
     tokens = np.array([5, 17, 3, 9, 11, 2, 40, 7], dtype=np.int64)
-    competitors = np.arange(20, 60)
+    competitors = np.setdiff1d(np.arange(20, 60), [33])  # never the answer (as in build)
     check_against_reference(model, tokens, 33, competitors, n_neurons=24)
