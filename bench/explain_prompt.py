@@ -9,7 +9,7 @@ component of the model (n_layers x (d_mlp + n_heads)): what the decomposition re
 Each sampled term is checked against the decomposition's on the way.
 
 Run: .venv/bin/python bench/explain_prompt.py [--model qwen2.5-coder-0.5b] [--prompt 21+17=]
-     [--runs 5] [--hi 30] [--shots 3]   (writes bench/results/explain_prompt.json)
+     [--runs 5] [--hi 30] [--shots 3] [--record]   (writes bench/results/explain_prompt.json)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-from _common import median_spread, save
+from _common import RESULTS, ROOT, median_spread, save
 
 
 def main() -> None:
@@ -29,6 +29,8 @@ def main() -> None:
     parser.add_argument("--hi", type=int, default=30)
     parser.add_argument("--shots", type=int, default=3)
     parser.add_argument("--sample", type=int, default=32, help="neurons timed by the reference")
+    parser.add_argument("--record", action="store_true",
+                        help="also write bench/recorded/cpu_explain_prompt_<model>.json")
     args = parser.parse_args()
 
     import numpy as np
@@ -96,6 +98,11 @@ def main() -> None:
                    "error": e.error, "shares": e.shares, "n_for": e.n_for},
     }
     save("explain_prompt", out)
+    if args.record:
+        import shutil
+
+        shutil.copy(RESULTS / "explain_prompt.json",
+                    ROOT / "bench" / "recorded" / f"cpu_explain_prompt_{args.model}.json")
 
 
 if __name__ == "__main__":
