@@ -313,10 +313,13 @@ def knockout(model: HookedTransformer, p: Prompt, neurons: list[tuple[int, int]]
                     top_after=top, p_random=p_random, top_random=top_random)
 
 
-def _promoted(model: HookedTransformer, tokenizer, layer: int, neuron: int, k: int = 5
-              ) -> list[str]:
+def _promoted(model: HookedTransformer, tokenizer, layer: int, neuron: int, sign: float,
+              k: int = 5) -> list[str]:
+    """The tokens the neuron's write promotes most at its activation's sign (a gated MLP's
+    activation can be negative: its value vector then promotes its most negative
+    tokens)."""
     with torch.no_grad():
-        row = model.W_out[layer, neuron] @ model.W_U
+        row = (model.W_out[layer, neuron] @ model.W_U) * (1.0 if sign >= 0 else -1.0)
     return [tokenizer.decode([int(t)]) for t in row.topk(k).indices]
 
 
@@ -342,7 +345,8 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
                          float(dec.activations[layer, n]),
                          None if typical is None else typical.get((layer, n)),
                          here.get((layer, n), []),
-                         _promoted(model, tokenizer, layer, n))
+                         _promoted(model, tokenizer, layer, n,
+                                   float(dec.activations[layer, n])))
 
     flat = dec.neurons.ravel()
     width = dec.neurons.shape[1]
