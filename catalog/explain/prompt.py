@@ -401,6 +401,16 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         heuristics_in_80=heuristics_in_80, labelled=bool(labels), knockout=ko)
 
 
+def labels_from_rows(rows) -> dict[tuple[int, int], list[Heuristic]]:
+    """(layer, neuron) -> heuristics from stored label rows (layer, neuron, family, target,
+    params), as ``schema.explanations.labels_at`` returns them."""
+    out: dict[tuple[int, int], list[Heuristic]] = {}
+    for layer, neuron, family, target, params in rows:
+        out.setdefault((int(layer), int(neuron)), []).append(
+            Heuristic(family, target, tuple(params)))
+    return out
+
+
 def labels_of(matches: Mapping[int, Matches], o: int) -> dict[tuple[int, int], list[Heuristic]]:
     """(layer, neuron) -> the heuristics labelled for operator index ``o`` in each layer's
     ``Matches``."""

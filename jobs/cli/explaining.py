@@ -32,7 +32,7 @@ def _labels(args, lm, config, op: str):
     """The catalog's labels of ``op`` at this checkpoint, when a database is named and
     holds the checkpoint under the config; (None, None, why) otherwise."""
     from catalog.config.settings import get_settings
-    from catalog.labels.heuristics import Heuristic
+    from catalog.explain.prompt import labels_from_rows
     from jobs.cli.common import database_url
     from schema import store
     from schema.explanations import catalogued_labels
@@ -46,10 +46,7 @@ def _labels(args, lm, config, op: str):
         return None, None, (f"{lm.info.name} step {lm.info.checkpoint} is not catalogued under "
                             "this config: no labels (catalog it, or pass its config's flags)")
     rows, typical = got
-    labels: dict = {}
-    for layer, neuron, family, target, params in rows:
-        labels.setdefault((int(layer), int(neuron)), []).append(
-            Heuristic(family, target, tuple(params)))
+    labels = labels_from_rows(rows)
     return labels, typical, f"labels of {len(labels)} neurons from the catalog"
 
 

@@ -460,8 +460,7 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
     arithmetic, one out of the config's range and one the catalog does not measure (a
     negative result) each get a message that says so (a prompt longer than the context:
     tests/unit/test_explain.py; no prompt of this config's is)."""
-    from catalog.explain.prompt import explain
-    from catalog.labels.heuristics import Heuristic
+    from catalog.explain.prompt import explain, labels_from_rows
     from catalog.sources import load_model
     from schema import store
     from schema.explanations import labels_at
@@ -479,9 +478,7 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
             "ON s.checkpoint_id = c.id WHERE c.step = %s", (SEED_STEPS[-1],)).fetchone()
         rows, typical = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id,
                                   op="+")
-    labels: dict = {}
-    for layer, neuron, family, target, params in rows:
-        labels.setdefault((layer, neuron), []).append(Heuristic(family, target, tuple(params)))
+    labels = labels_from_rows(rows)
     lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
     want = explain(lm.model, lm.tokenizer, "13+6=", SEED_CONFIG, labels=labels,
                    typical=typical, seeds=0)

@@ -484,8 +484,7 @@ def test_the_prompt_page_prints_the_library_explanation(catalog_env, tiny_builti
                                                         monkeypatch):
     """The Prompt page, from a link: its answer, verdict and shares are explain()'s with
     the catalog's labels; each catalogued checkpoint gets a row across training."""
-    from catalog.explain.prompt import explain
-    from catalog.labels.heuristics import Heuristic
+    from catalog.explain.prompt import explain, labels_from_rows
     from catalog.sources import load_model
     from schema.explanations import labels_at
 
@@ -497,9 +496,7 @@ def test_the_prompt_page_prints_the_library_explanation(catalog_env, tiny_builti
     with store.connect(catalog_env) as conn:
         rows, typical = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id,
                                   op="+")
-    labels: dict = {}
-    for layer, neuron, family, target, params in rows:
-        labels.setdefault((layer, neuron), []).append(Heuristic(family, target, tuple(params)))
+    labels = labels_from_rows(rows)
     lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
     for prompt in ("13+6=", "9+9="):
         want = explain(lm.model, lm.tokenizer, prompt, SEED_CONFIG, labels=labels,

@@ -65,17 +65,13 @@ def explained(model_id: int, checkpoint_id: int, config_id: int, prompt: str,
               seeds: int) -> dict:
     """The explanation as a dict (``Explanation.to_dict``), with the catalog's labels."""
     from catalog.config import ScienceConfig
-    from catalog.explain.prompt import explain, parse
-    from catalog.labels.heuristics import Heuristic
+    from catalog.explain.prompt import explain, labels_from_rows, parse
 
     name, step, stored = data.job_request(model_id, checkpoint_id, config_id)
     config = ScienceConfig.from_dict(stored)
     _, op, _ = parse(prompt, config)
     rows, typical = data.prompt_labels(checkpoint_id, config_id, op)
-    labels: dict = {}
-    for layer, neuron, family, target, params in rows:
-        labels.setdefault((int(layer), int(neuron)), []).append(
-            Heuristic(family, target, tuple(params)))
+    labels = labels_from_rows(rows)
     lm, lock = _model(name, step, str(config.torch_dtype()).removeprefix("torch."))
     with lock:
         e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels, typical=typical,
