@@ -23,12 +23,15 @@ the rounding of the model's own forward (tested in float64 to 1e-9 of |T|).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+from catalog.measuring.grids import b_out, w_out
 
 
 @dataclass
@@ -68,7 +71,8 @@ def _output_norms(model: HookedTransformer, layer: int) -> tuple:
     return None, None
 
 
-def _hook_names(model: HookedTransformer) -> list[str]:
+def hook_names(model: HookedTransformer) -> list[str]:
+    """The hooks the decomposition reads (at the decomposed position)."""
     names = ["blocks.0.hook_resid_pre", f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
     if hasattr(getattr(model, "ln_final", None), "hook_scale"):
         names.append("ln_final.hook_scale")
@@ -127,19 +131,30 @@ def decompose_batch(model: HookedTransformer, tokens: np.ndarray, answers: np.nd
     length: ``tokens`` (B, L), ``answers`` (B,) each prompt's answer token, one set of
     ``competitors`` (the operator's; each prompt's own answer is left out of its mean).
     Only the last position is kept from each hook."""
-    cfg = model.cfg
-    dev = model.W_U.device
-    toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=dev)
-    ans = torch.as_tensor(np.asarray(answers), dtype=torch.long, device=dev)
-    comp = torch.as_tensor(np.asarray(competitors), dtype=torch.long, device=dev)
+    toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=model.W_U.device)
     cache: dict[str, torch.Tensor] = {}
 
     def keep(x, hook):
         cache[hook.name] = x[:, -1].detach()
         return x
 
-    names = set(_hook_names(model))
+    names = set(hook_names(model))
     logits = model.run_with_hooks(toks, fwd_hooks=[(lambda n: n in names, keep)])[:, -1]
+    return decompose_cached(model, cache, logits, answers, competitors)
+
+
+@torch.no_grad()
+def decompose_cached(model: HookedTransformer, cache: Mapping[str, torch.Tensor],
+                     logits: torch.Tensor, answers: np.ndarray, competitors: np.ndarray
+                     ) -> Decompositions:
+    """``decompose_batch`` from a forward already run: ``cache`` holds every hook of
+    ``hook_names(model)`` at the decomposed position, (B, ...) each; ``logits`` (B, d_vocab)
+    the model's logits there. A caller that needs other hooks or positions of the same
+    forward (``catalog.explain.prompt``: the lens and the greedy check) runs it once."""
+    cfg = model.cfg
+    dev = model.W_U.device
+    ans = torch.as_tensor(np.asarray(answers), dtype=torch.long, device=dev)
+    comp = torch.as_tensor(np.asarray(competitors), dtype=torch.long, device=dev)
     w_u = model.W_U.detach()  # (d_model, d_vocab): only the columns used, in float64
     others = (comp[None, :] != ans[:, None]).double()  # (B, C): the competitors of each
     weights = others / others.sum(1, keepdim=True)
@@ -156,7 +171,7 @@ def decompose_batch(model: HookedTransformer, tokens: np.ndarray, answers: np.nd
     last = cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][:, None]
     pre = model.unembed(norm(last) if norm is not None else last)[:, -1].double()
     target = pre.gather(1, ans[:, None])[:, 0] - (pre[:, comp] * weights).sum(1)
-    b = len(toks)
+    b = len(ans)
     n_mlp = 0 if cfg.attn_only else int(cfg.d_mlp or 0)
     neurons = torch.zeros((b, cfg.n_layers, n_mlp), dtype=torch.float64)
     acts = torch.zeros((b, cfg.n_layers, n_mlp), dtype=torch.float64)
@@ -168,19 +183,19 @@ def decompose_batch(model: HookedTransformer, tokens: np.ndarray, answers: np.nd
             u_attn = _adjoint(attn_norm, cache[attn_norm.hook_scale.name].double(), u)
             biases = biases + _bias_term(attn_norm, u)
         z = cache[f"blocks.{layer}.attn.hook_z"].double()  # (B, n_heads, d_head)
-        w_o = model.W_O[layer].detach().double()  # (n_heads, d_head, d_model)
+        w_o = model.blocks[layer].attn.W_O.detach().double()  # (n_heads, d_head, d_model)
         heads[:, layer] = torch.einsum("bhd,hdm,bm->bh", z, w_o, u_attn).cpu()
-        biases = biases + u_attn @ model.b_O[layer].detach().double()
+        biases = biases + u_attn @ model.blocks[layer].attn.b_O.detach().double()
         if cfg.attn_only:
             continue
         if mlp_norm is not None:
             u_mlp = _adjoint(mlp_norm, cache[mlp_norm.hook_scale.name].double(), u)
             biases = biases + _bias_term(mlp_norm, u)
         post = cache[f"blocks.{layer}.mlp.hook_post"].double()  # (B, d_mlp)
-        read = u_mlp @ model.W_out[layer].detach().double().T  # (B, d_mlp)
+        read = u_mlp @ w_out(model, layer).detach().double().T  # (B, d_mlp)
         neurons[:, layer] = (post * read).cpu()
         acts[:, layer] = post.cpu()
-        biases = biases + u_mlp @ model.b_out[layer].detach().double()
+        biases = biases + u_mlp @ b_out(model, layer).detach().double()
     embed = (cache["blocks.0.hook_resid_pre"].double() * u).sum(-1)
     return Decompositions(target=target.cpu().numpy(), neurons=neurons.numpy(),
                           heads=heads.numpy(), embed=embed.cpu().numpy(),

@@ -40,10 +40,10 @@ from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
 from catalog.core.stats import wilson
 from catalog.core.tokens import detect_number_tokens, encode_number
-from catalog.explain.decompose import Decomposition, decompose
+from catalog.explain.decompose import Decomposition, decompose_cached, hook_names
 from catalog.labels.heuristics import Heuristic
 from catalog.labels.matches import Matches
-from catalog.measuring.grids import final_logits
+from catalog.measuring.grids import final_logits, w_out
 from catalog.measuring.prompts import UNLIMITED, operator_prefix, tokenize_prompts
 
 PROMPT = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=?\s*$")
@@ -219,34 +219,45 @@ def _holds(h: Heuristic, p: Prompt) -> bool:
 
 
 @torch.no_grad()
-def _lens(model: HookedTransformer, tokens: np.ndarray, answer: int
-          ) -> list[tuple[int, int, float]]:
-    toks = torch.as_tensor(tokens, dtype=torch.long, device=model.W_U.device)[None]
-    names = {f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)}
-    _, cache = model.run_with_cache(toks, names_filter=lambda n: n in names)
-    out = []
-    for layer in range(model.cfg.n_layers):
-        logits = final_logits(model, cache[f"blocks.{layer}.hook_resid_post"][:, -1:])[0, -1]
-        logits = logits.double()
-        rank = int((logits > logits[answer]).sum())
-        out.append((layer, rank, float(logits.softmax(-1)[answer])))
-    return out
+def _one_pass(model: HookedTransformer, tokenizer, p: Prompt
+              ) -> tuple[Decomposition, list[tuple[int, int, float]], bool]:
+    """(the decomposition, the lens, whether the answer is correct) from one forward:
+    the prompt followed by its result's tokens (teacher forcing). At the prompt's last
+    position it keeps the decomposition's hooks and each layer's residual stream (the
+    lens: every layer's through the final norm and unembedding in one product); the later
+    positions tell whether greedy decoding writes the result: each result token the top
+    one after the tokens before it, then (except on the built-in model, which ends
+    nothing) a token that does not extend the number, the rule
+    ``catalog.measuring.grids.run_grid`` judges every prompt of a run by. The positions
+    after the prompt's cannot change its own (causal attention)."""
+    n_ctx, n_layers = model.cfg.n_ctx, model.cfg.n_layers
+    full = [int(t) for t in p.tokens] + list(p.result_tokens)
+    seq = full[:n_ctx]
+    at = len(p.tokens) - 1
+    cache: dict[str, torch.Tensor] = {}
 
+    def keep(x, hook):
+        cache[hook.name] = x[:, at].detach()
+        return x
 
-@torch.no_grad()
-def _greedy_correct(model: HookedTransformer, tokenizer, p: Prompt) -> bool:
-    """Greedy decoding writes the result's tokens, then (except on the built-in model,
-    which ends nothing) a token that does not extend the number: the rule
-    ``catalog.measuring.grids.run_grid`` judges every prompt of a run by."""
-    toks = torch.as_tensor(p.tokens, dtype=torch.long, device=model.W_U.device)[None]
-    for want in p.result_tokens:
-        nxt = int(model(toks)[0, -1].argmax())
-        if nxt != want:
-            return False
-        toks = torch.cat([toks, toks.new_tensor([[nxt]])], 1)
-    if toks.shape[1] >= model.cfg.n_ctx or model.cfg.model_name == BUILTIN_NAME:
-        return True
-    return not tokenizer.decode([int(model(toks)[0, -1].argmax())])[:1].isdigit()
+    resid = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
+    names = set(hook_names(model)) | set(resid)
+    toks = torch.as_tensor(seq, dtype=torch.long, device=model.W_U.device)[None]
+    logits = model.run_with_hooks(toks, fwd_hooks=[(lambda n: n in names, keep)])[0]
+    dec = decompose_cached(model, cache, logits[at][None], np.array([p.answer]),
+                           p.competitors)[0]
+    layers = final_logits(model, torch.stack([cache[r][0] for r in resid])[:, None])[:, 0]
+    layers = layers.double()
+    want = torch.as_tensor(p.answer, device=layers.device)
+    ranks = (layers > layers[:, want, None]).sum(-1)
+    probs = layers.softmax(-1)[:, want]
+    lens = [(layer, int(ranks[layer]), float(probs[layer])) for layer in range(n_layers)]
+    top = logits.argmax(-1)
+    correct = all(at + i < len(seq) and int(top[at + i]) == t
+                  for i, t in enumerate(p.result_tokens))
+    if correct and len(full) < n_ctx and model.cfg.model_name != BUILTIN_NAME:
+        correct = not tokenizer.decode([int(top[len(full) - 1])])[:1].isdigit()
+    return dec, lens, correct
 
 
 @torch.no_grad()
@@ -313,14 +324,18 @@ def knockout(model: HookedTransformer, p: Prompt, neurons: list[tuple[int, int]]
                     top_after=top, p_random=p_random, top_random=top_random)
 
 
-def _promoted(model: HookedTransformer, tokenizer, layer: int, neuron: int, sign: float,
-              k: int = 5) -> list[str]:
-    """The tokens the neuron's write promotes most at its activation's sign (a gated MLP's
-    activation can be negative: its value vector then promotes its most negative
-    tokens)."""
+def _promoted(model: HookedTransformer, tokenizer, rows: Sequence[tuple[int, int, float]],
+              k: int = 5) -> list[list[str]]:
+    """For each (layer, neuron, activation), the tokens the neuron's write promotes most
+    at its activation's sign (a gated MLP's activation can be negative: its value vector
+    then promotes its most negative tokens); every row's in one product with W_U."""
+    if not rows:
+        return []
     with torch.no_grad():
-        row = (model.W_out[layer, neuron] @ model.W_U) * (1.0 if sign >= 0 else -1.0)
-    return [tokenizer.decode([int(t)]) for t in row.topk(k).indices]
+        w = torch.stack([w_out(model, layer)[n] * (1.0 if a >= 0 else -1.0)
+                         for layer, n, a in rows])
+        top = (w @ model.W_U).topk(k, dim=-1).indices.cpu().numpy()
+    return [[tokenizer.decode([int(t)]) for t in r] for r in top]
 
 
 def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfig,
@@ -331,7 +346,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     catalog labelled the neuron with for this prompt's operator (None: not catalogued);
     ``seeds``: random draws of the knockout's control (0: no knockout)."""
     p = build(model, tokenizer, text, config)
-    dec: Decomposition = decompose(model, p.tokens, p.answer, p.competitors)
+    dec, lens, correct = _one_pass(model, tokenizer, p)
     logits = torch.as_tensor(dec.logits, dtype=torch.float64)
     probs = logits.softmax(-1)
     t = dec.target
@@ -344,15 +359,17 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         return NeuronRow(layer, n, c, c / t if t else float("nan"),
                          float(dec.activations[layer, n]),
                          None if typical is None else typical.get((layer, n)),
-                         here.get((layer, n), []),
-                         _promoted(model, tokenizer, layer, n,
-                                   float(dec.activations[layer, n])))
+                         here.get((layer, n), []))
 
     flat = dec.neurons.ravel()
     width = dec.neurons.shape[1]
     order = np.argsort(-flat, kind="stable")
     toward = [row(int(i) // width, int(i) % width) for i in order[:top] if flat[i] > 0]
     away = [row(int(i) // width, int(i) % width) for i in order[::-1][:top] if flat[i] < 0]
+    for r, promotes in zip(toward + away, _promoted(
+            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in toward + away]),
+            strict=True):
+        r.promotes = promotes
     h_order = np.argsort(-np.abs(dec.heads.ravel()), kind="stable")[:top]
     heads = [(int(i) // dec.heads.shape[1], int(i) % dec.heads.shape[1],
               float(dec.heads.ravel()[i])) for i in h_order]
@@ -392,11 +409,11 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     return Explanation(
         prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
         predicted=tokenizer.decode([int(logits.argmax())]),
-        correct=_greedy_correct(model, tokenizer, p), p_answer=float(probs[p.answer]),
+        correct=correct, p_answer=float(probs[p.answer]),
         rank_answer=int((logits > logits[p.answer]).sum()), target=t,
         neurons_total=float(dec.neurons.sum()), heads_total=float(dec.heads.sum()),
         embed=dec.embed, biases=dec.biases, error=dec.error,
-        lens=_lens(model, p.tokens, p.answer), toward=toward, away=away, heads=heads,
+        lens=lens, toward=toward, away=away, heads=heads,
         by_family=by_family, by_label=by_label, shares=shares, n_for=n_for,
         heuristics_in_80=heuristics_in_80, labelled=bool(labels), knockout=ko)
 

@@ -18,6 +18,8 @@ import torch
 from jaxtyping import Float, Int
 from transformer_lens import HookedTransformer
 
+from catalog.measuring.grids import w_out as layer_w_out
+
 
 @dataclass
 class LensResult:
@@ -41,7 +43,7 @@ def lens_at(
 ) -> Float[np.ndarray, "d_mlp n_tokens"]:
     """``W_out[layer] @ W_U[:, token_ids]``: each neuron's direct effect on these tokens."""
     ids = torch.as_tensor(np.asarray(token_ids), device=model.W_U.device, dtype=torch.long)
-    return (model.W_out[layer] @ model.W_U[:, ids]).float().cpu().numpy()
+    return (layer_w_out(model, layer) @ model.W_U[:, ids]).float().cpu().numpy()
 
 
 @torch.no_grad()
@@ -53,7 +55,7 @@ def logit_lens(
     chunk: int = 1024,
 ) -> LensResult:
     """Number-token lens vector and full-vocabulary top/bottom-k for every neuron of ``layer``."""
-    w_out = model.W_out[layer]
+    w_out = layer_w_out(model, layer)
     k = min(k, model.cfg.d_vocab)
     tops, topv, bots, botv = [], [], [], []
     for start in range(0, w_out.shape[0], chunk):

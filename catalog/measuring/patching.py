@@ -42,12 +42,14 @@ from transformer_lens.utilities import get_act_name
 from catalog.measuring import single_position
 from catalog.measuring.grids import (
     PrefixRunner,
+    b_out,
     cache_keys,
     final_logits,
     last_activations,
     mlp_width,
     post_hook_name,
 )
+from catalog.measuring.grids import w_out as layer_w_out
 from catalog.measuring.prompts import PromptTable
 
 
@@ -193,7 +195,7 @@ def exact_patching(
     sel_t = torch.as_tensor(sel_all, device=device)
     out = np.empty((d_sel, len(clean)), dtype=np.float32)
     out_log = np.empty((d_sel, len(clean)), dtype=np.float32)
-    w_out = model.W_out[layer][sel_t]  # (n_neurons, d_model)
+    w_out = layer_w_out(model, layer)[sel_t]  # (n_neurons, d_model)
     later = list(range(layer + 1, n_layers))
     names = {get_act_name("resid_post", layer), post_hook_name(layer)}
     post_norm = mlp_output_norm(model, layer)
@@ -220,8 +222,8 @@ def exact_patching(
             # the residual by norm(out + delta w_out) - norm(out), not by delta w_out; the
             # clean residual is rebuilt the same way, so that equal inputs round equally
             resid_mid = cache[get_act_name("resid_mid", layer)][:, -1]
-            mlp_raw = (cache[post_hook_name(layer)][:, -1] @ model.W_out[layer]
-                       + model.b_out[layer])  # (P, d_model), before the norm
+            mlp_raw = (cache[post_hook_name(layer)][:, -1] @ layer_w_out(model, layer)
+                       + b_out(model, layer))  # (P, d_model), before the norm
             resid = resid_mid + post_norm(mlp_raw)
         delta_all = torch.as_tensor(cf_acts[pb.positions][:, sel_all], device=device,
                                     dtype=act_clean.dtype) - act_clean

@@ -6,6 +6,8 @@ architecture; bad prompts get a message that names what is wrong."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,7 @@ from catalog.builtin import builtin_tokenizer, builtin_vocab
 from catalog.config import ScienceConfig
 from catalog.explain.decompose import decompose, decompose_batch
 from catalog.explain.grid import PARTS, explain_prompts, summarize_prompts
-from catalog.explain.prompt import PromptError, build, explain
+from catalog.explain.prompt import PromptError, _one_pass, build, explain
 from catalog.labels.heuristics import Heuristic
 from catalog.sources import from_hf_model
 
@@ -293,3 +295,66 @@ def test_decomposition_equals_the_reference_on_every_architecture(tokenizer, arc
     tokens = np.array([5, 17, 3, 9, 11, 2, 40, 7], dtype=np.int64)
     competitors = np.setdiff1d(np.arange(20, 60), [33])  # never the answer (as in build)
     check_against_reference(model, tokens, 33, competitors, n_neurons=24)
+
+
+def slow_greedy(model, tokenizer, p, builtin: bool) -> bool:
+    """Greedy decoding one token at a time: the result's tokens, then (a model with a
+    real tokenizer) a token that does not extend the number."""
+    toks = torch.as_tensor(p.tokens, dtype=torch.long)[None]
+    for want in p.result_tokens:
+        nxt = int(model(toks)[0, -1].argmax())
+        if nxt != want:
+            return False
+        toks = torch.cat([toks, toks.new_tensor([[nxt]])], 1)
+    if toks.shape[1] >= model.cfg.n_ctx or builtin:
+        return True
+    return not tokenizer.decode([int(model(toks)[0, -1].argmax())])[:1].isdigit()
+
+
+def test_the_one_pass_equals_greedy_decoding_the_per_layer_lens_and_each_neurons_tokens(
+        tiny_builtin):
+    """explain's single teacher-forced forward gives what greedy decoding, one unembedding
+    per layer and one product with W_U per listed neuron give, on a trained model's correct
+    and wrong prompts, with the end-of-number check on (the model named as any other) and
+    off (the built-in model)."""
+    from catalog.measuring.grids import final_logits
+    from catalog.sources import load_model
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", None, builtin_config=cfg, cache_root=root)
+    model, tok = lm.model, lm.tokenizer
+    config = ScienceConfig(operators=("+", "*"), operand_hi=cfg.operand_hi)
+    name = model.cfg.model_name
+    seen = {(b, c): 0 for b in (True, False) for c in (True, False)}
+    rng = np.random.default_rng(0)
+
+    # the built-in tokenizer, except that odd token ids decode as a non-digit: after the
+    # number, the model's next token then ends it or extends it
+    odd_ends = copy.copy(tok)
+    odd_ends.decode = lambda ids, **kw: "." if ids[0] % 2 else tok.decode(ids, **kw)
+
+    try:
+        for k in range(40):
+            builtin = k % 2 == 0
+            model.cfg.model_name = name if builtin else "any other model"
+            a, b = (int(x) for x in rng.integers(0, cfg.operand_hi, 2))
+            text = f"{a}{'+*'[k % 4 // 2]}{b}="
+            e = explain(model, tok, text, config, seeds=0)
+            p = build(model, tok, text, config)
+            t = tok if builtin else odd_ends  # only the end check decodes
+            correct = e.correct if builtin else _one_pass(model, t, p)[2]
+            assert correct == slow_greedy(model, t, p, builtin), text
+            seen[builtin, correct] += 1
+            _, cache = model.run_with_cache(torch.as_tensor(p.tokens)[None])
+            for layer, rank, prob in e.lens:
+                lg = final_logits(model, cache[f"blocks.{layer}.hook_resid_post"][:, -1:])
+                lg = lg[0, -1].double()
+                assert rank == int((lg > lg[p.answer]).sum()), (text, layer)
+                assert prob == pytest.approx(float(lg.softmax(-1)[p.answer]), abs=1e-6)
+            for r in e.toward + e.away:
+                row = model.blocks[r.layer].mlp.W_out[r.neuron] @ model.W_U
+                row = row if r.activation >= 0 else -row
+                assert r.promotes == [tok.decode([int(t)]) for t in row.topk(5).indices]
+    finally:
+        model.cfg.model_name = name
+    assert min(seen.values()) >= 2, seen
