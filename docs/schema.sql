@@ -167,6 +167,28 @@ CREATE TABLE emergence_run (
     CONSTRAINT emergence_run_pkey PRIMARY KEY (model_id, config_id, layer, neuron, op, heuristic_id)
 );
 -- grants on emergence_run: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE explain_request (
+    id integer DEFAULT nextval('explain_request_id_seq'::regclass) NOT NULL,
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    prompt text NOT NULL,
+    seeds integer NOT NULL,
+    status character varying(8) DEFAULT 'queued'::character varying NOT NULL,
+    error text,
+    worker text,
+    starts integer DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    CONSTRAINT explain_request_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT explain_request_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT explain_request_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT explain_request_pkey PRIMARY KEY (id),
+    CONSTRAINT explain_request_seeds_check CHECK ((seeds >= 0)),
+    CONSTRAINT explain_request_status_check CHECK (((status)::text = ANY ((ARRAY['queued'::character varying, 'running'::character varying, 'done'::character varying, 'failed'::character varying])::text[])))
+);
+-- grants on explain_request: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 CREATE TABLE grid_layout (
     config_id integer NOT NULL,
     number_limit integer NOT NULL,
@@ -467,6 +489,9 @@ CREATE INDEX ix_emergence_histogram_model ON public.emergence_histogram USING bt
 CREATE UNIQUE INDEX ux_emergence_histogram ON public.emergence_histogram USING btree (model_id, config_id, op, family, emergence_step) NULLS NOT DISTINCT;
 CREATE UNIQUE INDEX emergence_run_pkey ON public.emergence_run USING btree (model_id, config_id, layer, neuron, op, heuristic_id);
 CREATE INDEX ix_emergence_run_op ON public.emergence_run USING btree (model_id, op, emergence_step);
+CREATE UNIQUE INDEX explain_request_open_idx ON public.explain_request USING btree (checkpoint_id, config_id, prompt) WHERE ((status)::text = ANY ((ARRAY['queued'::character varying, 'running'::character varying])::text[]));
+CREATE UNIQUE INDEX explain_request_pkey ON public.explain_request USING btree (id);
+CREATE INDEX explain_request_prompt_idx ON public.explain_request USING btree (checkpoint_id, config_id, prompt, id);
 CREATE UNIQUE INDEX grid_layout_pkey ON public.grid_layout USING btree (config_id, number_limit, op);
 CREATE UNIQUE INDEX heuristic_key_key ON public.heuristic USING btree (key);
 CREATE UNIQUE INDEX heuristic_pkey ON public.heuristic USING btree (id);

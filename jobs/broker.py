@@ -19,7 +19,8 @@ from schema.database import port_open
 
 log = logging.getLogger(__name__)
 
-RUN_LAYER = "ncat.run_layer"  # the one task name: compute and store one (job, layer)
+RUN_LAYER = "ncat.run_layer"  # compute and store one (job, layer)
+EXPLAIN_PROMPT = "ncat.explain_prompt"  # explain one requested prompt (jobs.explain_jobs)
 
 
 def _free_port() -> int:

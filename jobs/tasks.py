@@ -1,4 +1,4 @@
-"""Celery tasks: thin wrappers around jobs.runner."""
+"""Celery tasks: thin wrappers around jobs.runner (a layer) and jobs.explain_jobs (a prompt)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 from celery.signals import worker_process_init, worker_ready
 
-from jobs.broker import RUN_LAYER
+from jobs.broker import EXPLAIN_PROMPT, RUN_LAYER
 from jobs.celery_app import app, send_layer
 
 log = logging.getLogger(__name__)
@@ -71,4 +71,14 @@ def run_layer(self, job_id: int, layer: int) -> str:
     log.info("job %s layer %s: %s", job_id, layer, outcome)
     if outcome is Outcome.BUSY:
         raise self.retry(countdown=get_settings().ncat_busy_retry_seconds)
+    return outcome
+
+
+@app.task(name=EXPLAIN_PROMPT, bind=True)
+def explain_prompt(self, request_id: int) -> str:
+    """Explain one requested prompt and store it (jobs.explain_jobs.process)."""
+    from jobs.explain_jobs import process
+
+    outcome = process(_db_url(), request_id, worker=self.request.hostname or "worker")
+    log.info("explain request %s: %s", request_id, outcome)
     return outcome

@@ -83,9 +83,10 @@ def write_explanation(conn: psycopg.Connection, *, model_id: int, checkpoint_id:
 def stored_explanation(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
                        prompt: str) -> dict | None:
     """The stored explanation of ``prompt`` (as written: "21+17="), None if never stored."""
-    return scalar(conn.execute(
+    row = conn.execute(
         "SELECT explanation FROM prompt_explanation WHERE checkpoint_id = %s AND "
-        "config_id = %s AND prompt = %s", (checkpoint_id, config_id, prompt)))
+        "config_id = %s AND prompt = %s", (checkpoint_id, config_id, prompt)).fetchone()
+    return None if row is None else row[0]
 
 
 def across_checkpoints(conn: psycopg.Connection, *, model_id: int, config_id: int,

@@ -291,3 +291,16 @@ def stored_prompt(model_id: int, config_id: int, prompt: str) -> list[dict]:
 
     with store.connect(database_url()) as conn:
         return across_checkpoints(conn, model_id=model_id, config_id=config_id, prompt=prompt)
+
+
+def worker_explanation(checkpoint_id: int, config_id: int, prompt: str):
+    """(the prompt's stored explanation or None, its latest worker request or None), read
+    fresh on every call: a worker may finish between two reruns."""
+    from schema.explain_requests import latest_request
+    from schema.explanations import stored_explanation
+
+    with store.connect(database_url()) as conn:
+        return (stored_explanation(conn, checkpoint_id=checkpoint_id, config_id=config_id,
+                                   prompt=prompt),
+                latest_request(conn, checkpoint_id=checkpoint_id, config_id=config_id,
+                               prompt=prompt))

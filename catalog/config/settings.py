@@ -75,7 +75,8 @@ class Settings(BaseSettings):
     ncat_explain_max_neurons: int = Field(
         20_000, ge=0, description="the largest model (MLP neurons over every layer) the "
                                   "explorer's Prompt page explains in its own process; "
-                                  "larger ones show what `ncat explain --store` stored")
+                                  "larger ones go to a worker as a job (jobs.explain_jobs) "
+                                  "and show what it stored")
     ncat_max_attempts: int = Field(
         5, ge=1, description="a layer lost this many times since it was last queued (its "
                              "process died, its task or its database connection was lost) "

@@ -530,3 +530,55 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_model_too_large_for_the_explorer_is_explained_by_a_worker(queue, tiny_builtin):
+    """With NCAT_EXPLAIN_MAX_NEURONS below the model's size the Prompt page does not load
+    the model: its "Explain on a worker" button queues the prompt, the request's state
+    shows while a real worker explains it, and Refresh then draws the stored explanation
+    (the share of T the worker wrote)."""
+    from catalog.config import ScienceConfig
+    from catalog.sources import load_model
+    from jobs.store_results import catalog_checkpoint
+    from schema import store
+    from schema.explanations import stored_explanation
+
+    cfg, root = tiny_builtin
+    config = ScienceConfig(operators=("+",), operand_hi=20, pairs_per_op=10,
+                           patching=("attribution",), faithfulness_prompts=20)
+    lm = load_model("builtin", 300, builtin_config=cfg, cache_root=root)
+    ids = catalog_checkpoint(queue.url, lm, config)
+    proc, url = start_explorer({**os.environ, "NCAT_EXPLAIN_MAX_NEURONS": "1"})
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 2400})
+            page.goto(f"{url}/prompt?model_id={ids.model_id}&checkpoint_id="
+                      f"{ids.checkpoint_id}&config_id={ids.config_id}&prompt=13%2B6%3D",
+                      wait_until="networkidle")
+            try:
+                page.get_by_text("more than this explorer explains in its own process"
+                                 ).wait_for(timeout=60_000)
+            finally:
+                page.screenshot(path=str(ARTIFACTS / "prompt-page-worker-queue.png"))
+            assert page.get_by_text("Contributions to T").count() == 0
+            page.get_by_role("button", name="Explain on a worker").click()
+            page.get_by_text("queued since").wait_for(timeout=60_000)
+            queue.start_worker()
+
+            def stored():
+                with store.connect(queue.url) as conn:
+                    return stored_explanation(conn, checkpoint_id=ids.checkpoint_id,
+                                              config_id=ids.config_id, prompt="13+6=")
+
+            wait_until(lambda: stored() is not None, timeout=240, what="the worker")
+            page.get_by_role("button", name="Refresh").click()
+            share = f"{stored()['shares']['labelled, heuristic holds']:.0%} of T"
+            page.get_by_text(share).first.wait_for(timeout=60_000)
+            chart_titles(page, ["Contributions to T"], timeout=60_000)
+            page.get_by_text("Showing the stored explanation").wait_for(timeout=10_000)
+            page.screenshot(path=str(ARTIFACTS / "prompt-page-worker.png"))
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -172,7 +172,67 @@ def _neuron_lines(e: dict, ids: tuple[int, int, int], rows: list[dict]) -> list[
     return out
 
 
-def render() -> None:  # noqa: C901
+def _worker_branch(ids: tuple[int, int, int], model, prompt: str, limit: int
+                   ) -> dict | None:
+    """A model too large for this process: the prompt's stored explanation if a worker (or
+    ``ncat explain --store``) wrote one, else its request's state and the button that
+    queues it. None when there is nothing to draw yet."""
+    from catalog.config import ScienceConfig
+    from catalog.explain.prompt import PromptError, parse
+    from jobs.explain_jobs import NotSent, request, resend
+
+    model_id, checkpoint_id, config_id = ids
+    name, step, stored_config = data.job_request(*ids)
+    try:
+        a, op, b = parse(prompt, ScienceConfig.from_dict(stored_config))
+    except PromptError as exc:
+        st.error(str(exc))
+        return None
+    text = f"{a}{op}{b}="
+    stored, req = data.worker_explanation(checkpoint_id, config_id, text)
+    neurons = int(model.n_layers) * int(model.d_mlp)
+    where = (f"{model['name']} has {neurons:,} MLP neurons, more than this explorer "
+             f"explains in its own process ({limit:,}; NCAT_EXPLAIN_MAX_NEURONS): a worker "
+             "explains it (`ncat worker`), or `ncat explain "
+             f"{name} '{text}'" + (f" --checkpoint {step}" if step is not None else "")
+             + " --store` where the model fits.")
+    busy = req is not None and req.status in ("queued", "running")
+    if stored is not None and not busy:
+        st.caption(where + " Showing the stored explanation.")
+        return stored
+    st.info(where)
+    if req is not None and req.status == "failed":
+        st.error(f"The worker could not explain {text}: {req.error}")
+    if busy:
+        st.warning(f"Request #{req.id}: {req.status} since "
+                   f"{(req.started_at or req.created_at):%Y-%m-%d %H:%M:%S} "
+                   f"(worker {req.worker or 'not yet'}, started {req.starts} time(s)). "
+                   "Refresh to see it when it is done.")
+        left, right = st.columns(2)
+        if left.button("Refresh", key="prompt-refresh"):
+            st.rerun()
+        if right.button("Send again", key="prompt-resend",
+                        help="send the request's message again (a restarted broker loses "
+                             "queued messages); a worker drops a request already done"):
+            resend(req.id)
+        return None
+    label = "Explain it again on a worker" if stored is not None else "Explain on a worker"
+    if st.button(label, key="prompt-queue"):
+        try:
+            got, _ = request(data.database_url(), model_id=model_id,
+                             checkpoint_id=checkpoint_id, config_id=config_id, prompt=text)
+        except (PromptError, ValueError) as exc:
+            st.error(str(exc))
+            return None
+        except NotSent as exc:
+            st.error(str(exc))
+            return None
+        st.success(f"Explain request #{got.id} queued.")
+        st.rerun()
+    return stored
+
+
+def render() -> None:
     st.title("Prompt")
     if not require_catalog():
         return
@@ -187,24 +247,17 @@ def render() -> None:  # noqa: C901
                            or _default_prompt(config_id, model_id, checkpoint_id),
                            key="prompt-text").strip()
     if not small:
-        name, step, _ = data.job_request(model_id, checkpoint_id, config_id)
-        st.info(f"{model['name']} has {int(model.n_layers) * int(model.d_mlp):,} MLP neurons, "
-                f"more than this explorer explains in its own process ({limit:,}; "
-                "NCAT_EXPLAIN_MAX_NEURONS). Explain it where the model fits and store it: "
-                f"`ncat explain {name} '{prompt}'"
-                + (f" --checkpoint {step}" if step is not None else "")
-                + " --store` (with the config's flags); stored explanations show below.")
-        rows = _across(model_id, config_id, prompt, small=False)
-        if len(rows):
-            st.dataframe(rows, hide_index=True)
-        return
-    from catalog.explain.prompt import PromptError
+        e = _worker_branch(ids, model, prompt, limit)
+        if e is None:
+            return
+    else:
+        from catalog.explain.prompt import PromptError
 
-    try:
-        e = explained(model_id, checkpoint_id, config_id, prompt, 5)
-    except PromptError as exc:
-        st.error(str(exc))
-        return
+        try:
+            e = explained(model_id, checkpoint_id, config_id, prompt, 5)
+        except PromptError as exc:
+            st.error(str(exc))
+            return
     left, mid, right = st.columns(3)
     left.metric("answer", f"{e['result']}", f"model says {e['predicted']!r}",
                 delta_color="normal" if e["correct"] else "inverse")
@@ -239,9 +292,10 @@ def render() -> None:  # noqa: C901
     else:
         st.caption("No knockout: no labelled neuron's heuristic holds for this prompt.")
     st.subheader("Across training")
-    rows = _across(model_id, config_id, prompt, small=True)
+    rows = _across(model_id, config_id, prompt, small=small)
     if len(rows) > 1:
         st.plotly_chart(across_chart(rows), key="prompt-across")
         st.dataframe(rows, hide_index=True)
     else:
-        st.caption("One catalogued checkpoint under this config: nothing to compare.")
+        st.caption("One " + ("catalogued checkpoint" if small else "stored explanation")
+                   + " of this prompt under this config: nothing to compare.")
