@@ -41,7 +41,9 @@ def w_out(model: HookedTransformer, layer: int) -> torch.Tensor:
 
 def b_out(model: HookedTransformer, layer: int) -> torch.Tensor:
     """Layer ``layer``'s MLP output bias (d_model,), without stacking every layer's."""
-    return model.blocks[layer].mlp.b_out
+    b = model.blocks[layer].mlp.b_out
+    assert isinstance(b, torch.Tensor)
+    return b
 
 
 def post_hook_name(layer: int) -> str:
