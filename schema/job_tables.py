@@ -1,5 +1,5 @@
-"""The job tables (``job``, ``job_layer``, ``reconcile_event``): what the queue's durable
-state is made of (docs/jobs.md), apart so that ``schema.tables`` stays short; it
+"""The job tables (``job``, ``job_layer``, ``reconcile_event``, ``explain_request``): what
+the queue's durable state is made of (docs/jobs.md), apart so that ``schema.tables`` stays short; it
 re-exports them, so that importing it registers every table."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlmodel import Field, SQLModel
@@ -91,3 +92,32 @@ class ReconcileEvent(SQLModel, table=True):
     layer: int | None = Field(default=None, sa_column=Column(SmallInteger, nullable=True))
     action: str = Field(sa_column=Column(String(32), nullable=False))
     detail: dict | None = Field(default=None, sa_column=Column(JSONB))
+
+
+class ExplainRequestRow(SQLModel, table=True):
+    """A prompt a worker explains for the Prompt page (migration 0030;
+    schema.explain_requests): queued -> running -> done or failed; one request of a
+    prompt open at a time."""
+
+    __tablename__ = "explain_request"
+    __table_args__ = (
+        Index("explain_request_open_idx", "checkpoint_id", "config_id", "prompt", unique=True,
+              postgresql_where=text("status IN ('queued', 'running')")),
+        Index("explain_request_prompt_idx", "checkpoint_id", "config_id", "prompt", "id"),
+    )
+    id: int | None = Field(default=None, primary_key=True)
+    model_id: int = _fk("model")
+    checkpoint_id: int = _fk("checkpoint")
+    config_id: int = _fk("measure_config")
+    prompt: str = Field(sa_column=Column(Text, nullable=False))
+    seeds: int = Field(sa_column=Column(Integer, nullable=False))
+    status: str = Field(default="queued", sa_column=Column(String(8), nullable=False,
+                                                           server_default="queued"))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    worker: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    starts: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    created_at: datetime = Field(default_factory=_now, sa_column=_ts())
+    started_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
+                                                                       nullable=True))
+    finished_at: datetime | None = Field(default=None, sa_column=Column(DateTime(timezone=True),
+                                                                        nullable=True))
