@@ -58,10 +58,11 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
     if progress:
         from sqlalchemy.engine import make_url
 
-        shown = make_url(s.database_url).render_as_string(hide_password=True)
+        from schema.database import psql_url
+
         broker = make_url(s.redis_url).render_as_string(hide_password=True)
-        print(f"demo: catalog database {shown}; job broker {broker}; home {s.ncat_home}",
-              flush=True)
+        print(f"demo: catalog database {psql_url(s.database_url)}; job broker {broker}; "
+              f"home {s.ncat_home}", flush=True)
     url = migrate(s.database_url)
     send = celery_sender(s)
     if model in ("builtin", builtin.BUILTIN_NAME):

@@ -107,5 +107,17 @@ def resolve_database_url(settings: Settings | None = None) -> str:
     return with_driver(start_embedded(s.ncat_home / "pgdata"))
 
 
-__all__ = ["Settings", "embedded_running", "port_open", "resolve_database_url", "start_embedded",
-           "stop_embedded", "stop_embedded_in", "with_driver"]
+__all__ = ["Settings", "embedded_running", "port_open", "psql_url", "resolve_database_url",
+           "start_embedded", "stop_embedded", "stop_embedded_in", "with_driver"]
+
+
+def psql_url(url: str) -> str:
+    """A database URL as psql and libpq take it: no SQLAlchemy driver suffix
+    (``postgresql+psycopg://`` -> ``postgresql://``), the password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(url)
+        return u.set(drivername=u.get_backend_name()).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy knows: show no part of it
+        return "the configured URL"

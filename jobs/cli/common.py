@@ -8,6 +8,7 @@ import sys
 
 from catalog.config import ExecutionConfig, ScienceConfig
 from catalog.config.flags import add_arguments, from_args
+from schema.database import psql_url as psql_url
 
 DB_HELP = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
 BAD_INPUT = 2  # exit code of every command for input it refuses
@@ -119,3 +120,23 @@ def hide_password(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not a URL SQLAlchemy knows: show no part of it
         return "the configured URL"
+
+
+def ncat_command() -> str:
+    """How to run ``ncat`` again from this shell: ``ncat`` when that name on the PATH is
+    this program, else the path this one was started by (``.venv/bin/ncat`` when the
+    virtual environment is not activated; ``python -m jobs.cli`` when run that way)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    me = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if me is None or me.name in ("__main__.py", "-m", "-c") or me.suffix == ".py":
+        return f"{sys.executable} -m jobs.cli"
+    found = shutil.which("ncat")
+    if found and me.exists() and Path(found).resolve() == me.resolve():
+        return "ncat"
+    try:
+        return os.path.relpath(me.resolve()) if me.exists() else str(me)
+    except ValueError:  # another drive (Windows)
+        return str(me.resolve())

@@ -12,6 +12,8 @@ from jobs.cli.common import (
     database_option,
     database_url,
     fail,
+    ncat_command,
+    psql_url,
     science_from,
     science_options,
 )
@@ -159,13 +161,13 @@ def _demo(args) -> int:
     except (EnqueueError, ValueError) as exc:
         return fail(str(exc))
     print(f"catalog ready in {time.perf_counter() - t0:.0f} s: {out['jobs']} checkpoints, "
-          f"{out['layers']} layers, in {out['database_url']}")
+          f"{out['layers']} layers, in {psql_url(out['database_url'])}")
     for job_id, step, error in out["failed"]:
         print(f"job {job_id} (step {step}) failed: {error}", file=sys.stderr)
     if args.no_serve:
         return 1 if out["failed"] else 0
     print("the demo's worker has stopped: jobs queued from the explorer's Jobs page run once "
-          "`ncat worker` runs (in another terminal)")
+          f"`{ncat_command()} worker` runs (in another terminal)")
     args.database_url = out["database_url"]
     return cmd_explore(args)
 

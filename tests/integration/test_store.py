@@ -684,3 +684,29 @@ def test_readers_cannot_take_the_workers_connections_nor_read_other_queries(db):
     finally:
         for r in readers:
             r.close()
+
+
+def test_the_url_the_demo_prints_is_one_psql_connects_with(db):
+    """``psql_url`` (what the demo and ``ncat demo`` print) of the catalog database's
+    SQLAlchemy URL: psql accepts it as written (it rejected ``postgresql+psycopg://``)."""
+    import shutil
+    import subprocess
+
+    from schema.database import psql_url, with_driver
+
+    psql = shutil.which("psql")
+    assert psql, "psql (postgresql-client) is installed with the project's services"
+    shown = psql_url(with_driver(db))
+    assert shown.startswith("postgresql://") and "+psycopg" not in shown
+    import os
+
+    secret = make_url(db).password  # hidden in the URL: the user gives it as libpq reads it
+    env = {**os.environ, **({"PGPASSWORD": str(secret)} if secret else {})}
+    shown = shown.replace(":***@", "@")
+    out = subprocess.run([psql, shown, "-At", "-c", "SELECT 40 + 2"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "42"
+    rejected = subprocess.run([psql, with_driver(db), "-At", "-c", "SELECT 1"],
+                              capture_output=True, text=True, timeout=60, env=env)
+    assert rejected.returncode != 0  # what the demo printed before

@@ -257,3 +257,37 @@ def test_no_command_prints_the_database_password(args, tmp_path):
     assert out.returncode == 3, (out.returncode, out.stdout[-500:], out.stderr[-500:])
     assert secret not in out.stdout + out.stderr
     assert "127.0.0.1:1" in out.stderr  # it says which server it could not reach
+
+
+def test_printed_urls_are_psql_ready_and_printed_commands_run_without_the_venv(
+        tmp_path, monkeypatch):
+    """The demo prints its database as psql takes it (no SQLAlchemy driver suffix, no
+    password) and its follow-up commands as this shell can run them: ``ncat`` only when
+    that name on the PATH is this program."""
+    from jobs.cli.common import ncat_command
+    from schema.database import psql_url
+
+    assert psql_url("postgresql+psycopg://me:s3cret@db.example:5433/ncat") == \
+        "postgresql://me:***@db.example:5433/ncat"
+    assert psql_url("postgresql://postgres@localhost:5432/ncat") == \
+        "postgresql://postgres@localhost:5432/ncat"
+    assert "s3cret" not in psql_url("not a url s3cret")
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    script = venv / "ncat"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [str(script), "demo"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the venv not activated
+    assert ncat_command() == ".venv/bin/ncat"
+    monkeypatch.setenv("PATH", f"{venv}:/usr/bin:/bin")  # activated
+    assert ncat_command() == "ncat"
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "ncat").write_text("#!/bin/sh\n")  # nmap's netcat, say
+    (other / "ncat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other}:/usr/bin:/bin")
+    assert ncat_command() == ".venv/bin/ncat"
+    monkeypatch.setattr(sys, "argv", ["/x/jobs/cli/__main__.py"])
+    assert ncat_command() == f"{sys.executable} -m jobs.cli"
