@@ -258,6 +258,12 @@ def _broker_send():
 BROKER_ERRORS = ("redis", "kombu", "amqp", "celery")
 
 
+def broker_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the broker's (a client library's error, or the connection's)."""
+    return type(exc).__module__.split(".")[0] in BROKER_ERRORS or isinstance(
+        exc, ConnectionError | OSError)
+
+
 def _send_all(send, pairs: list[tuple[int, int]], results: list) -> None:
     """Send each (job, layer) after the rows committed; a broker failure part-way is
     QueuedWithoutBroker (the rows stand, and the reconciler sends the rest)."""
@@ -267,8 +273,7 @@ def _send_all(send, pairs: list[tuple[int, int]], results: list) -> None:
         if pairs and hasattr(send, "verify"):
             send.verify()
     except Exception as exc:
-        if type(exc).__module__.split(".")[0] in BROKER_ERRORS or isinstance(
-                exc, ConnectionError | OSError):
+        if broker_failed(exc):
             raise QueuedWithoutBroker(results, exc) from exc
         raise
 

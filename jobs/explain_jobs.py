@@ -19,7 +19,7 @@ import logging
 
 from catalog.config import ScienceConfig
 from catalog.config.settings import get_settings
-from jobs.enqueue import BROKER_ERRORS
+from jobs.enqueue import broker_failed
 from schema import store
 from schema.explain_requests import (
     ExplainRequest,
@@ -65,8 +65,7 @@ def request(url: str, *, model_id: int, checkpoint_id: int, config_id: int, prom
         try:
             (send or _send)(got.id)
         except Exception as exc:
-            if type(exc).__module__.split(".")[0] in BROKER_ERRORS or isinstance(
-                    exc, ConnectionError | OSError):
+            if broker_failed(exc):
                 raise NotSent(got, exc) from exc
             raise
     return got, created
