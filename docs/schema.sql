@@ -189,6 +189,33 @@ CREATE TABLE explain_request (
     CONSTRAINT explain_request_status_check CHECK (((status)::text = ANY ((ARRAY['queued'::character varying, 'running'::character varying, 'done'::character varying, 'failed'::character varying])::text[])))
 );
 -- grants on explain_request: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE final_circuit_point (
+    model_id integer NOT NULL,
+    checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    op character varying(1) NOT NULL,
+    final_checkpoint_id integer NOT NULL,
+    circuit character varying(8) NOT NULL,
+    metric character varying(12) NOT NULL,
+    k integer NOT NULL,
+    fraction real NOT NULL,
+    mib boolean NOT NULL,
+    paper boolean NOT NULL,
+    mean_ratio real,
+    mean_ratio_se real,
+    ratio_of_means real,
+    ratio_of_means_se real,
+    median_ratio real,
+    n integer NOT NULL,
+    n_small integer NOT NULL,
+    CONSTRAINT final_circuit_point_checkpoint_id_fkey FOREIGN KEY (checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT final_circuit_point_circuit_check CHECK (((circuit)::text = ANY ((ARRAY['ranked'::character varying, 'random'::character varying])::text[]))),
+    CONSTRAINT final_circuit_point_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT final_circuit_point_final_checkpoint_id_fkey FOREIGN KEY (final_checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT final_circuit_point_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
+    CONSTRAINT final_circuit_point_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, op, circuit, metric, k)
+);
+-- grants on final_circuit_point: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 CREATE TABLE grid_layout (
     config_id integer NOT NULL,
     number_limit integer NOT NULL,
@@ -492,6 +519,8 @@ CREATE INDEX ix_emergence_run_op ON public.emergence_run USING btree (model_id, 
 CREATE UNIQUE INDEX explain_request_open_idx ON public.explain_request USING btree (checkpoint_id, config_id, prompt) WHERE ((status)::text = ANY ((ARRAY['queued'::character varying, 'running'::character varying])::text[]));
 CREATE UNIQUE INDEX explain_request_pkey ON public.explain_request USING btree (id);
 CREATE INDEX explain_request_prompt_idx ON public.explain_request USING btree (checkpoint_id, config_id, prompt, id);
+CREATE INDEX final_circuit_point_final_idx ON public.final_circuit_point USING btree (final_checkpoint_id);
+CREATE UNIQUE INDEX final_circuit_point_pkey ON public.final_circuit_point USING btree (model_id, checkpoint_id, config_id, op, circuit, metric, k);
 CREATE UNIQUE INDEX grid_layout_pkey ON public.grid_layout USING btree (config_id, number_limit, op);
 CREATE UNIQUE INDEX heuristic_key_key ON public.heuristic USING btree (key);
 CREATE UNIQUE INDEX heuristic_pkey ON public.heuristic USING btree (id);
@@ -676,6 +705,79 @@ CREATE VIEW component_effects AS
      JOIN model m ON m.id = e.model_id;
 -- grants on component_effects: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
+CREATE VIEW final_circuit_faithfulness AS
+ WITH last AS (
+         SELECT DISTINCT ON (s.model_id, s.config_id, s.op) s.model_id,
+            s.config_id,
+            s.op,
+            s.checkpoint_id
+           FROM circuit_summary s
+             JOIN checkpoint c_1 ON c_1.id = s.checkpoint_id
+          WHERE s.protocol::text = 'paper'::text
+          ORDER BY s.model_id, s.config_id, s.op, c_1.step DESC NULLS LAST
+        ), rows AS (
+         SELECT f.model_id,
+            f.checkpoint_id,
+            f.config_id,
+            f.op,
+            f.metric,
+            f.k,
+            f.fraction,
+            f.final_checkpoint_id,
+            f.ratio_of_means AS final,
+            f.ratio_of_means_se AS final_se,
+            r.ratio_of_means AS random,
+            r.ratio_of_means_se AS random_se,
+            f.n,
+            f.n_small
+           FROM final_circuit_point f
+             LEFT JOIN final_circuit_point r ON r.model_id = f.model_id AND r.checkpoint_id = f.checkpoint_id AND r.config_id = f.config_id AND r.op::text = f.op::text AND r.metric::text = f.metric::text AND r.k = f.k AND r.circuit::text = 'random'::text
+          WHERE f.circuit::text = 'ranked'::text
+        UNION ALL
+         SELECT p.model_id,
+            p.checkpoint_id,
+            p.config_id,
+            p.op,
+            p.metric,
+            p.k,
+            p.fraction,
+            p.checkpoint_id,
+            p.ratio_of_means,
+            p.ratio_of_means_se,
+            r.ratio_of_means,
+            r.ratio_of_means_se,
+            p.n,
+            p.n_small
+           FROM circuit_point p
+             JOIN last l ON l.model_id = p.model_id AND l.checkpoint_id = p.checkpoint_id AND l.config_id = p.config_id AND l.op::text = p.op::text
+             LEFT JOIN circuit_point r ON r.model_id = p.model_id AND r.checkpoint_id = p.checkpoint_id AND r.config_id = p.config_id AND r.op::text = p.op::text AND r.protocol::text = 'paper'::text AND r.circuit::text = 'random'::text AND r.metric::text = p.metric::text AND r.k = p.k
+          WHERE p.protocol::text = 'paper'::text AND p.circuit::text = 'ranked'::text
+        )
+ SELECT m.name AS model,
+    c.step,
+    x.config_id,
+    x.op,
+    x.metric,
+    x.k,
+    x.fraction,
+    o.ratio_of_means AS own,
+    o.ratio_of_means_se AS own_se,
+    x.final,
+    x.final_se,
+    x.random,
+    x.random_se,
+    x.n,
+    x.n_small,
+    fc.step AS final_step,
+    x.model_id,
+    x.checkpoint_id
+   FROM rows x
+     JOIN model m ON m.id = x.model_id
+     JOIN checkpoint c ON c.id = x.checkpoint_id
+     JOIN checkpoint fc ON fc.id = x.final_checkpoint_id
+     LEFT JOIN circuit_point o ON o.model_id = x.model_id AND o.checkpoint_id = x.checkpoint_id AND o.config_id = x.config_id AND o.op::text = x.op::text AND o.protocol::text = 'paper'::text AND o.circuit::text = 'ranked'::text AND o.metric::text = x.metric::text AND o.k = x.k;
+-- grants on final_circuit_faithfulness: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
 CREATE VIEW heuristic_emergence AS
  SELECT m.name AS model,
     r.layer,
@@ -702,6 +804,34 @@ CREATE VIEW heuristic_emergence AS
              JOIN checkpoint c ON c.id = d.checkpoint_id
           GROUP BY d.model_id, d.config_id, d.layer) ls ON ls.model_id = r.model_id AND ls.config_id = r.config_id AND ls.layer = r.layer;
 -- grants on heuristic_emergence: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW heuristic_share AS
+ SELECT m.name AS model,
+    regexp_replace(m.name, '[-@]seed[0-9]+$'::text, ''::text) AS model_group,
+    COALESCE("substring"(m.name, '[-@]seed([0-9]+)$'::text)::integer, 0) AS seed,
+    c.step,
+    s.config_id,
+    e.value ->> 'op'::text AS op,
+    e.value ->> 'family'::text AS family,
+    (e.value ->> 'labelled_top'::text)::integer AS labelled_top,
+    (e.value ->> 'n_top'::text)::integer AS n_top,
+    (e.value ->> 'share_top'::text)::real AS share_top,
+    ((e.value -> 'ci_top'::text) ->> 0)::real AS share_top_lo,
+    ((e.value -> 'ci_top'::text) ->> 1)::real AS share_top_hi,
+    (e.value ->> 'labelled_layer'::text)::integer AS labelled_all,
+    (e.value ->> 'n_layer'::text)::integer AS n_all,
+    (e.value ->> 'share_layer'::text)::real AS share_all,
+    ((e.value -> 'ci_layer'::text) ->> 0)::real AS share_all_lo,
+    ((e.value -> 'ci_layer'::text) ->> 1)::real AS share_all_hi,
+    s.layers,
+    c.model_id,
+    s.checkpoint_id
+   FROM checkpoint_summary s
+     CROSS JOIN LATERAL jsonb_array_elements(COALESCE(s.enrichment, '[]'::jsonb)) e(value)
+     JOIN checkpoint c ON c.id = s.checkpoint_id
+     JOIN model m ON m.id = c.model_id
+  WHERE (e.value ->> 'layer'::text) = 'all'::text;
+-- grants on heuristic_share: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW label_enrichment AS
  WITH labelled AS (

@@ -306,10 +306,33 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
                 jobdb.fail_job(fresh, job_id, f"summary: {type(exc).__name__}: {exc}", None)
             return False
         jobdb.mark_done(conn, job_id)
+        if job.grid_neurons is None:
+            _fill_final_circuits(conn, job)
         return True
     finally:
         if not conn.closed and not conn.broken:
             jobdb.unlock(conn, key)
+
+
+def _fill_final_circuits(conn, job: JobRow) -> None:
+    """After a summary: if it was the model's final checkpoint under the config, measure its
+    circuit at the earlier checkpoints summarized before it (jobs.final_circuits). The job
+    is done already; a failure here is logged, and ``ncat final-circuit`` fills the gap."""
+    from jobs import final_circuits
+
+    here = _loaded(conn, job)
+    try:
+        steps = final_circuits.fill(conn, model_id=here.ids.model_id,
+                                    config_id=here.ids.config_id, execution=here.run.execution,
+                                    cache_root=get_settings().builtin_root)
+    except TRANSIENT:
+        raise
+    except Exception:
+        log.exception("job %s: the final circuit at earlier checkpoints failed "
+                      "(ncat final-circuit measures it)", job.id)
+        return
+    if steps:
+        log.info("job %s: final circuit measured at steps %s", job.id, steps)
 
 
 def _summarize(conn, job: JobRow) -> None:
@@ -321,9 +344,9 @@ def _summarize(conn, job: JobRow) -> None:
     else:
         digests = store_results.stored_digests(conn, here.ids, here.run.config, layers,
                                  here.lm.model.cfg.d_mlp)
-    summary = here.run.summarize_digests(digests)
+    final = store_results.final_circuit(conn, here.ids, here.run.config, here.lm.model,
+                                        here.lm.info.checkpoint)
+    summary = here.run.summarize_digests(digests, final=final[0] if final else None)
     with conn.transaction():
-        store.write_summary(conn, checkpoint_id=here.ids.checkpoint_id,
-                            config_id=here.ids.config_id,
-                            summary=store_results.summary_dict(summary))
+        store_results.write_summary(conn, here.ids, summary, final[1] if final else None)
     store.refresh_views(conn, here.ids.model_id, here.ids.checkpoint_id, here.ids.config_id)

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 import psycopg
 
+from catalog.circuits.final import FinalCircuit
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.labels.heuristics import Heuristic
 from catalog.labels.matches import Matches
 from catalog.measuring.effects import rank_key
 from catalog.run.checkpoint import CheckpointRun, LayerDigest, LayerResult, Summary
 from catalog.sources import LoadedModel
-from schema import reads, rows, store
+from schema import reads, rows, store, training
 from schema.sketch import GridGeometry
 
 
@@ -127,6 +128,7 @@ def summary_dict(summary: Summary) -> dict:
         "prompt_explanations": summary.prompt_explanations,
         "components": component_rows(summary),
         "curves": [c.as_dict() for c in summary.curves],
+        "final_curves": [c.as_dict() for c in summary.final_curves],
     })
 
 
@@ -190,14 +192,59 @@ def catalog_checkpoint(
         if done and on_resume is not None:
             on_resume(done)
         host = socket.gethostname()
+        final = final_circuit(conn, ids, config, lm.model, lm.info.checkpoint)
         out = run.run_all(done=digests, progress=progress, measure=lambda layer: store_layer(
-            conn, run, ids, layer, lm.tokenizer, host))
+            conn, run, ids, layer, lm.tokenizer, host),
+                          final=final[0] if final else None)
         if out.summary is not None:
             with conn.transaction():
-                store.write_summary(conn, checkpoint_id=ids.checkpoint_id,
-                                    config_id=ids.config_id, summary=summary_dict(out.summary))
+                write_summary(conn, ids, out.summary, final[1] if final else None)
                 store.refresh_views(conn, ids.model_id, ids.checkpoint_id, ids.config_id)
     return ids
+
+
+def write_summary(conn: psycopg.Connection, ids: CatalogIds, summary: Summary,
+                  final_checkpoint_id: int | None) -> None:
+    """The summary row, its circuits and (measured against ``final_checkpoint_id``) the
+    final circuit's curves; the caller holds the transaction."""
+    row = summary_dict(summary)
+    store.write_summary(conn, checkpoint_id=ids.checkpoint_id, config_id=ids.config_id,
+                        summary=row)
+    if final_checkpoint_id is not None:
+        training.write_final_curves(conn, checkpoint_id=ids.checkpoint_id,
+                                    config_id=ids.config_id,
+                                    final_checkpoint_id=final_checkpoint_id,
+                                    curves=row["final_curves"])
+
+
+def final_circuit(conn: psycopg.Connection, ids: CatalogIds, config: ScienceConfig, model,
+                  step: int | None) -> tuple[FinalCircuit, int] | None:
+    """The final checkpoint's paper circuit (catalog.circuits.final) rebuilt from the store
+    for a checkpoint before it, and the final checkpoint's id; None when this checkpoint
+    is the final one, comes after it, or no checkpoint of the model has a stored circuit
+    under the config. Its ranking is what the final checkpoint's curve ranked by
+    (circuit_summary.ranking): the attribution score (mean + std) or the catalog's rank."""
+    src = training.final_source(conn, model_id=ids.model_id, config_id=ids.config_id)
+    if src is None or src.checkpoint_id == ids.checkpoint_id or \
+            (step is not None and src.step is not None and src.step <= step):
+        return None
+    n_layers, n_heads, d_mlp = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_mlp
+    layers = sorted({int(x) for p in src.plans.values() for x in p["pruned"]})
+    digests = stored_digests(conn, CatalogIds(ids.model_id, src.checkpoint_id, ids.config_id),
+                             config, layers, d_mlp)
+    plans = {}
+    for o, op in enumerate(config.operators):
+        if op not in src.plans:
+            continue
+        score = np.full((n_layers, d_mlp), -np.inf)
+        for layer in layers:
+            d = digests[layer]
+            by = d.attribution if src.plans[op]["ranking"] == "attribution" and \
+                d.attribution is not None else d.effect
+            score[layer] = np.nan_to_num(by[:, o], nan=-np.inf)
+        plans[op] = {**src.plans[op], "score": score}
+    return FinalCircuit.from_stored(src.step, (n_layers, n_heads, d_mlp), plans), \
+        src.checkpoint_id
 
 
 def stored_digests(conn: psycopg.Connection, ids: CatalogIds, config: ScienceConfig,

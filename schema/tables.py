@@ -271,6 +271,29 @@ class CircuitPoint(_CheckpointOpKey, table=True):
     n_small: int = Field(sa_column=Column(Integer, nullable=False))
 
 
+class FinalCircuitPoint(_CheckpointOpKey, table=True):
+    """The final checkpoint's paper circuit (``ranked``) or its random control under the
+    same plan (``random``), measured at this checkpoint (migration 0031;
+    catalog.circuits.final)."""
+
+    __tablename__ = "final_circuit_point"
+    final_checkpoint_id: int = Field(foreign_key="checkpoint.id", ondelete="CASCADE",
+                                     index=True)
+    circuit: str = Field(sa_type=String(8), primary_key=True)
+    metric: str = Field(sa_type=String(12), primary_key=True)
+    k: int = Field(primary_key=True)
+    fraction: float = Field(sa_column=Column(REAL, nullable=False))
+    mib: bool = Field(sa_column=Column(Boolean, nullable=False))
+    paper: bool = Field(sa_column=Column(Boolean, nullable=False))
+    mean_ratio: float | None = Field(default=None, sa_column=Column(REAL))
+    mean_ratio_se: float | None = Field(default=None, sa_column=Column(REAL))
+    ratio_of_means: float | None = Field(default=None, sa_column=Column(REAL))
+    ratio_of_means_se: float | None = Field(default=None, sa_column=Column(REAL))
+    median_ratio: float | None = Field(default=None, sa_column=Column(REAL))
+    n: int = Field(sa_column=Column(Integer, nullable=False))
+    n_small: int = Field(sa_column=Column(Integer, nullable=False))
+
+
 class _NeuronKey(SQLModel):
     """The key columns the four measurement tables share, first in each (its primary key
     starts with them; ``model_id`` is also the partition key)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -101,9 +102,15 @@ class TrainConfig:
 
 
 def model_name(cfg: TrainConfig) -> str:
-    """Catalog name of a built-in model: ``builtin-arith``, or ``builtin-arith@<key>`` for a
-    variant trained with other settings (its cache folder name)."""
-    return BUILTIN_NAME if cfg == TrainConfig() else f"{BUILTIN_NAME}@{cfg.key()}"
+    """Catalog name of a built-in model: ``builtin-arith``; ``builtin-arith@seed<N>`` for
+    the default model trained from another seed (the views group a name's seeds:
+    migration 0031); ``builtin-arith@<key>`` for a variant trained with other settings
+    (its cache folder name)."""
+    if cfg == TrainConfig():
+        return BUILTIN_NAME
+    if cfg == TrainConfig(seed=cfg.seed):
+        return f"{BUILTIN_NAME}@seed{cfg.seed}"
+    return f"{BUILTIN_NAME}@{cfg.key()}"
 
 
 def config_from_name(name: str, root: Path | None = None) -> TrainConfig:
@@ -116,6 +123,8 @@ def config_from_name(name: str, root: Path | None = None) -> TrainConfig:
         raise ValueError(f"{name!r} is not a built-in model name")
     if not key:
         return TrainConfig()
+    if re.fullmatch(r"seed\d+", key):
+        return TrainConfig(seed=int(key[4:]))
     path = (root or default_cache_root()) / key / "train_config.json"
     if not path.exists():
         have = sorted(p.name for p in (root or default_cache_root()).glob("*") if p.is_dir())

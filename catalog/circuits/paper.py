@@ -55,6 +55,7 @@ PAPER_FIRST_HEURISTICS_LAYER = {"pythia69b": 14, "llama38b": 16, "metallama38b":
 # Llama3-70B's 5,120 (Llama3-8B's were hand-picked, 6 to 20 per operator)
 PAPER_HEADS = 50
 PAPER_HEADS_AT = 1024
+CIRCUIT_KINDS = ("ranked", "reversed", "random")
 
 
 def top_k_mask(effect: Float[np.ndarray, "n_layers d_mlp"], k: int) -> np.ndarray:
@@ -227,9 +228,11 @@ class CurveSetup:
 
 def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: CircuitPlan,
                   replace: ablation.Replace, context: str, population: str | None,
-                  ranking: str) -> CurveResult:
+                  ranking: str, kinds: tuple[str, ...] = CIRCUIT_KINDS) -> CurveResult:
     """The faithfulness of ``plan_``'s circuits at every size, with the controls, the
-    baselines and the areas, for one operator's drawn prompts."""
+    baselines and the areas, for one operator's drawn prompts. ``kinds`` picks the
+    circuits measured: the ranked one always, the reversed and random controls when named
+    (the final circuit measured at an earlier checkpoint keeps only its random control)."""
     table, width = setup.table, setup.width
     union = np.unique(np.concatenate(setup.seeds)) if setup.seeds else np.zeros(0, np.int64)
     result = CurveResult(plan_.protocol, op, plan_, sum(len(s) for s in setup.seeds),
@@ -259,19 +262,23 @@ def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: C
     # the ranked ones). Ranked and reversed circuits share everything below the first
     # pruned layer, so they run together and the early layers run once.
     part = [k for k in sizes_mib if k < width]
+    rev_part = part if "reversed" in kinds else []
     got = [v[draws] for v in run(union, [plan_.ranked(k) for k in ks]
-                                 + [plan_.reversed(k) for k in part])]
-    ranked, rev = got[:len(ks)], dict(zip(part, got[len(ks):], strict=True))
+                                 + [plan_.reversed(k) for k in rev_part])]
+    ranked, rev = got[:len(ks)], dict(zip(rev_part, got[len(ks):], strict=True))
     full = ranked[ks.index(width)] if width in ks else None
     o = table.operators.index(op)
+    rand_part = part if "random" in kinds else []
     per_seed = [run(s, [plan_.random(k, np.random.default_rng([setup.seed, 9, o, i, k]))
-                        for k in part]) for i, s in enumerate(setup.seeds)]
+                        for k in rand_part]) for i, s in enumerate(setup.seeds)]
     rand = {k: np.concatenate([seed_values[j] for seed_values in per_seed])
-            for j, k in enumerate(part)}
+            for j, k in enumerate(rand_part)}
     values = {"ranked": ranked,
               "reversed": [rev[k] if k in rev else full for k in sizes_mib],
               "random": [rand[k] if k in rand else full for k in sizes_mib]}
-    sizes = {"ranked": ks, "reversed": sizes_mib, "random": sizes_mib}
+    sizes = {kind: ks if kind == "ranked" else sizes_mib
+             for kind in ("ranked", "reversed", "random")
+             if kind == "ranked" or kind in kinds}
     boot = faithfulness.resamples(len(draws), setup.seed)
     m, e = model_v[draws], empty_v[draws]
     for mi, metric in enumerate(faithfulness.METRICS):

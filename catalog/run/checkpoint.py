@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from catalog.builtin.model import BUILTIN_NAME
+from catalog.circuits.final import FinalCircuit
 from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.config.settings import get_settings
 from catalog.core import stats
@@ -395,12 +396,14 @@ class CheckpointRun(CheckpointSummary):
     def run_all(self, *, on_layer: Callable[[LayerResult], None] | None = None,
                 done: dict[int, LayerDigest] | None = None, keep: bool = False,
                 summary: bool = True, run_knockouts: bool = True, progress: bool = False,
-                measure: Callable[[int], LayerResult] | None = None) -> Driven:
+                measure: Callable[[int], LayerResult] | None = None,
+                final: FinalCircuit | None = None) -> Driven:
         """Measure every layer of the run not in ``done``, then the summary over all of
         them (see the module docstring). ``on_layer`` receives each ``LayerResult`` as it
         is measured; ``keep`` keeps them in the returned ``Driven.results``; ``measure``
         (default ``run_layer``) measures one layer, e.g. measuring and storing it in one
-        step."""
+        step. ``final``: a later checkpoint's circuit, measured in the summary too
+        (catalog.circuits.final)."""
         self._require_prepared()
         digests = dict(done or {})
         results: dict[int, LayerResult] = {}
@@ -421,7 +424,7 @@ class CheckpointRun(CheckpointSummary):
                 print(f"summary of {len(digests)} layer(s): accuracy, circuits and "
                       f"faithfulness curves{', knockouts' if run_knockouts else ''}...",
                       file=sys.stderr, flush=True)
-            summ = self.summarize_digests(digests, run_knockouts=run_knockouts)
+            summ = self.summarize_digests(digests, run_knockouts=run_knockouts, final=final)
             seconds = time.perf_counter() - t
             if progress:
                 print(f"summary done in {seconds:.1f} s", file=sys.stderr, flush=True)

@@ -163,6 +163,10 @@ class Summary:
     # aggregated over the knockout's prompts (catalog.explain.grid.summarize_prompts)
     prompt_explanations: dict[str, dict] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)  # phase -> wall time
+    # a later checkpoint's circuit measured here (catalog.circuits.final): protocol "final",
+    # its ranked curve and random control per operator; final_step is that checkpoint's step
+    final_curves: list[paper.CurveResult] = field(default_factory=list)
+    final_step: int | None = None
 
 
 @dataclass

@@ -15,6 +15,8 @@ import numpy as np
 from transformer_lens import HookedTransformer
 
 from catalog.circuits import knockouts, paper
+from catalog.circuits.final import KINDS as FINAL_KINDS
+from catalog.circuits.final import FinalCircuit
 from catalog.config import ExecutionConfig, ScienceConfig
 from catalog.explain.grid import explain_prompts, summarize_prompts
 from catalog.explain.prompt import labels_of
@@ -44,17 +46,19 @@ class CheckpointSummary:
     def _require_prepared(self) -> None:
         raise NotImplementedError
 
-    def summarize_digests(self, digests: dict[int, LayerDigest],
-                          run_knockouts: bool = True) -> Summary:
+    def summarize_digests(self, digests: dict[int, LayerDigest], run_knockouts: bool = True,
+                          final: FinalCircuit | None = None) -> Summary:
         """``summarize`` from each layer's ``LayerDigest``."""
         return self.summarize({k: d.effect for k, d in digests.items()},
                               {k: d.matches for k, d in digests.items()},
                               run_knockouts=run_knockouts,
-                              attribution={k: d.attribution for k, d in digests.items()})
+                              attribution={k: d.attribution for k, d in digests.items()},
+                              final=final)
 
     def summarize(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
                   run_knockouts: bool = True,
-                  attribution: dict[int, np.ndarray | None] | None = None) -> Summary:
+                  attribution: dict[int, np.ndarray | None] | None = None,
+                  final: FinalCircuit | None = None) -> Summary:
         """Checkpoint summary from the measured layers' rank keys (d_mlp, op; largest
         first, ``LayerResult.effect``), their attribution scores (``LayerResult.
         attribution_score``, what a paper circuit ranks by) and labelled matches.
@@ -82,7 +86,10 @@ class CheckpointSummary:
         lens = {op: residual_lens(model, table, draws[op][0] if draws[op] else
                                   np.zeros(0, np.int64), runner) for op in config.operators}
         seconds["component effects and residual lens"] = time.perf_counter() - t
-        curves = self._curves(effects, attribution or {}, comps, draws, layers, seconds)
+        if final is not None:
+            final.check(n_layers, model.cfg.n_heads, d_mlp)
+        curves, final_curves = self._curves(effects, attribution or {}, comps, draws, layers,
+                                            seconds, final)
         t = time.perf_counter()
         first = [c for c in curves if c.protocol == config.faithfulness_protocols[0]]
         def points(c, stat):
@@ -138,6 +145,7 @@ class CheckpointSummary:
                  for layer in layers if layer in matches},
                 config.operators, config.top_set_fraction, config.seed),
             prompt_explanations=explained, seconds=seconds,
+            final_curves=final_curves, final_step=final.step if final is not None else None,
         )
 
     def _explained(self, matches: dict[int, Matches], draws: dict[str, list[np.ndarray]],
@@ -196,9 +204,12 @@ class CheckpointSummary:
 
     def _curves(self, effects: dict[int, np.ndarray], attribution: dict[int, np.ndarray | None],
                 comps: dict[str, ComponentEffects], draws: dict[str, list[np.ndarray]],
-                layers: list[int], seconds: dict[str, float]) -> list[paper.CurveResult]:
-        """Every protocol's faithfulness curve for every operator; the wall time of each
-        protocol's (its means included) is added to ``seconds``."""
+                layers: list[int], seconds: dict[str, float], final: FinalCircuit | None = None,
+                ) -> tuple[list[paper.CurveResult], list[paper.CurveResult]]:
+        """Every protocol's faithfulness curve for every operator, and ``final``'s curves
+        (protocol ``final``: its ranked circuit and random control, under the paper
+        protocol's means); the wall time of each protocol's (its means included) is added to
+        ``seconds``."""
         model, config, table = self.model, self.config, self.table
         n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
         every = np.concatenate([np.concatenate(d) for d in draws.values() if d] or
@@ -219,12 +230,10 @@ class CheckpointSummary:
         if comps:
             mlp_last = np.nanmean(np.stack([c.mlp_last(config.rank_sign)
                                             for c in comps.values()]), axis=0)
-        out = []
+        out: list[paper.CurveResult] = []
+        finals: list[paper.CurveResult] = []
         for o, op in enumerate(config.operators):
-            setup = paper.CurveSetup(
-                table=table, width=d_mlp, fractions=tuple(config.circuit_fractions),
-                counts=config.counts(d_mlp), seeds=draws[op], cf_of=cf_of, seed=config.seed,
-                batch_size=self.execution.batch_size)
+            setup = self._setup(op, draws, cf_of)
             key = np.full((n_layers, d_mlp), -np.inf)
             paper_score = np.full((n_layers, d_mlp), -np.inf)
             for layer in layers:
@@ -258,7 +267,48 @@ class CheckpointSummary:
                                                   population, ranking))
                 name = f"curve, {protocol}"
                 seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t
-        return out
+            if final is not None and op in final.plans:
+                t = time.perf_counter()
+                finals.append(self._final_curve(op, setup, final, mean_replace(
+                    config.mean_population, config.ablate_context, config.mean_prompts)))
+                seconds["curve, final circuit"] = (seconds.get("curve, final circuit", 0.0)
+                                                   + time.perf_counter() - t)
+        return out, finals
+
+    def _setup(self, op: str, draws: dict[str, list[np.ndarray]],
+               cf_of: dict[int, int]) -> paper.CurveSetup:
+        config = self.config
+        return paper.CurveSetup(
+            table=self.table, width=self.d_mlp, fractions=tuple(config.circuit_fractions),
+            counts=config.counts(self.d_mlp), seeds=draws[op], cf_of=cf_of, seed=config.seed,
+            batch_size=self.execution.batch_size)
+
+    def _final_curve(self, op: str, setup: paper.CurveSetup, final: FinalCircuit,
+                     replace: ablation.Replace) -> paper.CurveResult:
+        config = self.config
+        got = paper.measure_curve(self.model, setup, op, final.plans[op], replace,
+                                  config.ablate_context, config.mean_population, "final",
+                                  FINAL_KINDS)
+        got.protocol = "final"
+        return got
+
+    def final_curves(self, final: FinalCircuit) -> list[paper.CurveResult]:
+        """Only ``final``'s curves at this checkpoint (catalog.circuits.final): what
+        ``summarize(..., final=final)`` measures of it, for a checkpoint whose summary was
+        written before the final checkpoint was catalogued. Same prompt draws, the same
+        counterfactuals and the same means as the summary's, so equal to its curves."""
+        self._require_prepared()
+        model, config = self.model, self.config
+        final.check(model.cfg.n_layers, model.cfg.n_heads, self.d_mlp)
+        draws = self._faithfulness_draws()
+        cf_of = self._counterfactuals(np.concatenate(
+            [np.concatenate(d) for d in draws.values() if d] or [np.zeros(0, np.int64)]))
+        pop = ablation.mean_population(self.tokenizer, self.table, config,
+                                       config.mean_population, config.mean_prompts, config.seed)
+        replace = ablation.mean_replacement(ablation.position_means(
+            model, pop, config.ablate_context, self.execution.batch_size))
+        return [self._final_curve(op, self._setup(op, draws, cf_of), final, replace)
+                for op in config.operators if op in final.plans]
 
     def _heuristic_masks(self, o: int, matches: dict[int, Matches], top_set: np.ndarray,
                          ) -> list[tuple[Heuristic, np.ndarray]]:

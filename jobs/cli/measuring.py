@@ -69,15 +69,36 @@ def print_result(res, top: int = 5, out=sys.stdout) -> None:
                       f"{lr.rank_value[n, o]:9.4f} ({kind})  {best}", file=out)
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: '0,1,2' or '0:3' (start:stop)."""
+    try:
+        if ":" in text:
+            lo, hi = (int(x) for x in text.split(":"))
+            seeds = list(range(lo, hi))
+        else:
+            seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds must be '0,1,2' or 'start:stop', got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"--seeds must name at least one seed >= 0, got {text!r}")
+    return sorted(set(seeds))
+
+
 def cmd_train_builtin(args) -> int:
     from catalog import builtin
 
-    cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=args.seed)
-    path = builtin.train(cfg)
-    meta = json.loads((path / f"step{cfg.steps}.json").read_text())
-    acc = meta["heldout_accuracy"]
-    print(f"checkpoints in {path}: steps {builtin.available_steps(cfg)}")
-    print("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
+    try:
+        seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
+    except ValueError as exc:
+        return fail(str(exc))
+    for seed in seeds:
+        cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=seed)
+        path = builtin.train(cfg)
+        meta = json.loads((path / f"step{cfg.steps}.json").read_text())
+        acc = meta["heldout_accuracy"]
+        print(f"{builtin.model_name(cfg)} (seed {seed}): checkpoints in {path}: steps "
+              f"{builtin.available_steps(cfg)}")
+        print("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
     return 0
 
 
@@ -166,6 +187,10 @@ def cmd_catalog(args) -> int:
         # every checkpoint, layer and the operand range checked (metadata and tokenizer,
         # weights' files readable) before anything is written
         planned = validate_request(args.model, args.checkpoints, config, layers)
+        # latest first: every earlier checkpoint then measures the final circuit in its own
+        # summary (catalog.circuits.final)
+        planned = sorted(planned, key=lambda p: (p.step is None, -(p.step or 0)))
+        stored = None
         for p in planned:
             name, step = p.model, p.step
             if not args.force:
@@ -192,6 +217,47 @@ def cmd_catalog(args) -> int:
             print(f"{at_checkpoint(lm.info.name, step)}: stored in "
                   f"{time.perf_counter() - t0:.1f} s (checkpoint id {ids.checkpoint_id}, "
                   f"config id {ids.config_id})")
+            stored = ids
+        if stored is not None:
+            fill_final(url, stored.model_id, stored.config_id, execution, args.quiet)
+    except (ModelSourceError, ValueError, SchemaBehind) as exc:
+        return fail(str(exc))
+    return 0
+
+
+def fill_final(url: str, model_id: int, config_id: int, execution, quiet: bool) -> None:
+    """The final circuit at the model's earlier checkpoints that lack it (jobs.final_circuits)."""
+    from jobs import final_circuits
+    from schema import store
+
+    def said(step, seconds) -> None:
+        if not quiet:
+            print(f"step {step}: the final circuit measured in {seconds:.1f} s")
+
+    with store.connect(url, autocommit=True) as conn:
+        final_circuits.fill(conn, model_id=model_id, config_id=config_id, execution=execution,
+                            on_checkpoint=said)
+
+
+def cmd_final_circuit(args) -> int:
+    """Measure the final checkpoint's circuit at every earlier catalogued checkpoint."""
+    from catalog.sources import ModelSourceError
+    from jobs.cli.serving import stored_name
+    from schema import store, training
+    from schema.engine import SchemaBehind, require_current
+
+    try:
+        url = require_current(database_url(args))
+        name = stored_name(args.model)
+        with store.connect(url) as conn:
+            configs = training.circuit_configs(conn, model=name, config_id=args.config_id)
+        if not configs:
+            return fail(f"no catalogued checkpoint of {name!r} has a paper circuit"
+                        + (f" under config {args.config_id}" if args.config_id else "")
+                        + " (ncat catalog measures one)")
+        for model_id, config_id in configs:
+            print(f"{name}, config {config_id}:")
+            fill_final(url, model_id, config_id, execution_from(args), args.quiet)
     except (ModelSourceError, ValueError, SchemaBehind) as exc:
         return fail(str(exc))
     return 0
@@ -201,7 +267,20 @@ def add_commands(sub) -> None:
     s = sub.add_parser("train-builtin", help="train the built-in arithmetic model (cached)")
     s.add_argument("--steps", type=int, default=None, help="training steps (default 3000)")
     s.add_argument("--seed", type=int, default=0, help="seed of the training run")
+    s.add_argument("--seeds", default=None,
+                   help="several training runs, one model each: '0,1,2' or '0:3'; seed 0 is "
+                        "builtin-arith, seed N builtin-arith@seedN (the views group them)")
     s.set_defaults(fn=cmd_train_builtin)
+
+    s = sub.add_parser("final-circuit", help="measure the final checkpoint's circuit at every "
+                                             "earlier catalogued checkpoint that lacks it")
+    s.add_argument("model", help="the model's name in the catalog (e.g. builtin-arith)")
+    s.add_argument("--config-id", type=int, default=None,
+                   help="one config (default: every config with a paper circuit)")
+    s.add_argument("--quiet", action="store_true", help="no progress lines")
+    execution_options(s)
+    database_option(s)
+    s.set_defaults(fn=cmd_final_circuit)
 
     s = sub.add_parser("fetch", help="download, verify and cache a known model that no hub is "
                                      "needed for (ncat fetch --list shows them)")

@@ -55,12 +55,37 @@ def planted_neurons() -> list[tuple[Heuristic, list[int], list[int], list[int]]]
     return out
 
 
-def hand_model() -> tuple[HookedTransformer, list]:
+def _plant(sd: dict, planted: list, slots: dict[int, int]) -> None:
+    """Write each placed planted neuron's conjunction and votes; the rest stay dead."""
+    mlp = "blocks.0.mlp."
+    sd[mlp + "b_in"][:] = -1.0
+    for k, (_, need_a, need_b, promotes) in enumerate(planted):
+        if k not in slots:
+            continue
+        n = slots[k]
+        for x in need_a:
+            sd[mlp + "W_in"][COPY_A + x, n] = 1.0
+        for x in need_b:
+            sd[mlp + "W_in"][COPY_B + x, n] = 1.0
+        sd[mlp + "b_in"][n] = -1.5
+        for r in promotes:
+            if r < 19:
+                sd[mlp + "W_out"][n, VOTE + r] = VOTE_SIZE
+
+
+def hand_model(slots: dict[int, int] | None = None, width: int | None = None,
+               planted: list | None = None) -> tuple[HookedTransformer, list]:
     """One layer: head 0 at '=' copies op1's one-hot, head 1 copies op2's; the MLP holds
-    the planted neurons, then distractors that read random mixtures and write little."""
+    the planted neurons, then distractors that read random mixtures and write little.
+    ``slots`` (planted index -> neuron; default: planted neuron k is neuron k) places
+    them in an MLP of ``width`` neurons whose last N_DISTRACT are the distractors; a planted
+    neuron left out of ``slots`` is absent (its neuron stays dead: never fires, writes
+    nothing). ``planted`` replaces ``planted_neurons()``."""
     vocab = builtin_vocab()
-    planted = planted_neurons()
-    d_mlp = len(planted) + N_DISTRACT
+    planted = planted if planted is not None else planted_neurons()
+    d_mlp = width or len(planted) + N_DISTRACT
+    if slots is None:
+        slots = {k: k for k in range(len(planted))}
     cfg = HookedTransformerConfig(
         n_layers=1, d_model=D_MODEL, n_heads=2, d_head=SIDE, d_mlp=d_mlp,
         d_vocab=len(vocab), n_ctx=8, act_fn="relu", normalization_type=None,
@@ -79,17 +104,9 @@ def hand_model() -> tuple[HookedTransformer, list]:
             sd[att + "W_V"][head, ONE_A + n, n] = 1.0
             sd[att + "W_O"][head, n, (COPY_A if head == 0 else COPY_B) + n] = 1.0
     mlp = "blocks.0.mlp."
-    for k, (_, need_a, need_b, promotes) in enumerate(planted):
-        for x in need_a:
-            sd[mlp + "W_in"][COPY_A + x, k] = 1.0
-        for x in need_b:
-            sd[mlp + "W_in"][COPY_B + x, k] = 1.0
-        sd[mlp + "b_in"][k] = -1.5
-        for r in promotes:
-            if r < 19:
-                sd[mlp + "W_out"][k, VOTE + r] = VOTE_SIZE
+    _plant(sd, planted, slots)
     g = torch.Generator().manual_seed(3)
-    rest = slice(len(planted), d_mlp)
+    rest = slice(d_mlp - N_DISTRACT, d_mlp)
     sd[mlp + "W_in"][COPY_A:COPY_B + SIDE, rest] = torch.rand(2 * SIDE, N_DISTRACT, generator=g)
     sd[mlp + "b_in"][rest] = -0.5
     sd[mlp + "W_out"][rest, VOTE:VOTE + 19] = 0.1 * torch.randn(N_DISTRACT, 19, generator=g)

@@ -1,0 +1,101 @@
+"""Training dynamics in the store (migration 0031): the final circuit's curves at earlier
+checkpoints, and what finding the final circuit needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from schema.store import _POINT_COLS, scalar
+
+_FINAL_COLS = ("final_checkpoint_id",) + _POINT_COLS
+
+
+@dataclass
+class FinalSource:
+    """The final checkpoint of a model under a config: the largest step whose paper
+    circuit is stored, and that circuit's plan per operator (circuit_summary's row)."""
+
+    checkpoint_id: int
+    step: int | None
+    plans: dict[str, dict]  # op -> heads, pruned, whole, late_from, late_source, ranking
+
+
+def final_source(conn: psycopg.Connection, *, model_id: int, config_id: int) -> FinalSource | None:
+    """The final checkpoint's paper circuits, or None when no checkpoint of the model has
+    one under the config."""
+    rows = conn.execute(
+        "WITH last AS (SELECT s.checkpoint_id, c.step FROM circuit_summary s "
+        "  JOIN checkpoint c ON c.id = s.checkpoint_id "
+        "  WHERE s.model_id = %s AND s.config_id = %s AND s.protocol = 'paper' "
+        "  ORDER BY c.step DESC NULLS LAST LIMIT 1) "
+        "SELECT l.checkpoint_id, l.step, s.op, s.heads, s.pruned, s.whole, s.late_from, "
+        "       s.late_source, s.ranking "
+        "FROM last l JOIN circuit_summary s ON s.checkpoint_id = l.checkpoint_id "
+        "WHERE s.config_id = %s AND s.protocol = 'paper' ORDER BY s.op",
+        (model_id, config_id, config_id)).fetchall()
+    if not rows:
+        return None
+    plans = {op: {"heads": heads, "pruned": list(pruned), "whole": list(whole),
+                  "late_from": late_from, "late_source": late_source, "ranking": ranking}
+             for _, _, op, heads, pruned, whole, late_from, late_source, ranking in rows}
+    return FinalSource(rows[0][0], rows[0][1], plans)
+
+
+def write_final_curves(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
+                       final_checkpoint_id: int, curves: list[dict]) -> None:
+    """Replace a checkpoint's final-circuit points under a config. ``curves``:
+    ``CurveResult.as_dict()``s of protocol ``final`` (NaN already None)."""
+    conn.execute("DELETE FROM final_circuit_point WHERE checkpoint_id = %s AND config_id = %s",
+                 (checkpoint_id, config_id))
+    if not curves:
+        return
+    model_id = scalar(conn.execute("SELECT model_id FROM checkpoint WHERE id = %s",
+                                   (checkpoint_id,)))
+    base = ("model_id", "checkpoint_id", "config_id", "op")
+    with conn.cursor() as cur:
+        for c in curves:
+            cur.executemany(
+                f"INSERT INTO final_circuit_point ({', '.join(base + _FINAL_COLS)}) "
+                f"VALUES ({', '.join(['%s'] * (len(base) + len(_FINAL_COLS)))})",
+                [(model_id, checkpoint_id, config_id, c["op"], final_checkpoint_id)
+                 + tuple(pt[k] for k in _POINT_COLS) for pt in c["points"]])
+
+
+def lacking_final(conn: psycopg.Connection, *, model_id: int, config_id: int,
+                  final_checkpoint_id: int) -> list[tuple[int, int | None]]:
+    """(checkpoint id, step) of the model's checkpoints with a paper circuit under the
+    config, before the final one, whose final-circuit curves are missing or were measured
+    against another final checkpoint; by step, latest first."""
+    return [tuple(r) for r in conn.execute(
+        "SELECT DISTINCT s.checkpoint_id, c.step FROM circuit_summary s "
+        "JOIN checkpoint c ON c.id = s.checkpoint_id "
+        "WHERE s.model_id = %s AND s.config_id = %s AND s.protocol = 'paper' "
+        "  AND s.checkpoint_id <> %s "
+        "  AND c.step < (SELECT step FROM checkpoint WHERE id = %s) "
+        "  AND NOT EXISTS (SELECT 1 FROM final_circuit_point f "
+        "                  WHERE f.checkpoint_id = s.checkpoint_id AND f.config_id = s.config_id "
+        "                    AND f.final_checkpoint_id = %s) "
+        "ORDER BY c.step DESC",
+        (model_id, config_id, final_checkpoint_id, final_checkpoint_id,
+         final_checkpoint_id)).fetchall()]
+
+
+def circuit_configs(conn: psycopg.Connection, *, model: str,
+                    config_id: int | None = None) -> list[tuple[int, int]]:
+    """(model id, config id) under which a model (by name) has paper circuits."""
+    return [tuple(r) for r in conn.execute(
+        "SELECT DISTINCT s.model_id, s.config_id FROM circuit_summary s "
+        "JOIN model m ON m.id = s.model_id WHERE m.name = %s AND s.protocol = 'paper' "
+        "AND (%s::int IS NULL OR s.config_id = %s) ORDER BY 2",
+        (model, config_id, config_id)).fetchall()]
+
+
+def model_and_config(conn: psycopg.Connection, *, model_id: int,
+                     config_id: int) -> tuple[str, dict]:
+    """A model's name and a config's stored settings."""
+    name = scalar(conn.execute("SELECT name FROM model WHERE id = %s", (model_id,)))
+    config = scalar(conn.execute("SELECT config FROM measure_config WHERE id = %s",
+                                 (config_id,)))
+    return name, config
