@@ -35,6 +35,7 @@ from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic
 from reports import prompts as report_prompts
+from reports import training as report_training
 from schema.report_reads import ReportData
 from schema.report_reads import gather_report as gather
 
@@ -130,6 +131,7 @@ def markdown(d: ReportData) -> str:
             out.append(f"- layer {layer}: " + ", ".join(
                 f"{op} n={f.get('n_exact')} rho={_fmt(f.get('spearman'), 2)}"
                 for op, f in facts.items()))
+    out += report_training.markdown(d.training)
     out += ["", "## Top neurons by |effect|", ""]
     for op, layer, neuron, value, label in d.top_neurons:
         out.append(f"- `{op}` L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
@@ -148,6 +150,7 @@ def _figures(d: ReportData) -> list[go.Figure]:
                         height=320)
     figs.append(share)
     figs += report_circuits.figures(d.circuits, ops)
+    figs += report_training.figures(d.training)
     sketch = d.sketch or [False] * len(d.grids)
     for (op, layer, neuron, _, label), grid, sk in zip(d.top_neurons, d.grids, sketch,
                                                         strict=False):
@@ -192,6 +195,7 @@ def numbers(d: ReportData) -> dict:
             "top_by_family": d.top_by_family, "enrichment": d.labels.enrichment,
             "label_control": d.labels.control, "untrained_labelled": d.labels.untrained,
             "periodic": report_periodic.numbers(d.periodic),
+            "training": report_training.numbers(d.training),
             "prompt_explanations": d.prompt_explanations,
             "prompt_knockouts": d.prompt_knockouts,
             "circuits": [{k: v for k, v in row.items() if not k.endswith("_id")}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schema import reads, store
+from schema.training import TrainingData, gather_training
 
 
 @dataclass
@@ -202,6 +203,7 @@ class ReportData:
     labels: LabelData = field(default_factory=LabelData)
     periodic: PeriodicData = field(
         default_factory=PeriodicData)
+    training: TrainingData | None = None  # the model's checkpoints and seeds (migration 0031)
 
 
 def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20,
@@ -295,6 +297,7 @@ def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20
         data.circuits = gather_circuits(conn, *key)
         data.labels = gather_labels(conn, *key, config)
         data.periodic = gather_periodic(conn, *key)
+        data.training = gather_training(conn, model=model, config_id=config_id)
         data.grids = [g.values for g in stored]
         data.sketch = [g.sketch for g in stored]
     return data

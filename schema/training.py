@@ -99,3 +99,64 @@ def model_and_config(conn: psycopg.Connection, *, model_id: int,
     config = scalar(conn.execute("SELECT config FROM measure_config WHERE id = %s",
                                  (config_id,)))
     return name, config
+
+
+@dataclass
+class TrainingData:
+    """What the report's and the explorer's training figures read, for one model group (the
+    model and its seeds, migration 0031) under one config."""
+
+    group: str
+    config_id: int
+    # heuristic_share rows: model, seed, step, op, family, labelled_top, n_top,
+    # labelled_all, n_all
+    shares: list[tuple]
+    # final_circuit_faithfulness rows (metric nl): model, seed, step, op, k, fraction, own,
+    # own_se, final, final_se, random, random_se, n, final_step
+    final: list[tuple]
+    # model, seed, step, op, accuracy
+    accuracy: list[tuple]
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted({r[1] for r in self.shares} | {r[1] for r in self.final})
+
+
+def gather_training(conn: psycopg.Connection, *, model: str,
+                    config_id: int | None = None) -> TrainingData | None:
+    """The training figures' rows for ``model``'s group (its name without a ``-seedN`` /
+    ``@seedN`` suffix) under ``config_id`` (default: the config with the most summarized
+    checkpoints in the group); None when the group has no summary."""
+    group_sql = "regexp_replace(m.name, '[-@]seed[0-9]+$', '')"
+    group = scalar(conn.execute(f"SELECT {group_sql} FROM (SELECT %s::text AS name) m",
+                                (model,)))
+    if config_id is None:
+        row = conn.execute(
+            "SELECT s.config_id FROM checkpoint_summary s JOIN checkpoint c "
+            "ON c.id = s.checkpoint_id JOIN model m ON m.id = c.model_id "
+            f"WHERE {group_sql} = %s GROUP BY s.config_id ORDER BY count(*) DESC, "
+            "s.config_id DESC LIMIT 1", (group,)).fetchone()
+        if row is None:
+            return None
+        config_id = int(row[0])
+    shares = conn.execute(
+        "SELECT model, seed, step, op, family, labelled_top, n_top, labelled_all, n_all "
+        "FROM heuristic_share WHERE model_group = %s AND config_id = %s "
+        "ORDER BY seed, op, family, step", (group, config_id)).fetchall()
+    final = conn.execute(
+        "SELECT model, coalesce(substring(model from '[-@]seed([0-9]+)$')::int, 0) AS seed, "
+        "step, op, k, fraction, own, own_se, final, final_se, random, random_se, n, "
+        "final_step FROM final_circuit_faithfulness "
+        "WHERE regexp_replace(model, '[-@]seed[0-9]+$', '') = %s AND config_id = %s "
+        "AND metric = 'nl' ORDER BY seed, op, k, step", (group, config_id)).fetchall()
+    accuracy = conn.execute(
+        "SELECT m.name, coalesce(substring(m.name from '[-@]seed([0-9]+)$')::int, 0), c.step, "
+        "a.key, a.value::real FROM checkpoint_summary s "
+        "JOIN checkpoint c ON c.id = s.checkpoint_id JOIN model m ON m.id = c.model_id "
+        "CROSS JOIN LATERAL jsonb_each_text(s.accuracy) a "
+        f"WHERE {group_sql} = %s AND s.config_id = %s ORDER BY 2, 4, 3",
+        (group, config_id)).fetchall()
+    if not shares and not final:
+        return None
+    return TrainingData(group, config_id, [tuple(r) for r in shares],
+                        [tuple(r) for r in final], [tuple(r) for r in accuracy])
