@@ -16,6 +16,7 @@ from ui.views import (  # noqa: E402
     prompt,
     search,
     sql_console,
+    training,
 )
 
 st.set_page_config(page_title="Arithmetic neuron catalog", layout="wide")
@@ -26,6 +27,7 @@ pages = [
     st.Page(prompt.render, title="Prompt", url_path="prompt"),
     st.Page(heuristics.render, title="Heuristics", url_path="heuristics"),
     st.Page(circuits.render, title="Circuits", url_path="circuits"),
+    st.Page(training.render, title="Training", url_path="training"),
     st.Page(sql_console.render, title="SQL console", url_path="sql"),
     st.Page(jobs_page.render, title="Jobs", url_path="jobs"),
 ]

@@ -304,3 +304,13 @@ def worker_explanation(checkpoint_id: int, config_id: int, prompt: str):
                                    prompt=prompt),
                 latest_request(conn, checkpoint_id=checkpoint_id, config_id=config_id,
                                prompt=prompt))
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def training(model: str, config_id: int | None):
+    """The training figures' rows of ``model``'s group (its seeds) under a config
+    (schema.training.gather_training); None without summaries."""
+    from schema.training import gather_training
+
+    with store.connect(database_url()) as conn:
+        return gather_training(conn, model=model, config_id=config_id)

@@ -13,7 +13,9 @@ import redis
 from catalog.builtin import model_name
 from catalog.sources import load_model
 from jobs import enqueue as enq
+from jobs import final_circuits
 from jobs.store_results import catalog_checkpoint
+from schema import store
 from schema.database import Settings, resolve_database_url
 from schema.engine import migrate
 
@@ -68,9 +70,12 @@ def seeded(pg_server, tiny_builtin):
     cfg, root = tiny_builtin
     url = new_database_url(pg_server)
     migrate(url)
-    for step in SEED_STEPS:
+    for step in SEED_STEPS:  # in step order: the final circuit is filled in afterwards
         lm = load_model("builtin", step, builtin_config=cfg, cache_root=root)
-        catalog_checkpoint(url, lm, SEED_CONFIG)
+        ids = catalog_checkpoint(url, lm, SEED_CONFIG)
+    with store.connect(url, autocommit=True) as conn:
+        final_circuits.fill(conn, model_id=ids.model_id, config_id=ids.config_id,
+                            cache_root=root)
     yield url
     drop_database(url)
 

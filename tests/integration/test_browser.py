@@ -582,3 +582,29 @@ def test_a_model_too_large_for_the_explorer_is_explained_by_a_worker(queue, tiny
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_training_page_draws_the_final_circuit_across_steps(server, seeded):
+    """Issue 48: the Training page draws, per operator, the own circuit, the final circuit
+    and its random control at every catalogued step (read from the figure Chromium drew:
+    its x values are the steps, its final line ends on the own line), and the births
+    table."""
+    from helpers import SEED_STEPS
+
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.goto(f"{server}/training", wait_until="networkidle")
+        chart_titles(page, ["+: the final circuit across training",
+                            "Labelled share of all measured neurons"])
+        lines = page.evaluate(
+            "() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(el => "
+            "(el.data || []).filter(t => t.mode === 'lines+markers')"
+            ".map(t => [(el.layout.title.text || el.layout.title), t.name, t.x, t.y]))")
+        page.get_by_text("Birth step per family").first.wait_for(timeout=30_000)
+        browser.close()
+    plus = {name: (x, y) for title, name, x, y in lines if title.startswith("+:")}
+    assert set(plus) == {"own circuit", "final circuit", "random (final's plan)"}, lines
+    xs, own = plus["own circuit"]
+    assert xs == [max(s, 0.5) for s in SEED_STEPS]
+    assert plus["final circuit"][1][-1] == own[-1]  # the last step's circuit is the final one

@@ -22,7 +22,7 @@ CIRCUIT_K = 20
 def queries() -> dict[str, str]:
     text = DOC.read_text()
     found = dict(re.findall(r"<!-- query: (\w+) -->\s*```sql\n(.*?)```", text, flags=re.S))
-    assert len(found) == 14, sorted(found)
+    assert len(found) == 16, sorted(found)
     return found
 
 
@@ -482,3 +482,32 @@ def test_stored_spectra_and_period_views_equal_the_library(seeded, direct):
                 assert (g is None) if w < 0 else g == w, (c, g, w)
             else:
                 assert (g is None) if np.isnan(w) else g == pytest.approx(w, abs=1e-12), c
+
+
+def test_final_circuit(seeded):
+    """One row per operator and step, the size nearest 10% of the layer; at the last step
+    the final circuit is the own one."""
+    rows = run(seeded, "final_circuit")
+    with store.connect(seeded) as conn:
+        d_mlp = conn.execute("SELECT d_mlp FROM model").fetchone()[0]
+    for op in SEED_CONFIG.operators:
+        mine = [r for r in rows if r[1] == op]
+        assert [r[0] for r in mine] == list(SEED_STEPS)
+        sizes = {r[2] for r in mine}
+        assert len(sizes) == 1 and abs(sizes.pop() - 0.1 * d_mlp) <= 0.05 * d_mlp
+        assert mine[-1][3] == mine[-1][4] and {r[8] for r in mine} == {SEED_STEPS[-1]}
+
+
+def test_heuristic_share(seeded, direct):
+    """The labelled count per family equals the library's labels at each step."""
+    rows = run(seeded, "heuristic_share")  # TINY's name has no seed: its own group
+    for step, result in direct.items():
+        for o, op in enumerate(SEED_CONFIG.operators):
+            fams: dict[str, set] = {}
+            for layer, lr in result.layers.items():
+                m = lr.matches
+                for i in np.nonzero((m.op == o) & m.implements)[0]:
+                    fams.setdefault(m.row_heuristic(i).family, set()).add(
+                        (layer, int(m.neuron[i])))
+            got = {r[3]: int(r[4].split("/")[0]) for r in rows if (r[1], r[2]) == (step, op)}
+            assert got == {f: len(v) for f, v in fams.items()}, (step, op)
