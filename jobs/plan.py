@@ -105,6 +105,9 @@ def _size(b: float) -> str:
     return f"{b:.1f} TB"
 
 
+FINAL_KINDS_SHARE = 2 / 3  # ranked + random of ranked, reversed, random
+
+
 def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
              layers: list[int] | None, limit: int | None, costs: GridCosts,
              execution: ExecutionConfig | None = None) -> Plan:
@@ -158,6 +161,14 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
                 for kind, _, cap in config.mean_passes())
     phases.append(Phase("summary", units, "prompts x seeds x ops x protocols",
                         s("summary", units) + s("means", means)))
+    if n_checkpoints > 1 and "paper" in config.faithfulness_protocols:
+        # the final checkpoint's circuit at every other checkpoint (catalog.circuits.final):
+        # its ranked curve and random control, two of a paper curve's three circuit kinds;
+        # averaged over the checkpoints, the last of which measures none
+        units = (summary_units(config, correct) / len(config.faithfulness_protocols)
+                 * FINAL_KINDS_SHARE * (n_checkpoints - 1) / n_checkpoints)
+        phases.append(Phase("final circuit", units, "prompts x seeds x ops",
+                            cal.seconds.get("summary", (0.0, 0.0))[1] * units))
     b = cal.bytes
     top = config.full_grid_top()
     side = config.operand_hi - config.operand_lo

@@ -298,6 +298,7 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
             with Heartbeat(url, job_id, None, get_settings().ncat_heartbeat_seconds):
                 if job.grid_neurons is None:  # a full-grid job has no summary
                     _summarize(conn, job)
+                    _fill_final_circuits(conn, job)
         except TRANSIENT:
             raise
         except Exception as exc:
@@ -306,8 +307,6 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
                 jobdb.fail_job(fresh, job_id, f"summary: {type(exc).__name__}: {exc}", None)
             return False
         jobdb.mark_done(conn, job_id)
-        if job.grid_neurons is None:
-            _fill_final_circuits(conn, job)
         return True
     finally:
         if not conn.closed and not conn.broken:
@@ -316,8 +315,9 @@ def finalize_if_complete(conn, url: str, job_id: int) -> bool:
 
 def _fill_final_circuits(conn, job: JobRow) -> None:
     """After a summary: if it was the model's final checkpoint under the config, measure its
-    circuit at the earlier checkpoints summarized before it (jobs.final_circuits). The job
-    is done already; a failure here is logged, and ``ncat final-circuit`` fills the gap."""
+    circuit at the earlier checkpoints summarized before it (jobs.final_circuits), before
+    the job is marked done. A failure here is logged and does not fail the job (its own
+    rows are written); ``ncat final-circuit`` fills the gap."""
     from jobs import final_circuits
 
     here = _loaded(conn, job)

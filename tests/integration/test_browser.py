@@ -600,10 +600,11 @@ def test_the_training_page_draws_the_final_circuit_across_steps(server, seeded):
         lines = page.evaluate(
             "() => Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(el => "
             "(el.data || []).filter(t => t.mode === 'lines+markers')"
-            ".map(t => [(el.layout.title.text || el.layout.title), t.name, t.x, t.y]))")
+            ".map(t => [String(el.layout.title.text || el.layout.title), t.name, "
+            "Array.from(t.x._inputArray || t.x), Array.from(t.y._inputArray || t.y)]))")
         page.get_by_text("Birth step per family").first.wait_for(timeout=30_000)
         browser.close()
-    plus = {name: (x, y) for title, name, x, y in lines if title.startswith("+:")}
+    plus = {name: (x, y) for title, name, x, y in lines if "+: the final circuit" in title}
     assert set(plus) == {"own circuit", "final circuit", "random (final's plan)"}, lines
     xs, own = plus["own circuit"]
     assert xs == [max(s, 0.5) for s in SEED_STEPS]

@@ -29,6 +29,15 @@ def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
     queue.start_worker()
     wait_until(lambda: all_done(queue.url), what="both jobs done")
     with store.connect(queue.url) as conn:
+        # whichever summary ran first, step 128 has the final (step 300) circuit when both
+        # jobs are done: in its own summary, or filled in after step 300's
+        assert conn.execute(
+            "SELECT c.step, f.step, count(*) FROM final_circuit_point p JOIN checkpoint c "
+            "ON c.id = p.checkpoint_id JOIN checkpoint f ON f.id = p.final_checkpoint_id "
+            "WHERE p.circuit = 'ranked' AND p.metric = 'nl' GROUP BY 1, 2").fetchall() == [
+            (128, 300, len(CONFIG.operators) * len(
+                {r[0] for r in conn.execute("SELECT k FROM circuit_point WHERE protocol = "
+                                            "'paper' AND circuit = 'ranked'")}))]
         for step in (128, 300):
             lm = load_model("builtin", step, builtin_config=cfg, cache_root=root)
             direct = measure(lm.model, lm.tokenizer, CONFIG, progress=False)

@@ -57,6 +57,17 @@ def test_units_seconds_and_bytes_follow_the_request():
     # all-layers adds a curve and a pass over the run's own prompts; no cap: the whole grid
     assert {p.name: p for p in both.phases}["summary"].seconds == pytest.approx(
         3.0 + 0.02 * 360 + 0.0001 * (4 * 50 * 50 + prompts))
+    # of 3 checkpoints, two measure the final circuit: its ranked curve and random control
+    # (2 of a paper curve's 3 circuit kinds), per-unit summary seconds only; one
+    # checkpoint measures none
+    assert phases["final circuit"].units == pytest.approx(30 * 3 * 2 * 2 / 3 * 2 / 3)
+    assert phases["final circuit"].seconds == pytest.approx(0.02 * 30 * 3 * 2 * 2 / 3 * 2 / 3)
+    one = {p.name: p for p in estimate(CAL, config, n_checkpoints=1, layers=None, limit=520,
+                                       costs=COSTS,
+                                       execution=ExecutionConfig(activation_budget=10**12)
+                                       ).phases}
+    assert set(phases) - set(one) == {"final circuit"}
+    assert all(one[p].seconds == phases[p].seconds for p in one)
     # grids: per live layer share, 5 full grids per operator, sketches for the other
     # live neurons, a row for every neuron
     grid = 0.0
