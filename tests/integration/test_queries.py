@@ -485,7 +485,7 @@ def test_stored_spectra_and_period_views_equal_the_library(seeded, direct):
 
 
 def test_final_circuit(seeded):
-    """One row per operator and step, the size nearest 10% of the layer; at the last step
+    """One row per operator and step, the size nearest 2% of the layer; at the last step
     the final circuit is the own one."""
     rows = run(seeded, "final_circuit")
     with store.connect(seeded) as conn:
@@ -494,7 +494,7 @@ def test_final_circuit(seeded):
         mine = [r for r in rows if r[1] == op]
         assert [r[0] for r in mine] == list(SEED_STEPS)
         sizes = {r[2] for r in mine}
-        assert len(sizes) == 1 and abs(sizes.pop() - 0.1 * d_mlp) <= 0.05 * d_mlp
+        assert len(sizes) == 1 and abs(sizes.pop() - 0.02 * d_mlp) <= 0.02 * d_mlp
         assert mine[-1][3] == mine[-1][4] and {r[8] for r in mine} == {SEED_STEPS[-1]}
 
 

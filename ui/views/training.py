@@ -31,7 +31,7 @@ def render() -> None:
         st.plotly_chart(fig, key=f"training-{i}")
     st.caption("The final circuit: the last checkpoint's paper circuit (its neurons, heads "
                "and pruned layers) measured at each step, beside the step's own circuit and "
-               "a random circuit under the final circuit's plan, at the size nearest 10% of "
+               "a random circuit under the final circuit's plan, at the size nearest 2% of "
                "the layer; bands are ± one standard deviation over seeds (none with one "
                "seed). Shares: labelled neurons of each family among every measured neuron.")
     st.markdown("\n".join(rt.markdown(d)[1:]))
