@@ -180,3 +180,31 @@ def test_the_seed_order_test_by_hand():
     assert (dm.before, dm.after, dm.unborn) == (2, 0, 1) and dm.consistent
     assert dm.p_value == pytest.approx(0.5)
 
+
+
+def test_the_reports_birth_table_counts_a_missing_family_as_zero():
+    """A checkpoint where no neuron carries a family stores no row for it; the report's
+    births read that as 0 labelled (else a family absent at step 0 would have no control
+    and never be born), and the final circuit's share is the ratio of the sums."""
+    from reports import training as rt
+    from schema.training import TrainingData
+
+    n = 1000
+    shares = []
+    for seed in (0, 1):
+        for step, mod in ((0, None), (2, None), (4, 80), (8, 90)):
+            shares.append(("m", seed, step, "+", "any", 0, 50, mod or 0, n))
+            if mod is not None:
+                shares.append(("m", seed, step, "+", "modulo", 0, 50, mod, n))
+    final = [("m", seed, step, "+", 20, 0.02, own, 0.01, fin, 0.01, rnd, 0.01, 100, 8)
+             for seed in (0, 1)
+             for step, own, fin, rnd in ((2, 0.5, 0.1, 0.1), (4, 0.5, 0.4, 0.1),
+                                         (8, 0.9, 0.9, 0.2))]
+    d = TrainingData("m", 1, shares, final, [])
+    assert rt.births(d) == {"+": {0: {"modulo": 4}, 1: {"modulo": 4}}}
+    share = rt.final_share(d)["+"]
+    assert share["plain"] == {0: pytest.approx(0.5 / 1.0), 1: pytest.approx(0.5)}
+    assert share["above_random"][0] == pytest.approx((0.0 + 0.3) / (0.4 + 0.4))
+    assert share["steps"] == {0: 2, 1: 2}
+    md = "\n".join(rt.markdown(d))
+    assert "| + | modulo | 4 | 4 |" in md and "79%" in md
