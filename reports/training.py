@@ -266,12 +266,21 @@ def figures(d: TrainingData | None) -> list[go.Figure]:
             series[(op, family)].append((step, seed, k_all / n_all))
     for (op, family), pts in sorted(series.items()):
         steps = sorted({p[0] for p in pts})
-        mean = [float(np.mean([p[2] for p in pts if p[0] == s])) for s in steps]
-        share.add_trace(go.Scatter(x=[_x(s) for s in steps], y=mean, mode="lines",
-                                   name=f"{op} {family}"))
+        xs = [_x(s) for s in steps]
+        per = [np.array([p[2] for p in pts if p[0] == s]) for s in steps]
+        mean = np.array([v.mean() for v in per])
+        sd = np.array([v.std(ddof=1) if len(v) > 1 else 0.0 for v in per])
+        name = f"{op} {family}"
+        if sd.any():  # the seeds' spread, as a band under the line
+            share.add_trace(go.Scatter(x=xs + xs[::-1], y=list(mean + sd)
+                                       + list((mean - sd)[::-1]), fill="toself",
+                                       line={"width": 0}, opacity=0.15, showlegend=False,
+                                       legendgroup=name, hoverinfo="skip"))
+        share.add_trace(go.Scatter(x=xs, y=mean, mode="lines", name=name, legendgroup=name))
     share.update_layout(title="Labelled share of all measured neurons per family (mean over "
-                              "seeds)", xaxis={"type": "log", "title": "step"},
-                        yaxis={"title": "share"}, height=340)
+                              f"seeds, band ± sd over {len(d.seeds)})",
+                        xaxis={"type": "log", "title": "step"}, yaxis={"title": "share"},
+                        height=340)
     figs.append(share)
     return figs
 
