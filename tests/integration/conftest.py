@@ -19,13 +19,21 @@ from schema import store
 from schema.database import Settings, resolve_database_url
 from schema.engine import migrate
 
-from helpers import SEED_CONFIG, SEED_STEPS, drop_database, new_database_url
+from helpers import (
+    SEED_CONFIG,
+    SEED_STEPS,
+    TEST_REDIS_DB,
+    drop_database,
+    forget_queue,
+    new_database_url,
+)
 from tiny_model import TINY
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
-    """A real Redis: REDIS_URL's, the local one, or an embedded redis-server."""
+    """A real Redis: REDIS_URL's, the local one (its database TEST_REDIS_DB), or an
+    embedded redis-server."""
     import os
 
     from jobs.broker import start_embedded_redis
@@ -33,8 +41,8 @@ def redis_url(tmp_path_factory):
 
     if os.environ.get("REDIS_URL"):
         return os.environ["REDIS_URL"]
-    if port_open("localhost", 6379):
-        return "redis://localhost:6379/0"
+    if port_open("localhost", 6379):  # a database of its own: db 0 is the user's queue's
+        return f"redis://localhost:6379/{TEST_REDIS_DB}"
     return start_embedded_redis(tmp_path_factory.mktemp("redis-home"))
 
 
@@ -130,3 +138,5 @@ def queue(db, redis_url, tiny_builtin, monkeypatch):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    forget_queue(redis_url, env["NCAT_QUEUE"])
+

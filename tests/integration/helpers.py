@@ -183,3 +183,23 @@ class Redis:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+# the tests' database on a local Redis: db 0 is where a user's own queue lives
+TEST_REDIS_DB = 15
+
+
+def forget_queue(redis_url: str, queue: str) -> None:
+    """Delete what a test's queue left in Redis: its message list, the bindings Celery
+    declared for it and its deliveries still unacknowledged."""
+    import json
+
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    for key in r.scan_iter(match=f"*{queue}*"):
+        r.delete(key)
+    for tag, held in r.hgetall("unacked").items():
+        if json.loads(held)[2] == queue:
+            r.hdel("unacked", tag)
+            r.zrem("unacked_index", tag)

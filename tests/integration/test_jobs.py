@@ -522,3 +522,32 @@ def test_workers_are_counted_on_their_own_queue_only(queue):
     wait_until(lambda: workers_on_queue(timeout=1.0) == 1, timeout=120,
                what="the worker to answer on its queue")
     assert workers_on_queue(get_settings(ncat_queue="another-queue"), timeout=1.0) == 0
+
+
+def test_a_tests_queue_leaves_nothing_in_redis(redis_url):
+    """Issue 50: every run left `test-*` queues and their bindings in Redis db 0. The tests
+    use a database of their own on a local Redis, and each queue fixture deletes its keys
+    and its unacknowledged deliveries, leaving other queues' alone."""
+    import json
+    import uuid
+
+    import redis
+
+    from helpers import TEST_REDIS_DB, forget_queue
+
+    if redis_url.startswith("redis://localhost:6379/"):
+        assert redis_url.endswith(f"/{TEST_REDIS_DB}") and TEST_REDIS_DB != 0
+    r = redis.Redis.from_url(redis_url)
+    mine, other = f"test-{uuid.uuid4().hex[:8]}", f"test-{uuid.uuid4().hex[:8]}"
+    for q in (mine, other):
+        r.rpush(q, "message")
+        r.sadd(f"_kombu.binding.{q}", "binding")
+        r.hset("unacked", f"tag-{q}", json.dumps([{}, "", q]))
+        r.zadd("unacked_index", {f"tag-{q}": 1.0})
+    forget_queue(redis_url, mine)
+    assert list(r.scan_iter(match=f"*{mine}*")) == []
+    assert not r.hexists("unacked", f"tag-{mine}")
+    assert r.zscore("unacked_index", f"tag-{mine}") is None
+    assert r.llen(other) == 1 and r.hexists("unacked", f"tag-{other}")
+    forget_queue(redis_url, other)
+    assert list(r.scan_iter(match=f"*{other}*")) == []

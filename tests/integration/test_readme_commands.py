@@ -43,7 +43,7 @@ from sqlalchemy.engine import make_url
 from catalog import builtin
 from schema import store
 
-from helpers import drop_database, new_database_url, reader_url
+from helpers import drop_database, forget_queue, new_database_url, reader_url
 from offline_models import write_pythia_cache
 from shell_docs import ROOT, documented_lines
 
@@ -189,6 +189,7 @@ def env(pg_server, redis_url, tmp_path_factory):
     e = Env(url, redis_url, tmp_path_factory.mktemp("readme-cwd"))
     yield e
     e.stop_all()
+    forget_queue(redis_url, e.queue)
     drop_database(url)
 
 
