@@ -49,7 +49,7 @@ def fill(conn: psycopg.Connection, *, model_id: int, config_id: int,
     for checkpoint_id, step in todo:
         t = time.perf_counter()
         lm = load_model(name, step, device=execution.device, dtype=config.torch_dtype(),
-                        cache_root=cache_root)
+                        cache_root=cache_root, progress=False)
         ids = store_results.CatalogIds(model_id, checkpoint_id, config_id)
         final = store_results.final_circuit(conn, ids, config, lm.model, step)
         if final is None:

@@ -229,8 +229,10 @@ def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,
         if not calibrate_if_missing:
             return None
         settings = get_settings()
+        # progress None (--quiet): no loader bars either
         lm = load_model(name, planned[0].step, device=execution.device,
-                        dtype=config.torch_dtype(), cache_root=settings.builtin_root)
+                        dtype=config.torch_dtype(), cache_root=settings.builtin_root,
+                        progress=progress is not None)
         cal = calibrate(url, lm, config, execution, progress)
         store_calibration(home, key, cal)
     numbers = planned[0].shape.numbers

@@ -94,7 +94,8 @@ def _loaded(conn, job: JobRow) -> _Loaded:
         settings = get_settings()
         execution = fit_memory(job, config, execution_for(job, settings), settings)
         lm = load_model(job.model_name, job.step, device=job.device,
-                        dtype=config.torch_dtype(), cache_root=settings.builtin_root)
+                        dtype=config.torch_dtype(), cache_root=settings.builtin_root,
+                        progress=False)  # a worker logs; bars would fill its log
         run = CheckpointRun(lm.model, lm.tokenizer, config, execution, layers=None).prepare()
         ids = store_results.register(conn, lm, config)
         store_results.write_layouts(conn, run, ids)

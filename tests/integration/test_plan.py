@@ -149,3 +149,17 @@ def test_plan_stopped_with_sigterm_drops_its_scratch_database(empty_db, tiny_bui
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert not (new & _scratch_databases(empty_db)), out
+
+
+def test_plan_quiet_draws_no_loader_bars(pg_server, pythia_hub, tmp_path, capfd):
+    """Issue 50: `ncat plan --quiet` (progress None) still drew the model loader's bars.
+    The same load with progress draws them, so the test can see a bar when one is drawn."""
+    load_model(pythia_hub, 1000, progress=True)
+    drawn = capfd.readouterr()
+    assert "%|" in drawn.err + drawn.out
+    config = ScienceConfig(operand_hi=20, pairs_per_op=10, faithfulness_prompts=10,
+                           exact="top:8")
+    plan = plan_request(pg_server, pythia_hub, "1000", config, home=tmp_path, progress=None)
+    quiet = capfd.readouterr()
+    assert plan is not None
+    assert "%|" not in quiet.err + quiet.out, quiet.err[-2000:]
