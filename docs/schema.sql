@@ -20,6 +20,7 @@ CREATE TABLE checkpoint (
     weights_hash character varying(64) NOT NULL,
     duplicate_of_step bigint,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    transformers_nats real,
     CONSTRAINT checkpoint_model_id_fkey FOREIGN KEY (model_id) REFERENCES model(id) ON DELETE CASCADE,
     CONSTRAINT checkpoint_pkey PRIMARY KEY (id),
     CONSTRAINT uq_checkpoint_model_step UNIQUE NULLS NOT DISTINCT (model_id, step)
@@ -519,8 +520,8 @@ CREATE INDEX ix_emergence_run_op ON public.emergence_run USING btree (model_id, 
 CREATE UNIQUE INDEX explain_request_open_idx ON public.explain_request USING btree (checkpoint_id, config_id, prompt) WHERE ((status)::text = ANY ((ARRAY['queued'::character varying, 'running'::character varying])::text[]));
 CREATE UNIQUE INDEX explain_request_pkey ON public.explain_request USING btree (id);
 CREATE INDEX explain_request_prompt_idx ON public.explain_request USING btree (checkpoint_id, config_id, prompt, id);
-CREATE INDEX final_circuit_point_final_idx ON public.final_circuit_point USING btree (final_checkpoint_id);
 CREATE UNIQUE INDEX final_circuit_point_pkey ON public.final_circuit_point USING btree (model_id, checkpoint_id, config_id, op, circuit, metric, k);
+CREATE INDEX ix_final_circuit_point_final_checkpoint_id ON public.final_circuit_point USING btree (final_checkpoint_id);
 CREATE UNIQUE INDEX grid_layout_pkey ON public.grid_layout USING btree (config_id, number_limit, op);
 CREATE UNIQUE INDEX heuristic_key_key ON public.heuristic USING btree (key);
 CREATE UNIQUE INDEX heuristic_pkey ON public.heuristic USING btree (id);

@@ -42,7 +42,8 @@ def register(conn: psycopg.Connection, lm: LoadedModel, config: ScienceConfig) -
         model_id = store.upsert_model(conn, info=info)
         checkpoint_id = store.upsert_checkpoint(conn, model_id=model_id, step=info["checkpoint"],
                                                 revision=info["revision"],
-                                                weights_hash=info["weights_hash"])
+                                                weights_hash=info["weights_hash"],
+                                                transformers_nats=info["transformers_nats"])
         config_id = store.upsert_config(conn, config=config.as_dict(),
                                         config_hash=config.config_hash(),
                                         catalog_version=CATALOG_VERSION)

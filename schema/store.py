@@ -71,15 +71,20 @@ def upsert_model(conn: psycopg.Connection, *, info: dict) -> int:
 
 
 def upsert_checkpoint(conn: psycopg.Connection, *, model_id: int, step: int | None,
-                      revision: str | None, weights_hash: str) -> int:
+                      revision: str | None, weights_hash: str,
+                      transformers_nats: float | None = None) -> int:
     """Insert or update a checkpoint (safe when several processes register it at once),
     then flag every checkpoint of the model whose weights equal an EARLIER step's:
-    ``duplicate_of_step`` is the first step with the same weights hash."""
+    ``duplicate_of_step`` is the first step with the same weights hash.
+    ``transformers_nats``: the load's difference from transformers (None: not compared;
+    a later load that did not compare keeps the value stored)."""
     checkpoint_id = scalar(conn.execute(
-        "INSERT INTO checkpoint (model_id, step, revision, weights_hash) "
-        "VALUES (%s, %s, %s, %s) ON CONFLICT ON CONSTRAINT uq_checkpoint_model_step "
-        "DO UPDATE SET revision = EXCLUDED.revision, weights_hash = EXCLUDED.weights_hash "
-        "RETURNING id", (model_id, step, revision, weights_hash)))
+        "INSERT INTO checkpoint (model_id, step, revision, weights_hash, transformers_nats) "
+        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT ON CONSTRAINT uq_checkpoint_model_step "
+        "DO UPDATE SET revision = EXCLUDED.revision, weights_hash = EXCLUDED.weights_hash, "
+        "transformers_nats = coalesce(EXCLUDED.transformers_nats, "
+        "checkpoint.transformers_nats) RETURNING id",
+        (model_id, step, revision, weights_hash, transformers_nats)))
     conn.execute(
         "UPDATE checkpoint c SET duplicate_of_step = (SELECT min(d.step) FROM checkpoint d "
         "WHERE d.model_id = c.model_id AND d.weights_hash = c.weights_hash AND d.step < c.step) "

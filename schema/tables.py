@@ -82,6 +82,9 @@ class Checkpoint(SQLModel, table=True):
     duplicate_of_step: int | None = Field(default=None, sa_column=Column(BigInteger,
                                                                           nullable=True))
     created_at: datetime = Field(default_factory=_now, sa_column=_ts())
+    # the load's largest next-token log-probability difference from transformers (nats);
+    # NULL where nothing was compared (migration 0032)
+    transformers_nats: float | None = Field(default=None, sa_column=Column(REAL, nullable=True))
 
 
 class MeasureConfigRow(SQLModel, table=True):

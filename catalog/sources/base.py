@@ -30,6 +30,10 @@ class ModelInfo:
     gated_mlp: bool
     number_limit: int
     digit_level: bool
+    # the largest difference of next-token log-probabilities from transformers on the load's
+    # check (catalog.sources.hf.check_against_transformers); None where nothing is compared
+    # (the built-in model has no transformers counterpart)
+    transformers_nats: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -94,4 +98,5 @@ def model_info(name, source, checkpoint, revision, whash, model, tokenizer) -> M
         d_vocab=model.cfg.d_vocab, act_fn=str(model.cfg.act_fn),
         gated_mlp=bool(model.cfg.gated_mlp), number_limit=numbers.limit,
         digit_level=numbers.digit_level,
+        transformers_nats=getattr(model, "transformers_nats", None),
     )

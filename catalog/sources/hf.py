@@ -276,6 +276,7 @@ def check_against_transformers(reference: tuple[torch.Tensor, torch.Tensor],
             f"disagrees with transformers: next-token log-probabilities differ by up to "
             f"{diff:.3g} nats on {CHECK_TOKENS} test tokens (allowed {AGREEMENT_NATS}); "
             "its converter misses part of this architecture, so it is not cataloged")
+    model.__dict__["transformers_nats"] = diff  # model_info reads it: the checkpoint row keeps it
     return diff
 
 

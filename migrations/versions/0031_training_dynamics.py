@@ -119,7 +119,7 @@ def upgrade() -> None:
             n_small INTEGER NOT NULL,
             PRIMARY KEY (model_id, checkpoint_id, config_id, op, circuit, metric, k)
         )""")
-    op.execute("CREATE INDEX final_circuit_point_final_idx ON final_circuit_point "
+    op.execute("CREATE INDEX ix_final_circuit_point_final_checkpoint_id ON final_circuit_point "
                "(final_checkpoint_id)")
     op.execute(FINAL_VIEW)
     op.execute(SHARE_VIEW)

@@ -710,3 +710,27 @@ def test_the_url_the_demo_prints_is_one_psql_connects_with(db):
     rejected = subprocess.run([psql, with_driver(db), "-At", "-c", "SELECT 1"],
                               capture_output=True, text=True, timeout=60, env=env)
     assert rejected.returncode != 0  # what the demo printed before
+
+
+def test_each_checkpoint_keeps_its_check_against_transformers(db, pythia_hub, tiny_builtin):
+    """Issue 50: the load's difference from transformers was computed and dropped. A hub
+    checkpoint's row keeps it (small, under the 0.01 nats the load allows); the built-in
+    model, which has no transformers counterpart, has none; a later registration that
+    compared nothing keeps the stored value."""
+    cfg, root = tiny_builtin
+    hub = load_model(pythia_hub, 1000, progress=False)
+    own = load_model("builtin", cfg.steps, builtin_config=cfg, cache_root=root)
+    assert hub.info.transformers_nats is not None and 0 <= hub.info.transformers_nats < 1e-2
+    assert own.info.transformers_nats is None
+    config = ScienceConfig(operand_hi=10)
+    with store.connect(db, autocommit=True) as conn:
+        ids = register(conn, hub, config)
+        mine = register(conn, own, config)
+        got = dict(conn.execute("SELECT id, transformers_nats FROM checkpoint").fetchall())
+        assert got[ids.checkpoint_id] == pytest.approx(hub.info.transformers_nats, rel=1e-6)
+        assert got[mine.checkpoint_id] is None
+        store.upsert_checkpoint(conn, model_id=ids.model_id, step=1000, revision="step1000",
+                                weights_hash=hub.info.weights_hash)
+        kept = conn.execute("SELECT transformers_nats FROM checkpoint WHERE id = %s",
+                            (ids.checkpoint_id,)).fetchone()[0]
+        assert kept == got[ids.checkpoint_id]
