@@ -123,8 +123,9 @@ def test_ncat_report_writes_html_and_markdown(seeded, tmp_path, capsys):
     assert len(page) > 1_000_000 and not re.search(r"<script[^>]+src=", page)
     ops = md.split("operators ", 1)[1].split(",", 1)[0]  # "+-*/"
     # the layer shares, the MLP bars, per operator a head heatmap and one curve (one
-    # protocol), six K maps
-    assert page.count("Plotly.newPlot") == 2 + 2 * len(ops) + 6, ops
+    # protocol), six K maps; training: per operator the final circuit across steps, and the
+    # shares per family
+    assert page.count("Plotly.newPlot") == 2 + 2 * len(ops) + 6 + len(ops) + 1, ops
     n_ops = len(ops)
     # a page, not Markdown in a <pre>: its tables are HTML tables
     assert "<pre" not in page and page.count("<table>") >= 2 + 3 * n_ops
