@@ -57,12 +57,8 @@ def births(d: TrainingData, over: str = "all") -> dict[str, dict[int, dict[str, 
 def final_rows(d: TrainingData) -> dict[str, list[dict]]:
     """op -> per step, the mean over seeds (and the standard deviation when several) of the
     own circuit, the final circuit and the random control at the size nearest ``SIZE``."""
-    by: dict[tuple, list] = defaultdict(list)
-    for _, seed, step, op, k, fraction, own, _ose, fin, _fse, rnd, _rse, n, fstep in d.final:
-        by[(op, seed, step)].append((abs(fraction - SIZE), k, own, fin, rnd, n, fstep))
     per: dict[tuple, list] = defaultdict(list)
-    for (op, seed, step), rows in by.items():
-        _, k, own, fin, rnd, n, fstep = min(rows, key=lambda r: r[0])
+    for (op, seed, step), (k, own, fin, rnd, n, fstep) in _nearest(d).items():
         per[(op, step)].append((seed, k, own, fin, rnd, n, fstep))
     out: dict[str, list[dict]] = defaultdict(list)
     for (op, step), rows in sorted(per.items(), key=lambda x: (x[0][0], x[0][1])):
@@ -108,13 +104,19 @@ def final_share(d: TrainingData, window: float = 0.0) -> dict[str, dict]:
 
 def final_rows_per_seed(d: TrainingData) -> list[tuple]:
     """(op, seed, step, own, final, random, final step) at the size nearest ``SIZE``."""
-    best: dict[tuple, tuple] = {}
-    for _, seed, step, op, _k, fraction, own, _ose, fin, _fse, rnd, _rse, _n, fstep in d.final:
-        key = (op, seed, step)
-        if key not in best or abs(fraction - SIZE) < best[key][0]:
-            best[key] = (abs(fraction - SIZE), own, fin, rnd, fstep)
     return [(op, seed, step, own, fin, rnd, fstep)
-            for (op, seed, step), (_, own, fin, rnd, fstep) in sorted(best.items())]
+            for (op, seed, step), (_k, own, fin, rnd, _n, fstep) in sorted(_nearest(d).items())]
+
+
+def _nearest(d: TrainingData) -> dict[tuple, tuple]:
+    """(op, seed, step) -> (k, own, final, random, n, final step) of the final-circuit row
+    at the circuit size nearest ``SIZE`` (the first such k on a tie)."""
+    best: dict[tuple, tuple] = {}
+    for _, seed, step, op, k, fraction, own, _ose, fin, _fse, rnd, _rse, n, fstep in d.final:
+        key, gap = (op, seed, step), abs(fraction - SIZE)
+        if key not in best or gap < best[key][0]:
+            best[key] = (gap, k, own, fin, rnd, n, fstep)
+    return {key: row[1:] for key, row in best.items()}
 
 
 def _stat(rows: list[tuple], i: int) -> tuple[float, float]:
