@@ -33,8 +33,12 @@ fi
 # two tests need it (the README's Python example and its demo command), and inside the
 # parallel part one trained it on one thread while the other's process waited for the
 # training lock, a core idle for the whole training. Cached: seconds when it exists.
-echo "test.sh: the default built-in model (trained once per checkout, cached in the test home)"
-NCAT_HOME="${NCAT_TEST_HOME:-$PWD/.cache/test-home}" ncat train-builtin || exit 1
+# After the demo the user's home holds the same model (same settings, same bits): it is
+# taken from there (linked, each checkpoint checked against its record) and not trained
+# again.
+user_home=$(python -c 'from catalog.config.settings import get_settings; print(get_settings().ncat_home)')
+echo "test.sh: the default built-in model (trained once per checkout, cached in the test home; taken from $user_home when it holds it)"
+NCAT_HOME="${NCAT_TEST_HOME:-$PWD/.cache/test-home}" ncat train-builtin --reuse-from "$user_home" || exit 1
 # -m replaces pyproject's addopts marker expression, so it repeats "not real_model".
 # One math thread per process (and its workers and trainers) in the parallel part: two
 # processes with a thread per core each made the demo's worker 4x slower, its threads

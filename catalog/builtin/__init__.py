@@ -29,12 +29,12 @@ from catalog.builtin.model import (
     load_checkpoint,
     model_name,
 )
-from catalog.builtin.training import ArithmeticData, build_data, evaluate, train
+from catalog.builtin.training import ArithmeticData, adopt, build_data, evaluate, train
 from catalog.builtin.vocab import MAX_NUMBER, builtin_tokenizer, builtin_vocab
 
 __all__ = [
     "BUILTIN_NAME", "MAX_NUMBER", "TRAINER_VERSION", "ArithmeticData", "TrainConfig",
-    "available_steps", "build_data", "builtin_model_config", "builtin_tokenizer",
+    "adopt", "available_steps", "build_data", "builtin_model_config", "builtin_tokenizer",
     "builtin_vocab", "checkpoint_dir", "checkpoint_path", "config_from_name",
     "default_cache_root", "evaluate", "load_checkpoint", "model_name", "train",
 ]

@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -27,6 +28,7 @@ from catalog.builtin.model import (
 from catalog.builtin.vocab import MAX_NUMBER, builtin_vocab
 from catalog.config.settings import child_env
 from catalog.core.arith import OPERATORS, apply_op, is_valid
+from catalog.core.progress import progress_bar
 from catalog.core.weights import weights_hash
 from catalog.measuring.grids import final_logits
 
@@ -146,6 +148,57 @@ def train(
     return out
 
 
+def adopt(cfg: TrainConfig, source: Path, root: Path | None = None) -> bool:
+    """Take a finished run of ``cfg`` from another cache root instead of training it again.
+
+    ``source`` is a cache root like ``root`` (``<NCAT_HOME>/builtin``), for example the
+    user's when the tests keep their own home. The run is taken only when it is finished
+    (every checkpoint of the schedule with its metrics, no training state left) and its
+    settings file equals ``cfg``, and every checkpoint's weights hash equals the one its
+    training recorded; each file is then hard-linked (copied across file systems) into
+    ``root``, written atomically. Returns whether the run was taken; with False nothing
+    was changed (``root`` may hold the run already), and ``train`` goes on as before. The
+    checkpoints are the same bits wherever they were trained (``train``), so a taken run
+    equals a trained one.
+    """
+    root = root or default_cache_root()
+    schedule = cfg.checkpoint_steps()
+    if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
+        return False
+    src = checkpoint_dir(cfg, source)
+    if src.resolve() == checkpoint_dir(cfg, root).resolve():
+        return False
+    names = ["train_config.json"] + [f"step{s}{ext}" for s in schedule for ext in (".pt", ".json")]
+    if (src / STATE_FILE).exists() or not all((src / n).exists() for n in names):
+        return False
+    try:
+        if json.loads((src / "train_config.json").read_text()) != json.loads(
+                json.dumps(asdict(cfg))):
+            return False
+        for s in schedule:
+            blob = torch.load(src / f"step{s}.pt", map_location="cpu", weights_only=True)
+            recorded = json.loads((src / f"step{s}.json").read_text()).get("weights_hash")
+            if recorded != weights_hash(blob["state_dict"]):
+                log.warning("not taking %s: step %d's weights differ from its record", src, s)
+                return False
+    except Exception as exc:  # noqa: BLE001 - an unreadable run is trained again
+        log.warning("not taking %s: %s", src, exc)
+        return False
+    out = checkpoint_dir(cfg, root)
+    out.mkdir(parents=True, exist_ok=True)
+    # the settings and metrics first: ``train`` counts a run whole once every .pt is there
+    for name in sorted(names, key=lambda n: n.endswith(".pt")):
+        tmp = out / f".{name}.adopt"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src / name, tmp)
+        except OSError:
+            shutil.copy2(src / name, tmp)
+        os.replace(tmp, out / name)
+    log.info("built-in checkpoints %s taken from %s", cfg.key(), src)
+    return True
+
+
 def _train_in_child(cfg: TrainConfig, root: Path, progress: bool) -> None:
     spec = json.dumps({"config": asdict(cfg), "root": str(root), "progress": progress,
                        "parent": os.getpid()})
@@ -188,8 +241,6 @@ def train_here(cfg: TrainConfig, root: Path, progress: bool) -> None:
 
 def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[int],
                 progress: bool) -> None:
-    from tqdm.auto import tqdm
-
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2, sort_keys=True))
 
     torch.manual_seed(cfg.seed)
@@ -206,14 +257,15 @@ def _train_loop(cfg: TrainConfig, root: Path | None, out: Path, schedule: list[i
 
     state_path = out / STATE_FILE
     start, loss_val = _resume(state_path, cfg, root, model, opt, gen)
-    bar = tqdm(total=cfg.steps, initial=start, desc="training built-in model",
-               disable=not progress, unit="step")
+    bar = progress_bar(cfg.steps, "training built-in model", "step", enabled=progress,
+                       initial=start)
     for step in range(start, cfg.steps + 1):
         if step in to_save and not (step == start and start > 0):
             _save_checkpoint(model, data, cfg, step, checkpoint_path(cfg, step, root))
             _save_state(state_path, cfg, step, model, opt, gen, loss_val)
             acc = json.loads(checkpoint_path(cfg, step, root).with_suffix(".json").read_text())
-            bar.set_postfix(loss=f"{loss_val:.3f}", **{
+            # no loss before the first step (it read "loss=nan")
+            bar.set_postfix(**({} if loss_val != loss_val else {"loss": f"{loss_val:.3f}"}), **{
                 f"acc{op}": f"{acc['heldout_accuracy'][op]:.2f}" for op in OPERATORS
             })
         if step == cfg.steps:

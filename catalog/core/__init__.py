@@ -1,5 +1,6 @@
 """The foundations every other part of the catalog stands on: arithmetic ground truth
 (``arith``), how numbers become tokens (``tokens``, ``token_format``), the KV map's
-definition (``maps``), every statistic (``stats``) and weight fingerprints (``weights``).
+definition (``maps``), every statistic (``stats``), weight fingerprints (``weights``) and
+progress for long work (``progress``).
 
 Imports nothing from the catalog outside this package; no torch at import."""

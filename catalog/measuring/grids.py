@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 from jaxtyping import Float
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 from transformer_lens.utilities.activation_functions import apply_softcap
 
+from catalog.core.progress import progress_bar
 from catalog.measuring.prompts import PromptTable
 
 
@@ -291,7 +291,7 @@ def run_grid(
     correct = np.zeros(n, dtype=bool)
     groups = _groups(table)
     total = sum(-(-len(idx) // batch_size) for idx in groups.values())
-    bar = tqdm(total=total, desc="activation grids", disable=not progress, unit="batch")
+    bar = progress_bar(total, "activation grids", "batch", enabled=progress)
     caches: dict[int, TransformerLensKeyValueCache] = {}
     for (o, length, m), idx_all in groups.items():
         p = len(table.prefix_tokens[o]) if reuse_prefix else 0

@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from catalog.builtin.model import BUILTIN_NAME
@@ -36,6 +35,7 @@ from catalog.config import CATALOG_VERSION, ExecutionConfig, ScienceConfig
 from catalog.config.settings import get_settings
 from catalog.core import stats
 from catalog.core.maps import kv_map
+from catalog.core.progress import progress_bar
 from catalog.core.tokens import continuing_ids, detect_number_tokens, number_token_ids
 from catalog.labels import operator_labels, value_null
 from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, result_partitions
@@ -407,8 +407,8 @@ class CheckpointRun(CheckpointSummary):
         self._require_prepared()
         digests = dict(done or {})
         results: dict[int, LayerResult] = {}
-        todo: Iterable[int] = [layer for layer in self.layers if layer not in digests]
-        for layer in tqdm(todo, desc="layers", disable=not progress, unit="layer"):
+        todo = [layer for layer in self.layers if layer not in digests]
+        for layer in _layers_bar(todo, progress):
             result = (measure or self.run_layer)(layer)
             if on_layer is not None:
                 on_layer(result)
@@ -433,3 +433,12 @@ class CheckpointRun(CheckpointSummary):
     def provenance(self, extra: dict | None = None) -> dict:
         return {"catalog_version": CATALOG_VERSION, "config_hash": self.config.config_hash(),
                 "numbers": self.numbers.as_dict(), **(extra or {})}
+
+
+def _layers_bar(todo: list[int], progress: bool):
+    """Each layer of ``todo`` in turn, counted on a progress bar (lines in a log)."""
+    bar = progress_bar(len(todo), "layers", "layer", enabled=progress)
+    for layer in todo:
+        yield layer
+        bar.update(1)
+    bar.close()

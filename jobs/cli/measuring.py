@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 from catalog.core.arith import OPERATORS
 from jobs.cli.common import (
@@ -93,6 +94,9 @@ def cmd_train_builtin(args) -> int:
         return fail(str(exc))
     for seed in seeds:
         cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=seed)
+        if args.reuse_from and builtin.adopt(cfg, Path(args.reuse_from).expanduser() / "builtin"):
+            print(f"{builtin.model_name(cfg)}: the finished run in {args.reuse_from} taken "
+                  "(same settings, weights checked against their record): no training")
         path = builtin.train(cfg)
         meta = json.loads((path / f"step{cfg.steps}.json").read_text())
         acc = meta["heldout_accuracy"]
@@ -270,6 +274,11 @@ def add_commands(sub) -> None:
     s.add_argument("--seeds", default=None,
                    help="several training runs, one model each: '0,1,2' or '0:3'; seed 0 is "
                         "builtin-arith, seed N builtin-arith@seedN (the views group them)")
+    s.add_argument("--reuse-from", default=None, metavar="NCAT_HOME",
+                   help="take a finished run with the same settings from this home's cache "
+                        "(linked or copied, each checkpoint checked against its recorded "
+                        "weights hash) instead of training; the test command passes the "
+                        "user's home, so a demo's model is not trained twice")
     s.set_defaults(fn=cmd_train_builtin)
 
     s = sub.add_parser("final-circuit", help="measure the final checkpoint's circuit at every "
