@@ -177,6 +177,20 @@ def checkpoints(conn, model_id: int) -> pd.DataFrame:
         "WHERE c.model_id = :m ORDER BY c.step", m=model_id)
 
 
+def headline_faithfulness(conn, model_id: int) -> pd.DataFrame:
+    """Per checkpoint, config, operator and circuit size: the summary's headline
+    faithfulness (the config's first protocol, the ranked circuit, the normalised logit's
+    ratio of means) with its standard error and the number of prompts it stands on."""
+    return frame(
+        conn,
+        "SELECT p.checkpoint_id, p.config_id, p.op, p.k, p.ratio_of_means, "
+        "p.ratio_of_means_se, p.n FROM circuit_point p "
+        "JOIN checkpoint c ON c.id = p.checkpoint_id "
+        "JOIN measure_config mc ON mc.id = p.config_id "
+        "WHERE c.model_id = :m AND p.circuit = 'ranked' AND p.metric = 'nl' "
+        "AND p.protocol = mc.config -> 'faithfulness_protocols' ->> 0", m=model_id)
+
+
 def configs(conn, model_id: int) -> pd.DataFrame:
     return frame(
         conn,

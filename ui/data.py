@@ -73,6 +73,12 @@ def checkpoints(model_id: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL)
+def headline_faithfulness(model_id: int) -> pd.DataFrame:
+    with engine().connect() as conn:
+        return reads_x.headline_faithfulness(conn, model_id)
+
+
+@st.cache_data(ttl=TTL)
 def configs(model_id: int) -> pd.DataFrame:
     with engine().connect() as conn:
         return reads_x.configs(conn, model_id)

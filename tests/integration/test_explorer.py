@@ -52,11 +52,21 @@ def text_of(at) -> str:
 def test_overview_lists_models_checkpoints_and_accuracy(catalog_env):
     at = run_page("overview")
     table = at.dataframe[0].value
-    assert table.step.tolist() == [300, 128, 64]  # the last checkpoints first
+    # a row per checkpoint, config and operator, the last checkpoints first
+    assert table.drop_duplicates("step").step.tolist() == [300, 128, 64]
     with store.connect(catalog_env) as conn:
-        acc = conn.execute("SELECT s.accuracy ->> '+' FROM checkpoint_summary s JOIN checkpoint c "
-                           "ON c.id = s.checkpoint_id WHERE c.step = 300").fetchone()[0]
-    assert table["acc +"].iloc[0] == pytest.approx(float(acc))
+        acc, n, se = conn.execute(
+            "SELECT s.accuracy ->> '+', p.n, p.ratio_of_means_se FROM checkpoint_summary s "
+            "JOIN checkpoint c ON c.id = s.checkpoint_id JOIN circuit_point p ON "
+            "p.checkpoint_id = c.id AND p.config_id = s.config_id AND p.op = '+' AND "
+            "p.circuit = 'ranked' AND p.metric = 'nl' AND p.protocol = 'paper' AND "
+            "p.k = (s.faithfulness -> '+' -> (jsonb_array_length(s.faithfulness -> '+') / 2) "
+            "->> 0)::int WHERE c.step = 300").fetchone()
+    first = table[(table.step == 300) & (table.op == "+")].iloc[0]
+    assert first.accuracy == pytest.approx(float(acc))
+    assert first["n prompts"] == n  # the faithfulness with the prompts it stands on
+    assert first.faithfulness.endswith(f"± {se:.3f}" + (" (few prompts)" if n < 20 else ""))
+    assert set(table.config) == {ids(catalog_env)[2]}
     assert "No jobs yet" in text_of(at)
     # periodic maps through training (issue 34): the chart is drawn from these shares,
     # per step and axis, equal to the bits counted here

@@ -7,6 +7,7 @@ import re
 
 from catalog import builtin
 from catalog.core import progress
+
 from tiny_model import TINY
 
 

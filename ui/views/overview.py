@@ -24,39 +24,29 @@ def render() -> None:
         st.caption(f"{model.source} model, {model.n_layers} layers x {model.d_mlp} neurons, "
                    f"{numbers}")
         cks = data.checkpoints(int(model.id))
-        rows = []
-        faith_k = None
-        for ck in cks.itertuples():
-            dup = ck.duplicate_of_step
-            row = {"step": ck.step, "weights": ck.weights,
-                   "duplicate of": "" if dup is None or dup != dup else f"step {int(dup)}"}
-            if isinstance(ck.accuracy, dict):
-                row.update({f"acc {op}": v for op, v in ck.accuracy.items()})
-                faith = ck.faithfulness.get("+") or []
-                if faith:
-                    k, f = faith[len(faith) // 2]
-                    row[f"faithfulness + (k={k})"] = f
-                    faith_k = k
-            for e in (ck.enrichment if isinstance(ck.enrichment, list) else []):
-                if e["layer"] == "all" and e["family"] == "any":
-                    row[f"labelled top / random {e['op']}"] = (
-                        f"{e['share_top']:.2f} / {e['share_random']:.2f}")
-            rows.append(row)
-        # the last checkpoints first, every row in view: training's end is what a reader
-        # looks for, and it used to sit below the table's fold
-        table = pd.DataFrame(rows[::-1])
+        table, faith_k = checkpoint_table(cks, data.headline_faithfulness(int(model.id)))
+        # one row per checkpoint, config and operator, the last checkpoints first: every
+        # column fits the page (one column per operator and measure was cut off at the
+        # right), and two configs of one step are told apart
         st.dataframe(table, hide_index=True, width="stretch",
                      height=min(36 * (len(table) + 1) + 3, 36 * 21 + 3))
         notes = ["duplicate of: a checkpoint whose weights equal an earlier one's (same hash) "
                  "is not measured again; its numbers are that step's"]
+        configs = data.configs(int(model.id))
+        if len(configs) > 1:
+            notes.append("config: " + "; ".join(
+                f"{c.id} = {c.operators} on [{c.operand_lo}, {c.operand_hi}), "
+                f"{c.shots or 0} shots, labels '{c.label_rule}'" for c in configs.itertuples()))
         if faith_k is not None:
-            notes.append(f"faithfulness + (k={faith_k}): how much of the answer (the "
+            notes.append(f"faithfulness (k={faith_k}): how much of the answer (the "
                          "ratio of the means of the paper's normalised logit over the "
                          "prompts, 0 = the empty circuit, 1 = the model; the paper's mean of "
                          "per-prompt ratios is on the Circuits page) a "
                          f"circuit keeps with the top {faith_k} neurons of each late layer "
-                         "and the rest mean-ablated (docs/method.md section 6); blank where "
-                         "the checkpoint has no summary")
+                         "and the rest mean-ablated (docs/method.md section 6), ± its "
+                         "standard error, over n correctly answered prompts; under "
+                         f"{FEW_PROMPTS} prompts it says little (a model that answers almost "
+                         "nothing); blank where the checkpoint has no summary")
         st.caption("; ".join(notes))
         if any(isinstance(e, list) and e for e in cks.get("enrichment", [])):
             st.caption("labelled top / random: share of each layer's top set (by rank) that "
@@ -97,6 +87,56 @@ def jobs_panel() -> None:
         if job.error:
             text += f", layer {job.failed_layer}: {job.error}"
         st.progress(frac, text=text)
+
+
+FEW_PROMPTS = 20
+
+
+def _fmt(value, se=None) -> str:
+    if value is None or value != value:
+        return ""
+    return f"{value:.3f}" if se is None or se != se else f"{value:.3f} ± {se:.3f}"
+
+
+def checkpoint_table(cks: pd.DataFrame, faith: pd.DataFrame) -> tuple[pd.DataFrame, int | None]:
+    """The overview's table: a row per checkpoint, config and operator (the last
+    checkpoints first) with the accuracy, the headline faithfulness with its standard
+    error and prompt count, and the labelled shares of the top and random sets; and the
+    circuit size the faithfulness column shows."""
+    points = {(int(r.checkpoint_id), int(r.config_id), r.op, int(r.k)): r
+              for r in faith.itertuples()}
+    rows, faith_k = [], None
+    order = cks.sort_values(["step", "config_id"], ascending=[False, True],
+                            na_position="first", kind="stable") if len(cks) else cks
+    for ck in order.itertuples():
+        dup = ck.duplicate_of_step
+        base = {"step": ck.step, "config": "" if ck.config_id != ck.config_id
+                else int(ck.config_id), "weights": ck.weights,
+                "duplicate of": "" if dup is None or dup != dup else f"step {int(dup)}"}
+        if not isinstance(ck.accuracy, dict):
+            rows.append({**base, "op": ""})
+            continue
+        shares = {e["op"]: e for e in (ck.enrichment if isinstance(ck.enrichment, list)
+                                       else []) if e["layer"] == "all" and e["family"] == "any"}
+        for op, acc in ck.accuracy.items():
+            row = {**base, "op": op, "accuracy": acc}
+            curve = (ck.faithfulness or {}).get(op) or []
+            if curve:
+                k, f = curve[len(curve) // 2]
+                faith_k = k
+                pt = points.get((int(ck.checkpoint_id), int(ck.config_id), op, int(k)))
+                row["faithfulness"] = _fmt(f, None if pt is None else pt.ratio_of_means_se)
+                row["n prompts"] = None if pt is None else int(pt.n)
+                if pt is not None and pt.n < FEW_PROMPTS and row["faithfulness"]:
+                    row["faithfulness"] += " (few prompts)"
+            if op in shares:
+                row["labelled top / random"] = (f"{shares[op]['share_top']:.2f} / "
+                                                f"{shares[op]['share_random']:.2f}")
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    if "n prompts" in table:
+        table["n prompts"] = table["n prompts"].astype("Int64")
+    return table, faith_k
 
 
 def report_button(model: str, cks: pd.DataFrame) -> None:
