@@ -229,23 +229,33 @@ def final_circuit(conn: psycopg.Connection, ids: CatalogIds, config: ScienceConf
     if src is None or src.checkpoint_id == ids.checkpoint_id or \
             (step is not None and src.step is not None and src.step <= step):
         return None
-    n_layers, n_heads, d_mlp = model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_mlp
-    layers = sorted({int(x) for p in src.plans.values() for x in p["pruned"]})
-    digests = stored_digests(conn, CatalogIds(ids.model_id, src.checkpoint_id, ids.config_id),
-                             config, layers, d_mlp)
-    plans = {}
+    shape = (model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_mlp)
+    return stored_circuit(conn, CatalogIds(ids.model_id, src.checkpoint_id, ids.config_id),
+                          config, shape, src.plans, src.step), src.checkpoint_id
+
+
+def stored_circuit(conn: psycopg.Connection, ids: CatalogIds, config: ScienceConfig,
+                   shape: tuple[int, int, int], plans: dict[str, dict],
+                   step: int | None) -> FinalCircuit:
+    """The circuits stored for ``ids`` rebuilt as plans (catalog.circuits.final):
+    ``plans`` are its circuit_summary rows (schema.training.circuit_plans), ``shape`` =
+    (n_layers, n_heads, d_mlp). Each pruned layer is ranked by what its curve ranked by
+    (circuit_summary.ranking): the attribution score (mean + std) or the catalog's rank."""
+    n_layers, _, d_mlp = shape
+    layers = sorted({int(x) for p in plans.values() for x in p["pruned"]})
+    digests = stored_digests(conn, ids, config, layers, d_mlp)
+    rows = {}
     for o, op in enumerate(config.operators):
-        if op not in src.plans:
+        if op not in plans:
             continue
         score = np.full((n_layers, d_mlp), -np.inf)
         for layer in layers:
             d = digests[layer]
-            by = d.attribution if src.plans[op]["ranking"] == "attribution" and \
+            by = d.attribution if plans[op]["ranking"] == "attribution" and \
                 d.attribution is not None else d.effect
             score[layer] = np.nan_to_num(by[:, o], nan=-np.inf)
-        plans[op] = {**src.plans[op], "score": score}
-    return FinalCircuit.from_stored(src.step, (n_layers, n_heads, d_mlp), plans), \
-        src.checkpoint_id
+        rows[op] = {**plans[op], "score": score}
+    return FinalCircuit.from_stored(step, shape, rows)
 
 
 def stored_digests(conn: psycopg.Connection, ids: CatalogIds, config: ScienceConfig,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schema import reads, store
+from schema.export_reads import locate
 from schema.training import TrainingData, gather_training
 
 
@@ -210,27 +211,11 @@ def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20
            config_id: int | None = None, n_maps: int = 6) -> ReportData:
     """The report's numbers for ``model`` at ``step`` (default: its last measured one)."""
     with store.connect(url) as conn:
-        row = conn.execute("SELECT id FROM model WHERE name = %s", (model,)).fetchone()
-        if row is None:
-            known = [r[0] for r in conn.execute("SELECT name FROM model ORDER BY name")]
-            raise ReportError(f"model {model!r} is not in the catalog; it has {known}")
-        model_id = row[0]
+        at = locate(conn, model, step, config_id, error=ReportError)
+        model_id, checkpoint_id, step, config_id, config = (
+            at.model_id, at.checkpoint_id, at.step, at.config_id, at.config)
         n_model_layers = store.scalar(conn.execute("SELECT n_layers FROM model WHERE id = %s",
                                                    (model_id,)))
-        ck = conn.execute(
-            "SELECT c.id, c.step, lr.config_id FROM checkpoint c "
-            "JOIN layer_result lr ON lr.checkpoint_id = c.id WHERE c.model_id = %s "
-            + ("AND c.step = %s " if step is not None else "")
-            + ("AND lr.config_id = %s " if config_id is not None else "")
-            + "ORDER BY c.step DESC NULLS FIRST, lr.written_at DESC LIMIT 1",
-            [model_id] + ([step] if step is not None else [])
-            + ([config_id] if config_id is not None else [])).fetchone()
-        if ck is None:
-            raise ReportError(f"{model} has no measured layers"
-                              + (f" at step {step}" if step is not None else ""))
-        checkpoint_id, step, config_id = ck
-        config = store.scalar(conn.execute("SELECT config FROM measure_config WHERE id = %s",
-                                           (config_id,)))
         key = (model_id, checkpoint_id, config_id)
         layers = [r[0] for r in conn.execute(
             "SELECT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "

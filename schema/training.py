@@ -25,22 +25,28 @@ class FinalSource:
 def final_source(conn: psycopg.Connection, *, model_id: int, config_id: int) -> FinalSource | None:
     """The final checkpoint's paper circuits, or None when no checkpoint of the model has
     one under the config."""
-    rows = conn.execute(
-        "WITH last AS (SELECT s.checkpoint_id, c.step FROM circuit_summary s "
-        "  JOIN checkpoint c ON c.id = s.checkpoint_id "
-        "  WHERE s.model_id = %s AND s.config_id = %s AND s.protocol = 'paper' "
-        "  ORDER BY c.step DESC NULLS LAST LIMIT 1) "
-        "SELECT l.checkpoint_id, l.step, s.op, s.heads, s.pruned, s.whole, s.late_from, "
-        "       s.late_source, s.ranking "
-        "FROM last l JOIN circuit_summary s ON s.checkpoint_id = l.checkpoint_id "
-        "WHERE s.config_id = %s AND s.protocol = 'paper' ORDER BY s.op",
-        (model_id, config_id, config_id)).fetchall()
-    if not rows:
+    last = conn.execute(
+        "SELECT s.checkpoint_id, c.step FROM circuit_summary s "
+        "JOIN checkpoint c ON c.id = s.checkpoint_id "
+        "WHERE s.model_id = %s AND s.config_id = %s AND s.protocol = 'paper' "
+        "ORDER BY c.step DESC NULLS LAST LIMIT 1", (model_id, config_id)).fetchone()
+    if last is None:
         return None
-    plans = {op: {"heads": heads, "pruned": list(pruned), "whole": list(whole),
-                  "late_from": late_from, "late_source": late_source, "ranking": ranking}
-             for _, _, op, heads, pruned, whole, late_from, late_source, ranking in rows}
-    return FinalSource(rows[0][0], rows[0][1], plans)
+    return FinalSource(last[0], last[1], circuit_plans(conn, checkpoint_id=last[0],
+                                                       config_id=config_id))
+
+
+def circuit_plans(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
+                  protocol: str = "paper") -> dict[str, dict]:
+    """op -> how the checkpoint's circuits of ``protocol`` were built (circuit_summary's
+    heads, pruned, whole, late_from, late_source and ranking); empty when none is stored."""
+    rows = conn.execute(
+        "SELECT op, heads, pruned, whole, late_from, late_source, ranking "
+        "FROM circuit_summary WHERE checkpoint_id = %s AND config_id = %s AND protocol = %s "
+        "ORDER BY op", (checkpoint_id, config_id, protocol)).fetchall()
+    return {op: {"heads": heads, "pruned": list(pruned), "whole": list(whole),
+                 "late_from": late_from, "late_source": late_source, "ranking": ranking}
+            for op, heads, pruned, whole, late_from, late_source, ranking in rows}
 
 
 def write_final_curves(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,

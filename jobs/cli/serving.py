@@ -53,6 +53,8 @@ def cmd_migrate(args) -> int:
 def cmd_export(args) -> int:
     from schema.export import export
 
+    if args.format in ("mib", "neuronpedia"):
+        return _export_field(args)
     try:
         n = export(database_url(args), args.what, Path(args.out), args.format)
     except ValueError as exc:
@@ -64,6 +66,30 @@ def cmd_export(args) -> int:
             raise  # the server could not be reached: main() says so, exit 3
         return fail(f"export of {args.what!r} failed: {exc}")
     print(f"{n} rows written to {args.out}")
+    return 0
+
+
+def _export_field(args) -> int:
+    """``ncat export MODEL --format mib|neuronpedia --out DIR`` (jobs.field_exports)."""
+    from jobs import field_exports
+    from schema.engine import SchemaBehind, require_current
+
+    try:
+        url = require_current(database_url(args))
+        model = stored_name(args.what)
+        if args.format == "mib":
+            paths = field_exports.export_mib(url, model, Path(args.out),
+                                             step=args.checkpoint, config_id=args.config_id,
+                                             op=args.op, k=args.k)
+        else:
+            paths = field_exports.export_neuronpedia(url, model, Path(args.out),
+                                                     step=args.checkpoint,
+                                                     config_id=args.config_id, top=args.top,
+                                                     examples=args.examples)
+    except (field_exports.ExportError, SchemaBehind) as exc:
+        return fail(str(exc))
+    print(f"{len(paths)} {args.format} file(s) written to {args.out}: "
+          + ", ".join(p.name for p in paths[:6]) + (" ..." if len(paths) > 6 else ""))
     return 0
 
 
@@ -230,10 +256,30 @@ def add_commands(sub) -> None:
     database_option(s)
     s.set_defaults(fn=cmd_report)
 
-    s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV")
-    s.add_argument("what", help="a view or table name, or a SELECT query")
-    s.add_argument("--out", required=True, help="output file (.parquet or .csv)")
-    s.add_argument("--format", choices=("parquet", "csv"), default=None,
-                   help="file format (default: from the file name)")
+    s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV, "
+                                      "or a checkpoint's circuit (MIB) or neurons "
+                                      "(Neuronpedia)")
+    s.add_argument("what", help="a view or table name, or a SELECT query; with --format mib "
+                                "or neuronpedia, the model's name in the catalog")
+    s.add_argument("--out", required=True,
+                   help="output file (.parquet or .csv); a folder for mib and neuronpedia")
+    s.add_argument("--format", choices=("parquet", "csv", "mib", "neuronpedia"), default=None,
+                   help="parquet or csv (default: from the file name); mib: the paper "
+                        "circuit as MIB circuit-track graph files, one per circuit size; "
+                        "neuronpedia: labelled and top neurons as Neuronpedia upload batches")
+    s.add_argument("--checkpoint", type=int, default=None,
+                   help="mib, neuronpedia: training step (default: the last one measured)")
+    s.add_argument("--config-id", type=int, default=None,
+                   help="mib, neuronpedia: the config (default: the last one written)")
+    s.add_argument("--op", default="+", choices=("+", "-", "*", "/"),
+                   help="mib: the operator whose circuit is written (default +)")
+    s.add_argument("--k", type=int, default=None,
+                   help="mib: one circuit size, neurons per pruned layer (default: every "
+                        "size measured)")
+    s.add_argument("--top", type=int, default=20,
+                   help="neuronpedia: neurons ranked in the top TOP of their layer for some "
+                        "operator, beside every labelled one (default 20)")
+    s.add_argument("--examples", type=int, default=20,
+                   help="neuronpedia: top activations per neuron (default 20)")
     database_option(s)
     s.set_defaults(fn=cmd_export)

@@ -1,0 +1,194 @@
+"""``ncat export``: a catalogued checkpoint in the formats the field reads.
+
+- ``mib``: the checkpoint's paper circuit for one operator as MIB circuit-track graph files
+  (catalog.circuits.mib), one per circuit size the catalog measured (or one chosen), each
+  with the faithfulness the catalog measured for it.
+- ``neuronpedia``: the checkpoint's labelled and top-ranked neurons as Neuronpedia upload
+  batches (one ``batch-<layer>.json`` per layer, the dashboard batch format SAEDashboard
+  writes for Neuronpedia: per neuron its logit-lens tokens, its top activations as
+  prompts with per-token values), and ``explanations.json`` with the heuristic labels,
+  their scores and p-values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from catalog.circuits import mib
+from catalog.config import ScienceConfig
+from jobs.store_results import CatalogIds, stored_circuit
+from schema import export_reads as exports
+from schema import reads, store, training
+
+OP_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+SOURCE_SET = "ncat-mlp"  # the source set's name on Neuronpedia: "<layer>-ncat-mlp"
+
+
+class ExportError(ValueError):
+    """What the catalog lacks for the export asked for."""
+
+
+def slug(name: str) -> str:
+    """A model name as a file and Neuronpedia id (lower case, letters, digits, - and .)."""
+    return re.sub(r"[^a-z0-9.]+", "-", Path(name).name.lower()).strip("-") or "model"
+
+
+def _load(at: exports.Located, cache_root=None):
+    from catalog.sources import load_model
+
+    return load_model(at.model, at.step, cache_root=cache_root, progress=False)
+
+
+def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
+               config_id: int | None = None, op: str = "+", k: int | None = None,
+               protocol: str = "paper", cache_root=None) -> list[Path]:
+    """Write the checkpoint's ``protocol`` circuit for ``op`` as MIB graph files, one per
+    circuit size measured (or ``k`` only); returns their paths. The model is loaded for
+    its architecture (heads per layer, parallel attention and MLP)."""
+    with store.connect(url) as conn:
+        at = exports.locate(conn, model, step, config_id, error=ExportError)
+        plans = training.circuit_plans(conn, checkpoint_id=at.checkpoint_id,
+                                       config_id=at.config_id, protocol=protocol)
+        if op not in plans:
+            raise ExportError(
+                f"{model} at {'its final weights' if at.step is None else f'step {at.step}'} "
+                f"(config {at.config_id}) has no {protocol!r} circuit for {op!r} (circuits "
+                f"come with a checkpoint's summary); it has them for {sorted(plans) or 'none'}")
+        points = exports.circuit_points(conn, at, op, protocol)
+        sizes = [int(p[0]) for p in points]
+        if k is not None and k not in sizes:
+            raise ExportError(f"no circuit of k = {k} was measured; the sizes are {sizes}")
+        n_layers, d_model, d_mlp = exports.model_shape(conn, at)
+        lm = _load(at, cache_root)
+        n_heads, parallel = lm.model.cfg.n_heads, bool(lm.model.cfg.parallel_attn_mlp)
+        config = ScienceConfig.from_dict(at.config)
+        circuit = stored_circuit(conn, CatalogIds(at.model_id, at.checkpoint_id, at.config_id),
+                                 config, (n_layers, n_heads, d_mlp), {op: plans[op]},
+                                 at.step).plans[op]
+        scores = {(f"m{layer}" if head < 0 else f"a{layer}.h{head}"): float(v)
+                  for layer, head, v in exports.component_effects(conn, at, op)
+                  if v is not None}
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for size, fraction, faith, faith_se, n in points:
+        if k is not None and size != k:
+            continue
+        kept = circuit.ranked(int(size))
+        about = {"model": model, "step": at.step, "config_id": at.config_id, "operator": op,
+                 "protocol": protocol, "k": int(size), "fraction": fraction,
+                 "faithfulness": faith, "faithfulness_se": faith_se, "n_prompts": n,
+                 "faithfulness_statistic": "normalised logit, ratio of means (docs/method.md "
+                                           "section 6)"}
+        graph = mib.to_graph(kept.heads, kept.neurons, d_model=d_model, parallel=parallel,
+                             node_scores=scores, about=about)
+        path = out / (f"{slug(model)}_{'final' if at.step is None else at.step}_"
+                      f"{OP_NAMES.get(op, 'op')}_{protocol}_k{int(size)}.json")
+        path.write_text(json.dumps(graph))
+        written.append(path)
+    return written
+
+
+def _prompt_tokens(tokenizer, config: ScienceConfig, op: str, a: int, b: int) -> list[str]:
+    from catalog.measuring.prompts import tokenize_prompts
+
+    ids, _ = tokenize_prompts(tokenizer, config, [op], np.array([a]), np.array([b]))
+    return [tokenizer.decode([i]) for i in ids[0]]
+
+
+def _top_cells(conn, at: exports.Located, layer: int, neuron: int, op: str, lo: int,
+               n: int) -> tuple[list[tuple[int, int, float]], int]:
+    """(op1, op2, activation) of the ``n`` largest activations of a full grid, and its
+    number of prompts; no cells for a sketch (its cells are block means)."""
+    grid = reads.read_stored_grid(conn, model_id=at.model_id, checkpoint_id=at.checkpoint_id,
+                                  config_id=at.config_id, layer=layer, neuron=neuron, op=op)
+    valid = np.isfinite(grid.values)
+    if grid.sketch:
+        return [], int(valid.sum())
+    values = np.where(valid, grid.values, -np.inf)
+    flat = np.argsort(-values, axis=None, kind="stable")[:n]
+    return [(lo + int(i), lo + int(j), float(values[i, j]))
+            for i, j in zip(*np.unravel_index(flat, values.shape), strict=True)
+            if valid[i, j]], int(valid.sum())
+
+
+def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = None,
+                       config_id: int | None = None, top: int = 20, examples: int = 20,
+                       cache_root=None) -> list[Path]:
+    """Write Neuronpedia upload batches of the checkpoint's neurons that carry a label or
+    rank in the top ``top`` of their layer for some operator, each with its ``examples``
+    largest activations; returns the paths written."""
+    with store.connect(url) as conn:
+        at = exports.locate(conn, model, step, config_id, error=ExportError)
+        config = ScienceConfig.from_dict(at.config)
+        rows = exports.export_neurons(conn, at, top)
+        if not rows:
+            raise ExportError(f"{model} (config {at.config_id}) has no labelled or ranked "
+                              "neurons to export")
+        origin = exports.grid_origin(conn, at)
+        by_neuron: dict[tuple[int, int], list[tuple]] = {}
+        for r in rows:
+            by_neuron.setdefault((r[0], r[1]), []).append(r)
+        tokenizer = _load(at, cache_root).tokenizer
+        n_tokens = max(len(_prompt_tokens(tokenizer, config, op, origin[op], origin[op]))
+                       for op in origin)
+        layers: dict[int, list[dict]] = {}
+        for (layer, neuron), ops in sorted(by_neuron.items()):
+            lens = exports.lens(conn, at, layer, neuron)
+            best = min(ops, key=lambda r: r[3])  # the operator where it ranks highest
+            found, n_prompts = [], 0
+            for r in ops:
+                top_cells, n_valid = _top_cells(conn, at, layer, neuron, r[2], origin[r[2]],
+                                                examples)
+                found += [(a, b, v, r[2]) for a, b, v in top_cells]
+                n_prompts += n_valid
+            cells = sorted(found, key=lambda c: -c[2])[:examples]
+            activations = []
+            for a, b, v, op in cells:
+                tokens = _prompt_tokens(tokenizer, config, op, a, b)
+                # the catalog measures the last position only: earlier tokens hold 0
+                activations.append({"bin_min": -1, "bin_max": -1, "bin_contains": -1,
+                                    "tokens": tokens,
+                                    "values": [0.0] * (len(tokens) - 1) + [round(v, 6)]})
+            layers.setdefault(layer, []).append({
+                "feature_index": neuron,
+                "neuron_alignment_indices": [neuron], "neuron_alignment_values": [1.0],
+                "neuron_alignment_l1": [1.0],
+                "correlated_neurons_indices": [], "correlated_neurons_l1": [],
+                "correlated_neurons_pearson": [], "correlated_features_indices": [],
+                "correlated_features_l1": [], "correlated_features_pearson": [],
+                "neg_str": list(lens[2]) if lens else [],
+                "neg_values": [float(x) for x in lens[3]] if lens else [],
+                "pos_str": list(lens[0]) if lens else [],
+                "pos_values": [float(x) for x in lens[1]] if lens else [],
+                "frac_nonzero": float(best[5]),
+                "freq_hist_data_bar_values": [], "freq_hist_data_bar_heights": [],
+                "logits_hist_data_bar_heights": [], "logits_hist_data_bar_values": [],
+                "n_prompts_total": n_prompts,
+                "n_tokens_in_prompt": n_tokens,
+                "dataset": (f"ncat arithmetic prompts, operands in [{config.operand_lo}, "
+                            f"{config.operand_hi}), operators {''.join(r[2] for r in ops)}, "
+                            f"config {at.config_id}"),
+                "decoder_weights_dist": [],
+                "activations": activations,
+            })
+        explanations = [
+            {"modelId": slug(model), "layer": f"{layer}-{SOURCE_SET}", "index": neuron,
+             "description": f"{op}: {label}", "explanationModelName": "ncat heuristic labels",
+             "typeName": "ncat-heuristic", "score": float(score),
+             "base_rate": None if base is None else float(base),
+             "p_value": None if p is None else float(p)}
+            for layer, neuron, op, label, score, base, p in exports.labels(conn, at)]
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for layer, features in sorted(layers.items()):
+        path = out / f"batch-{layer}.json"
+        path.write_text(json.dumps({"model_id": slug(model), "layer": layer,
+                                    "sae_set": SOURCE_SET, "features": features}))
+        written.append(path)
+    path = out / "explanations.json"
+    path.write_text(json.dumps(explanations))
+    return written + [path]
