@@ -56,6 +56,35 @@ def job_request(conn, model_id: int, checkpoint_id: int, config_id: int
     return name, step, config
 
 
+def link_names(conn, model_id: int, checkpoint_id: int, config_id: int
+               ) -> tuple[str, int | None, str, int] | None:
+    """What a stable link names (model name, step, the config's hash, and how many configs
+    the model has measurements under), for catalog ids; None when they name nothing."""
+    row = conn.execute(text(
+        "SELECT m.name, c.step, mc.config_hash, (SELECT count(DISTINCT lr.config_id) "
+        "FROM layer_result lr JOIN checkpoint c2 ON c2.id = lr.checkpoint_id "
+        "WHERE c2.model_id = m.id) FROM model m JOIN checkpoint c ON c.model_id = m.id "
+        "CROSS JOIN measure_config mc WHERE m.id = :m AND c.id = :c AND mc.id = :g"),
+        {"m": model_id, "c": checkpoint_id, "g": config_id}).fetchone()
+    return None if row is None else (row[0], row[1], row[2], int(row[3]))
+
+
+def resolve_link(conn, model: str, step: int | None, config: str | None
+                 ) -> tuple[int, int, int] | None:
+    """(model id, checkpoint id, config id) a stable link names in this catalog: the model
+    by name, the checkpoint by step (None: the final weights), the config by a prefix of
+    its hash (None: the one last written at that checkpoint); None when it has none."""
+    row = conn.execute(text(
+        "SELECT m.id, c.id, lr.config_id FROM model m JOIN checkpoint c ON c.model_id = m.id "
+        "JOIN layer_result lr ON lr.checkpoint_id = c.id "
+        "JOIN measure_config mc ON mc.id = lr.config_id "
+        "WHERE m.name = :name AND c.step IS NOT DISTINCT FROM CAST(:step AS bigint) "
+        "AND (CAST(:cfg AS text) IS NULL OR mc.config_hash LIKE CAST(:cfg AS text) || '%') "
+        "ORDER BY lr.written_at DESC LIMIT 1"),
+        {"name": model, "step": step, "cfg": config}).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+
+
 def search(conn, f: Filters, page: int, page_size: int = 50,
            cap: int = COUNT_CAP) -> tuple[pd.DataFrame, int]:
     """One page of neurons matching the filters, and how many match in all, counted up

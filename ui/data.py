@@ -171,6 +171,18 @@ def job_request(model_id: int, checkpoint_id: int, config_id: int) -> tuple[str,
 
 
 @st.cache_data(ttl=TTL)
+def link_names(model_id: int, checkpoint_id: int, config_id: int):
+    with engine().connect() as conn:
+        return reads_x.link_names(conn, model_id, checkpoint_id, config_id)
+
+
+@st.cache_data(ttl=TTL)
+def resolve_link(model: str, step: int | None, config: str | None):
+    with engine().connect() as conn:
+        return reads_x.resolve_link(conn, model, step, config)
+
+
+@st.cache_data(ttl=TTL)
 def layout(config_id: int) -> pd.DataFrame:
     with engine().connect() as conn:
         return reads_x.layout(conn, config_id)

@@ -178,7 +178,9 @@ def test_search_filters_and_pages_server_side(catalog_env):
     np.testing.assert_allclose(eff.to_numpy(dtype=float),
                                np.array([np.nan if v is None else v for v in top], dtype=float),
                                rtol=1e-6)
-    assert first.open.str.startswith("/neuron?model_id=").all()
+    # stable links: model name and step, never the database ids (issue 50)
+    assert first.open.str.startswith("/neuron?model=builtin-arith").all()
+    assert first.open.str.contains("&step=300&layer=").all()
     # filter: operator +, heuristic label, min score
     at.selectbox(key="s-op").select("+").run()
     at.text_input(key="s-label").input("result in [10, 20)").run()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote, urlencode
+
 import pandas as pd
 import streamlit as st
 
@@ -46,6 +48,64 @@ def pick_model_checkpoint_config(key: str, across_training: bool = False):
     return model, ck, config_id
 
 
-def neuron_link(model_id, checkpoint_id, config_id, layer, neuron) -> str:
-    return (f"/neuron?model_id={model_id}&checkpoint_id={checkpoint_id}&config_id={config_id}"
-            f"&layer={layer}&neuron={neuron}")
+# A link names a checkpoint by model name, step ("final" for a model's only weights) and,
+# where the model was measured under several configs, a prefix of the config's hash: the
+# same link opens the same neuron in any catalog of the same model (database ids differ
+# between catalogs). Links with ids (before 0.11) still open, and are rewritten.
+ID_KEYS = ("model_id", "checkpoint_id", "config_id")
+CONFIG_PREFIX = 12
+
+
+def named_query(model: str, step: int | None, config_hash: str | None = None
+                ) -> dict[str, str]:
+    """The query parameters of a stable link (``config_hash`` only where the model has
+    several configs)."""
+    out = {"model": model, "step": "final" if step is None else str(int(step))}
+    if config_hash:
+        out["config"] = config_hash[:CONFIG_PREFIX]
+    return out
+
+
+def stable_query(model_id, checkpoint_id, config_id) -> dict[str, str]:
+    """The query parameters naming a catalogued checkpoint and config stably."""
+    names = data.link_names(int(model_id), int(checkpoint_id), int(config_id))
+    if names is None:
+        return {k: str(v) for k, v in zip(ID_KEYS, (model_id, checkpoint_id, config_id),
+                                            strict=True)}
+    name, step, config_hash, n_configs = names
+    return named_query(name, step, config_hash if n_configs > 1 else None)
+
+
+def query_ids(qp) -> tuple[int, int, int] | None | str:
+    """(model id, checkpoint id, config id) the page's query names: by name (a stable link),
+    or by ids (an old link: the address bar is rewritten to the stable form). None when the
+    query names no checkpoint; a message when it names one this catalog does not hold."""
+    if "model" in qp:
+        step_text = qp.get("step", "final")
+        try:
+            step = None if step_text == "final" else int(step_text)
+        except ValueError:
+            return f"step {step_text!r} is neither a number nor 'final'"
+        found = data.resolve_link(qp["model"], step, qp.get("config"))
+        if found is None:
+            return (f"this catalog has no {qp['model']} at "
+                    f"{'its final weights' if step is None else f'step {step}'}"
+                    + (f" under config {qp['config']}" if qp.get("config") else ""))
+        return found
+    try:
+        ids = tuple(int(qp[k]) for k in ID_KEYS)
+    except (KeyError, ValueError):
+        return None
+    rest = {k: qp[k] for k in qp if k not in ID_KEYS}
+    qp.from_dict({**stable_query(*ids), **rest})  # the old link, rewritten
+    return ids  # type: ignore[return-value]
+
+
+def link(page: str, model_id, checkpoint_id, config_id, **more) -> str:
+    query = {**stable_query(model_id, checkpoint_id, config_id),
+             **{k: str(v) for k, v in more.items() if v is not None}}
+    return f"/{page}?" + urlencode(query, quote_via=quote)
+
+
+def neuron_link(model_id, checkpoint_id, config_id, layer, neuron, op=None) -> str:
+    return link("neuron", model_id, checkpoint_id, config_id, layer=layer, neuron=neuron, op=op)

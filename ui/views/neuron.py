@@ -12,7 +12,7 @@ import streamlit as st
 from catalog.core.arith import OPERATORS
 from reports import plots
 from ui import data
-from ui.views.common import require_catalog
+from ui.views.common import query_ids, require_catalog
 
 KEYS = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
 
@@ -105,12 +105,19 @@ def spectrum_table(spec: pd.DataFrame) -> pd.DataFrame:
                                        "fit R^2", "linear share", "helix R^2"])
 
 
-def _params() -> dict | None:
+def _params() -> dict | str | None:
+    """The page's neuron: ids from a stable link (model, step, config, layer, neuron) or an
+    old one (ids; rewritten to the stable form); a message when the link names a
+    checkpoint this catalog does not hold."""
     qp = st.query_params
     try:
-        return {k: int(qp[k]) for k in KEYS}
+        layer, neuron = int(qp["layer"]), int(qp["neuron"])
     except (KeyError, ValueError):
         return None
+    ids = query_ids(qp)
+    if not isinstance(ids, tuple):
+        return ids
+    return dict(zip(KEYS, (*ids, layer, neuron), strict=True))
 
 
 def _sketch_banner(p: dict, sketched: list[str], grids: dict) -> None:
@@ -177,8 +184,12 @@ def render() -> None:  # noqa: C901
         return
     p = _params()
     if p is None:
-        st.info("Open a neuron from the search page, or give model_id, checkpoint_id, "
-                "config_id, layer and neuron in the URL.")
+        st.info("Open a neuron from the search page, or give model, step (or final), layer "
+                "and neuron in the URL (and config, a prefix of its hash, where the model "
+                "was measured under several).")
+        return
+    if isinstance(p, str):
+        st.warning(f"The link names a neuron this catalog cannot show: {p}.")
         return
     ops = data.neuron_ops(*p.values())
     if ops.empty:
@@ -210,7 +221,10 @@ def render() -> None:  # noqa: C901
                                                         int(layout.lo[op]), op),
                                          key=f"p{op}")
     st.markdown("#### Direct effect on the answer (KV map)")
-    kv_op = st.radio("Operator", list(layout.index), horizontal=True, key="kv-op")
+    kv_ops = list(layout.index)
+    linked = st.query_params.get("op")  # a link may name the operator it was made for
+    kv_op = st.radio("Operator", kv_ops, horizontal=True, key="kv-op",
+                     index=kv_ops.index(linked) if linked in kv_ops else 0)
     g = data.stored_grid(*p.values(), op=kv_op, kv=True)
     if g is not None:
         title = f"KV map, {kv_op}" + (" (sketch: block means times each cell's lens value)"

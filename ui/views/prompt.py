@@ -11,7 +11,6 @@ with the command to run.
 from __future__ import annotations
 
 import threading
-from urllib.parse import quote
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -20,23 +19,27 @@ import streamlit as st
 from catalog.config.settings import get_settings
 from reports.plots import FAMILY_COLORS
 from ui import data
-from ui.views.common import neuron_link, pick_model_checkpoint_config, require_catalog
+from ui.views.common import (
+    link,
+    neuron_link,
+    pick_model_checkpoint_config,
+    query_ids,
+    require_catalog,
+)
 
-KEYS = ("model_id", "checkpoint_id", "config_id")
 OTHER_COLORS = {"labelled, does not hold here": "#bbbbbb", "unlabelled": "#7f7f7f",
                 "heads": "#17becf"}
 
 
 def prompt_link(model_id, checkpoint_id, config_id, prompt: str) -> str:
-    return (f"/prompt?model_id={model_id}&checkpoint_id={checkpoint_id}"
-            f"&config_id={config_id}&prompt={quote(prompt, safe='')}")
+    return link("prompt", model_id, checkpoint_id, config_id, prompt=prompt)
 
 
 def _picked() -> tuple[int, int, int]:
-    qp = st.query_params
-    try:
-        ids = tuple(int(qp[k]) for k in KEYS)
-    except (KeyError, ValueError):
+    ids = query_ids(st.query_params)
+    if isinstance(ids, str):
+        st.warning(f"The link's checkpoint is not here: {ids}. Pick one in the sidebar.")
+    if not isinstance(ids, tuple):
         model, ck, config_id = pick_model_checkpoint_config("prompt")
         return int(model.id), int(ck.checkpoint_id), config_id
     name, step, _ = data.job_request(*ids)
@@ -165,7 +168,8 @@ def _neuron_lines(e: dict, ids: tuple[int, int, int], rows: list[dict]) -> list[
     out = []
     for r in rows:
         labs = "; ".join(("✓ " if x["holds"] else "✗ ") + x["label"] for x in r["labels"])
-        out.append(f"- [L{r['layer']} N{r['neuron']}]({neuron_link(*ids, r['layer'], r['neuron'])})"
+        href = neuron_link(*ids, r['layer'], r['neuron'], e.get("op"))
+        out.append(f"- [L{r['layer']} N{r['neuron']}]({href})"
                    f" {r['contribution']:+.3f} ({r['share']:.1%}), act {r['activation']:.2f}"
                    + (f" (typically {r['typical']:.2f})" if r["typical"] is not None else "")
                    + f": {labs or 'no label'}; promotes {' '.join(r['promotes'])}")

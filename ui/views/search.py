@@ -65,7 +65,8 @@ def render() -> None:
         st.info("No neuron matches these filters. Lower the minimum score or effect.")
         return
     rows.insert(0, "open", [neuron_link(int(model.id), int(ck.checkpoint_id), config_id,
-                                        r.layer, r.neuron) for r in rows.itertuples()])
+                                        r.layer, r.neuron, getattr(r, "op", None))
+                            for r in rows.itertuples()])
     st.dataframe(rows, hide_index=True, width="stretch", column_config={
         "open": st.column_config.LinkColumn("page", display_text="open",
                                             help="the neuron's page"),
