@@ -1,6 +1,10 @@
 """docker-compose.yml and the Dockerfile, checked by reading them (no Docker engine here)."""
 
+import os
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -101,3 +105,64 @@ def test_dockerfile_copies_what_exists():
     include = found["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {p.rstrip("*") for p in include}
     assert packages and packages <= copied, packages - copied
+
+
+def _image_context(dest: Path) -> Path:
+    """The files the Dockerfile copies into its WORKDIR, laid out as the image has them."""
+    app = dest / "app"
+    app.mkdir()
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if not line.startswith("COPY "):
+            continue
+        *sources, target = shlex.split(line)[1:]
+        for src in sources:
+            to = app / (src if target.endswith("/") or target == "./" else target)
+            if (ROOT / src).is_dir():
+                shutil.copytree(ROOT / src, to, ignore=shutil.ignore_patterns(
+                    "__pycache__", "*.pyc"))
+            else:
+                to.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / src, to)
+    return app
+
+
+def test_the_image_installs_every_module_and_each_imports(tmp_path):
+    """What `pip install .` in the image installs, built here without Docker: the
+    Dockerfile's copies, a wheel of them, the wheel installed alone into a folder. Every
+    module of the project's packages is in it and imports from there (the image once
+    lacked reports/, which the explorer imports)."""
+    app = _image_context(tmp_path)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path / "dist"), str(app)], check=True,
+                   capture_output=True, timeout=600)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    import tomllib
+    import zipfile
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]
+    packages = sorted(p.rstrip("*") for p in include)
+    modules = sorted(str(p.relative_to(ROOT)) for pkg in packages
+                     for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts)
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    assert [m for m in modules if m not in in_wheel] == []
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(site), str(wheel)], check=True, capture_output=True, timeout=600)
+    # each module imported from the installed copy, not from this checkout (scripts that
+    # run on import, Streamlit's page file and the __main__ entry points, are not imported)
+    names = [m[:-3].replace("/", ".").removesuffix(".__init__") for m in modules
+             if not m.endswith(("__main__.py", "ui/app.py"))]
+    code = ("import importlib, sys\n"
+            f"site = {str(site)!r}\n"
+            "bad = []\n"
+            f"for name in {names!r}:\n"
+            "    mod = importlib.import_module(name)\n"
+            "    if not mod.__file__.startswith(site):\n"
+            "        bad.append((name, mod.__file__))\n"
+            "print(len(bad), bad[:3])\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("0 "), done.stdout
