@@ -31,6 +31,7 @@ import plotly.graph_objects as go
 from markdown_it import MarkdownIt
 
 from catalog.core.stats import share_se, wilson
+from catalog.sources.base import transformers_check
 from reports import circuits as report_circuits
 from reports import labels as report_labels
 from reports import periodic as report_periodic
@@ -78,7 +79,8 @@ def markdown(d: ReportData) -> str:
            f"label rule {cfg.get('label_rule', 'paper')}, ranked by "
            f"{cfg.get('rank_statistic', 'mean')} ({cfg.get('rank_sign', 'signed')}). "
            f"Layers measured: {d.layers}; the summary covers "
-           f"{d.summary_layers if d.summary_layers is not None else 'none'}.", "",
+           f"{d.summary_layers if d.summary_layers is not None else 'none'}. The model's "
+           f"load: {transformers_check(d.transformers_nats)}.", "",
            "## Accuracy (the paper, Llama3-8B: + 0.97, - 0.96, * 0.84, / 0.92)", "",
            "| op | accuracy | ± SE | prompts | pairs used |", "|---|---|---|---|---|"]
     for op in ops:

@@ -201,7 +201,8 @@ def checkpoints(conn, model_id: int) -> pd.DataFrame:
     return frame(
         conn,
         "SELECT c.id AS checkpoint_id, c.step, s.config_id, c.duplicate_of_step, "
-        "left(c.weights_hash, 12) AS weights, s.accuracy, s.faithfulness, s.enrichment "
+        "left(c.weights_hash, 12) AS weights, s.accuracy, s.faithfulness, s.enrichment, "
+        "c.transformers_nats "
         "FROM checkpoint c LEFT JOIN checkpoint_summary s ON s.checkpoint_id = c.id "
         "WHERE c.model_id = :m ORDER BY c.step", m=model_id)
 

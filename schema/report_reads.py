@@ -205,6 +205,8 @@ class ReportData:
     periodic: PeriodicData = field(
         default_factory=PeriodicData)
     training: TrainingData | None = None  # the model's checkpoints and seeds (migration 0031)
+    # the load's difference from transformers (nats; None: not compared; migration 0032)
+    transformers_nats: float | None = None
 
 
 def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20,
@@ -222,6 +224,8 @@ def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20
             "ORDER BY layer", (checkpoint_id, config_id))]
         data = ReportData(model, step, config_id, config, layers, top_n)
         data.n_model_layers = n_model_layers
+        data.transformers_nats = store.scalar(conn.execute(
+            "SELECT transformers_nats FROM checkpoint WHERE id = %s", (checkpoint_id,)))
         for layer, patching in conn.execute(
                 "SELECT layer, patching FROM layer_result WHERE checkpoint_id = %s "
                 "AND config_id = %s AND patching IS NOT NULL ORDER BY layer",

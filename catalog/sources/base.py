@@ -38,6 +38,19 @@ class ModelInfo:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def check(self) -> str:
+        """The load's check against transformers, in words."""
+        return transformers_check(self.transformers_nats)
+
+
+def transformers_check(nats: float | None) -> str:
+    """A load's difference from transformers as commands, reports and pages say it."""
+    if nats is None:
+        return "not compared with transformers (no counterpart there)"
+    return (f"next-token log-probabilities within {nats:.2g} nats of transformers' (checked "
+            "on every load; over 0.01 is refused)")
+
 
 @dataclass
 class LoadedModel:

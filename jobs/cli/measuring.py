@@ -171,7 +171,7 @@ def cmd_measure(args) -> int:
     except (ModelSourceError, ValueError) as exc:
         return fail(str(exc))
     print(f"{lm.info.name} step {lm.info.checkpoint}: measured in "
-          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts)")
+          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts); {lm.info.check}")
     print_result(res)
     return 0
 
@@ -220,7 +220,7 @@ def cmd_catalog(args) -> int:
                                      on_resume=resumed)
             print(f"{at_checkpoint(lm.info.name, step)}: stored in "
                   f"{time.perf_counter() - t0:.1f} s (checkpoint id {ids.checkpoint_id}, "
-                  f"config id {ids.config_id})")
+                  f"config id {ids.config_id}); {lm.info.check}")
             stored = ids
         if stored is not None:
             fill_final(url, stored.model_id, stored.config_id, execution, args.quiet)

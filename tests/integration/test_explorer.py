@@ -68,6 +68,7 @@ def test_overview_lists_models_checkpoints_and_accuracy(catalog_env):
     assert first.faithfulness.endswith(f"± {se:.3f}" + (" (few prompts)" if n < 20 else ""))
     assert set(table.config) == {ids(catalog_env)[2]}
     assert "No jobs yet" in text_of(at)
+    assert "Loads: not compared with transformers" in text_of(at)  # a built-in model
     # periodic maps through training (issue 34): the chart is drawn from these shares,
     # per step and axis, equal to the bits counted here
     assert any("Periodic maps through training" in c.proto.spec

@@ -134,6 +134,21 @@ def test_ncat_report_writes_html_and_markdown(seeded, tmp_path, capsys):
                       .replace("&quot;", '"').replace("&#x27;", "'"))
     assert data["step"] == SEED_STEPS[0] and data["model"] == name
     assert f"step {SEED_STEPS[0]}" in md and "91%" in md
+    # the load's check against transformers: none for the built-in model, the stored
+    # difference where there is one (a hub model's row; set here, then put back)
+    assert "not compared with transformers" in md
+    from schema import store
+
+    with store.connect(seeded, autocommit=True) as conn:
+        conn.execute("UPDATE checkpoint SET transformers_nats = 0.00123 WHERE step = %s",
+                     (SEED_STEPS[0],))
+        try:
+            assert main(["report", name, "--checkpoint", str(SEED_STEPS[0]), "--out",
+                         str(tmp_path / "checked"), "--database-url", seeded]) == 0
+        finally:
+            conn.execute("UPDATE checkpoint SET transformers_nats = NULL")
+    assert "within 0.0012 nats of transformers'" in (tmp_path / "checked" / "report.md"
+                                                     ).read_text()
     assert main(["report", "no-such-model", "--out", str(tmp_path),
                  "--database-url", seeded]) == 2
     assert "not in the catalog" in capsys.readouterr().err

@@ -722,6 +722,10 @@ def test_each_checkpoint_keeps_its_check_against_transformers(db, pythia_hub, ti
     own = load_model("builtin", cfg.steps, builtin_config=cfg, cache_root=root)
     assert hub.info.transformers_nats is not None and 0 <= hub.info.transformers_nats < 1e-2
     assert own.info.transformers_nats is None
+    # what `ncat measure` and `ncat catalog` print after each load
+    assert hub.info.check.startswith(f"next-token log-probabilities within "
+                                     f"{hub.info.transformers_nats:.2g} nats")
+    assert own.info.check == "not compared with transformers (no counterpart there)"
     config = ScienceConfig(operand_hi=10)
     with store.connect(db, autocommit=True) as conn:
         ids = register(conn, hub, config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from catalog.sources.base import transformers_check
 from reports import plots
 from schema.jobs import ACTIVE, at_checkpoint
 from ui import data
@@ -24,6 +25,11 @@ def render() -> None:
         st.caption(f"{model.source} model, {model.n_layers} layers x {model.d_mlp} neurons, "
                    f"{numbers}")
         cks = data.checkpoints(int(model.id))
+        checked = cks.transformers_nats.dropna() if "transformers_nats" in cks else cks[:0]
+        st.caption("Loads: " + transformers_check(float(checked.max()) if len(checked)
+                                                  else None)
+                   + (f" (the largest over {checked.size} checkpoint rows)"
+                      if len(checked) > 1 else ""))
         table, faith_k = checkpoint_table(cks, data.headline_faithfulness(int(model.id)))
         # one row per checkpoint, config and operator, the last checkpoints first: every
         # column fits the page (one column per operator and measure was cut off at the
