@@ -7,6 +7,9 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+# cells per side above which a heat map is drawn smoothed (about 5 px a cell at 330 px)
+SMOOTH_ABOVE = 60
+
 
 def heatmap(grid: np.ndarray, lo: int, title: str, diverging: bool = False,
             zrange: tuple[float, float] | None = None, unit: str = "activation") -> go.Figure:
@@ -19,9 +22,14 @@ def heatmap(grid: np.ndarray, lo: int, title: str, diverging: bool = False,
     zmin, zmax = (-lim, lim) if diverging else (None, None)
     if zrange is not None:
         zmin, zmax = zrange
+    # A grid wider than the pixels it is drawn in (100 cells in about 300 px) drawn cell by
+    # cell gives cells of 2 and 3 pixels side by side, and the pattern shows as moire; drawn
+    # as an image, smoothed, each cell keeps its share of the width.
+    smooth = "best" if side > SMOOTH_ABOVE else False
     fig = go.Figure(go.Heatmap(
         z=grid, x=axis, y=axis, colorscale="RdBu_r" if diverging else "Viridis",
         zmid=0 if diverging else None, zmin=zmin, zmax=zmax, hoverongaps=False,
+        zsmooth=smooth,
         colorbar=dict(title=dict(text=unit, side="right")),
         hovertemplate="op1=%{y}<br>op2=%{x}<br>value=%{z:.3f}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="op2", yaxis_title="op1", height=330,

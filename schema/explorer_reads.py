@@ -90,7 +90,36 @@ def search(conn, f: Filters, page: int, page_size: int = 50,
     """One page of neurons matching the filters, and how many match in all, counted up
     to `cap`: a total above `cap` means "more than cap"."""
     count, rows, params = search_sql(f, page, page_size, cap)
-    return frame(conn, rows, **params), int(frame(conn, count, **params).n[0])
+    found = frame(conn, rows, **params)
+    return _with_base_rates(conn, f, found), int(frame(conn, count, **params).n[0])
+
+
+def _with_base_rates(conn, f: Filters, rows: pd.DataFrame) -> pd.DataFrame:
+    """The page's rows with their best heuristic's base rate (the share of maps noise
+    alone scores as high) and p-value, read for the page's rows only: a broad set such as
+    "op2 in [0, 50)" scores high often by chance, and ranks beside a specific one
+    otherwise."""
+    ids = rows.pop("best_heuristic_id")
+    rows.insert(rows.columns.get_loc("best_score") + 1, "best_base_rate", float("nan"))
+    rows.insert(rows.columns.get_loc("best_base_rate") + 1, "best_p_value", float("nan"))
+    have = ids.notna()
+    if not have.any():
+        return rows
+    rates = frame(
+        conn,
+        "SELECT u.i, s.base_rate, s.p_value FROM neuron_score s JOIN unnest("
+        "CAST(:i AS int[]), CAST(:layer AS int[]), CAST(:neuron AS int[]), "
+        "CAST(:op AS text[]), CAST(:h AS int[])) AS u(i, layer, neuron, op, h) "
+        "ON s.layer = u.layer AND s.neuron = u.neuron AND s.op = u.op "
+        "AND s.heuristic_id = u.h WHERE s.model_id = :model_id "
+        "AND s.checkpoint_id = :checkpoint_id AND s.config_id = :config_id",
+        i=[int(i) for i in rows.index[have]],
+        layer=[int(x) for x in rows.layer[have]], neuron=[int(x) for x in rows.neuron[have]],
+        op=[str(x) for x in rows.op[have]], h=[int(x) for x in ids[have]],
+        model_id=f.model_id, checkpoint_id=f.checkpoint_id, config_id=f.config_id)
+    for r in rates.itertuples():
+        rows.loc[r.i, ["best_base_rate", "best_p_value"]] = [r.base_rate, r.p_value]
+    return rows
 
 
 @dataclass(frozen=True)
@@ -184,7 +213,7 @@ def search_sql(f: Filters, page: int, page_size: int, cap: int) -> tuple[str, st
     rows = (
         f"SELECT n.layer, n.neuron, n.op, {matched}n.rank_value AS effect, n.is_exact, "
         "n.effect_exact, n.effect_attr, n.rank, h.label AS best_heuristic, n.best_score, "
-        "n.best_bottom, n.labelled, n.max_act "
+        "n.best_bottom, n.labelled, n.max_act, n.best_heuristic_id "
         f"FROM neuron_op n LEFT JOIN heuristic h ON h.id = n.best_heuristic_id {join}"
         f"WHERE {where} "
         f"ORDER BY {SORTS[f.sort]}, n.layer, n.neuron, n.op LIMIT :lim OFFSET :off")

@@ -179,6 +179,24 @@ def test_search_filters_and_pages_server_side(catalog_env):
     np.testing.assert_allclose(eff.to_numpy(dtype=float),
                                np.array([np.nan if v is None else v for v in top], dtype=float),
                                rtol=1e-6)
+    # each row's best heuristic with its base rate and p-value (issue 50.5: a broad set
+    # ranked like a specific one), the stored ones
+    cols = list(first.columns)
+    assert cols.index("best_base_rate") == cols.index("best_score") + 1
+    with store.connect(catalog_env) as conn:
+        for r in first.head(10).itertuples():
+            if r.best_heuristic is None:
+                assert np.isnan(r.best_base_rate)
+                continue
+            base, p = conn.execute(
+                "SELECT s.base_rate, s.p_value FROM neuron_score s JOIN neuron_op n USING "
+                "(model_id, checkpoint_id, config_id, layer, neuron, op) JOIN checkpoint c "
+                "ON c.id = n.checkpoint_id WHERE c.step = 300 AND n.layer = %s AND "
+                "n.neuron = %s AND n.op = %s AND s.heuristic_id = n.best_heuristic_id",
+                (r.layer, r.neuron, r.op)).fetchone()
+            assert r.best_base_rate == pytest.approx(base, nan_ok=True)
+            assert r.best_p_value == pytest.approx(p, nan_ok=True)
+    assert first.best_base_rate.notna().any()
     # stable links: model name and step, never the database ids (issue 50)
     assert first.open.str.startswith("/neuron?model=builtin-arith").all()
     assert first.open.str.contains("&step=300&layer=").all()

@@ -34,3 +34,15 @@ def test_grids_shown_side_by_side_share_one_colour_scale():
     assert fig.data[0].colorbar.title.text == "activation"
     own = plots.heatmap(a, 0, "alone")
     assert own.data[0].zmin is None and own.data[0].zmax is None
+
+
+def test_wide_grids_are_drawn_smoothed_and_small_ones_cell_by_cell():
+    """Issue 50.5: a 100 x 100 map drawn cell by cell in about 300 px showed moire (cells
+    of 2 and 3 px side by side); wide grids are drawn as a smoothed image, small grids keep
+    their crisp cells."""
+    wide = plots.heatmap(np.arange(100 * 100.0).reshape(100, 100), 0, "wide")
+    small = plots.heatmap(np.arange(20 * 20.0).reshape(20, 20), 0, "small")
+    assert wide.data[0].zsmooth == "best"
+    assert small.data[0].zsmooth is False
+    # the values drawn are the grid's own (no resampling)
+    assert np.array_equal(np.asarray(wide.data[0].z), np.arange(100 * 100.0).reshape(100, 100))

@@ -87,7 +87,16 @@ def render() -> None:
         "best_heuristic": st.column_config.TextColumn(
             help="the neuron's best-scoring heuristic for this operator, whatever the "
                  "filters"),
-        "best_score": st.column_config.NumberColumn(format="%.2f")})
+        "best_score": st.column_config.NumberColumn(format="%.2f"),
+        "best_base_rate": st.column_config.NumberColumn(
+            "base rate", format="%.3f",
+            help="the share of the grid's cells in the best heuristic's set: a score on a "
+                 "broad set (op2 in [0, 50)) is reached by chance far more often than on a "
+                 "specific one; blank where none is stored"),
+        "best_p_value": st.column_config.NumberColumn(
+            "p-value", format="%.2e",
+            help="the exact p-value of the best score under a random ordering of the map "
+                 "(docs/method.md section 7); labels need it below the corrected level")})
     prev, _, nxt = st.columns([1, 4, 1])
     if prev.button("Previous", disabled=page == 0, key="s-prev"):
         st.session_state["search-page"] = page - 1
