@@ -343,10 +343,47 @@ def explore(env: Env, line: str) -> None:
     served = env.start(line, port=port)
     served.wait_for(rf"explorer: http://localhost:{port}", 60)
     assert healthy(port) == "ok"
-    served.stop()
+    try:
+        _readme_picture(env, port)
+    finally:
+        served.stop()
     # the worker started above is still serving its queue, then shuts down warmly
     assert env.worker.proc.poll() is None, env.worker.text[-2000:]
     assert env.worker.stop() == 0, env.worker.text[-2000:]
+
+
+def _readme_picture(env: Env, port: int) -> None:
+    """The README's picture: the neuron page as a reader who ran the demo sees it (the
+    default built-in model at its last step, the top neuron of its last layer on +),
+    opened by its stable link. NCAT_UPDATE_DOCS=1 copies it to docs/neuron-page.png."""
+    import shutil
+    from urllib.parse import urlencode
+
+    from playwright.sync_api import sync_playwright
+    from test_browser import ARTIFACTS, chart_titles, launch
+
+    step = env.one("SELECT max(step) FROM checkpoint")
+    layer, neuron = env.rows(
+        "SELECT o.layer, o.neuron FROM neuron_op o JOIN checkpoint c ON c.id = o.checkpoint_id "
+        "WHERE c.step = %s AND o.op = '+' AND o.rank = 0 ORDER BY o.layer DESC LIMIT 1",
+        (step,))[0]
+    query = urlencode({"model": BUILTIN, "step": step, "layer": layer, "neuron": neuron,
+                       "op": "+"})
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "neuron-page-demo.png"
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(f"http://127.0.0.1:{port}/neuron?{query}", wait_until="networkidle")
+        page.get_by_text(f"Layer {layer}, neuron {neuron}").wait_for(timeout=60_000)
+        chart_titles(page, ["K map, +", "K map, -"])
+        page.evaluate("document.querySelector(\"[data-testid='stMain']\").scrollTo(0, 0)")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(shot))
+        browser.close()
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("NCAT_UPDATE_DOCS") == "1":
+        shutil.copyfile(shot, ROOT / "docs" / "neuron-page.png")
 
 
 RUNNERS = {  # in the order a reader meets them (shell_docs.documented_lines)

@@ -197,7 +197,10 @@ def render() -> None:  # noqa: C901
         return
     st.subheader(f"Layer {p['layer']}, neuron {p['neuron']}")
     st.caption(_where(p))
-    st.dataframe(facts_table(ops), hide_index=True, width="stretch")
+    facts = facts_table(ops)
+    # every fact in view: at the default height the table showed 10 of its 17 rows, the
+    # best heuristic and whether it is a label behind an inner scroll
+    st.dataframe(facts, hide_index=True, width="stretch", height=35 * (len(facts) + 1) + 3)
     note = no_effect_note(ops, data.layer_patching(p["checkpoint_id"], p["config_id"],
                                                    p["layer"]))
     if note:
