@@ -20,6 +20,7 @@ import numpy as np
 
 from catalog.circuits import mib
 from catalog.config import ScienceConfig
+from catalog.labels.heuristics import Heuristic
 from jobs.store_results import CatalogIds, stored_circuit
 from schema import export_reads as exports
 from schema import reads, store, training
@@ -181,7 +182,10 @@ def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = No
              "typeName": "ncat-heuristic", "score": float(score),
              "base_rate": None if base is None else float(base),
              "p_value": None if p is None else float(p)}
-            for layer, neuron, op, label, score, base, p in exports.labels(conn, at)]
+            for layer, neuron, op, score, _, family, target, params, base, p
+            in reads.stored_labels(conn, ids=CatalogIds(at.model_id, at.checkpoint_id,
+                                                        at.config_id))
+            for label in [Heuristic(family, target, tuple(params)).label]]
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for layer, features in sorted(layers.items()):

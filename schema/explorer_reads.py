@@ -250,6 +250,14 @@ def headline_faithfulness(conn, model_id: int) -> pd.DataFrame:
         "AND p.protocol = mc.config -> 'faithfulness_protocols' ->> 0", m=model_id)
 
 
+def config_hashes(conn, model_id: int) -> dict[int, str]:
+    """config id -> its hash, for the configs the model was measured under."""
+    rows = frame(conn, "SELECT DISTINCT mc.id, mc.config_hash FROM measure_config mc "
+                 "JOIN layer_result lr ON lr.config_id = mc.id JOIN checkpoint c "
+                 "ON c.id = lr.checkpoint_id WHERE c.model_id = :m", m=model_id)
+    return dict(zip(rows.id.astype(int), rows.config_hash, strict=True))
+
+
 def configs(conn, model_id: int) -> pd.DataFrame:
     return frame(
         conn,

@@ -95,16 +95,6 @@ def export_neurons(conn: psycopg.Connection, at: Located, top: int) -> list[tupl
         (at.model_id, at.checkpoint_id, at.config_id, top)).fetchall()
 
 
-def labels(conn: psycopg.Connection, at: Located) -> list[tuple]:
-    """(layer, neuron, op, heuristic label, score, base rate, p-value) of every label."""
-    return conn.execute(
-        "SELECT s.layer, s.neuron, s.op, h.label, s.score, s.base_rate, s.p_value "
-        "FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id "
-        "WHERE s.model_id = %s AND s.checkpoint_id = %s AND s.config_id = %s "
-        "AND s.implements ORDER BY s.layer, s.neuron, s.op, s.score DESC",
-        (at.model_id, at.checkpoint_id, at.config_id)).fetchall()
-
-
 def lens(conn: psycopg.Connection, at: Located, layer: int, neuron: int) -> tuple | None:
     """(top tokens, their values, bottom tokens, their values) of a neuron's logit lens."""
     return conn.execute(

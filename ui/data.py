@@ -79,6 +79,12 @@ def headline_faithfulness(model_id: int) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL)
+def config_hashes(model_id: int) -> dict[int, str]:
+    with engine().connect() as conn:
+        return reads_x.config_hashes(conn, model_id)
+
+
+@st.cache_data(ttl=TTL)
 def configs(model_id: int) -> pd.DataFrame:
     with engine().connect() as conn:
         return reads_x.configs(conn, model_id)

@@ -62,11 +62,12 @@ class LineProgress:
     def line(self) -> str:
         elapsed = time.monotonic() - self._start
         done = self.n - self._start_n
+        units = self.unit + ("es" if self.unit.endswith(("s", "x", "ch", "sh")) else "s")
         head = f"{self.desc}: {self.n}"
         if self.total:
-            head += f"/{self.total} {self.unit}s ({100 * self.n / self.total:.0f}%)"
+            head += f"/{self.total} {units} ({100 * self.n / self.total:.0f}%)"
         else:
-            head += f" {self.unit}s"
+            head += f" {units}"
         head += f", {_clock(elapsed)} elapsed"
         if self.total and 0 < done and self.n < self.total:
             head += f", about {_clock(elapsed / done * (self.total - self.n))} left"

@@ -362,11 +362,13 @@ def _readme_picture(env: Env, port: int) -> None:
     from playwright.sync_api import sync_playwright
     from test_browser import ARTIFACTS, chart_titles, launch
 
-    step = env.one("SELECT max(step) FROM checkpoint")
+    # the README's other commands catalog other models (Pythia's steps run further)
+    step = env.one("SELECT max(c.step) FROM checkpoint c JOIN model m ON m.id = c.model_id "
+                   "WHERE m.name = %s", (BUILTIN,))
     layer, neuron = env.rows(
         "SELECT o.layer, o.neuron FROM neuron_op o JOIN checkpoint c ON c.id = o.checkpoint_id "
-        "WHERE c.step = %s AND o.op = '+' AND o.rank = 0 ORDER BY o.layer DESC LIMIT 1",
-        (step,))[0]
+        "JOIN model m ON m.id = o.model_id WHERE m.name = %s AND c.step = %s AND o.op = '+' "
+        "AND o.rank = 0 ORDER BY o.layer DESC LIMIT 1", (BUILTIN, step))[0]
     query = urlencode({"model": BUILTIN, "step": step, "layer": layer, "neuron": neuron,
                        "op": "+"})
     ARTIFACTS.mkdir(exist_ok=True)

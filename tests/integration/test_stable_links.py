@@ -122,3 +122,19 @@ def test_a_link_to_a_checkpoint_this_catalog_lacks_says_so(second_catalog, monke
     assert f"this catalog has no {name} at step {SEED_STEPS[0]}" in _text(at)
     at = _page("neuron", {"model": name, "step": "last", "layer": 1, "neuron": 3})
     assert "step 'last' is neither a number nor 'final'" in _text(at)
+
+
+@pytest.mark.parametrize("page", ["circuits", "search"])
+def test_a_checkpoint_link_opens_its_page_at_that_checkpoint(seeded, monkeypatch, page):
+    """Pages about a checkpoint take the same stable names (?model=..&step=..): the
+    sidebar starts at the linked checkpoint, not the last one."""
+    _use(seeded, monkeypatch)
+    name = _name(seeded)
+    at = _page(page, {"model": name, "step": SEED_STEPS[0]})
+    steps = [sb.value for sb in at.sidebar.selectbox if sb.label == "Checkpoint step"]
+    assert steps == [SEED_STEPS[0]], steps
+    assert f"{name} · step {SEED_STEPS[0]}" in _text(at)
+    # without a link: the last checkpoint
+    at = _page(page, {})
+    assert [sb.value for sb in at.sidebar.selectbox
+            if sb.label == "Checkpoint step"] == [SEED_STEPS[-1]]

@@ -252,7 +252,8 @@ def test_a_measure_with_progress_shows_its_layers_and_says_when_its_summary_runs
                            faithfulness_prompts=10, faithfulness_seeds=1)
     measure(lm.model, lm.tokenizer, config, progress=True)
     err = capsys.readouterr().err
-    assert "layers: 100%" in err
     n = lm.model.cfg.n_layers
+    done = f"layers: {n}/{n} layers (100%)"  # captured: not a terminal, so plain lines
+    assert done in err, err
     assert f"summary of {n} layer(s): accuracy, circuits and faithfulness curves" in err
-    assert err.index("layers: 100%") < err.index("summary of") < err.index("summary done in")
+    assert err.index(done) < err.index("summary of") < err.index("summary done in")

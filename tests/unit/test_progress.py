@@ -26,6 +26,9 @@ def test_lines_count_the_work_and_say_the_time_left():
     assert lines[1].startswith("work: 1/10 items (10%)") and "left" in lines[1]
     assert lines[-1].startswith("work: 10/10 items (100%)") and "left" not in lines[-1]
     assert lines[-1].endswith("[loss=0.500]")
+    batches = io.StringIO()
+    progress.LineProgress(3, "grids", "batch", interval=0, file=batches).close()
+    assert "0/3 batches" in batches.getvalue()
     assert len(lines) == 1 + 5 + 1  # start, five updates, close
     assert "\r" not in out.getvalue()
 

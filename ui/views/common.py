@@ -26,13 +26,21 @@ def pick_model_checkpoint_config(key: str, across_training: bool = False):
     returns (model row, checkpoint row, config id)."""
     models = data.models()
     names = models.name.tolist()
-    name = st.sidebar.selectbox("Model", names, key=f"{key}-model")
+    # a checkpoint's stable link (?model=..&step=..&config=..) picks the defaults
+    qp = st.query_params
+    linked = qp.get("model")
+    name = st.sidebar.selectbox("Model", names, key=f"{key}-model",
+                                index=names.index(linked) if linked in names else 0)
     model = models[models.name == name].iloc[0]
     cks = data.checkpoints(int(model.id))
     cks = cks[cks.config_id.notna()] if cks.config_id.notna().any() else cks
+    cks = cks.drop_duplicates("checkpoint_id")
     steps = cks.step.tolist()
-    step = st.sidebar.selectbox("Checkpoint step", steps, index=len(steps) - 1,
-                                key=f"{key}-step",
+    want = qp.get("step")
+    at = [i for i, s in enumerate(steps) if (pd.isna(s) and want == "final")
+          or (not pd.isna(s) and want == str(int(s)))] if linked == name else []
+    step = st.sidebar.selectbox("Checkpoint step", steps,
+                                index=at[0] if at else len(steps) - 1, key=f"{key}-step",
                                 format_func=lambda s: "(no steps)" if pd.isna(s) else str(int(s)))
     # a model without training steps (a GGUF file, a local directory) has step NULL
     ck = cks[cks.step.isna()].iloc[0] if pd.isna(step) else cks[cks.step == step].iloc[0]
@@ -40,7 +48,11 @@ def pick_model_checkpoint_config(key: str, across_training: bool = False):
     labels = [f"#{r.id}: ops {r.operators}, operands [{r.operand_lo}, {r.operand_hi}), "
               f"template {r.template!r}, {r.shots or 0} shots, labels: {r.label_rule or 'paper'}"
               for r in cfgs.itertuples()]
-    choice = st.sidebar.selectbox("Measurement config", labels, key=f"{key}-config")
+    hashes = data.config_hashes(int(model.id))
+    cfg_at = [i for i, r in enumerate(cfgs.itertuples()) if qp.get("config")
+              and str(hashes.get(int(r.id), "")).startswith(qp["config"])]
+    choice = st.sidebar.selectbox("Measurement config", labels, key=f"{key}-config",
+                                  index=cfg_at[0] if cfg_at else 0)
     config_id = int(cfgs.id.iloc[labels.index(choice)])
     where = "every checkpoint" if across_training else (
         "final weights" if pd.isna(step) else f"step {int(step)}")
