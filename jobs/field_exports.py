@@ -134,7 +134,9 @@ def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = No
         for r in rows:
             by_neuron.setdefault((r[0], r[1]), []).append(r)
         tokenizer = _load(at, cache_root).tokenizer
-        n_tokens = max(len(_prompt_tokens(tokenizer, config, op, origin[op], origin[op]))
+        # the longest prompt of the grid: its largest operands (most digits)
+        big = config.operand_hi - 1
+        n_tokens = max(len(_prompt_tokens(tokenizer, config, op, big, big))
                        for op in origin)
         layers: dict[int, list[dict]] = {}
         for (layer, neuron), ops in sorted(by_neuron.items()):

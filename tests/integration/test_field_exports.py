@@ -137,8 +137,7 @@ def test_the_neurons_as_neuronpedia_batches(seeded, tiny_builtin, name, tmp_path
                 assert values == sorted(values, reverse=True)
                 for a in f["activations"]:
                     assert set(a) == set(ACTIVATION_KEYS)
-                    assert len(a["tokens"]) == len(a["values"]) == f["n_tokens_in_prompt"] \
-                        or len(a["tokens"]) == len(a["values"])
+                    assert len(a["tokens"]) == len(a["values"]) <= f["n_tokens_in_prompt"]
                     assert all(v == 0.0 for v in a["values"][:-1])
                 # the top activation is the largest cell of the full grids of the
                 # operators it was exported for
