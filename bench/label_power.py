@@ -98,7 +98,7 @@ def main() -> None:  # noqa: C901
             recall.append(row)
             print(row, flush=True)
     false = []
-    for op, hi in (("+", 20), ("+", 30), ("+", 100), ("*", 30)):
+    for op, hi in (("+", 20), ("+", 30), ("+", 100), ("*", 20), ("*", 30), ("*", 100)):
         cells = cells_of(op, hi)
         rng = np.random.default_rng([hi, ord(op), 99])
         m = n if hi < 100 else max(20, n // 2)

@@ -74,12 +74,6 @@ class Design:
         return out
 
 
-# the ridge of each fold's normal equations, relative to their mean diagonal: the
-# designs are rank-deficient (each grouping sums to the constant; a value no training
-# cell has is a zero column), and the ridge gives such directions no weight
-RIDGE = 1e-9
-
-
 def pair_folds(a: np.ndarray, b: np.ndarray, folds: int = FOLDS, seed: int = 0) -> np.ndarray:
     """Each cell's fold: unordered operand pairs ({a, b} and {b, a} together) dealt at
     random into ``folds`` folds. A map of a commutative operator is nearly symmetric, and
@@ -125,34 +119,41 @@ class Explanations:
 class FoldModel:
     """One explanation as a linear model on one-hot groupings of the cells, fit on each
     training fold (all cells but one fold) and judged on the held-out fold: per fold the
-    inverse of the ridged normal equations (``RIDGE``)."""
+    pseudo-inverse of the training cells' normal equations (the designs are
+    rank-deficient: each grouping sums to the constant, and a value no training cell has
+    is a zero column; the pseudo-inverse gives the least-norm fit, which puts no weight
+    on such directions) and the held-out fold's own normal matrix taken through it, so
+    that a held-out residual sum of squares comes from the maps' sums per level and fold
+    alone (``held_out_all``)."""
 
     groups: list[torch.Tensor]  # each cell's level per grouping
     keys: list[bytes]  # each grouping's identity (its levels' digest): models share them
     sizes: list[int]  # levels per grouping
     width: int
     folds: np.ndarray  # each cell's fold
-    inverse: torch.Tensor  # (folds, width, width) float64
+    # (folds, width, 2 width) float64: [A_f | A_f G_f A_f], A_f the pseudo-inverse of the
+    # training folds' normal equations, G_f the held-out fold's normal matrix X_f'X_f
+    inverse: torch.Tensor
 
     @classmethod
     def of(cls, groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel:
         sizes = [int(g.max()) + 1 for g in groups]
         offsets = np.cumsum([0] + sizes[:-1])
         width = int(sum(sizes))
-        inverse = []
-        for f in range(int(folds.max()) + 1):
-            train = folds != f
-            xtx = np.zeros((width, width))
-            for gi, oi in zip(groups, offsets, strict=True):
-                for gj, oj in zip(groups, offsets, strict=True):
-                    np.add.at(xtx, (gi[train] + oi, gj[train] + oj), 1.0)
-            lam = RIDGE * max(float(np.trace(xtx)) / width, 1.0)
-            chol = torch.linalg.cholesky(torch.as_tensor(xtx + lam * np.eye(width)))
-            inverse.append(torch.cholesky_inverse(chol))
+        n_folds = int(folds.max()) + 1
+        per_fold = np.zeros((n_folds, width, width))
+        for gi, oi in zip(groups, offsets, strict=True):
+            for gj, oj in zip(groups, offsets, strict=True):
+                np.add.at(per_fold, (folds, gi + oi, gj + oj), 1.0)
+        total = per_fold.sum(0)
+        out = []
+        for f in range(n_folds):
+            a = np.linalg.pinv(total - per_fold[f], hermitian=True)
+            out.append(torch.as_tensor(np.concatenate([a, a @ per_fold[f] @ a], 1)))
         keys = [hashlib.sha1(np.ascontiguousarray(g, dtype=np.int64).tobytes()).digest()
                 for g in groups]
         return cls([torch.as_tensor(g, device=device) for g in groups], keys, sizes, width,
-                   folds, torch.stack(inverse).to(device))
+                   folds, torch.stack(out).to(device))
 
 
 TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the training mean
@@ -162,9 +163,11 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     """Each model's held-out residual sum of squares of each map (rows of ``y``, float64),
     and under ``TSS`` the held-out sum of squares about the training folds' mean. The
     models share their folds (``pair_folds`` of the same cells) and most groupings: each
-    grouping's sums per fold are taken once (one scatter over every cell), a fold's
-    training sums are the total less its own, and each model's coefficients of every fold
-    come from one batched product, read back on each cell from its own fold's."""
+    grouping's sums per level and fold (s_f = X_f'y) are taken once (one scatter over
+    every cell), a fold's training sums are the total less its own (t_f), and the
+    held-out residual of fold f needs no prediction on its cells: with c_f = A_f t_f the
+    training fit's coefficients, |y_f - X_f c_f|^2 = y_f'y_f - 2 c_f's_f + c_f'G_f c_f,
+    both terms from one batched product of t_f with [A_f | A_f G_f A_f]."""
     first = next(iter(models.values()))
     n, dev = len(y), y.device
     n_folds = first.inverse.shape[0]
@@ -174,22 +177,20 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     count = torch.bincount(fold, minlength=n_folds).to(torch.float64)
     train_mean = (per_fold.sum(1, keepdim=True) - per_fold) / (len(fold) - count)
     out[TSS] = ((y - train_mean.index_select(1, fold)) ** 2).sum(1)
-    train_sums: dict[bytes, torch.Tensor] = {}
+    yy = torch.zeros(n, n_folds, dtype=torch.float64, device=dev).index_add_(1, fold, y * y)
+    own_sums: dict[bytes, torch.Tensor] = {}  # (folds, n, size): s_f per grouping
     for k, m in models.items():
         blocks = []
         for g, key, size in zip(m.groups, m.keys, m.sizes, strict=True):
-            if key not in train_sums:
+            if key not in own_sums:
                 s = torch.zeros(n, n_folds * size, dtype=torch.float64, device=dev)
                 s.index_add_(1, fold * size + g, y)
-                s = s.view(n, n_folds, size)
-                train_sums[key] = s.sum(1, keepdim=True) - s
-            blocks.append(train_sums[key])
-        coef = torch.bmm(torch.cat(blocks, 2).transpose(0, 1), m.inverse)  # (folds, n, w)
-        flat = coef.transpose(0, 1).reshape(n, n_folds * m.width)
-        pred = torch.zeros_like(y)
-        offset = 0
-        for g, size in zip(m.groups, m.sizes, strict=True):
-            pred += flat.index_select(1, fold * m.width + offset + g)
-            offset += size
-        out[k] = ((y - pred) ** 2).sum(1)
+                own_sums[key] = s.view(n, n_folds, size).transpose(0, 1)
+            blocks.append(own_sums[key])
+        own = torch.cat(blocks, 2)  # (folds, n, w)
+        train = own.sum(0, keepdim=True) - own
+        u = torch.bmm(train, m.inverse)  # (folds, n, 2w): [c_f, G_f c_f]
+        w = m.width
+        press = yy.T - 2 * (u[:, :, :w] * own).sum(2) + (u[:, :, w:] * train).sum(2)
+        out[k] = press.sum(0).clamp(min=0)
     return out
