@@ -118,22 +118,24 @@ class Explanations:
 @dataclass
 class FoldModel:
     """One explanation as a linear model on one-hot groupings of the cells, fit on each
-    training fold (all cells but one fold) and judged on the held-out fold: per fold the
-    pseudo-inverse of the training cells' normal equations (the designs are
+    training fold (all cells but one fold) and judged on the held-out fold, through A_f,
+    the pseudo-inverse of the training cells' normal equations (the designs are
     rank-deficient: each grouping sums to the constant, and a value no training cell has
     is a zero column; the pseudo-inverse gives the least-norm fit, which puts no weight
-    on such directions) and the held-out fold's own normal matrix taken through it, so
-    that a held-out residual sum of squares comes from the maps' sums per level and fold
-    alone (``held_out_all``)."""
+    on such directions). A held-out residual comes from the maps' sums per level and
+    fold (``held_out_all``) in the cheaper of two ways: where the model is narrow
+    against a fold, ``inverse`` holds [A_f | A_f G_f A_f] (G_f = X_f'X_f, the held-out
+    fold's normal matrix); where it is wide, ``inverse`` holds P_f = X_f A_f, each
+    held-out cell's prediction from the training sums (rows: the fold's cells, padded)."""
 
     groups: list[torch.Tensor]  # each cell's level per grouping
     keys: list[bytes]  # each grouping's identity (its levels' digest): models share them
     sizes: list[int]  # levels per grouping
     width: int
     folds: np.ndarray  # each cell's fold
-    # (folds, width, 2 width) float64: [A_f | A_f G_f A_f], A_f the pseudo-inverse of the
-    # training folds' normal equations, G_f the held-out fold's normal matrix X_f'X_f
+    # narrow: (folds, width, 2 width); wide: (folds, width, most cells of a fold), float64
     inverse: torch.Tensor
+    wide: bool = False
 
     @classmethod
     def of(cls, groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel:
@@ -146,14 +148,36 @@ class FoldModel:
             for gj, oj in zip(groups, offsets, strict=True):
                 np.add.at(per_fold, (folds, gi + oi, gj + oj), 1.0)
         total = per_fold.sum(0)
+        cells_of, most = fold_cells(folds)
+        # flops per map and fold: 2 width^2 narrow, width x the fold's cells wide
+        wide = most < 2 * width
         out = []
         for f in range(n_folds):
             a = np.linalg.pinv(total - per_fold[f], hermitian=True)
-            out.append(torch.as_tensor(np.concatenate([a, a @ per_fold[f] @ a], 1)))
+            if wide:
+                x_f = np.zeros((most, width))
+                own = cells_of[f][cells_of[f] >= 0]
+                for g, o in zip(groups, offsets, strict=True):
+                    x_f[np.arange(len(own)), g[own] + o] = 1.0
+                out.append(torch.as_tensor((x_f @ a).T))
+            else:
+                out.append(torch.as_tensor(np.concatenate([a, a @ per_fold[f] @ a], 1)))
         keys = [hashlib.sha1(np.ascontiguousarray(g, dtype=np.int64).tobytes()).digest()
                 for g in groups]
         return cls([torch.as_tensor(g, device=device) for g in groups], keys, sizes, width,
-                   folds, torch.stack(out).to(device))
+                   folds, torch.stack(out).to(device), wide)
+
+
+def fold_cells(folds: np.ndarray) -> tuple[np.ndarray, int]:
+    """(folds, most) each fold's cells, padded with -1 to the largest fold's count."""
+    n_folds = int(folds.max()) + 1
+    counts = np.bincount(folds, minlength=n_folds)
+    most = int(counts.max())
+    out = np.full((n_folds, most), -1, dtype=np.int64)
+    for f in range(n_folds):
+        own = np.nonzero(folds == f)[0]
+        out[f, :len(own)] = own
+    return out, most
 
 
 TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the training mean
@@ -164,10 +188,10 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     and under ``TSS`` the held-out sum of squares about the training folds' mean. The
     models share their folds (``pair_folds`` of the same cells) and most groupings: each
     grouping's sums per level and fold (s_f = X_f'y) are taken once (one scatter over
-    every cell), a fold's training sums are the total less its own (t_f), and the
-    held-out residual of fold f needs no prediction on its cells: with c_f = A_f t_f the
-    training fit's coefficients, |y_f - X_f c_f|^2 = y_f'y_f - 2 c_f's_f + c_f'G_f c_f,
-    both terms from one batched product of t_f with [A_f | A_f G_f A_f]."""
+    every cell), and a fold's training sums are the total less its own (t_f). With
+    c_f = A_f t_f the training fit's coefficients, a narrow model's held-out residual is
+    |y_f - X_f c_f|^2 = y_f'y_f - 2 c_f's_f + c_f'G_f c_f (both terms from one batched
+    product of t_f with [A_f | A_f G_f A_f]); a wide model's is |y_f - t_f P_f'|^2."""
     first = next(iter(models.values()))
     n, dev = len(y), y.device
     n_folds = first.inverse.shape[0]
@@ -178,6 +202,7 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     train_mean = (per_fold.sum(1, keepdim=True) - per_fold) / (len(fold) - count)
     out[TSS] = ((y - train_mean.index_select(1, fold)) ** 2).sum(1)
     yy = torch.zeros(n, n_folds, dtype=torch.float64, device=dev).index_add_(1, fold, y * y)
+    held: torch.Tensor | None = None  # (folds, n, most): each fold's cells, padded with 0
     own_sums: dict[bytes, torch.Tensor] = {}  # (folds, n, size): s_f per grouping
     for k, m in models.items():
         blocks = []
@@ -189,8 +214,16 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
             blocks.append(own_sums[key])
         own = torch.cat(blocks, 2)  # (folds, n, w)
         train = own.sum(0, keepdim=True) - own
-        u = torch.bmm(train, m.inverse)  # (folds, n, 2w): [c_f, G_f c_f]
-        w = m.width
-        press = yy.T - 2 * (u[:, :, :w] * own).sum(2) + (u[:, :, w:] * train).sum(2)
+        u = torch.bmm(train, m.inverse)
+        if m.wide:
+            if held is None:
+                cells, _ = fold_cells(first.folds)
+                padded = torch.cat([y, torch.zeros(n, 1, dtype=y.dtype, device=dev)], 1)
+                at = torch.as_tensor(np.where(cells >= 0, cells, y.shape[1]), device=dev)
+                held = padded[:, at.reshape(-1)].view(n, n_folds, -1).transpose(0, 1)
+            press = ((held - u) ** 2).sum(2)  # padded cells: 0 - 0
+        else:
+            w = m.width
+            press = yy.T - 2 * (u[:, :, :w] * own).sum(2) + (u[:, :, w:] * train).sum(2)
         out[k] = press.sum(0).clamp(min=0)
     return out

@@ -47,6 +47,9 @@ from catalog.labels.tails import digit_count
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
 # block x 90,000 x 8 bytes)
 BLOCK = 256
+# the most cells x sets of an operator's own result sets kept for ``may_label`` (float64;
+# 16M: 128 MB): on larger grids the second pass looks at every map
+LABELABLE_LIMIT = 1 << 24
 # a result set of another operator must explain this much more of a KV map beyond the
 # operands than the label's own set (relative) to take the label away: on small grids
 # two operators' results describe one set almost equally (the corner of [0, 30)^2 is
@@ -114,10 +117,15 @@ class WindowScan:
     less the additive fit, through cumulative sums: with C the cumulative residual bin
     indicators (C_0 = 0), window [i, j) explains (D_j - D_i)^2 / (G_jj + G_ii - 2 G_ij)
     of a map's residual r_y beyond the operands, D = r_y C', G = C C'. Cells where the
-    operator's result is undefined (negative, division by zero) are in no window."""
+    operator's result is undefined (negative, division by zero) are in no window.
+    ``first``/``last``/``den``: the windows [i, j) with i < j that hold a cell set of
+    their own (den > 0), and their denominators."""
 
     c: torch.Tensor  # (bins + 1, cells) float64
     g: torch.Tensor  # (bins + 1, bins + 1)
+    first: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    last: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    den: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
 
     @classmethod
     def of(cls, values: np.ndarray, add: AdditiveOperands, device) -> WindowScan:
@@ -130,16 +138,19 @@ class WindowScan:
         r = ind - add.fitted(ind)
         c = torch.cat([torch.zeros(1, len(values), dtype=torch.float64, device=device),
                        torch.cumsum(r, 0)])
-        return cls(c, c @ c.T)
+        g = c @ c.T
+        diag = torch.diagonal(g)
+        den = diag[None, :] + diag[:, None] - 2 * g  # [i, j]
+        i, j = torch.nonzero(torch.triu(den > 1e-12, diagonal=1), as_tuple=True)
+        return cls(c, g, i, j, den[i, j])
 
     def best(self, r_y: torch.Tensor) -> torch.Tensor:
         """(n,) the largest sum of squares one window explains of each residual map."""
+        if not len(self.den):
+            return torch.zeros(len(r_y), dtype=r_y.dtype, device=r_y.device)
         d = r_y @ self.c.T
-        diag = torch.diagonal(self.g)
-        den = diag[None, :] + diag[:, None] - 2 * self.g  # [i, j]
-        upper = torch.triu(torch.ones_like(den, dtype=torch.bool), diagonal=1) & (den > 1e-12)
-        num = (d[:, None, :] - d[:, :, None]) ** 2
-        return torch.where(upper, num / den.clamp(min=1e-12), torch.zeros_like(num)).amax((1, 2))
+        num = (d.index_select(1, self.last) - d.index_select(1, self.first)) ** 2
+        return (num / self.den).amax(1).clamp(min=0)
 
 
 @dataclass
@@ -162,6 +173,10 @@ class OperandFit:
     rival_ops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="<U1"))
     # every operator's windows (built with the rivals)
     scans: dict[str, WindowScan] = field(default_factory=dict)
+    # the result sets of this operator that the second pass may label (less their additive
+    # fit; ``may_label``), and their sums of squares; None: not known (nothing is skipped)
+    labelable: torch.Tensor | None = None
+    labelable_ss: torch.Tensor | None = None
 
     def set_index(self, heuristics: list) -> np.ndarray:
         """Each heuristic's row in ``sets`` (added the first time it is asked for)."""
@@ -178,11 +193,12 @@ class OperandFit:
     @classmethod
     def of(cls, op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
            device: str | torch.device | None = "cpu", rivals: np.ndarray | None = None,
-           rival_ops: np.ndarray | None = None) -> OperandFit:
+           rival_ops: np.ndarray | None = None, own: np.ndarray | None = None) -> OperandFit:
         """``rivals``: (sets, cells) bool, other operators' result sets on these cells
         (``catalog.labels.operator_labels.operand_fit`` builds them from the config's
         heuristics), and ``rival_ops`` their operators; without them no label is taken
-        for another operator's result."""
+        for another operator's result. ``own``: (sets, cells) bool, every result set of
+        this operator that a label may name (``may_label``)."""
         device = "cpu" if device is None else device
         a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
@@ -204,7 +220,48 @@ class OperandFit:
         if rivals is not None:
             fit.scans = {o: WindowScan.of(result if o == op else other_result(o, a, b), add,
                                           device) for o in OPERATORS}
+        if own is not None and own.size <= LABELABLE_LIMIT:
+            r = torch.as_tensor(np.asarray(own), dtype=torch.float64, device=device)
+            r = r - add.fitted(r)
+            ss = (r * r).sum(1)
+            keep = ss > 1e-12  # an additive set explains nothing beyond: never labelled
+            fit.labelable, fit.labelable_ss = r[keep], ss[keep]
         return fit
+
+    def may_label(self, kv: torch.Tensor, k_map: torch.Tensor, reach: float) -> np.ndarray:
+        """Per map (rows of ``kv`` and ``k_map``), whether any of the operator's result
+        sets (``labelable``) could keep a label through ``gate`` with ``strict`` (the
+        second pass): explain the KV map beyond the operands within ``RIVAL_MARGIN`` of
+        the best window of the operator's values and pass both tests beyond the
+        operands. Necessary conditions only, each looser than the gate's (the classic
+        t-test alone, one-sided at ``reach`` on both maps; the gate also takes the robust
+        test's p-value and tests the K map two-sided), so a map marked False can get no
+        such label; all True where the sets are not known."""
+        n = len(kv)
+        out = np.ones(n, dtype=bool)
+        if self.labelable is None or not n:
+            return out
+        from scipy import stats
+
+        assert self.labelable_ss is not None
+        df = max(self.n_cells - self.additive.rank - 1, 1)
+        # a hair looser than the gate, so that no rounding can skip a map it labels
+        t2 = float(stats.t.isf(reach, df)) ** 2 * (1 - 1e-9)
+        window = self.scans.get(self.op)
+        for s in range(0, n, BLOCK):
+            ok = None
+            for maps, on_kv in ((kv, True), (k_map, False)):
+                y = maps[s:s + BLOCK].double()
+                r = y - self.additive.fitted(y)
+                e = (r @ self.labelable.T) ** 2 / self.labelable_ss
+                rss = ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
+                got = e * df >= t2 * rss
+                if on_kv and window is not None:
+                    got &= e >= (1 - RIVAL_MARGIN) * (1 - 1e-9) * window.best(r)[:, None]
+                ok = got if ok is None else ok & got
+            assert ok is not None
+            out[s:s + BLOCK] = ok.any(1).cpu().numpy()
+        return out
 
     def rival_beyond(self, maps: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per map (rows): the largest sum of squares that one rival (another operator's

@@ -77,8 +77,12 @@ def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> Ope
                     ops.append(o)
     sets, first = (np.unique(np.stack(rivals), axis=0, return_index=True) if rivals
                    else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
+    # the sets the second pass may label: every partition it scores (result_partitions)
+    own = [p.labels == i for p in result_partitions(partitions_for(cells, config))
+           for i in range(len(p.heuristics))]
     return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
-                         rival_ops=np.array(ops, dtype="<U1")[first])
+                         rival_ops=np.array(ops, dtype="<U1")[first],
+                         own=np.unique(np.stack(own), axis=0) if own else None)
 
 
 @dataclass
@@ -119,9 +123,12 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     reach = config.significance_level / max(n_tests, 1)
     value_labelled = np.unique(m.neuron[m.implements])
     m, fitting = run("significance", gate, m, fit, kv, k_map, reach)
-    r = run("matching", rescued, fitting, config, kv, k_map, score, n_tests, null, fit)
-    labelled = np.union1d(value_labelled, r.neuron)
+    r = run("matching", rescued, fitting, config, kv, k_map, score, n_tests, null, fit,
+            reach)
     r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
+    # the maps the value rule labels in the first pass (whether or not the gate keeps
+    # the label: their explanations say why), and those the second pass labels
+    labelled = np.union1d(value_labelled, r.neuron[r.implements])
     m = merged(m, r)
     if not explain:
         labelled = np.zeros(0, np.int64)
@@ -160,12 +167,18 @@ def _result_rows(m: Matches) -> np.ndarray:
 
 def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
             score: Score, n_tests: int, null: value_null.ValueNull | None,
-            fit: OperandFit) -> Matches:
+            fit: OperandFit, reach: float = 0.0) -> Matches:
     """Step 4 of the module doc: the result rows that the label rule labels on the KV map
     less its operands' additive fit, of the maps not in ``fitting`` (those with a result
     label whose set fits: ``catalog.labels.operand_fit.gate``); neuron indices into the maps
-    (every row is labelled by the value rule; the strict gate is still to pass)."""
+    (every row is labelled by the value rule; the strict gate is still to pass). Maps
+    where no result set could pass the strict gate at ``reach`` (``OperandFit.may_label``)
+    are not scored: they could keep no row."""
     todo = np.setdiff1d(np.arange(len(kv)), fitting)
+    if len(todo) and reach > 0:
+        idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
+        todo = todo[fit.may_label(kv.index_select(0, idx), k_map.index_select(0, idx),
+                                  reach)]
     if not len(todo):
         return Matches.empty()
     idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
