@@ -109,8 +109,11 @@ def main() -> None:  # noqa: C901
         per_step: dict[str, dict[str, list[float]]] = {"new": {}, "old": {}}
         outs = {}
         timed_layer = layer in {int(x) for x in args.time_layers.split(",")}
-        for _ in range(args.repeat if timed_layer else 1):
-            for name, cfg, fit in (("new", config, run.fits["+"]), ("old", before, None)):
+        rules = [("new", config, run.fits["+"]), ("old", before, None)]
+        for rep in range(args.repeat if timed_layer else 1):
+            # the rules alternate which runs first (the second of a pair ran up to 10%
+            # faster in one process)
+            for name, cfg, fit in (rules if rep % 2 == 0 else rules[::-1]):
                 steps: dict[str, float] = {}
                 t = time.perf_counter()
                 outs[name] = label(cfg, fit, steps)

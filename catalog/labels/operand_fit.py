@@ -50,6 +50,9 @@ BLOCK = 256
 # the most cells x sets of an operator's own result sets kept for ``may_label`` (float64;
 # 16M: 128 MB): on larger grids the second pass looks at every map
 LABELABLE_LIMIT = 1 << 24
+# the most values (maps x cells) whose residuals ``OperandFit.hold`` keeps (float64:
+# 256 MB)
+HELD_LIMIT = 1 << 25
 # a result set of another operator must explain this much more of a KV map beyond the
 # operands than the label's own set (relative) to take the label away: on small grids
 # two operators' results describe one set almost equally (the corner of [0, 30)^2 is
@@ -177,6 +180,32 @@ class OperandFit:
     # fit; ``may_label``), and their sums of squares; None: not known (nothing is skipped)
     labelable: torch.Tensor | None = None
     labelable_ss: torch.Tensor | None = None
+    # maps held with their residuals beyond the operands (``hold``), by identity
+    _held: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def hold(self, *maps: torch.Tensor) -> None:
+        """Take each map's residual beyond the operands once, for every ``beyond`` until
+        ``release`` (the gate, the second pass and its gate ask for the same maps'
+        residuals); maps over ``HELD_LIMIT`` values are taken block by block instead."""
+        self._held = []
+        for m in maps:
+            if m.numel() <= HELD_LIMIT:
+                r = torch.empty(m.shape, dtype=torch.float64, device=m.device)
+                for s in range(0, len(m), BLOCK):
+                    y = m[s:s + BLOCK].double()
+                    r[s:s + BLOCK] = y - self.additive.fitted(y)
+                self._held.append((m, r))
+
+    def release(self) -> None:
+        self._held = []
+
+    def beyond(self, maps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """(len(idx), cells) float64: maps ``idx`` of ``maps`` less their additive fit."""
+        for m, r in self._held:
+            if m is maps:
+                return r.index_select(0, idx)
+        y = maps.index_select(0, idx).double()
+        return y - self.additive.fitted(y)
 
     def set_index(self, heuristics: list) -> np.ndarray:
         """Each heuristic's row in ``sets`` (added the first time it is asked for)."""
@@ -228,8 +257,9 @@ class OperandFit:
             fit.labelable, fit.labelable_ss = r[keep], ss[keep]
         return fit
 
-    def may_label(self, kv: torch.Tensor, k_map: torch.Tensor, reach: float) -> np.ndarray:
-        """Per map (rows of ``kv`` and ``k_map``), whether any of the operator's result
+    def may_label(self, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
+                  rows: np.ndarray) -> np.ndarray:
+        """Per map (``rows`` of ``kv`` and ``k_map``), whether any of the operator's result
         sets (``labelable``) could keep a label through ``gate`` with ``strict`` (the
         second pass): explain the KV map beyond the operands within ``RIVAL_MARGIN`` of
         the best window of the operator's values and pass both tests beyond the
@@ -237,7 +267,7 @@ class OperandFit:
         t-test alone, one-sided at ``reach`` on both maps; the gate also takes the robust
         test's p-value and tests the K map two-sided), so a map marked False can get no
         such label; all True where the sets are not known."""
-        n = len(kv)
+        n = len(rows)
         out = np.ones(n, dtype=bool)
         if self.labelable is None or not n:
             return out
@@ -250,9 +280,9 @@ class OperandFit:
         window = self.scans.get(self.op)
         for s in range(0, n, BLOCK):
             ok = None
+            idx = torch.as_tensor(rows[s:s + BLOCK], device=kv.device, dtype=torch.long)
             for maps, on_kv in ((kv, True), (k_map, False)):
-                y = maps[s:s + BLOCK].double()
-                r = y - self.additive.fitted(y)
+                r = self.beyond(maps, idx)
                 e = (r @ self.labelable.T) ** 2 / self.labelable_ss
                 rss = ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
                 got = e * df >= t2 * rss
@@ -458,14 +488,12 @@ def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: n
     for uniq, rows, ni in _blocks(neuron):
         idx = torch.as_tensor(uniq, device=dev)
         ni_t, si_t = torch.as_tensor(ni, device=dev), torch.as_tensor(s_of[rows], device=dev)
-        y = kv.index_select(0, idx).double()
-        r_kv = y - fit.additive.fitted(y)
-        y = k_map.index_select(0, idx).double()
+        r_kv = fit.beyond(kv, idx)
         # the activation itself must carry the set beyond both operands: a KV map that is
         # an additive activation times the neuron's lens has result structure from the
         # lens alone (the neuron pushes some answer digits whatever the prompt's result)
         p[rows] = np.fmax(_partial_p(r_kv, r_s, ni_t, si_t, sign[rows], df),
-                          _partial_p(y - fit.additive.fitted(y), r_s, ni_t, si_t, None, df))
+                          _partial_p(fit.beyond(k_map, idx), r_s, ni_t, si_t, None, df))
         if fit.scans:
             rival, _, window = fit.rival_beyond_residual(r_kv)
             own_set = _explained(r_kv, r_s, ni_t, si_t)

@@ -34,7 +34,7 @@ from catalog.labels import value_null
 from catalog.labels.heuristics import Cells, partitions_for, result_partitions
 from catalog.labels.heuristics import n_tests as count_tests
 from catalog.labels.matches import Matches
-from catalog.labels.operand_fit import BLOCK, Explanations, OperandFit, gate, other_result
+from catalog.labels.operand_fit import Explanations, OperandFit, gate, other_result
 from catalog.measuring.prompts import UNLIMITED
 
 # maps per layer and operator that each control scores
@@ -122,10 +122,14 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     assert fit is not None
     reach = config.significance_level / max(n_tests, 1)
     value_labelled = np.unique(m.neuron[m.implements])
-    m, fitting = run("significance", gate, m, fit, kv, k_map, reach)
-    r = run("matching", rescued, fitting, config, kv, k_map, score, n_tests, null, fit,
-            reach)
-    r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
+    run("significance", fit.hold, kv, k_map)
+    try:
+        m, fitting = run("significance", gate, m, fit, kv, k_map, reach)
+        r = run("matching", rescued, fitting, config, kv, k_map, score, n_tests, null, fit,
+                reach)
+        r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
+    finally:
+        fit.release()
     # the maps the value rule labels in the first pass (whether or not the gate keeps
     # the label: their explanations say why), and those the second pass labels
     labelled = np.union1d(value_labelled, r.neuron[r.implements])
@@ -150,15 +154,6 @@ def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,
 RESIDUAL_FLOOR = 1e-5
 
 
-def residual_maps(fit: OperandFit, maps: torch.Tensor) -> torch.Tensor:
-    """The maps less their additive fit (both operands and the layout), in their dtype."""
-    out = torch.empty_like(maps)
-    for s in range(0, len(maps), BLOCK):
-        y = maps[s:s + BLOCK].double()
-        out[s:s + BLOCK] = (y - fit.additive.fitted(y)).to(maps.dtype)
-    return out
-
-
 def _result_rows(m: Matches) -> np.ndarray:
     """Whether each row's heuristic is a result heuristic of one value set."""
     return np.array([h.target == "result" and h.family != "multi_result"
@@ -176,14 +171,12 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
     are not scored: they could keep no row."""
     todo = np.setdiff1d(np.arange(len(kv)), fitting)
     if len(todo) and reach > 0:
-        idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
-        todo = todo[fit.may_label(kv.index_select(0, idx), k_map.index_select(0, idx),
-                                  reach)]
+        todo = todo[fit.may_label(kv, k_map, reach, todo)]
     if not len(todo):
         return Matches.empty()
     idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
     kv_sub = kv.index_select(0, idx)
-    r_kv = residual_maps(fit, kv_sub)
+    r_kv = fit.beyond(kv, idx).to(kv.dtype)
     # a map the operands explain to its last digits (a constant one) has nothing left
     left = (r_kv.double().norm(dim=1) > RESIDUAL_FLOOR * kv_sub.double().norm(dim=1)).cpu()
     todo, r_kv = todo[left.numpy()], r_kv[left.to(r_kv.device)]
