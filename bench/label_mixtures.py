@@ -45,7 +45,7 @@ def main() -> None:
     )
 
     from catalog.config import ScienceConfig
-    from catalog.labels.operand_fit import AdditiveOperands
+    from catalog.labels.additive import AdditiveOperands
 
     def labelled(op, cells, maps, beyond, h):
         cfg = ScienceConfig(operand_hi=cells.hi, significance_level=0.05,

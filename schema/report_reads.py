@@ -94,6 +94,9 @@ class LabelData:
     top_set_fraction: float = 0.05
     # op -> heuristic key -> labels of the heuristics with the same cells, scored once
     aliases: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    # the layers measured at this checkpoint and config, of the model's n_layers
+    layers: list[int] = field(default_factory=list)
+    n_layers: int | None = None
 
 
 def gather_labels(conn, model_id: int, checkpoint_id: int, config_id: int,
@@ -115,6 +118,11 @@ def gather_labels(conn, model_id: int, checkpoint_id: int, config_id: int,
                 d.format_control[op] = (fk + int(c["format_labelled"]),
                                         fr + int(c["format_result"]), fn + int(c["format_n"]))
     d.here = _label_rates(conn, model_id, checkpoint_id, config_id)
+    d.layers = [int(r[0]) for r in conn.execute(
+        "SELECT DISTINCT layer FROM layer_result WHERE checkpoint_id = %s AND config_id = %s "
+        "ORDER BY layer", (checkpoint_id, config_id))]
+    row = conn.execute("SELECT n_layers FROM model WHERE id = %s", (model_id,)).fetchone()
+    d.n_layers = int(row[0]) if row and row[0] is not None else None
     first = conn.execute(
         "SELECT c.id, c.step FROM checkpoint c JOIN layer_result r ON r.checkpoint_id = c.id "
         "WHERE c.model_id = %s AND r.config_id = %s AND c.step = 0 AND c.id <> %s LIMIT 1",

@@ -59,7 +59,7 @@ def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> Ope
     rivals: every residue and digit-pattern result heuristic the config builds for each
     other operator, on the cells where its result is defined (non-negative, no division
     by zero), beside which the fit scans every window of each operator's values
-    (``operand_fit.WindowScan``)."""
+    (``catalog.labels.additive.WindowScan``)."""
     rivals: list[np.ndarray] = []
     ops: list[str] = []
     for o in OPERATORS:

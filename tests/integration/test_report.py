@@ -50,6 +50,16 @@ def test_report_numbers_equal_sql(seeded):
     md = markdown(d)
     for op, (k, n) in d.top_labelled.items():
         assert f"| {op} | {k}/{n} |" in md
+    # the labels section's pooled shares say which layers they stand on
+    with store.connect(seeded) as conn:
+        stored = [r[0] for r in conn.execute(
+            "SELECT DISTINCT layer FROM layer_result WHERE checkpoint_id = %s ORDER BY layer",
+            (ids[0],))]
+        n_layers = conn.execute("SELECT n_layers FROM model WHERE id = %s",
+                                (ids[1],)).fetchone()[0]
+    assert d.labels.layers == stored and d.labels.n_layers == n_layers
+    if any(r["layer"] == "all" for r in d.labels.enrichment):
+        assert f"({len(stored)} of {n_layers} measured)" in md
 
 
 def test_report_prompts_section_is_the_stored_aggregate(seeded):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from labelling import cells_of
 
+from catalog.labels.additive import operand_groups, other_result
 from catalog.labels.fit_models import TSS, FoldModel, held_out_all, levels, pair_folds
-from catalog.labels.operand_fit import operand_groups, other_result
 
 
 def _reference(groups: list[np.ndarray], folds: np.ndarray, y: np.ndarray):

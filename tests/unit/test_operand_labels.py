@@ -20,8 +20,9 @@ from labelling import (
 
 from catalog.config import ScienceConfig
 from catalog.core.token_format import format_maps, number_format
+from catalog.labels.additive import AdditiveOperands, layout
 from catalog.labels.heuristics import Cells, Heuristic
-from catalog.labels.operand_fit import AdditiveOperands, OperandFit, layout, own_beyond
+from catalog.labels.operand_fit import OperandFit, own_beyond
 from catalog.labels.operator_labels import operand_fit
 
 LEVEL = 0.05
