@@ -113,6 +113,8 @@ def _nearest(d: TrainingData) -> dict[tuple, tuple]:
     at the circuit size nearest ``SIZE`` (the first such k on a tie)."""
     best: dict[tuple, tuple] = {}
     for _, seed, step, op, k, fraction, own, _ose, fin, _fse, rnd, _rse, n, fstep in d.final:
+        if step is None or fstep is None:  # weights without a training step (a GGUF file)
+            continue
         key, gap = (op, seed, step), abs(fraction - SIZE)
         if key not in best or gap < best[key][0]:
             best[key] = (gap, k, own, fin, rnd, n, fstep)

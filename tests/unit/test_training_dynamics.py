@@ -208,3 +208,9 @@ def test_the_reports_birth_table_counts_a_missing_family_as_zero():
     assert share["steps"] == {0: 2, 1: 2}
     md = "\n".join(rt.markdown(d))
     assert "| + | modulo | 4 | 4 |" in md and "79%" in md
+    # a model whose only weights have no training step (a GGUF file's final weights)
+    # stores a final-circuit row with no step: no training figure, and no error
+    stepless = [("q", 0, None, "+", 20, 0.02, 0.5, 0.01, 0.5, 0.01, 0.1, 0.01, 100, None)]
+    d = TrainingData("q", 1, [], stepless, [])
+    assert rt.final_share(d) == {} and rt.final_rows(d) == {}
+    assert "final circuit" not in "\n".join(rt.markdown(d))
