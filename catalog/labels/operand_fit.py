@@ -156,11 +156,11 @@ class OperandFit:
             fit.scans = {o: WindowScan.of(result if o == op else other_result(o, a, b), add,
                                           device) for o in OPERATORS}
         if own is not None and own.size <= LABELABLE_LIMIT:
-            r = torch.as_tensor(np.asarray(own), dtype=torch.float64, device=device)
-            r = r - add.fitted(r)
-            ss = (r * r).sum(1)
-            keep = ss > 1e-12  # an additive set explains nothing beyond: never labelled
-            fit.labelable, fit.labelable_ss = r[keep], ss[keep]
+            sets = torch.as_tensor(np.asarray(own), dtype=torch.float64, device=device)
+            sets = sets - add.fitted(sets)
+            sets_ss = (sets * sets).sum(1)
+            real = sets_ss > 1e-12  # an additive set explains nothing beyond: never labelled
+            fit.labelable, fit.labelable_ss = sets[real], sets_ss[real]
         return fit
 
     def may_label(self, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
