@@ -45,9 +45,9 @@ NCAT_HOME="${NCAT_TEST_HOME:-$PWD/.cache/test-home}" ncat train-builtin --reuse-
 # spinning while the other process held the cores (the trained bits and the stored rows
 # do not depend on the thread count: tests/unit/test_builtin.py, the golden rows).
 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-  run_pytest -n "${NCAT_TEST_WORKERS:-2}" --dist loadfile -m "not real_model and not serial"
+  run_pytest -n "${NCAT_TEST_WORKERS:-2}" --dist loadfile --durations=25 -m "not real_model and not serial"
 parallel=$?
-run_pytest -m "not real_model and serial"
+run_pytest --durations=11 -m "not real_model and serial"
 serial=$?
 echo "test.sh: parallel part exit code $parallel, serial part exit code $serial"
 [ "$parallel" -eq 0 ] && [ "$serial" -eq 0 ]

@@ -21,6 +21,8 @@ the label-rule tests.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,7 +56,33 @@ def gated(config) -> bool:
 RIVAL_FAMILIES = ("modulo", "pattern")
 
 
+# operand_fit's fits of this process, newest last: a worker measures checkpoint after
+# checkpoint of one model on the same cells, and the fit depends on nothing else (building
+# it for a [0, 100) grid takes tens of seconds on one core: pseudo-inverses per fold of
+# models thousands of levels wide)
+_FITS: OrderedDict[tuple, OperandFit] = OrderedDict()
+FITS_KEPT = 8
+
+
 def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
+    """``build_operand_fit``, kept per process for the same config, cells and device (the
+    fit holds no state between calls: ``OperandFit.hold`` is released by its caller)."""
+    digest = hashlib.sha256()
+    for x in (cells.a, cells.b, cells.result):
+        digest.update(np.ascontiguousarray(x, dtype=np.int64).tobytes())
+    key = (config.config_hash(), cells.op, cells.lo, cells.hi, digest.hexdigest(),
+           str("cpu" if device is None else device))
+    if key in _FITS:
+        _FITS.move_to_end(key)
+        return _FITS[key]
+    fit = build_operand_fit(config, cells, device)
+    _FITS[key] = fit
+    while len(_FITS) > FITS_KEPT:
+        _FITS.popitem(last=False)
+    return fit
+
+
+def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
     """The gate's fit for one operator's cells (``catalog.labels.heuristics.Cells``), with its
     rivals: every residue and digit-pattern result heuristic the config builds for each
     other operator, on the cells where its result is defined (non-negative, no division

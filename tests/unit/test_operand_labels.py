@@ -23,7 +23,7 @@ from catalog.core.token_format import format_maps, number_format
 from catalog.labels.additive import AdditiveOperands, layout
 from catalog.labels.heuristics import Cells, Heuristic
 from catalog.labels.operand_fit import OperandFit, own_beyond
-from catalog.labels.operator_labels import operand_fit
+from catalog.labels.operator_labels import build_operand_fit, operand_fit
 
 LEVEL = 0.05
 
@@ -85,6 +85,27 @@ def test_another_operators_result_is_not_this_operators_result():
     assert len(old) > n // 2  # before 0.10.0 they were labelled as sums
 
 
+
+
+def test_a_process_builds_one_fit_per_config_and_cells():
+    """A worker measures checkpoint after checkpoint on the same cells: the gate's fit is
+    built once (equal cells in new arrays find it), and other cells, results or configs
+    get their own, equal to one built afresh."""
+    config = ScienceConfig(operators=("+",), operand_hi=20)
+    cells = cells_of("+", 20)
+    first = operand_fit(config, cells)
+    again = Cells(cells.op, cells.a.copy(), cells.b.copy(), cells.result.copy(), cells.lo,
+                  cells.hi)
+    assert operand_fit(config, again) is first
+    other = Cells(cells.op, cells.a, cells.b, np.roll(cells.result, 1), cells.lo, cells.hi)
+    assert operand_fit(config, other) is not first
+    stricter = dataclasses.replace(config, significance_level=0.01)
+    assert operand_fit(stricter, cells) is not first
+    fresh = build_operand_fit(config, cells)
+    assert fresh is not first
+    for name, m in fresh.models.items():
+        assert torch.equal(m.inverse, first.models[name].inverse), name
+    assert torch.equal(fresh.rivals, first.rivals)
 
 
 def _beyond_share(cells: Cells, s: np.ndarray) -> float:
