@@ -101,9 +101,13 @@ def schema_text(conn: psycopg.Connection) -> str:  # noqa: C901
             ORDER BY c.relname, t.tgname"""):
         out.append(triggerdef + ";\n")
     out.append("\n-- roles\n")
+    # session_preload_libraries names the reader guard only on servers that have it
+    # (migration 0033), so it is left out: the file is the same on every server
     for name, login, config in _rows(conn, """
-            SELECT rolname, rolcanlogin, rolconfig::text FROM pg_roles
-            WHERE rolname = ANY(%s) ORDER BY rolname""", (list(ROLES),)):
+            SELECT rolname, rolcanlogin, ARRAY(
+              SELECT c FROM unnest(rolconfig) c
+              WHERE c NOT LIKE 'session_preload_libraries=%%')::text
+            FROM pg_roles WHERE rolname = ANY(%s) ORDER BY rolname""", (list(ROLES),)):
         out.append(f"-- role {name}: login {login}, settings {config}\n")
     for name, acl in _rows(conn, """
             SELECT nspname, nspacl::text FROM pg_namespace WHERE nspname = 'public'"""):

@@ -40,3 +40,6 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*; touch "$stamp"
   echo "setup: .venv ready"
 fi
+# the reader guard: a PostgreSQL library for this machine's servers (migration 0033 loads
+# it into the analysts' sessions); says why where it cannot be built, never fails set-up
+bash scripts/reader-guard.sh

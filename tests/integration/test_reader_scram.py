@@ -61,6 +61,14 @@ def test_the_reader_logs_in_by_scram_password_set_by_migrate(scram_server, monke
     assert stored.startswith("SCRAM-SHA-256$")
     logs = "".join(p.read_text(errors="replace") for p in data.rglob("*log*") if p.is_file())
     assert "ALTER ROLE" in logs and READER_PW not in logs
+    # the reader guard, built for this server's major version by scripts/setup.sh, holds
+    # here too (migration 0033 named it after loading it)
+    reader = f"postgresql://catalog_reader:{READER_PW}@/ncat?host={data}"
+    with psycopg.connect(reader, autocommit=True) as conn:
+        for sql in ("LISTEN ncat_probe", "SET work_mem = '1GB'",
+                    "ALTER ROLE catalog_reader PASSWORD 'taken-over'"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql)
     # without the password the reader is refused, and the console says why
     monkeypatch.delenv("NCAT_READER_PASSWORD")
     with pytest.raises(console.ConsoleError, match="password"):

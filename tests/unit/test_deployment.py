@@ -52,6 +52,23 @@ def test_services_healthchecks_and_dependencies():
     mount = "./scripts/postgres-init:/docker-entrypoint-initdb.d:ro"
     assert mount in services["postgres"]["volumes"]
     assert (ROOT / "scripts" / "postgres-init" / "10-reader-hba.sh").is_file()
+    # the postgres image is built with the reader guard, from the files that exist, for
+    # the server version the image runs, the way scripts/reader-guard.sh builds it
+    guard = ROOT / services["postgres"]["build"]
+    docker = (guard / "Dockerfile").read_text()
+    major = docker.split("FROM postgres:", 1)[1].split()[0]
+    assert services["postgres"]["image"].endswith(f":{major}")
+    assert f"postgresql-server-dev-{major}" in docker
+    assert "make -C /src with_llvm=no install" in docker
+    assert "with_llvm=no" in (ROOT / "scripts" / "reader-guard.sh").read_text()
+    for line in docker.splitlines():
+        if line.startswith("COPY "):
+            for src in shlex.split(line)[1:-1]:
+                assert (guard / src).is_file(), src
+    sources = {p.name for p in guard.iterdir()
+               if p.suffix in (".c", ".h", ".control", ".sql") or p.name == "Makefile"}
+    assert sources <= set(
+        shlex.split(next(x for x in docker.splitlines() if x.startswith("COPY ")))[1:-1])
     # Redis keeps an append-only file on a volume: queued messages survive its restart
     redis_cmd = services["redis"]["command"]
     assert redis_cmd[redis_cmd.index("--appendonly") + 1] == "yes"

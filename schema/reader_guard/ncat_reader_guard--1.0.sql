@@ -1,0 +1,2 @@
+-- nothing to create: the guard is a library that reader sessions load
+-- (session_preload_libraries); see ncat_reader_guard.c

@@ -1,0 +1,257 @@
+/*
+ * ncat_reader_guard: what no privilege takes from the analysts' role.
+ *
+ * PostgreSQL has no privilege for LISTEN and NOTIFY, lets every session raise its own
+ * work_mem (and the other settings that size a statement's memory), and lets an ordinary
+ * role change its own password and session defaults.  The catalog's readers share one
+ * role (catalog_reader) and use it from psql, so one analyst could lock the others out
+ * (ALTER ROLE ... PASSWORD), raise everyone's defaults (ALTER ROLE ... SET), or grow a
+ * backend to gigabytes (SET work_mem = '10GB').
+ *
+ * Loaded into the reader's sessions only (migration 0033 sets the role's
+ * session_preload_libraries, a superuser-only setting, when the server has this library),
+ * it refuses, for a session whose user is not a superuser:
+ *   - LISTEN, UNLISTEN and NOTIFY;
+ *   - ALTER ROLE (password, attributes) and ALTER ROLE ... SET;
+ *   - a value above its cap for work_mem, maintenance_work_mem, hash_mem_multiplier and
+ *     max_parallel_workers_per_gather, however it is set: SET, set_config(), a function's
+ *     SET clause; a connection whose startup options ask for more is closed with the cap
+ *     named.
+ * The caps are settings of their own (ncat_reader_guard.max_work_mem, ...), which only a
+ * superuser can change.
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "tcop/utility.h"
+#include "utils/guc.h"
+#include "utils/guc_tables.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+static ProcessUtility_hook_type prev_utility = NULL;
+
+static int	cap_work_mem = 65536;	/* kB */
+static int	cap_maintenance_work_mem = 65536;	/* kB */
+static double cap_hash_mem_multiplier = 2.0;
+static int	cap_parallel_workers = 2;
+
+static GucIntCheckHook prev_work_mem_check = NULL;
+static GucIntCheckHook prev_maintenance_check = NULL;
+static GucRealCheckHook prev_hash_mem_check = NULL;
+static GucIntCheckHook prev_parallel_check = NULL;
+
+/* Values from the server's own files, the role's and database's settings and the
+ * defaults are an administrator's: only what a session asks for itself is capped. */
+static bool
+asked_by_session(GucSource source)
+{
+	return source == PGC_S_CLIENT || source == PGC_S_SESSION ||
+		source == PGC_S_INTERACTIVE || source == PGC_S_TEST;
+}
+
+static bool
+int_within(int newval, int cap, const char *name, const char *unit, GucSource source)
+{
+	if (!asked_by_session(source) || newval <= cap)
+		return true;
+	GUC_check_errcode(ERRCODE_INSUFFICIENT_PRIVILEGE);
+	GUC_check_errmsg("%s is capped at %d%s for the catalog's readers (asked %d%s)",
+					 name, cap, unit, newval, unit);
+	GUC_check_errhint("A superuser sets the cap with ncat_reader_guard.%s%s.",
+					  strncmp(name, "max_", 4) == 0 ? "" : "max_", name);
+	return false;
+}
+
+static bool
+check_work_mem_cap(int *newval, void **extra, GucSource source)
+{
+	if (!int_within(*newval, cap_work_mem, "work_mem", "kB", source))
+		return false;
+	return prev_work_mem_check == NULL || prev_work_mem_check(newval, extra, source);
+}
+
+static bool
+check_maintenance_cap(int *newval, void **extra, GucSource source)
+{
+	if (!int_within(*newval, cap_maintenance_work_mem, "maintenance_work_mem", "kB", source))
+		return false;
+	return prev_maintenance_check == NULL || prev_maintenance_check(newval, extra, source);
+}
+
+static bool
+check_parallel_cap(int *newval, void **extra, GucSource source)
+{
+	if (!int_within(*newval, cap_parallel_workers, "max_parallel_workers_per_gather", "",
+					source))
+		return false;
+	return prev_parallel_check == NULL || prev_parallel_check(newval, extra, source);
+}
+
+static bool
+check_hash_mem_cap(double *newval, void **extra, GucSource source)
+{
+	if (asked_by_session(source) && *newval > cap_hash_mem_multiplier)
+	{
+		GUC_check_errcode(ERRCODE_INSUFFICIENT_PRIVILEGE);
+		GUC_check_errmsg("hash_mem_multiplier is capped at %g for the catalog's readers "
+						 "(asked %g)", cap_hash_mem_multiplier, *newval);
+		GUC_check_errhint("A superuser sets the cap with "
+						  "ncat_reader_guard.max_hash_mem_multiplier.");
+		return false;
+	}
+	return prev_hash_mem_check == NULL || prev_hash_mem_check(newval, extra, source);
+}
+
+static struct config_generic *
+guc_record(const char *name)
+{
+#if PG_VERSION_NUM >= 160000
+	return find_option(name, false, true, ERROR);
+#else
+	struct config_generic **vars = get_guc_variables();
+	int			n = GetNumConfigOptions();
+
+	for (int i = 0; i < n; i++)
+		if (vars[i] != NULL && pg_strcasecmp(vars[i]->name, name) == 0)
+			return vars[i];
+	return NULL;
+#endif
+}
+
+static struct config_int *
+int_record(const char *name)
+{
+	struct config_generic *g = guc_record(name);
+
+	if (g == NULL || g->vartype != PGC_INT)
+		elog(ERROR, "ncat_reader_guard: no integer setting %s on this server", name);
+	return (struct config_int *) g;
+}
+
+/* A value the connection's startup options put in force above its cap. */
+static void
+refuse_startup_value(struct config_generic *rec, double value, double cap, const char *unit)
+{
+	if (asked_by_session(rec->source) && value > cap)
+		ereport(FATAL,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%s is capped at %.15g%s for the catalog's readers; this connection "
+						"asked for %.15g%s", rec->name, cap, unit, value, unit),
+				 errhint("Connect without that option (PGOPTIONS, options=).")));
+}
+
+static void
+guard_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
+			  ProcessUtilityContext context, ParamListInfo params,
+			  QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *stmt = pstmt->utilityStmt;
+	const char *what = NULL;
+	bool		role = false;
+
+	switch (nodeTag(stmt))
+	{
+		case T_ListenStmt:
+			what = "LISTEN";
+			break;
+		case T_UnlistenStmt:
+			what = "UNLISTEN";
+			break;
+		case T_NotifyStmt:
+			what = "NOTIFY";
+			break;
+		case T_AlterRoleStmt:
+			what = "ALTER ROLE";
+			role = true;
+			break;
+		case T_AlterRoleSetStmt:
+			what = "ALTER ROLE ... SET";
+			role = true;
+			break;
+		default:
+			break;
+	}
+	if (what != NULL && !superuser())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("%s is not allowed for the catalog's readers", what),
+				 role ? errdetail("Analysts share this role: its password and session "
+								  "defaults are the catalog administrator's.")
+				 : errdetail("Nothing of the catalog listens, and a reader's "
+							 "notifications would only fill the server's queue.")));
+	if (prev_utility)
+		prev_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params,
+								queryEnv, dest, qc);
+}
+
+void
+_PG_init(void)
+{
+	struct config_int *work_mem_rec;
+	struct config_int *maintenance_rec;
+	struct config_int *parallel_rec;
+	struct config_generic *hash_gen;
+	struct config_real *hash_rec;
+
+	DefineCustomIntVariable("ncat_reader_guard.max_work_mem",
+							"The most work_mem a reader session may ask for.",
+							NULL, &cap_work_mem, 65536, 64, MAX_KILOBYTES,
+							PGC_SUSET, GUC_UNIT_KB, NULL, NULL, NULL);
+	DefineCustomIntVariable("ncat_reader_guard.max_maintenance_work_mem",
+							"The most maintenance_work_mem a reader session may ask for.",
+							NULL, &cap_maintenance_work_mem, 65536, 1024, MAX_KILOBYTES,
+							PGC_SUSET, GUC_UNIT_KB, NULL, NULL, NULL);
+	DefineCustomRealVariable("ncat_reader_guard.max_hash_mem_multiplier",
+							 "The largest hash_mem_multiplier a reader session may ask for.",
+							 NULL, &cap_hash_mem_multiplier, 2.0, 1.0, 1000.0,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("ncat_reader_guard.max_parallel_workers_per_gather",
+							"The most parallel workers per Gather a reader session may ask for.",
+							NULL, &cap_parallel_workers, 2, 0, 1024,
+							PGC_SUSET, 0, NULL, NULL, NULL);
+#if PG_VERSION_NUM >= 150000
+	MarkGUCPrefixReserved("ncat_reader_guard");
+#else
+	EmitWarningsOnPlaceholders("ncat_reader_guard");
+#endif
+
+	/* A superuser (LOAD for a test, or a role setting on an administrator) is not held. */
+	if (superuser_arg(GetSessionUserId()))
+		return;
+
+	work_mem_rec = int_record("work_mem");
+	maintenance_rec = int_record("maintenance_work_mem");
+	parallel_rec = int_record("max_parallel_workers_per_gather");
+	hash_gen = guc_record("hash_mem_multiplier");
+	if (hash_gen == NULL || hash_gen->vartype != PGC_REAL)
+		elog(ERROR, "ncat_reader_guard: no setting hash_mem_multiplier on this server");
+	hash_rec = (struct config_real *) hash_gen;
+
+	refuse_startup_value(&work_mem_rec->gen, *work_mem_rec->variable, cap_work_mem, "kB");
+	refuse_startup_value(&maintenance_rec->gen, *maintenance_rec->variable,
+						 cap_maintenance_work_mem, "kB");
+	refuse_startup_value(&parallel_rec->gen, *parallel_rec->variable, cap_parallel_workers,
+						 "");
+	refuse_startup_value(hash_gen, *hash_rec->variable, cap_hash_mem_multiplier, "");
+
+	prev_work_mem_check = work_mem_rec->check_hook;
+	work_mem_rec->check_hook = check_work_mem_cap;
+	prev_maintenance_check = maintenance_rec->check_hook;
+	maintenance_rec->check_hook = check_maintenance_cap;
+	prev_parallel_check = parallel_rec->check_hook;
+	parallel_rec->check_hook = check_parallel_cap;
+	prev_hash_mem_check = hash_rec->check_hook;
+	hash_rec->check_hook = check_hash_mem_cap;
+
+	prev_utility = ProcessUtility_hook;
+	ProcessUtility_hook = guard_utility;
+}

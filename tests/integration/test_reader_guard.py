@@ -1,0 +1,170 @@
+"""The reader guard (schema/reader_guard, migration 0033): what no privilege takes from
+catalog_reader, refused in its sessions on a server that has the library, which
+scripts/setup.sh builds and installs for this machine's servers (issue 49.4 and 49.5).
+
+Without it a reader, from psql, could LISTEN and NOTIFY, change the password every
+analyst logs in with and the role's defaults (statement_timeout = 0 for everyone), and
+raise work_mem so that one statement held gigabytes (1.58 GB seen)."""
+
+import json
+import uuid
+
+import psycopg
+import pytest
+
+from schema import store
+
+from helpers import as_role, reader_url
+
+GUARD = "ncat_reader_guard"
+
+
+def _guard_sql(library: str = GUARD) -> str:
+    """Migration 0033's statement for ``library``."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "migrations" / "versions" / "0033_reader_guard.py"
+    spec = importlib.util.spec_from_file_location("migration_0033", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.guard_sql(library)
+
+
+def _role_state(owner: psycopg.Connection) -> tuple:
+    """The reader role's password hash and its server-wide settings."""
+    return owner.execute(
+        "SELECT a.rolpassword, s.setconfig FROM pg_authid a "
+        "LEFT JOIN pg_db_role_setting s ON s.setrole = a.oid AND s.setdatabase = 0 "
+        "WHERE a.rolname = 'catalog_reader'").fetchone()
+
+
+def _require_guard(owner: psycopg.Connection) -> None:
+    settings = _role_state(owner)[1] or []
+    assert any(c.startswith("session_preload_libraries=") and GUARD in c for c in settings), (
+        "the reader guard is not loaded for catalog_reader on this server: scripts/setup.sh "
+        "(as root) or scripts/reader-guard.sh builds and installs it; migration 0033 names "
+        f"it then (settings: {settings})")
+
+
+def test_readers_cannot_listen_notify_alter_their_role_nor_raise_memory(db):
+    with store.connect(db, autocommit=True) as owner:
+        _require_guard(owner)
+        before = _role_state(owner)
+    refused = [
+        "LISTEN ncat_probe", "UNLISTEN *", "NOTIFY ncat_probe, 'x'",
+        "SELECT pg_notify('ncat_probe', 'x')",
+        "ALTER ROLE catalog_reader PASSWORD 'taken-over'",
+        "ALTER ROLE catalog_reader SET statement_timeout = 0",
+        "ALTER ROLE catalog_reader RESET ALL",
+        "ALTER USER catalog_reader CONNECTION LIMIT -1",
+        "SET work_mem = '1GB'",
+        "SELECT set_config('work_mem', '10GB', false)",
+        "SELECT set_config('work_mem', '10GB', true)",
+        "SET hash_mem_multiplier = 100",
+        "SET maintenance_work_mem = '2GB'",
+        "SET max_parallel_workers_per_gather = 8",
+    ]
+    with store.connect(reader_url(db), autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = off")  # allowed, gains nothing
+        work_mem = conn.execute("SHOW work_mem").fetchone()[0]
+        for sql in refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(sql)
+            assert conn.execute("SHOW work_mem").fetchone()[0] == work_mem, sql
+        # inside a transaction too (SET LOCAL), and under the cap a session sets its own
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+            conn.execute("SET LOCAL work_mem = '512MB'")
+        conn.execute("SET work_mem = '32MB'")
+        assert conn.execute("SHOW work_mem").fetchone()[0] == "32MB"
+        assert conn.execute("SELECT count(*) FROM catalog_setting").fetchone()[0] >= 1
+    with store.connect(db, autocommit=True) as owner:
+        assert _role_state(owner) == before  # password and defaults as they were
+        # the writer is not held (its fold function sets 256MB; it may listen)
+        owner.execute("SET work_mem = '1GB'")
+        owner.execute("LISTEN ncat_probe")
+        owner.execute("UNLISTEN *")
+    # a connection whose startup options ask for more is closed, the cap named
+    with pytest.raises(psycopg.OperationalError, match="work_mem is capped"):
+        psycopg.connect(reader_url(db).replace("+psycopg", ""),
+                        options="-c work_mem=10GB").close()
+
+
+def _sort_space(conn: psycopg.Connection) -> tuple[str, int]:
+    """Where the server sorted four million rows, and how many kB it used there."""
+    plan = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) SELECT g FROM generate_series(1, 4000000) g "
+        "ORDER BY g DESC").fetchone()[0]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    node = plan[0]["Plan"]
+    while node.get("Node Type") != "Sort":
+        node = node["Plans"][0]
+    return node["Sort Space Type"], int(node["Sort Space Used"])
+
+
+def test_a_reader_statement_stays_within_its_memory_cap(db):
+    """The server's own accounting: four million rows sorted in memory take more than the
+    readers' cap of 64 MB (the owner, work_mem 1 GB: in memory, over 64 MB); a reader who
+    asks for 1 GB is refused, and at the cap the same sort spills to disk (bounded by
+    temp_file_limit) instead of growing past it."""
+    with store.connect(db, autocommit=True) as owner:
+        _require_guard(owner)
+        owner.execute("SET work_mem = '1GB'")
+        kind, used = _sort_space(owner)
+        assert kind == "Memory" and used > 64 * 1024, (kind, used)
+    with store.connect(reader_url(db), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SET work_mem = '1GB'")
+        conn.execute("SET statement_timeout = '60s'")
+        conn.execute("SET work_mem = '64MB'")
+        kind, used = _sort_space(conn)
+        assert kind == "Disk", (kind, used)
+
+
+def _warnings(conn: psycopg.Connection) -> list[str]:
+    seen: list[str] = []
+    conn.add_notice_handler(lambda d: seen.append(d.message_primary or ""))
+    return seen
+
+
+def test_the_migration_names_the_guard_only_where_it_loads(db):
+    """A server without the library, or a migrating role that may not load it: the
+    migration warns, goes on, and leaves the role's settings alone (a library named there
+    that does not load would refuse every reader login)."""
+    with store.connect(db, autocommit=True) as owner:
+        before = _role_state(owner)
+        seen = _warnings(owner)
+        owner.execute(_guard_sql("ncat_no_such_guard"))
+        assert any("has no ncat_no_such_guard" in w for w in seen), seen
+        assert _role_state(owner) == before
+        # a role that is not a superuser may not LOAD a library outside $libdir/plugins
+        role = f"ncat_test_plain_{uuid.uuid4().hex[:8]}"
+        owner.execute(f"CREATE ROLE {role} LOGIN")
+        owner.execute(f"GRANT USAGE ON LANGUAGE plpgsql TO {role}")  # as a migrator has
+        try:
+            with store.connect(as_role(db, role), autocommit=True) as plain:
+                seen = _warnings(plain)
+                plain.execute(_guard_sql())
+            assert any("does not load here" in w for w in seen), seen
+            assert _role_state(owner) == before
+        finally:
+            owner.execute(f"REVOKE USAGE ON LANGUAGE plpgsql FROM {role}")
+            owner.execute(f"DROP ROLE {role}")
+
+
+@pytest.mark.serial  # changes the server-wide setting every reader login reads
+def test_the_guard_joins_a_list_an_administrator_set(db):
+    with store.connect(db, autocommit=True) as owner:
+        _require_guard(owner)
+        try:
+            owner.execute("ALTER ROLE catalog_reader SET session_preload_libraries = 'plpgsql'")
+            owner.execute(_guard_sql())
+            owner.execute(_guard_sql())  # a second migration adds nothing
+            settings = _role_state(owner)[1]
+            assert "session_preload_libraries=plpgsql, ncat_reader_guard" in settings, settings
+            with store.connect(reader_url(db), autocommit=True) as conn, \
+                    pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("LISTEN ncat_probe")
+        finally:
+            owner.execute(f"ALTER ROLE catalog_reader SET session_preload_libraries = '{GUARD}'")
