@@ -332,6 +332,17 @@ def reader_timeout(conn) -> float:
                                            (value,))))
 
 
+GUARD = "ncat_reader_guard"  # schema/reader_guard, loaded by migration 0033
+
+
+def reader_guard_loaded(conn) -> bool:
+    """Whether the analysts' sessions load the reader guard on this server (the role's
+    session_preload_libraries names it: migration 0033 names it where it loads)."""
+    return bool(store.scalar(conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_roles r, unnest(r.rolconfig) c WHERE r.rolname = %s "
+        "AND c LIKE 'session_preload_libraries=%%' AND c LIKE %s)", (READER, f"%{GUARD}%"))))
+
+
 def cancel_overdue_readers(conn, limit_s: float | None = None) -> list[int]:
     """Cancel the analysts' statements in this database that have run longer than the
     role's statement_timeout plus a grace (``limit_s`` instead, where given): a psql

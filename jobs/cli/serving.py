@@ -39,7 +39,9 @@ def _port(args) -> int:
 def cmd_migrate(args) -> int:
     from catalog.config.settings import get_settings
     from jobs.cli.common import hide_password
+    from schema.console import reader_guard_loaded
     from schema.engine import migrate, set_reader_password
+    from schema.store import connect
 
     url = migrate(database_url(args))
     print(f"database migrated to head: {hide_password(url)}")  # never the password
@@ -47,6 +49,16 @@ def cmd_migrate(args) -> int:
     if secret is not None:
         set_reader_password(url, secret.get_secret_value())
         print("catalog_reader's password set (NCAT_READER_PASSWORD)")
+    with connect(url) as conn:
+        guarded = reader_guard_loaded(conn)
+    if guarded:
+        print("reader guard: loaded into catalog_reader's sessions (no LISTEN/NOTIFY, no "
+              "ALTER ROLE, work_mem capped)")
+    else:
+        print("reader guard: not loaded (this server has no ncat_reader_guard library, or "
+              "the migrating role is not a superuser): analysts keep LISTEN/NOTIFY, ALTER "
+              "ROLE on their shared role and any work_mem; scripts/reader-guard.sh builds "
+              "it (docs/store.md)")
     return 0
 
 

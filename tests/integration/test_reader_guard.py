@@ -41,7 +41,10 @@ def _role_state(owner: psycopg.Connection) -> tuple:
 
 
 def _require_guard(owner: psycopg.Connection) -> None:
+    from schema.console import reader_guard_loaded
+
     settings = _role_state(owner)[1] or []
+    assert reader_guard_loaded(owner) == any(GUARD in c for c in settings)
     assert any(c.startswith("session_preload_libraries=") and GUARD in c for c in settings), (
         "the reader guard is not loaded for catalog_reader on this server: scripts/setup.sh "
         "(as root) or scripts/reader-guard.sh builds and installs it; migration 0033 names "

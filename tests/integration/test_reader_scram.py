@@ -49,6 +49,7 @@ def test_the_reader_logs_in_by_scram_password_set_by_migrate(scram_server, monke
     assert main(["migrate", "--database-url", url]) == 0
     out = capsys.readouterr()
     assert "password set" in out.out
+    assert "reader guard: loaded" in out.out  # scripts/setup.sh built it for this server
     assert OWNER_PW not in out.out + out.err and READER_PW not in out.out + out.err
     # the console and the exports read as catalog_reader, with its password
     res = console.run(url, "select current_user as who, count(*) as n from catalog_setting")
