@@ -103,14 +103,27 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
                 if h.target == "result" and h.family in RIVAL_FAMILIES:
                     rivals.append(np.asarray(h.contains(cells.a, cells.b, r), bool) & valid)
                     ops.append(o)
-    sets, first = (np.unique(np.stack(rivals), axis=0, return_index=True) if rivals
+    sets, first = (unique_rows(np.stack(rivals)) if rivals
                    else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
     # the sets the second pass may label: every partition it scores (result_partitions)
     own = [p.labels == i for p in result_partitions(partitions_for(cells, config))
            for i in range(len(p.heuristics))]
     return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
                          rival_ops=np.array(ops, dtype="<U1")[first],
-                         own=np.unique(np.stack(own), axis=0) if own else None)
+                         own=unique_rows(np.stack(own))[0] if own else None)
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_index=True)`` of boolean rows (sets over cells),
+    the same rows in the same order: each row packed to bytes (the first cell in the
+    highest bit, so bytes compare as the rows do) and compared whole. numpy's row unique
+    sorts a record of one field per cell, field by field: 21 s of building a [0, 100)
+    grid's fit on one core."""
+    rows = np.ascontiguousarray(rows, dtype=bool)
+    packed = np.ascontiguousarray(np.packbits(rows, axis=1))
+    keys = packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1)
+    _, first = np.unique(keys, return_index=True)
+    return rows[first], first
 
 
 @dataclass

@@ -247,3 +247,17 @@ def test_a_lens_times_an_additive_activation_is_not_a_result_heuristic():
     assert results["additive"][False] > n // 2, results  # the lens alone passed before
     assert results["additive"][True] <= LEVEL * n + 3 * np.sqrt(n * LEVEL), results
     assert results["window"][True] >= 0.9 * n, results
+
+
+def test_unique_rows_equals_numpys_row_unique():
+    """The fit's sets are deduplicated by packed rows: the same rows, order and first
+    indices as np.unique(axis=0), for widths that are and are not whole bytes."""
+    from catalog.labels.operator_labels import unique_rows
+
+    rng = np.random.default_rng(0)
+    for n, width in [(1, 5), (7, 1), (50, 13), (300, 100), (40, 64)]:
+        base = rng.random((n, width)) < 0.3
+        rows = base[rng.integers(0, n, 3 * n)]
+        want, first = np.unique(rows, axis=0, return_index=True)
+        got, got_first = unique_rows(rows)
+        assert np.array_equal(got, want) and np.array_equal(got_first, first), (n, width)
