@@ -60,13 +60,39 @@ RIVAL_FAMILIES = ("modulo", "pattern")
 # checkpoint of one model on the same cells, and the fit depends on nothing else (building
 # it for a [0, 100) grid takes tens of seconds on one core: pseudo-inverses per fold of
 # models thousands of levels wide)
-_FITS: OrderedDict[tuple, OperandFit] = OrderedDict()
-FITS_KEPT = 8
+_FITS: OrderedDict[tuple, tuple[OperandFit, int]] = OrderedDict()
+# the fits kept hold at most this many bytes: one operator's fit on a [0, 100) grid holds
+# about 0.25 GB (the four operators' fit together), on [0, 300) about 1.6 GB (one at a
+# time; a test process that kept eight of those pushed the machine into swap)
+FITS_KEPT_BYTES = 2 << 30
+
+
+def held_bytes(obj, seen: set | None = None) -> int:
+    """The bytes of the tensors and arrays an object holds (through its attributes,
+    dicts, lists and tuples; a sparse tensor by its indices and values)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.is_sparse:
+            return held_bytes(obj._indices(), seen) + held_bytes(obj._values(), seen)
+        return obj.element_size() * obj.nelement()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(held_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(held_bytes(v, seen) for v in obj)
+    if hasattr(obj, "__dict__"):
+        return held_bytes(vars(obj), seen)
+    return 0
 
 
 def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
     """``build_operand_fit``, kept per process for the same config, cells and device (the
-    fit holds no state between calls: ``OperandFit.hold`` is released by its caller)."""
+    fit holds no state between calls: ``OperandFit.hold`` is released by its caller),
+    the fits kept within ``FITS_KEPT_BYTES``."""
     digest = hashlib.sha256()
     for x in (cells.a, cells.b, cells.result):
         digest.update(np.ascontiguousarray(x, dtype=np.int64).tobytes())
@@ -74,10 +100,11 @@ def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> Ope
            str("cpu" if device is None else device))
     if key in _FITS:
         _FITS.move_to_end(key)
-        return _FITS[key]
+        return _FITS[key][0]
     fit = build_operand_fit(config, cells, device)
-    _FITS[key] = fit
-    while len(_FITS) > FITS_KEPT:
+    _FITS[key] = (fit, held_bytes(fit))
+    # the least recently used go first; a fit over the budget alone is not kept
+    while _FITS and sum(n for _, n in _FITS.values()) > FITS_KEPT_BYTES:
         _FITS.popitem(last=False)
     return fit
 

@@ -108,6 +108,31 @@ def test_a_process_builds_one_fit_per_config_and_cells():
     assert torch.equal(fresh.rivals, first.rivals)
 
 
+def test_the_fits_kept_stay_within_their_byte_budget(monkeypatch):
+    """Kept fits are bounded by bytes, not by count (eight [0, 300) fits held 13 GB): the
+    least recently used go first, and one over the budget alone is not kept."""
+    from catalog.labels import operator_labels as ol
+
+    monkeypatch.setattr(ol, "_FITS", ol.OrderedDict())
+    fits = {hi: operand_fit(ScienceConfig(operators=("+",), operand_hi=hi), cells_of("+", hi))
+            for hi in (10, 12)}
+    sizes = {hi: ol.held_bytes(f) for hi, f in fits.items()}
+    # the sum of what it holds: the design's and models' tensors, the rival sets
+    assert sizes[12] >= fits[12].rivals.nelement() * 8 + sum(
+        m.inverse.nelement() * 8 for m in fits[12].models.values())
+    monkeypatch.setattr(ol, "_FITS", ol.OrderedDict())
+    monkeypatch.setattr(ol, "FITS_KEPT_BYTES", sizes[10] + sizes[12])
+    for hi in (10, 12, 10):  # 10 used last: 12 is the one to go
+        operand_fit(ScienceConfig(operators=("+",), operand_hi=hi), cells_of("+", hi))
+    assert [k[3] for k in ol._FITS] == [12, 10]
+    operand_fit(ScienceConfig(operators=("+",), operand_hi=14), cells_of("+", 14))
+    kept = sum(n for _, n in ol._FITS.values())
+    assert kept <= ol.FITS_KEPT_BYTES and [k[3] for k in ol._FITS][-1] == 14
+    monkeypatch.setattr(ol, "FITS_KEPT_BYTES", 1)
+    operand_fit(ScienceConfig(operators=("+",), operand_hi=16), cells_of("+", 16))
+    assert not ol._FITS
+
+
 def _beyond_share(cells: Cells, s: np.ndarray) -> float:
     """The share of a set's variance on the grid that its operands' additive fit leaves."""
     fit = AdditiveOperands.of(cells.a, cells.b)
