@@ -203,3 +203,15 @@ def forget_queue(redis_url: str, queue: str) -> None:
         if json.loads(held)[2] == queue:
             r.hdel("unacked", tag)
             r.zrem("unacked_index", tag)
+
+
+def migration_module(filename: str):
+    """A migration's module from migrations/versions (not a package: loaded by path)."""
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "migrations" / "versions" / filename
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

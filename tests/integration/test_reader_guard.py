@@ -13,23 +13,14 @@ import psycopg
 import pytest
 
 from schema import store
+from schema.console import GUARD
 
-from helpers import as_role, reader_url
-
-GUARD = "ncat_reader_guard"
+from helpers import as_role, migration_module, reader_url
 
 
 def _guard_sql(library: str = GUARD) -> str:
     """Migration 0033's statement for ``library``."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "migrations" / "versions" / "0033_reader_guard.py"
-    spec = importlib.util.spec_from_file_location("migration_0033", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.guard_sql(library)
+    return migration_module("0033_reader_guard.py").guard_sql(library)
 
 
 def _role_state(owner: psycopg.Connection) -> tuple:

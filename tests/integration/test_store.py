@@ -59,15 +59,9 @@ def test_jit_migration_warns_and_goes_on_where_it_may_not_alter_the_database(db)
     run by a role that is not, it warns and changes nothing rather than failing (the
     database is set to jit = on first, so "nothing changed" does not rest on the
     server's default)."""
-    import importlib.util
-    from pathlib import Path
+    from helpers import migration_module
 
-    path = Path(__file__).parents[2] / "migrations" / "versions" / "0013_jit_off.py"
-    spec = importlib.util.spec_from_file_location("jit_off", path)
-    assert spec and spec.loader
-    migration = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(migration)
-    block = migration.SET_FOR_DATABASE
+    block = migration_module("0013_jit_off.py").SET_FOR_DATABASE
     role = f"ncat_guest_{uuid.uuid4().hex[:8]}"
     with store.connect(db, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
