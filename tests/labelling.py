@@ -7,7 +7,7 @@ from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
 from catalog.core.token_format import number_format
 from catalog.labels import value_null
-from catalog.labels.heuristics import Cells, Heuristic, n_tests, partitions_for, result_partitions
+from catalog.labels.heuristics import Cells, Heuristic, n_tests, partitions_for, rescue_partitions
 from catalog.labels.matches import Matches
 from catalog.labels.matching import multi_result_matches, score_partitions
 from catalog.labels.operator_labels import OperatorLabels, label_operator, operand_fit
@@ -39,11 +39,10 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
     k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
     dead = np.nonzero(constant_maps(k_map))[0]
 
-    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict,
-              rescue: bool) -> Matches:
-        found = [score_partitions(k, kv_scored, result_partitions(parts) if rescue else parts,
-                                  config.score_floor, with_bottom, config.pattern_top_k,
-                                  cells=cells, orders=orders)]
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
+        scored = rescue_partitions(parts, rescue) if rescue else parts
+        found = [score_partitions(k, kv_scored, scored, config.score_floor, with_bottom,
+                                  config.pattern_top_k, cells=cells, orders=orders)]
         if multi and not rescue:
             found.append(multi_result_matches(kv_t, cells.result,
                                               top=config.multi_result_top,

@@ -1,6 +1,7 @@
 """The additive part of a map: what both operands explain alone, f(op1) + g(op2), with
 the prompt's token layout (``AdditiveOperands``, an exact least-squares projection), and
-every window of an operator's values less that fit (``WindowScan``), for
+every window of an operator's values less that fit (``WindowScan``), and what one set explains
+of a map beyond that fit (``partial_p``, ``explained``), for
 ``catalog.labels.operand_fit``'s rule. docs/method.md section 7 ("What a label explains")."""
 
 from __future__ import annotations
@@ -81,13 +82,17 @@ class WindowScan:
     of a map's residual r_y beyond the operands, D = r_y C', G = C C'. Cells where the
     operator's result is undefined (negative, division by zero) are in no window.
     ``first``/``last``/``den``: the windows [i, j) with i < j that hold a cell set of
-    their own (den > 0), and their denominators."""
+    their own (den > 0), and their denominators; ``pick``: (bins + 1, windows), column k
+    +1/sqrt(den_k) at row last_k and -1/sqrt(den_k) at row first_k, so that D pick holds
+    each window's signed root (one product in place of two gathers, a difference, a
+    square and a division over every window of every map)."""
 
     c: torch.Tensor  # (bins + 1, cells) float64
     g: torch.Tensor  # (bins + 1, bins + 1)
     first: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     last: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     den: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
+    pick: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.float64))
 
     @classmethod
     def of(cls, values: np.ndarray, add: AdditiveOperands, device) -> WindowScan:
@@ -104,12 +109,64 @@ class WindowScan:
         diag = torch.diagonal(g)
         den = diag[None, :] + diag[:, None] - 2 * g  # [i, j]
         i, j = torch.nonzero(torch.triu(den > 1e-12, diagonal=1), as_tuple=True)
-        return cls(c, g, i, j, den[i, j])
+        d_ij = den[i, j]
+        pick = torch.zeros(len(c), len(d_ij), dtype=torch.float64, device=device)
+        k = torch.arange(len(d_ij), device=device)
+        pick[j, k] = 1 / torch.sqrt(d_ij)
+        pick[i, k] = -1 / torch.sqrt(d_ij)
+        return cls(c, g, i, j, d_ij, pick)
 
     def best(self, r_y: torch.Tensor) -> torch.Tensor:
         """(n,) the largest sum of squares one window explains of each residual map."""
         if not len(self.den):
             return torch.zeros(len(r_y), dtype=r_y.dtype, device=r_y.device)
-        d = r_y @ self.c.T
-        num = (d.index_select(1, self.last) - d.index_select(1, self.first)) ** 2
-        return (num / self.den).amax(1).clamp(min=0)
+        low, high = torch.aminmax((r_y @ self.c.T) @ self.pick, dim=1)
+        return torch.maximum(low * low, high * high)
+
+
+def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
+               sign: np.ndarray | None, df: int) -> np.ndarray:
+    """One-sided p-value of each row (``ni``: its map among the residual maps ``r_y``;
+    ``si``: its set among the residual sets ``r_s``, both less the operands' additive
+    fit) for "the set explains the map beyond f(op1) + g(op2)": the partial regression of
+    the map on the set's indicator with both operands' main effects in the model. Both
+    the classic t-test (Student's t, ``df`` = N - rank - 1 degrees of freedom) and the
+    heteroscedasticity-robust one (HC0, normal tail) are computed and the larger p-value
+    is kept: maps whose spread differs from cell to cell (sparse activations) cannot pass
+    on the classic test's variance alone. ``sign``: +1 where the set is scored at the
+    map's top, -1 at its bottom; None: either direction (the K map of a result label,
+    whose sign on the set depends on the sign of the lens). Every product is a matrix
+    product over the rows' maps and sets (only the sets some row names: ``r_s`` may hold
+    every set of the gate's rows)."""
+    from scipy import stats
+
+    used, si = torch.unique(si, return_inverse=True)
+    r_s = r_s.index_select(0, used)
+    s2 = r_s * r_s
+    ss_y = (r_y * r_y).sum(1)
+    dot = (r_y @ r_s.T)[ni, si]
+    sss = s2.sum(1)[si]
+    beta = dot / sss.clamp(min=1e-300)
+    rss = (ss_y[ni] - dot * beta).clamp(min=0)
+    t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
+    # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
+    y2s2 = ((r_y * r_y) @ s2.T)[ni, si]
+    ys3 = (r_y @ (s2 * r_s).T)[ni, si]
+    hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (s2 * s2).sum(1)[si]).clamp(min=0)
+    z = dot / torch.sqrt(hc).clamp(min=1e-300)
+    if sign is None:
+        p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
+                       2 * stats.norm.sf(np.abs(z.cpu().numpy())))
+    else:
+        sg = torch.as_tensor(sign, dtype=torch.float64, device=r_y.device)
+        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
+                       stats.norm.sf((sg * z).cpu().numpy()))
+    p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
+    return p
+
+
+def explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,
+               si: torch.Tensor) -> np.ndarray:
+    """(r_y . r_s)^2 / |r_s|^2 of each row: what its set explains of its residual map."""
+    dot = (r_y @ r_s.T)[ni, si]
+    return (dot ** 2 / (r_s * r_s).sum(1)[si].clamp(min=1e-300)).cpu().numpy()

@@ -66,7 +66,12 @@ class Design:
 
     def on_cells(self, c: torch.Tensor, upto: int) -> torch.Tensor:
         """(n, cells) X c with the groupings of the first ``upto`` columns (the
-        coefficients' fit): a gather per grouping, dense or sparse alike."""
+        coefficients' fit): one product with the design where it is dense (a gather per
+        grouping reads the coefficients cell by cell, several times slower), else a
+        gather per grouping."""
+        if self.dense:
+            k = max([e for e in self.ends if e <= upto], default=0)
+            return c[:, :k] @ self.x[:, :k].T
         out = torch.zeros(len(c), len(self.cell_cols[0]), dtype=c.dtype, device=c.device)
         for cols, end in zip(self.cell_cols, self.ends, strict=True):
             if end <= upto:
@@ -187,43 +192,77 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     """Each model's held-out residual sum of squares of each map (rows of ``y``, float64),
     and under ``TSS`` the held-out sum of squares about the training folds' mean. The
     models share their folds (``pair_folds`` of the same cells) and most groupings: each
-    grouping's sums per level and fold (s_f = X_f'y) are taken once (one scatter over
-    every cell), and a fold's training sums are the total less its own (t_f). With
-    c_f = A_f t_f the training fit's coefficients, a narrow model's held-out residual is
-    |y_f - X_f c_f|^2 = y_f'y_f - 2 c_f's_f + c_f'G_f c_f (both terms from one batched
-    product of t_f with [A_f | A_f G_f A_f]); a wide model's is |y_f - t_f P_f'|^2."""
+    distinct grouping's sums per level and fold (s_f = X_f'y) are taken once, side by
+    side (one scatter of the cells per grouping), and a fold's training sums are the
+    total less its own (t_f). With c_f = A_f t_f the training fit's coefficients, a narrow
+    model's held-out residual is |y_f - X_f c_f|^2 = y_f'y_f - 2 c_f's_f + c_f'G_f c_f
+    (both terms from one batched product of t_f with [A_f | A_f G_f A_f]); a wide model's
+    is |y_f - P_f t_f|^2, the product accumulated onto y_f. A model reads its groupings'
+    sums where they lie (the runs of ``_runs``), so no model's sums are copied; the maps
+    run along the last axis throughout (each fold's cells are rows to gather)."""
     first = next(iter(models.values()))
-    n, dev = len(y), y.device
+    n, n_cells, dev = len(y), y.shape[1], y.device
     n_folds = first.inverse.shape[0]
     fold = torch.as_tensor(first.folds, device=dev)
-    out: dict[str, torch.Tensor] = {}
-    per_fold = torch.zeros(n, n_folds, dtype=torch.float64, device=dev).index_add_(1, fold, y)
-    count = torch.bincount(fold, minlength=n_folds).to(torch.float64)
-    train_mean = (per_fold.sum(1, keepdim=True) - per_fold) / (len(fold) - count)
-    out[TSS] = ((y - train_mean.index_select(1, fold)) ** 2).sum(1)
-    yy = torch.zeros(n, n_folds, dtype=torch.float64, device=dev).index_add_(1, fold, y * y)
-    held: torch.Tensor | None = None  # (folds, n, most): each fold's cells, padded with 0
-    own_sums: dict[bytes, torch.Tensor] = {}  # (folds, n, size): s_f per grouping
-    for k, m in models.items():
-        blocks = []
+    onehot = torch.zeros(n_cells, n_folds, dtype=torch.float64, device=dev)
+    onehot[torch.arange(n_cells, device=dev), fold] = 1.0
+    per_fold, yy = y @ onehot, (y * y) @ onehot  # (n, folds): each fold's sum, sum of squares
+    count = onehot.sum(0)
+    mean = (per_fold.sum(1, keepdim=True) - per_fold) / (n_cells - count)
+    # sum over the fold's cells of (y - m_f)^2 = y_f'y_f - 2 m_f 1'y_f + n_f m_f^2
+    out: dict[str, torch.Tensor] = {
+        TSS: (yy - 2 * mean * per_fold + count * mean * mean).sum(1).clamp(min=0)}
+    at: dict[bytes, int] = {}  # each distinct grouping's first row in the sums
+    todo: list[tuple[torch.Tensor, int]] = []
+    for m in models.values():
         for g, key, size in zip(m.groups, m.keys, m.sizes, strict=True):
-            if key not in own_sums:
-                s = torch.zeros(n, n_folds * size, dtype=torch.float64, device=dev)
-                s.index_add_(1, fold * size + g, y)
-                own_sums[key] = s.view(n, n_folds, size).transpose(0, 1)
-            blocks.append(own_sums[key])
-        own = torch.cat(blocks, 2)  # (folds, n, w)
-        train = own.sum(0, keepdim=True) - own
-        u = torch.bmm(train, m.inverse)
+            if key not in at:
+                at[key] = sum(sz for _, sz in todo)
+                todo.append((g, size))
+    width = sum(sz for _, sz in todo)
+    yt = y.T.contiguous()  # (cells, n)
+    sums = torch.zeros(n_folds * width, n, dtype=torch.float64, device=dev)
+    for (grouping, _size), start in zip(todo, at.values(), strict=True):
+        sums.index_add_(0, fold * width + start + grouping, yt)
+    own = sums.view(n_folds, width, n)  # s_f
+    train = own.sum(0, keepdim=True) - own  # t_f
+    held: torch.Tensor | None = None  # (folds, most, n): each fold's cells, padded with 0
+    for k, m in models.items():
+        runs = _runs(m, at)
         if m.wide:
             if held is None:
-                cells, _ = fold_cells(first.folds)
-                padded = torch.cat([y, torch.zeros(n, 1, dtype=y.dtype, device=dev)], 1)
-                at = torch.as_tensor(np.where(cells >= 0, cells, y.shape[1]), device=dev)
-                held = padded[:, at.reshape(-1)].view(n, n_folds, -1).transpose(0, 1)
-            press = ((held - u) ** 2).sum(2)  # padded cells: 0 - 0
+                cells, _most = fold_cells(first.folds)
+                padded = torch.cat([yt, torch.zeros(1, n, dtype=y.dtype, device=dev)])
+                rows = torch.as_tensor(np.where(cells >= 0, cells, n_cells), device=dev)
+                held = padded.index_select(0, rows.reshape(-1)).view(n_folds, -1, n)
+            left = held.clone()  # y_f - P_f t_f; padded cells: 0 - 0
+            for a, b, ma, mb in runs:
+                left.baddbmm_(m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b], alpha=-1)
+            press = (left * left).sum(1)
         else:
             w = m.width
-            press = yy.T - 2 * (u[:, :, :w] * own).sum(2) + (u[:, :, w:] * train).sum(2)
+            u = torch.zeros(n_folds, 2 * w, n, dtype=torch.float64, device=dev)
+            for a, b, ma, mb in runs:  # [A_f | A_f G_f A_f]' t_f
+                u.baddbmm_(m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b])
+            press = yy.T.clone()
+            for a, b, ma, mb in runs:
+                press -= 2 * (u[:, ma:mb] * own[:, a:b]).sum(1)
+                press += (u[:, w + ma:w + mb] * train[:, a:b]).sum(1)
         out[k] = press.sum(0).clamp(min=0)
     return out
+
+
+def _runs(m: FoldModel, at: dict[bytes, int]) -> list[tuple[int, int, int, int]]:
+    """(first row, end row in the sums; first column, end column of the model) of each run
+    of the model's groupings that lie side by side in the sums (``at``: each grouping's
+    first row there)."""
+    runs: list[list[int]] = []
+    col = 0
+    for key, size in zip(m.keys, m.sizes, strict=True):
+        if runs and runs[-1][1] == at[key]:
+            runs[-1][1] += size
+            runs[-1][3] += size
+        else:
+            runs.append([at[key], at[key] + size, col, col + size])
+        col += size
+    return [(a, b, c, d) for a, b, c, d in runs]

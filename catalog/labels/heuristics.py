@@ -303,6 +303,28 @@ def result_partitions(partitions: list[Partition]) -> list[Partition]:
             and p.heuristics[0].family != "multi_result"]
 
 
+@dataclass(frozen=True)
+class Rescue:
+    """The label rule's second pass, as its scoring callers are told: ``skip`` holds the
+    keys of heuristics it cannot label on any of the maps given (always true, even with
+    nothing to skip)."""
+
+    skip: frozenset = frozenset()
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def rescue_partitions(partitions: list[Partition], rescue) -> list[Partition]:
+    """The partitions the label rule's second pass scores (``rescue``: True, or a
+    ``Rescue``): the result partitions of one value set (``result_partitions``), less
+    those whose every heuristic the ``Rescue`` skips."""
+    parts = result_partitions(partitions)
+    if isinstance(rescue, Rescue) and rescue.skip:
+        parts = [p for p in parts if any(h.key not in rescue.skip for h in p.heuristics)]
+    return parts
+
+
 def partitions_for(cells: Cells, config: ScienceConfig) -> list[Partition]:
     """Every partition of the config's families (all registered ones the config names),
     each cell set once (``dedupe``)."""

@@ -10,7 +10,7 @@ label explains") states the rule this module implements:
   cells onto the functions f(op1) + g(op2) (both operands' main effects; the cells need
   not be a rectangle: the normal equations are solved with their pseudo-inverse, built
   once per operator).
-- ``_partial_p``: does a result heuristic's set explain the KV map beyond that fit?
+- ``partial_p``: does a result heuristic's set explain the KV map beyond that fit?
   The partial regression's t-test, classic and heteroscedasticity-robust, the larger
   p-value kept. A result label needs it at the corrected level too (``gate``), so an
   additive map, which the fit explains whole, keeps no result label, while a result set
@@ -36,8 +36,10 @@ from catalog.labels.additive import (
     BLOCK,
     AdditiveOperands,
     WindowScan,
+    explained,
     operand_groups,
     other_result,
+    partial_p,
 )
 from catalog.labels.fit_models import (
     TSS,
@@ -86,13 +88,17 @@ class OperandFit:
     # fit; ``may_label``), and their sums of squares; None: not known (nothing is skipped)
     labelable: torch.Tensor | None = None
     labelable_ss: torch.Tensor | None = None
-    # maps held with their residuals beyond the operands (``hold``), by identity
-    _held: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # each heuristic's row in ``labelable`` by key (-1: its set is additive, never labelled)
+    labelable_of: dict[str, int] = field(default_factory=dict)
+    # maps held with their residuals beyond the operands (``hold``), by identity, and the
+    # best window of the operator's values of each (NaN: not yet taken; ``window_best``)
+    _held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     def hold(self, *maps: torch.Tensor) -> None:
         """Take each map's residual beyond the operands once, for every ``beyond`` until
         ``release`` (the gate, the second pass and its gate ask for the same maps'
-        residuals); maps over ``HELD_LIMIT`` values are taken block by block instead."""
+        residuals, and for the best window of some: ``window_best``); maps over
+        ``HELD_LIMIT`` values are taken block by block instead."""
         self._held = []
         for m in maps:
             if m.numel() <= HELD_LIMIT:
@@ -100,18 +106,39 @@ class OperandFit:
                 for s in range(0, len(m), BLOCK):
                     y = m[s:s + BLOCK].double()
                     r[s:s + BLOCK] = y - self.additive.fitted(y)
-                self._held.append((m, r))
+                nan = torch.full((len(m),), float("nan"), dtype=torch.float64, device=m.device)
+                self._held.append((m, r, nan))
 
     def release(self) -> None:
         self._held = []
 
     def beyond(self, maps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """(len(idx), cells) float64: maps ``idx`` of ``maps`` less their additive fit."""
-        for m, r in self._held:
+        for m, r, _ in self._held:
             if m is maps:
                 return r.index_select(0, idx)
         y = maps.index_select(0, idx).double()
         return y - self.additive.fitted(y)
+
+    def window_best(self, maps: torch.Tensor, idx: torch.Tensor,
+                    r_y: torch.Tensor) -> torch.Tensor:
+        """(len(idx),) the largest sum of squares that one window of the operator's own
+        values explains of maps ``idx`` of ``maps`` beyond the operands (``r_y``: their
+        residuals), each held map's taken once (the gate and the second pass's screen
+        ask for many of the same maps)."""
+        scan = self.scans.get(self.op)
+        if scan is None:
+            return torch.zeros(len(idx), dtype=torch.float64, device=r_y.device)
+        for m, _, kept in self._held:
+            if m is maps:
+                got = kept.index_select(0, idx)
+                miss = torch.nonzero(torch.isnan(got))[:, 0]
+                if len(miss):
+                    new = scan.best(r_y.index_select(0, miss))
+                    got[miss] = new
+                    kept[idx.index_select(0, miss)] = new
+                return got
+        return scan.best(r_y)
 
     def set_index(self, heuristics: list) -> np.ndarray:
         """Each heuristic's row in ``sets`` (added the first time it is asked for)."""
@@ -128,12 +155,14 @@ class OperandFit:
     @classmethod
     def of(cls, op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
            device: str | torch.device | None = "cpu", rivals: np.ndarray | None = None,
-           rival_ops: np.ndarray | None = None, own: np.ndarray | None = None) -> OperandFit:
+           rival_ops: np.ndarray | None = None, own: np.ndarray | None = None,
+           own_of: dict[str, int] | None = None) -> OperandFit:
         """``rivals``: (sets, cells) bool, other operators' result sets on these cells
         (``catalog.labels.operator_labels.operand_fit`` builds them from the config's
         heuristics), and ``rival_ops`` their operators; without them no label is taken
         for another operator's result. ``own``: (sets, cells) bool, every result set of
-        this operator that a label may name (``may_label``)."""
+        this operator that a label may name (``may_label``), and ``own_of`` each such
+        heuristic's row in it by key."""
         device = "cpu" if device is None else device
         a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
@@ -161,42 +190,54 @@ class OperandFit:
             sets_ss = (sets * sets).sum(1)
             real = sets_ss > 1e-12  # an additive set explains nothing beyond: never labelled
             fit.labelable, fit.labelable_ss = sets[real], sets_ss[real]
+            row = np.where(real.cpu().numpy(), np.cumsum(real.cpu().numpy()) - 1, -1)
+            fit.labelable_of = {k: int(row[i]) for k, i in (own_of or {}).items()}
         return fit
 
     def may_label(self, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
-                  rows: np.ndarray) -> np.ndarray:
-        """Per map (``rows`` of ``kv`` and ``k_map``), whether any of the operator's result
-        sets (``labelable``) could keep a label through ``gate`` with ``strict`` (the
-        second pass): explain the KV map beyond the operands within ``RIVAL_MARGIN`` of
-        the best window of the operator's values and pass both tests beyond the
-        operands. Necessary conditions only, each looser than the gate's (the classic
-        t-test alone, one-sided at ``reach`` on both maps; the gate also takes the robust
-        test's p-value and tests the K map two-sided), so a map marked False can get no
-        such label; all True where the sets are not known."""
-        n = len(rows)
-        out = np.ones(n, dtype=bool)
-        if self.labelable is None or not n:
-            return out
+                       rows: np.ndarray) -> torch.Tensor | None:
+        """(maps, sets) bool: whether result set s (a row of ``labelable``) could keep a
+        label of map m (``rows`` of ``kv`` and ``k_map``) through ``gate`` with ``strict``
+        (the second pass): explain the KV map beyond the operands within
+        ``RIVAL_MARGIN`` of the best window of the operator's values and pass both tests
+        beyond the operands. Necessary conditions only, each looser than the gate's (the
+        classic t-test alone, one-sided at ``reach`` on both maps; the gate also takes the
+        robust test's p-value and tests the K map two-sided), so a pair marked False can
+        get no such label. Each condition is taken only for the maps the ones before it
+        left a set (the KV test, the K test, the window). None where the sets are not
+        known."""
+        if self.labelable is None:
+            return None
         from scipy import stats
 
         assert self.labelable_ss is not None
+        n = len(rows)
+        out = torch.zeros(n, len(self.labelable), dtype=torch.bool, device=kv.device)
         df = max(self.n_cells - self.additive.rank - 1, 1)
         # a hair looser than the gate, so that no rounding can skip a map it labels
         t2 = float(stats.t.isf(reach, df)) ** 2 * (1 - 1e-9)
         window = self.scans.get(self.op)
         for s in range(0, n, BLOCK):
-            ok = None
             idx = torch.as_tensor(rows[s:s + BLOCK], device=kv.device, dtype=torch.long)
-            for maps, on_kv in ((kv, True), (k_map, False)):
-                r = self.beyond(maps, idx)
-                e = (r @ self.labelable.T) ** 2 / self.labelable_ss
-                rss = ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
-                got = e * df >= t2 * rss
-                if on_kv and window is not None:
-                    got &= e >= (1 - RIVAL_MARGIN) * (1 - 1e-9) * window.best(r)[:, None]
-                ok = got if ok is None else ok & got
-            assert ok is not None
-            out[s:s + BLOCK] = ok.any(1).cpu().numpy()
+            r = self.beyond(kv, idx)
+            e = (r @ self.labelable.T) ** 2 / self.labelable_ss
+            got = e * df >= t2 * ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
+            live = torch.nonzero(got.any(1))[:, 0]
+            if not len(live):
+                continue
+            r_k = self.beyond(k_map, idx.index_select(0, live))
+            e_k = (r_k @ self.labelable.T) ** 2 / self.labelable_ss
+            got_k = e_k * df >= t2 * ((r_k * r_k).sum(1, keepdim=True) - e_k).clamp(min=0)
+            got = got.index_select(0, live) & got_k
+            if window is not None:
+                more = torch.nonzero(got.any(1))[:, 0]
+                if not len(more):
+                    continue
+                got, live = got.index_select(0, more), live.index_select(0, more)
+                e = e.index_select(0, live)
+                best = self.window_best(kv, idx.index_select(0, live), r.index_select(0, live))
+                got &= e >= (1 - RIVAL_MARGIN) * (1 - 1e-9) * best[:, None]
+            out[s + live] = got
         return out
 
     def rival_beyond(self, maps: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -212,9 +253,10 @@ class OperandFit:
             best[s:s + BLOCK], which[s:s + BLOCK], own[s:s + BLOCK] = got
         return best, which, own
 
-    def rival_beyond_residual(self, r_y: torch.Tensor) -> tuple[np.ndarray, np.ndarray,
-                                                                 np.ndarray]:
-        """``rival_beyond`` of maps given as their residuals beyond the operands' fit."""
+    def rival_beyond_residual(self, r_y: torch.Tensor, own: torch.Tensor | None = None
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rival_beyond`` of maps given as their residuals beyond the operands' fit
+        (``own``: the best window of the operator's own values, where already taken)."""
         n = len(r_y)
         if not n or not self.scans:
             return np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
@@ -231,7 +273,8 @@ class OperandFit:
         if self.rivals is not None:
             at = pick == len(others)
             ops[at] = self.rival_ops[i.cpu().numpy()][at]
-        return best, ops.astype("<U1"), self.scans[self.op].best(r_y).cpu().numpy()
+        own = self.scans[self.op].best(r_y) if own is None else own
+        return best, ops.astype("<U1"), own.cpu().numpy()
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The held-out R^2 of every explanation of each map: each model fit on four
@@ -260,44 +303,6 @@ class OperandFit:
         out.other = np.where(np.isinf(best), np.nan, best)
         out.other_op = np.array(others)[which].astype("<U1")
         return out
-
-
-def _partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
-               sign: np.ndarray | None, df: int) -> np.ndarray:
-    """One-sided p-value of each row (``ni``: its map among the residual maps ``r_y``;
-    ``si``: its set among the residual sets ``r_s``, both less the operands' additive
-    fit) for "the set explains the map beyond f(op1) + g(op2)": the partial regression of
-    the map on the set's indicator with both operands' main effects in the model. Both
-    the classic t-test (Student's t, ``df`` = N - rank - 1 degrees of freedom) and the
-    heteroscedasticity-robust one (HC0, normal tail) are computed and the larger p-value
-    is kept: maps whose spread differs from cell to cell (sparse activations) cannot pass
-    on the classic test's variance alone. ``sign``: +1 where the set is scored at the
-    map's top, -1 at its bottom; None: either direction (the K map of a result label,
-    whose sign on the set depends on the sign of the lens). Every product is a matrix
-    product over the rows' maps and sets."""
-    from scipy import stats
-
-    ss_y = (r_y * r_y).sum(1)
-    ss_s = (r_s * r_s).sum(1)
-    dot = (r_y @ r_s.T)[ni, si]
-    sss = ss_s[si]
-    beta = dot / sss.clamp(min=1e-300)
-    rss = (ss_y[ni] - dot * beta).clamp(min=0)
-    t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
-    # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
-    y2s2 = ((r_y ** 2) @ (r_s ** 2).T)[ni, si]
-    ys3 = (r_y @ (r_s ** 3).T)[ni, si]
-    hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (r_s ** 4).sum(1)[si]).clamp(min=0)
-    z = dot / torch.sqrt(hc).clamp(min=1e-300)
-    if sign is None:
-        p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
-                       2 * stats.norm.sf(np.abs(z.cpu().numpy())))
-    else:
-        sg = torch.as_tensor(sign, dtype=torch.float64, device=r_y.device)
-        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
-                       stats.norm.sf((sg * z).cpu().numpy()))
-    p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
-    return p
 
 
 def _set_residuals(fit: OperandFit, members: np.ndarray, device) -> tuple:
@@ -335,17 +340,10 @@ def own_beyond(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
     r_s, s_of = _set_residuals(fit, members, dev)
     for uniq, rows, ni in _blocks(neuron):
         y = maps.index_select(0, torch.as_tensor(uniq, device=dev)).double()
-        out[rows] = _explained(y - fit.additive.fitted(y), r_s,
+        out[rows] = explained(y - fit.additive.fitted(y), r_s,
                                torch.as_tensor(ni, device=dev),
                                torch.as_tensor(s_of[rows], device=dev))
     return out
-
-
-def _explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,
-               si: torch.Tensor) -> np.ndarray:
-    """(r_y . r_s)^2 / |r_s|^2 of each row: what its set explains of its residual map."""
-    dot = (r_y @ r_s.T)[ni, si]
-    return (dot ** 2 / (r_s * r_s).sum(1)[si].clamp(min=1e-300)).cpu().numpy()
 
 
 def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
@@ -354,7 +352,7 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     stand beyond the operands: each result row the value rule labels has its p-value
     raised to its tests beyond f(op1) + g(op2) on the KV map (one-sided, the side scored)
     and on the K map (two-sided: the activation must carry the set, not only the lens;
-    ``_partial_p``), and keeps its label only where that p-value is at most
+    ``partial_p``), and keeps its label only where that p-value is at most
     ``reach`` (the corrected level) and no other operator's result set explains the KV
     map beyond the operands by more than ``RIVAL_MARGIN`` over the label's own set
     (``OperandFit.rival_beyond``: one set against one set, so a factor with many levels
@@ -370,7 +368,8 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     rows = np.nonzero(result_row & m.implements)[0]
     if len(rows):
         members = fit.set_index([m.heuristics[i] for i in m.heuristic[rows]])
-        p, keep, fits = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows])
+        p, keep, fits = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows],
+                                   reach)
         m.p_value[rows] = np.fmax(m.p_value[rows], p)
         m.implements[rows] &= (p <= reach) & keep & (fits if strict else True)
         return m, np.unique(m.neuron[rows][m.implements[rows] & fits])
@@ -378,13 +377,15 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
 
 
 def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: np.ndarray,
-               members: np.ndarray, bottom: np.ndarray
+               members: np.ndarray, bottom: np.ndarray, reach: float
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The gate's tests of result rows, each map's and set's residual beyond the operands
     taken once for all of them: (the larger p-value of the KV test, one-sided, and the K
     test, two-sided; whether no rival explains the KV map more than ``RIVAL_MARGIN`` over
     the row's own set or its own operator's best window; whether the own operator's best
-    window explains it no more than that over the row's set)."""
+    window explains it no more than that over the row's set). The last two are taken
+    only on maps with a row whose p-value is at most ``reach`` (True elsewhere: no such
+    row keeps a label)."""
     dev = kv.device
     r_s, s_of = _set_residuals(fit, members, dev)
     df = max(fit.n_cells - fit.additive.rank - 1, 1)
@@ -398,11 +399,20 @@ def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: n
         # the activation itself must carry the set beyond both operands: a KV map that is
         # an additive activation times the neuron's lens has result structure from the
         # lens alone (the neuron pushes some answer digits whatever the prompt's result)
-        p[rows] = np.fmax(_partial_p(r_kv, r_s, ni_t, si_t, sign[rows], df),
-                          _partial_p(fit.beyond(k_map, idx), r_s, ni_t, si_t, None, df))
-        if fit.scans:
-            rival, _, window = fit.rival_beyond_residual(r_kv)
-            own_set = _explained(r_kv, r_s, ni_t, si_t)
-            keep[rows] = np.fmax(own_set, window[ni]) >= (1 - RIVAL_MARGIN) * rival[ni]
-            fits[rows] = own_set >= (1 - RIVAL_MARGIN) * window[ni]
+        p[rows] = np.fmax(partial_p(r_kv, r_s, ni_t, si_t, sign[rows], df),
+                          partial_p(fit.beyond(k_map, idx), r_s, ni_t, si_t, None, df))
+        # the rivals only of maps with a row that passes: no other row keeps a label
+        need = np.zeros(len(uniq), dtype=bool)
+        need[ni[p[rows] <= reach]] = True
+        if fit.scans and need.any():
+            at = torch.as_tensor(np.nonzero(need)[0], device=dev)
+            r_at = r_kv.index_select(0, at)
+            rival, window = np.zeros(len(uniq)), np.zeros(len(uniq))
+            rival[need], _, window[need] = fit.rival_beyond_residual(
+                r_at, fit.window_best(kv, idx.index_select(0, at), r_at))
+            sel = need[ni]
+            own_set = explained(r_kv, r_s, ni_t, si_t)[sel]
+            at_ni = ni[sel]
+            keep[rows[sel]] = np.fmax(own_set, window[at_ni]) >= (1 - RIVAL_MARGIN) * rival[at_ni]
+            fits[rows[sel]] = own_set >= (1 - RIVAL_MARGIN) * window[at_ni]
     return p, keep, fits

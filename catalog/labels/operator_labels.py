@@ -33,7 +33,13 @@ from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.arith import OPERATORS, is_valid
 from catalog.core.token_format import FORMAT_KINDS, format_maps
 from catalog.labels import value_null
-from catalog.labels.heuristics import Cells, partitions_for, result_partitions
+from catalog.labels.heuristics import (
+    Cells,
+    Rescue,
+    partitions_for,
+    rescue_partitions,
+    result_partitions,
+)
 from catalog.labels.heuristics import n_tests as count_tests
 from catalog.labels.matches import Matches
 from catalog.labels.operand_fit import Explanations, OperandFit, gate, other_result
@@ -133,23 +139,33 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
     sets, first = (unique_rows(np.stack(rivals)) if rivals
                    else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
     # the sets the second pass may label: every partition it scores (result_partitions)
-    own = [p.labels == i for p in result_partitions(partitions_for(cells, config))
-           for i in range(len(p.heuristics))]
+    own, keys = [], []
+    for p in result_partitions(partitions_for(cells, config)):
+        for i, h in enumerate(p.heuristics):
+            own.append(p.labels == i)
+            keys.append(h.key)
+    if not own:
+        return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
+                             rival_ops=np.array(ops, dtype="<U1")[first])
+    uniq, _, row = unique_rows(np.stack(own), inverse=True)
     return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
-                         rival_ops=np.array(ops, dtype="<U1")[first],
-                         own=unique_rows(np.stack(own))[0] if own else None)
+                         rival_ops=np.array(ops, dtype="<U1")[first], own=uniq,
+                         own_of=dict(zip(keys, row.tolist(), strict=True)))
 
 
-def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def unique_rows(rows: np.ndarray, inverse: bool = False) -> tuple:
     """``np.unique(rows, axis=0, return_index=True)`` of boolean rows (sets over cells),
-    the same rows in the same order: each row packed to bytes (the first cell in the
-    highest bit, so bytes compare as the rows do) and compared whole. numpy's row unique
-    sorts a record of one field per cell, field by field: 2.5 s of the 6.0 s that
-    building the fit for ``*`` on [0, 100) took on one core."""
+    the same rows in the same order (with ``inverse``, also each row's index among
+    them): each row packed to bytes (the first cell in the highest bit, so bytes compare
+    as the rows do) and compared whole. numpy's row unique sorts a record of one field
+    per cell, field by field: 2.5 s of the 6.0 s that building the fit for ``*`` on
+    [0, 100) took on one core."""
     rows = np.ascontiguousarray(rows, dtype=bool)
     packed = np.ascontiguousarray(np.packbits(rows, axis=1))
     keys = packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1)
-    _, first = np.unique(keys, return_index=True)
+    _, first, back = np.unique(keys, return_index=True, return_inverse=True)
+    if inverse:
+        return rows[first], first, back.reshape(-1)
     return rows[first], first
 
 
@@ -165,9 +181,11 @@ class OperatorLabels:
 
 
 # the caller's scoring of some maps: score(k_map, kv_scored, orders, rescue) -> Matches,
-# with neuron indices into the maps given; ``rescue``: the second pass (step 4), result
-# heuristics of one value set only (no operand heuristics, no multi-result sets)
-Score = Callable[[torch.Tensor, torch.Tensor, dict, bool], Matches]
+# with neuron indices into the maps given; ``rescue``: False, or the second pass (step 4):
+# True or a ``Rescue``, the partitions of ``rescue_partitions`` (result heuristics of one
+# value set only, no operand heuristics, no multi-result sets; less the partitions whose
+# every heuristic the ``Rescue`` skips)
+Score = Callable[[torch.Tensor, torch.Tensor, dict, bool | Rescue], Matches]
 
 
 def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
@@ -234,12 +252,19 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
     """Step 4 of the module doc: the result rows that the label rule labels on the KV map
     less its operands' additive fit, of the maps not in ``fitting`` (those with a result
     label whose set fits: ``catalog.labels.operand_fit.gate``); neuron indices into the maps
-    (every row is labelled by the value rule; the strict gate is still to pass). Maps
-    where no result set could pass the strict gate at ``reach`` (``OperandFit.may_label``)
-    are not scored: they could keep no row."""
+    (every row is labelled by the value rule; the strict gate is still to pass). Only the
+    (map, set) pairs that could pass the strict gate at ``reach``
+    (``OperandFit.may_label``) are looked at: maps with none are not scored, the
+    partitions with none of their sets are not scored, and rows of other pairs are not
+    tested (a row's score and p-value are its own: each row labelled here is labelled
+    when every row is scored and tested)."""
     todo = np.setdiff1d(np.arange(len(kv)), fitting)
+    pairs = None
     if len(todo) and reach > 0:
-        todo = todo[fit.may_label(kv, k_map, reach, todo)]
+        pairs = fit.may_label(kv, k_map, reach, todo)
+        if pairs is not None:
+            some = pairs.any(1)
+            todo, pairs = todo[some.cpu().numpy()], pairs[some]
     if not len(todo):
         return Matches.empty()
     idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
@@ -248,16 +273,36 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
     # a map the operands explain to its last digits (a constant one) has nothing left
     left = (r_kv.double().norm(dim=1) > RESIDUAL_FLOOR * kv_sub.double().norm(dim=1)).cpu()
     todo, r_kv = todo[left.numpy()], r_kv[left.to(r_kv.device)]
+    if pairs is not None:
+        pairs = pairs[left.to(pairs.device)]
     if not len(todo):
         return Matches.empty()
     k_sub = k_map.index_select(0, torch.as_tensor(todo, device=kv.device, dtype=torch.long))
     orders: dict = {}
-    r = score(k_sub, r_kv, orders, True)
+    rescue = Rescue()
+    if pairs is not None:
+        sets = set(np.nonzero(pairs.any(0).cpu().numpy())[0].tolist())
+        rescue = Rescue(frozenset(k for k, i in fit.labelable_of.items() if i not in sets))
+    r = score(k_sub, r_kv, orders, rescue)
     r = r._select(_result_rows(r))
+    if pairs is not None:
+        r = r._select(_pair_allowed(r, pairs, fit.labelable_of))
     r = value_null.label(r, config, n_tests, null, k_sub, r_kv, orders)
     r = r._select(r.implements)
     r.neuron = todo[r.neuron].astype(np.int32)
     return r
+
+
+def _pair_allowed(r: Matches, pairs: torch.Tensor, row_of: dict[str, int]) -> np.ndarray:
+    """Per row of ``r`` (neuron: a row of ``pairs``), whether ``pairs`` allows its
+    heuristic's set (``row_of``: its row in the sets; -1, never; a heuristic not there is
+    allowed)."""
+    at = np.array([row_of.get(h.key, -2) for h in r.heuristics] or [-2])[r.heuristic]
+    ok = pairs.cpu().numpy()
+    out = at == -2
+    known = at >= 0
+    out[known] = ok[r.neuron[known], at[known]]
+    return out
 
 
 def merged(m: Matches, r: Matches) -> Matches:
@@ -266,10 +311,14 @@ def merged(m: Matches, r: Matches) -> Matches:
     r = r._select(r.implements)
     if not len(r):
         return m
-    taken = {(int(n), r.heuristics[h].key) for n, h in zip(r.neuron, r.heuristic, strict=True)}
-    drop = np.array([(int(n), m.heuristics[h].key) in taken
-                     for n, h in zip(m.neuron, m.heuristic, strict=True)] or [False], bool)
-    return Matches.concat([m._select(~drop[:len(m)]), r])
+    # each (neuron, heuristic key) as one integer: the keys numbered over both lists
+    code: dict[str, int] = {}
+    m_key = np.array([code.setdefault(h.key, len(code)) for h in m.heuristics] or [0])
+    r_key = np.array([code.setdefault(h.key, len(code)) for h in r.heuristics] or [0])
+    width = max(len(code), 1)
+    taken = r.neuron.astype(np.int64) * width + r_key[r.heuristic]
+    drop = np.isin(m.neuron.astype(np.int64) * width + m_key[m.heuristic], taken)
+    return Matches.concat([m._select(~drop), r])
 
 
 def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,
@@ -277,8 +326,8 @@ def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list
                   fit: OperandFit | None) -> np.ndarray:
     """Indices of the maps the rule labels (the controls count them): the rows from the
     label threshold up, under the same steps as ``label_operator``."""
-    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue: bool) -> Matches:
-        parts = result_partitions(partitions) if rescue else partitions
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
+        parts = rescue_partitions(partitions, rescue) if rescue else partitions
         return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
                                       null, with_bottom, orders)
 
@@ -291,8 +340,8 @@ def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partition
                          with_bottom: bool, fit: OperandFit | None) -> tuple[np.ndarray,
                                                                              np.ndarray]:
     """(maps with any label, maps with a result label), for the controls."""
-    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue: bool) -> Matches:
-        parts = result_partitions(partitions) if rescue else partitions
+    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
+        parts = rescue_partitions(partitions, rescue) if rescue else partitions
         return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
                                       null, with_bottom, orders)
 

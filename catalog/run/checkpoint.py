@@ -38,7 +38,7 @@ from catalog.core.maps import kv_map
 from catalog.core.progress import progress_bar
 from catalog.core.tokens import continuing_ids, detect_number_tokens, number_token_ids
 from catalog.labels import operator_labels, value_null
-from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, result_partitions
+from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, rescue_partitions
 from catalog.labels.matches import Matches
 from catalog.labels.matching import multi_result_matches, score_partitions
 from catalog.labels.operand_fit import OperandFit
@@ -371,16 +371,17 @@ class CheckpointRun(CheckpointSummary):
 
     def _match(self, o: int, op: str, k_map: torch.Tensor, kv: torch.Tensor,
                orders: dict | None = None, kv_raw: torch.Tensor | None = None,
-               results_only: bool = False) -> list[Matches]:
+               results_only: object = False) -> list[Matches]:
         """Scores of the live maps of one operator (result heuristics on ``kv``: the KV map,
-        or what is left of it beyond the operands; ``results_only``: no others); ``orders``
+        or what is left of it beyond the operands; ``results_only``: no others, the
+        partitions of ``rescue_partitions``: True or a ``Rescue``); ``orders``
         receives each side's sort order (the label rule reuses them). Multi-result sets are
         chosen on ``kv_raw`` (the KV map itself); none where it is not given."""
         config = self.config
         idx = self.table.op_index(op)
         parts = self.partitions[op]
         if results_only:
-            parts = result_partitions(parts)
+            parts = rescue_partitions(parts, results_only)
         out = [score_partitions(k_map, kv, parts, config.score_floor,
                                 self.with_bottom, config.pattern_top_k, cells=self.cells[op],
                                 op=o, orders=orders)]

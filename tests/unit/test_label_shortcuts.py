@@ -1,0 +1,225 @@
+"""The label rule's shortcuts give what the long way gives (catalog.labels.operand_fit,
+catalog.labels.operator_labels): the window scan's one product against every window
+projected out by hand, the dense design's product against the gather per grouping, the
+second pass's screen of (map, set) pairs against scoring every map and set, the gate's
+rivals taken only where a row passes against taking them everywhere, and the merge of
+the two passes against a set of (neuron, heuristic) keys."""
+
+import dataclasses
+
+import labelling
+import numpy as np
+import pytest
+import torch
+from labelling import additive_maps, cells_of, labelled_with_fit, noise_maps, product_window_maps
+
+from catalog.config import ScienceConfig
+from catalog.labels import additive, fit_models, operand_fit
+from catalog.labels import operator_labels as ol
+from catalog.labels.additive import SCAN_BINS, AdditiveOperands, WindowScan, other_result
+from catalog.labels.fit_models import levels
+from catalog.labels.heuristics import Heuristic, Rescue
+from catalog.labels.matches import Matches
+
+LEVEL = 0.05
+
+
+@pytest.mark.parametrize("op,hi", [("+", 20), ("*", 30), ("-", 15)])
+def test_the_window_scan_is_every_window_projected_out(op, hi):
+    """Each map's best window, against each window's cell set less the additive fit and
+    its explained sum of squares (r.s)^2 / |s|^2, window by window (``*`` on [0, 30) has
+    more values than bins)."""
+    cells = cells_of(op, hi)
+    add = AdditiveOperands.of(cells.a, cells.b)
+    values = other_result("*", cells.a, cells.b) if op == "-" else cells.result
+    scan = WindowScan.of(values, add, "cpu")
+    rng = np.random.default_rng(hi)
+    y = torch.from_numpy(rng.standard_normal((6, len(cells.a))) + (values % 3 == 1))
+    r_y = y - add.fitted(y)
+    valid = np.nonzero(values >= 0)[0]
+    lev = levels(values[valid], SCAN_BINS)
+    want = np.zeros(len(y))
+    bins = int(lev.max()) + 1
+    assert op != "*" or len(np.unique(values)) > bins
+    for i in range(bins):
+        for j in range(i + 1, bins + 1):
+            s = np.zeros(len(values))
+            s[valid[(lev >= i) & (lev < j)]] = 1.0
+            r_s = (torch.from_numpy(s)[None] - add.fitted(torch.from_numpy(s)[None]))[0]
+            ss = float(r_s @ r_s)
+            if ss > 1e-12:
+                want = np.maximum(want, ((r_y @ r_s).numpy() ** 2) / ss)
+    np.testing.assert_allclose(scan.best(r_y).numpy(), want, rtol=1e-9)
+
+
+def test_the_dense_design_fits_as_the_sparse_one(monkeypatch):
+    """The additive fit's product with the dense design equals the gather per grouping
+    that a design over ``DENSE_LIMIT`` takes."""
+    cells = cells_of("+", 25)
+    y = torch.from_numpy(np.random.default_rng(0).standard_normal((5, len(cells.a))))
+    dense = AdditiveOperands.of(cells.a, cells.b)
+    monkeypatch.setattr(fit_models, "DENSE_LIMIT", 0)
+    sparse = AdditiveOperands.of(cells.a, cells.b)
+    assert dense.design.dense and not sparse.design.dense
+    np.testing.assert_allclose(dense.fitted(y).numpy(), sparse.fitted(y).numpy(), atol=1e-12)
+    c = torch.from_numpy(np.random.default_rng(1).standard_normal((3, dense.design.width)))
+    upto = dense.design.ends[1]  # op1's and op2's columns, not the layout's
+    np.testing.assert_allclose(dense.design.on_cells(c, upto).numpy(),
+                               sparse.design.on_cells(c, upto).numpy(), atol=1e-12)
+
+
+def _mixed_maps(op: str, hi: int) -> np.ndarray:
+    """Maps the second pass looks at: result sets with a smooth operand trend of their own
+    size mixed in (the first pass misses most), additive maps, another operator's result,
+    noise."""
+    cells = cells_of(op, hi)
+    rng = np.random.default_rng([hi, ord(op)])
+    out = []
+    for h in (Heuristic("range", "result", (20, 10)), Heuristic("modulo", "result", (5, 2)),
+              Heuristic("pattern", "result", ("..7",))):
+        s = h.contains(cells.a, cells.b, cells.result).astype(float)
+        add = additive_maps("monotone", cells, 12, rng)
+        add = (add - add.mean(1, keepdims=True)) / add.std(1, keepdims=True) * s.std()
+        out.append(s + add + noise_maps(cells, 12, rng))
+    out += [additive_maps("thresholds", cells, 12, rng), product_window_maps(cells, 12, rng),
+            noise_maps(cells, 12, rng)]
+    return np.concatenate(out).astype(np.float32)
+
+
+def _rows(m: Matches) -> dict:
+    return {(int(n), m.heuristics[h].key, bool(b)): (float(s), float(p), bool(i))
+            for n, h, b, s, p, i in zip(m.neuron, m.heuristic, m.bottom, m.score, m.p_value,
+                                        m.implements, strict=True)}
+
+
+@pytest.mark.parametrize("op,hi", [("+", 30), ("*", 20)])
+def test_the_second_pass_screen_loses_no_label(op, hi, monkeypatch):
+    """Labels, rows, scores and p-values with the screen (``may_label``: maps, then
+    partitions, then rows) equal those of scoring every map left and every result
+    partition beyond the operands (the fit without its labelable sets), and the screen
+    does skip maps and partitions."""
+    cells = cells_of(op, hi)
+    maps = _mixed_maps(op, hi)
+    config = ScienceConfig(operand_hi=hi, significance_level=LEVEL)
+    fit = ol.operand_fit(config, cells)
+    assert fit.labelable is not None and len(fit.labelable_of)
+    skips, scored = [], []
+    real_rescued = ol.rescued
+
+    def spy(fitting, config, kv, k_map, score, *args):
+        def counting(k, kv_scored, orders, rescue):
+            skips.append(rescue.skip if isinstance(rescue, Rescue) else None)
+            scored.append(len(k))
+            return score(k, kv_scored, orders, rescue)
+        return real_rescued(fitting, config, kv, k_map, counting, *args)
+
+    monkeypatch.setattr(ol, "rescued", spy)
+    screened = labelled_with_fit(op, cells, maps, maps, config)
+    with_screen = (list(skips), list(scored))
+    skips.clear()
+    scored.clear()
+    unscreened = dataclasses.replace(fit, labelable=None, labelable_ss=None, labelable_of={})
+    monkeypatch.setattr(labelling, "operand_fit", lambda *args, **kwargs: unscreened)
+    every = labelled_with_fit(op, cells, maps, maps, config)
+    assert _rows(screened.matches) == _rows(every.matches)
+    np.testing.assert_array_equal(screened.labelled, every.labelled)
+    # the long way scored more maps and every result partition; the screen skipped some
+    assert sum(with_screen[1]) < sum(scored), (with_screen[1], scored)
+    assert all(s == frozenset() for s in skips)
+    assert any(s for s in with_screen[0])
+    # and the second pass labelled something (the comparison is not of two empty lists)
+    m = every.matches
+    trend_rows = m.implements & (m.neuron < 36)
+    assert trend_rows.sum() >= 12
+
+
+@pytest.mark.parametrize("op,hi", [("+", 30), ("*", 20)])
+def test_the_screen_keeps_every_pair_the_strict_gate_could_keep(op, hi):
+    """``may_label`` against the strict gate's own tests on every (map, set) pair:
+    wherever the set passes both tests beyond the operands (KV one-sided on either side,
+    K two-sided, the larger p-value at most the level) and fits (within ``RIVAL_MARGIN``
+    of the best window), the screen keeps the pair; and it does drop pairs."""
+    cells = cells_of(op, hi)
+    maps = torch.from_numpy(_mixed_maps(op, hi))
+    fit = ol.operand_fit(ScienceConfig(operand_hi=hi, significance_level=LEVEL), cells)
+    reach = 1e-4
+    rows = np.arange(len(maps))
+    fit.hold(maps, maps)
+    try:
+        screen = fit.may_label(maps, maps, reach, rows).numpy()
+        n_sets = len(fit.labelable)
+        ni = torch.as_tensor(np.repeat(rows, n_sets))
+        si = torch.as_tensor(np.tile(np.arange(n_sets), len(rows)))
+        r_y = fit.beyond(maps, torch.as_tensor(rows))
+        df = max(fit.n_cells - fit.additive.rank - 1, 1)
+        p_k = additive.partial_p(r_y, fit.labelable, ni, si, None, df)
+        p_kv = np.fmin(*[additive.partial_p(r_y, fit.labelable, ni, si,
+                                                np.full(len(ni), sign), df)
+                         for sign in (1.0, -1.0)])
+        e = ((r_y @ fit.labelable.T) ** 2 / fit.labelable_ss).numpy().reshape(-1)
+        window = fit.window_best(maps, torch.as_tensor(rows), r_y).numpy()[ni.numpy()]
+    finally:
+        fit.release()
+    exact = (np.fmax(p_k, p_kv) <= reach) & (e >= (1 - operand_fit.RIVAL_MARGIN) * window)
+    exact = exact.reshape(len(rows), n_sets)
+    assert exact.sum() >= 10 and not screen.all()
+    missed = np.argwhere(exact & ~screen)
+    assert not len(missed), missed[:5]
+
+
+def test_the_gates_rivals_are_taken_where_a_row_passes():
+    """``_gate_rows`` with the corrected level and with every map looked at give the same
+    p-values, and the same verdicts on every row whose p-value passes."""
+    cells = cells_of("+", 30)
+    maps = torch.from_numpy(_mixed_maps("+", 30))
+    config = ScienceConfig(operand_hi=30, significance_level=LEVEL)
+    fit = ol.operand_fit(config, cells)
+    hs = [Heuristic("range", "result", (20, 10)), Heuristic("modulo", "result", (5, 2)),
+          Heuristic("pattern", "result", ("..7",)), Heuristic("range", "result", (30, 20))]
+    neuron = np.repeat(np.arange(len(maps)), len(hs))
+    members = fit.set_index(hs * len(maps))
+    bottom = np.zeros(len(neuron), dtype=bool)
+    reach = 1e-4
+    fit.hold(maps, maps)
+    try:
+        p, keep, fits = operand_fit._gate_rows(fit, maps, maps, neuron, members, bottom, reach)
+        p_all, keep_all, fits_all = operand_fit._gate_rows(fit, maps, maps, neuron, members,
+                                                           bottom, 2.0)
+    finally:
+        fit.release()
+    np.testing.assert_array_equal(p, p_all)
+    passed = p <= reach
+    assert 10 <= passed.sum() < len(p)  # both kinds of row are here
+    np.testing.assert_array_equal(keep[passed], keep_all[passed])
+    np.testing.assert_array_equal(fits[passed], fits_all[passed])
+    assert (~keep_all[passed]).any() or (~fits_all[passed]).any()
+
+
+def test_merged_replaces_rows_of_the_same_neuron_and_heuristic():
+    """Against a set of (neuron, key): the second pass's labelled rows replace the first
+    pass's rows of the same neuron and heuristic, whatever order each list holds its
+    heuristics in."""
+    rng = np.random.default_rng(5)
+    hs = [Heuristic("range", "result", (lo, 10)) for lo in range(0, 60, 10)]
+
+    def rows(n, order):
+        heur = [hs[i] for i in order]
+        return Matches(rng.integers(0, 8, n).astype(np.int32), np.zeros(n, np.int8),
+                       rng.integers(0, len(heur), n).astype(np.int32),
+                       rng.uniform(size=n).astype(np.float32), np.zeros(n, bool), heur,
+                       implements=rng.uniform(size=n) < 0.5)
+
+    m, r = rows(60, [0, 1, 2, 3, 4, 5]), rows(25, [5, 3, 1, 4])
+    got = ol.merged(m, r)
+    taken = {(int(n), r.heuristics[h].key)
+             for n, h, i in zip(r.neuron, r.heuristic, r.implements, strict=True) if i}
+    kept = [(int(n), m.heuristics[h].key) for n, h in zip(m.neuron, m.heuristic, strict=True)
+            if (int(n), m.heuristics[h].key) not in taken]
+    got_keys = [(int(n), got.heuristics[h].key)
+                for n, h in zip(got.neuron, got.heuristic, strict=True)]
+    n_new = int(r.implements.sum())
+    assert got_keys[:len(got_keys) - n_new] == kept
+    assert sorted(got_keys[len(got_keys) - n_new:]) == sorted(
+        (int(n), r.heuristics[h].key)
+        for n, h, i in zip(r.neuron, r.heuristic, r.implements, strict=True) if i)
+    assert taken and len(kept) < len(m)  # some rows were replaced
