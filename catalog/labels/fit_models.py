@@ -213,16 +213,16 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     out: dict[str, torch.Tensor] = {
         TSS: (yy - 2 * mean * per_fold + count * mean * mean).sum(1).clamp(min=0)}
     at: dict[bytes, int] = {}  # each distinct grouping's first row in the sums
-    todo: list[tuple[torch.Tensor, int]] = []
+    todo: list[torch.Tensor] = []  # each distinct grouping's levels, in that order
+    width = 0
     for m in models.values():
         for g, key, size in zip(m.groups, m.keys, m.sizes, strict=True):
             if key not in at:
-                at[key] = sum(sz for _, sz in todo)
-                todo.append((g, size))
-    width = sum(sz for _, sz in todo)
+                at[key], width = width, width + size
+                todo.append(g)
     yt = y.T.contiguous()  # (cells, n)
     sums = torch.zeros(n_folds * width, n, dtype=torch.float64, device=dev)
-    for (grouping, _size), start in zip(todo, at.values(), strict=True):
+    for grouping, start in zip(todo, at.values(), strict=True):
         sums.index_add_(0, fold * width + start + grouping, yt)
     own = sums.view(n_folds, width, n)  # s_f
     train = own.sum(0, keepdim=True) - own  # t_f

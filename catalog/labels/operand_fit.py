@@ -195,7 +195,7 @@ class OperandFit:
         return fit
 
     def may_label(self, kv: torch.Tensor, k_map: torch.Tensor, reach: float,
-                       rows: np.ndarray) -> torch.Tensor | None:
+                  rows: np.ndarray) -> torch.Tensor | None:
         """(maps, sets) bool: whether result set s (a row of ``labelable``) could keep a
         label of map m (``rows`` of ``kv`` and ``k_map``) through ``gate`` with ``strict``
         (the second pass): explain the KV map beyond the operands within
@@ -217,17 +217,22 @@ class OperandFit:
         # a hair looser than the gate, so that no rounding can skip a map it labels
         t2 = float(stats.t.isf(reach, df)) ** 2 * (1 - 1e-9)
         window = self.scans.get(self.op)
+        sets, sets_ss = self.labelable, self.labelable_ss
+
+        def t_test(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """(what each set explains of each residual map, whether the classic test
+            passes)."""
+            e = (r @ sets.T) ** 2 / sets_ss
+            return e, e * df >= t2 * ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
+
         for s in range(0, n, BLOCK):
             idx = torch.as_tensor(rows[s:s + BLOCK], device=kv.device, dtype=torch.long)
             r = self.beyond(kv, idx)
-            e = (r @ self.labelable.T) ** 2 / self.labelable_ss
-            got = e * df >= t2 * ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
+            e, got = t_test(r)
             live = torch.nonzero(got.any(1))[:, 0]
             if not len(live):
                 continue
-            r_k = self.beyond(k_map, idx.index_select(0, live))
-            e_k = (r_k @ self.labelable.T) ** 2 / self.labelable_ss
-            got_k = e_k * df >= t2 * ((r_k * r_k).sum(1, keepdim=True) - e_k).clamp(min=0)
+            _, got_k = t_test(self.beyond(k_map, idx.index_select(0, live)))
             got = got.index_select(0, live) & got_k
             if window is not None:
                 more = torch.nonzero(got.any(1))[:, 0]
