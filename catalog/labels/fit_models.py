@@ -131,15 +131,25 @@ class FoldModel:
     fold (``held_out_all``) in the cheaper of two ways: where the model is narrow
     against a fold, ``inverse`` holds [A_f | A_f G_f A_f] (G_f = X_f'X_f, the held-out
     fold's normal matrix); where it is wide, ``inverse`` holds P_f = X_f A_f, each
-    held-out cell's prediction from the training sums (rows: the fold's cells, padded)."""
+    held-out cell's prediction from the training sums (rows: the fold's cells, padded).
+    ``inverse`` is float32 (the products run on maps less their mean, in float32, at
+    about twice float64's rate); what the mean contributes is taken exactly, in float64,
+    from ``const_press`` and ``const_cross`` (``held_out_all``)."""
 
     groups: list[torch.Tensor]  # each cell's level per grouping
     keys: list[bytes]  # each grouping's identity (its levels' digest): models share them
     sizes: list[int]  # levels per grouping
     width: int
     folds: np.ndarray  # each cell's fold
-    # narrow: (folds, width, 2 width); wide: (folds, width, most cells of a fold), float64
+    # narrow: (folds, width, 2 width); wide: (folds, width, most cells of a fold), float32
     inverse: torch.Tensor
+    # the held-out residual of the constant map 1 is e (nonzero where a held-out cell has
+    # a level no training cell has: the least-norm fit predicts it a shrunken constant);
+    # const_press = |e|^2, and const_cross (cells, float64) is w with e . r(y) = w . y for
+    # every map y (r(y): y's held-out residual), so that the held-out residual sum of
+    # squares of mu + y is that of y + 2 mu w . y + mu^2 |e|^2
+    const_press: float = 0.0
+    const_cross: torch.Tensor | None = None
     wide: bool = False
 
     @classmethod
@@ -157,8 +167,11 @@ class FoldModel:
         # flops per map and fold: 2 width^2 narrow, width x the fold's cells wide
         wide = most < 2 * width
         out = []
+        col = np.stack([g + o for g, o in zip(groups, offsets, strict=True)], 1)
+        cross, const_press = np.zeros(len(folds)), 0.0
         for f in range(n_folds):
             a = np.linalg.pinv(total - per_fold[f], hermitian=True)
+            const_press += _constant_terms(a, col, folds == f, width, cross)
             if wide:
                 x_f = np.zeros((most, width))
                 own = cells_of[f][cells_of[f] >= 0]
@@ -170,7 +183,24 @@ class FoldModel:
         keys = [hashlib.sha1(np.ascontiguousarray(g, dtype=np.int64).tobytes()).digest()
                 for g in groups]
         return cls([torch.as_tensor(g, device=device) for g in groups], keys, sizes, width,
-                   folds, torch.stack(out).to(device), wide)
+                   folds, torch.stack(out).to(device, torch.float32), const_press,
+                   torch.as_tensor(cross, device=device), wide)
+
+
+def _constant_terms(a: np.ndarray, col: np.ndarray, held: np.ndarray, width: int,
+                    cross: np.ndarray) -> float:
+    """One fold's part of ``FoldModel.const_press`` (returned) and ``const_cross`` (added
+    to ``cross``): ``a`` the training cells' pseudo-inverse, ``col`` each cell's column
+    per grouping, ``held`` the fold's cells. With e the constant's held-out residual,
+    e . r_f(y) = e . y_f - (A X_f' e) . (X_t' y_t) (X_t, y_t: the training cells')."""
+    train = ~held
+    coef = a @ np.bincount(col[train].ravel(), minlength=width)  # the fit to 1
+    e = 1.0 - coef[col[held]].sum(1)
+    v = a @ np.bincount(col[held].ravel(), weights=np.repeat(e, col.shape[1]),
+                        minlength=width)
+    cross[held] += e
+    cross[train] -= v[col[train]].sum(1)
+    return float(e @ e)
 
 
 def fold_cells(folds: np.ndarray) -> tuple[np.ndarray, int]:
@@ -189,8 +219,11 @@ TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the tra
 
 
 def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each model's held-out residual sum of squares of each map (rows of ``y``, float64),
-    and under ``TSS`` the held-out sum of squares about the training folds' mean. The
+    """Each model's held-out residual sum of squares of each map (rows of ``y``; float64
+    out), and under ``TSS`` the held-out sum of squares about the training folds' mean.
+    The maps less their means are fit in float32 (the residuals' sums of squares within
+    about 1e-5 of their sums of squares, against a float64 fit); each mean's part is added
+    exactly (``FoldModel.const_press``, ``const_cross``). The
     models share their folds (``pair_folds`` of the same cells) and most groupings: each
     distinct grouping's sums per level and fold (s_f = X_f'y) are taken once, side by
     side (one scatter of the cells per grouping), and a fold's training sums are the
@@ -206,12 +239,18 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     fold = torch.as_tensor(first.folds, device=dev)
     onehot = torch.zeros(n_cells, n_folds, dtype=torch.float64, device=dev)
     onehot[torch.arange(n_cells, device=dev), fold] = 1.0
-    per_fold, yy = y @ onehot, (y * y) @ onehot  # (n, folds): each fold's sum, sum of squares
+    mu = y.double().mean(1, keepdim=True)
+    y64 = y.double() - mu
+    per_fold, yy = y64 @ onehot, (y64 * y64) @ onehot  # (n, folds): sums, sums of squares
     count = onehot.sum(0)
     mean = (per_fold.sum(1, keepdim=True) - per_fold) / (n_cells - count)
     # sum over the fold's cells of (y - m_f)^2 = y_f'y_f - 2 m_f 1'y_f + n_f m_f^2
     out: dict[str, torch.Tensor] = {
         TSS: (yy - 2 * mean * per_fold + count * mean * mean).sum(1).clamp(min=0)}
+    # each model's e . r(y): what the means add, exactly
+    cross = y64 @ torch.stack([m.const_cross for m in models.values()], 1)
+    y, dtype = y64.float(), torch.float32
+    yy = yy.float()
     at: dict[bytes, int] = {}  # each distinct grouping's first row in the sums
     todo: list[torch.Tensor] = []  # each distinct grouping's levels, in that order
     width = 0
@@ -221,7 +260,7 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
                 at[key], width = width, width + size
                 todo.append(g)
     yt = y.T.contiguous()  # (cells, n)
-    sums = torch.zeros(n_folds * width, n, dtype=torch.float64, device=dev)
+    sums = torch.zeros(n_folds * width, n, dtype=dtype, device=dev)
     for grouping, start in zip(todo, at.values(), strict=True):
         sums.index_add_(0, fold * width + start + grouping, yt)
     own = sums.view(n_folds, width, n)  # s_f
@@ -241,14 +280,16 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
             press = (left * left).sum(1)
         else:
             w = m.width
-            u = torch.zeros(n_folds, 2 * w, n, dtype=torch.float64, device=dev)
+            u = torch.zeros(n_folds, 2 * w, n, dtype=dtype, device=dev)
             for a, b, ma, mb in runs:  # [A_f | A_f G_f A_f]' t_f
                 u.baddbmm_(m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b])
             press = yy.T.clone()
             for a, b, ma, mb in runs:
                 press -= 2 * (u[:, ma:mb] * own[:, a:b]).sum(1)
                 press += (u[:, w + ma:w + mb] * train[:, a:b]).sum(1)
-        out[k] = press.sum(0).clamp(min=0)
+        i = len(out) - 1
+        out[k] = (press.sum(0).double() + 2 * mu[:, 0] * cross[:, i]
+                  + mu[:, 0] ** 2 * m.const_press).clamp(min=0)
     return out
 
 
