@@ -204,8 +204,9 @@ class OperandFit:
         classic t-test alone, one-sided at ``reach`` on both maps; the gate also takes the
         robust test's p-value and tests the K map two-sided), so a pair marked False can
         get no such label. Each condition is taken only for the maps the ones before it
-        left a set (the KV test, the K test, the window). None where the sets are not
-        known."""
+        left a set (the KV test, the K test, the window). The tests' products run in
+        float32, each loosened by a bound on its rounding (``_float32_slack``), so that
+        the screen stays necessary. None where the sets are not known."""
         if self.labelable is None:
             return None
         from scipy import stats
@@ -217,13 +218,19 @@ class OperandFit:
         # a hair looser than the gate, so that no rounding can skip a map it labels
         t2 = float(stats.t.isf(reach, df)) ** 2 * (1 - 1e-9)
         window = self.scans.get(self.op)
-        sets, sets_ss = self.labelable, self.labelable_ss
+        sets, sets_ss = self.labelable.float(), self.labelable_ss
+        slack = _float32_slack(self.n_cells)
 
         def t_test(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """(what each set explains of each residual map, whether the classic test
-            passes)."""
-            e = (r @ sets.T) ** 2 / sets_ss
-            return e, e * df >= t2 * ((r * r).sum(1, keepdim=True) - e).clamp(min=0)
+            """(at least what each set explains of each residual map, whether the classic
+            test may pass): it passes where dot^2 (df + t^2) >= t^2 |r|^2 |s|^2 (dot =
+            r . s), here with |dot| raised and |r|^2 lowered by the float32 products'
+            largest error."""
+            r32 = r.float()
+            rr = (r32 * r32).sum(1, keepdim=True).double()
+            dot = (r32 @ sets.T).double().abs()
+            dot = dot + slack * torch.sqrt(rr * (1 + slack) * sets_ss)
+            return dot * dot / sets_ss, dot * dot * (df + t2) >= t2 * rr * (1 - slack) * sets_ss
 
         for s in range(0, n, BLOCK):
             idx = torch.as_tensor(rows[s:s + BLOCK], device=kv.device, dtype=torch.long)
@@ -308,6 +315,14 @@ class OperandFit:
         out.other = np.where(np.isinf(best), np.nan, best)
         out.other_op = np.array(others)[which].astype("<U1")
         return out
+
+
+def _float32_slack(n_cells: int) -> float:
+    """A bound on the relative error of float32 dot products and sums of squares over
+    ``n_cells`` float64 values rounded to float32: |fl(r . s) - r . s| <= slack |r| |s|
+    whatever the order of summation ((n + 2) u / (1 - (n + 2) u), u = 2^-24, doubled)."""
+    nu = (n_cells + 2) * 2.0 ** -24
+    return 2 * nu / max(1 - nu, 1e-3)
 
 
 def _set_residuals(fit: OperandFit, members: np.ndarray, device) -> tuple:
