@@ -143,14 +143,15 @@ def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.
     used, si = torch.unique(si, return_inverse=True)
     r_s = r_s.index_select(0, used)
     s2 = r_s * r_s
-    ss_y = (r_y * r_y).sum(1)
+    y2 = r_y * r_y
+    ss_y = y2.sum(1)
     dot = (r_y @ r_s.T)[ni, si]
     sss = s2.sum(1)[si]
     beta = dot / sss.clamp(min=1e-300)
     rss = (ss_y[ni] - dot * beta).clamp(min=0)
     t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
     # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
-    y2s2 = ((r_y * r_y) @ s2.T)[ni, si]
+    y2s2 = (y2 @ s2.T)[ni, si]
     ys3 = (r_y @ (s2 * r_s).T)[ni, si]
     hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (s2 * s2).sum(1)[si]).clamp(min=0)
     z = dot / torch.sqrt(hc).clamp(min=1e-300)

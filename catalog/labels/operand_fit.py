@@ -387,7 +387,9 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
                            for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
     rows = np.nonzero(result_row & m.implements)[0]
     if len(rows):
-        members = fit.set_index([m.heuristics[i] for i in m.heuristic[rows]])
+        # each distinct heuristic's set once (thousands of rows name a few dozen)
+        uniq_h, at = np.unique(m.heuristic[rows], return_inverse=True)
+        members = fit.set_index([m.heuristics[i] for i in uniq_h])[at.reshape(-1)]
         p, keep, fits = _gate_rows(fit, kv, k_map, m.neuron[rows], members, m.bottom[rows],
                                    reach)
         m.p_value[rows] = np.fmax(m.p_value[rows], p)
