@@ -6,7 +6,7 @@ pairs), which ``Explanations`` reports per map."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -149,7 +149,8 @@ class FoldModel:
     # every map y (r(y): y's held-out residual), so that the held-out residual sum of
     # squares of mu + y is that of y + 2 mu w . y + mu^2 |e|^2
     const_press: float = 0.0
-    const_cross: torch.Tensor | None = None
+    const_cross: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     wide: bool = False
 
     @classmethod
@@ -274,14 +275,18 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
                 padded = torch.cat([yt, torch.zeros(1, n, dtype=y.dtype, device=dev)])
                 rows = torch.as_tensor(np.where(cells >= 0, cells, n_cells), device=dev)
                 held = padded.index_select(0, rows.reshape(-1)).view(n_folds, -1, n)
-            left = held.clone()  # y_f - P_f t_f; padded cells: 0 - 0
-            for a, b, ma, mb in runs:
+            # y_f - P_f t_f (padded cells: 0 - 0); the first run's product makes it
+            a, b, ma, mb = runs[0]
+            left = torch.baddbmm(held, m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b],
+                                 alpha=-1)
+            for a, b, ma, mb in runs[1:]:
                 left.baddbmm_(m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b], alpha=-1)
-            press = (left * left).sum(1)
+            press = left.square_().sum(1)
         else:
             w = m.width
-            u = torch.zeros(n_folds, 2 * w, n, dtype=dtype, device=dev)
-            for a, b, ma, mb in runs:  # [A_f | A_f G_f A_f]' t_f
+            a, b, ma, mb = runs[0]  # [A_f | A_f G_f A_f]' t_f
+            u = torch.bmm(m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b])
+            for a, b, ma, mb in runs[1:]:
                 u.baddbmm_(m.inverse[:, ma:mb].transpose(1, 2), train[:, a:b])
             press = yy.T.clone()
             for a, b, ma, mb in runs:
