@@ -219,18 +219,9 @@ class OperandFit:
         t2 = float(stats.t.isf(reach, df)) ** 2 * (1 - 1e-9)
         window = self.scans.get(self.op)
         sets, sets_ss = self.labelable.float(), self.labelable_ss
-        slack = _float32_slack(self.n_cells)
 
         def t_test(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """(at least what each set explains of each residual map, whether the classic
-            test may pass): it passes where dot^2 (df + t^2) >= t^2 |r|^2 |s|^2 (dot =
-            r . s), here with |dot| raised and |r|^2 lowered by the float32 products'
-            largest error."""
-            r32 = r.float()
-            rr = (r32 * r32).sum(1, keepdim=True).double()
-            dot = (r32 @ sets.T).double().abs()
-            dot = dot + slack * torch.sqrt(rr * (1 + slack) * sets_ss)
-            return dot * dot / sets_ss, dot * dot * (df + t2) >= t2 * rr * (1 - slack) * sets_ss
+            return screen_t_test(r, sets, sets_ss, df, t2)
 
         for s in range(0, n, BLOCK):
             idx = torch.as_tensor(rows[s:s + BLOCK], device=kv.device, dtype=torch.long)
@@ -315,6 +306,22 @@ class OperandFit:
         out.other = np.where(np.isinf(best), np.nan, best)
         out.other_op = np.array(others)[which].astype("<U1")
         return out
+
+
+def screen_t_test(r: torch.Tensor, sets32: torch.Tensor, sets_ss: torch.Tensor, df: int,
+                  t2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second pass's screen of residual maps ``r`` (float64) against residual sets
+    ``sets32`` (float32; ``sets_ss``: their float64 sums of squares): (at least what each
+    set explains of each map, whether the classic test may pass). The test passes where
+    dot^2 (df + t^2) >= t^2 |r|^2 |s|^2 (dot = r . s); here the products run in float32,
+    |dot| raised and |r|^2 lowered by their largest error (``_float32_slack``), so that no
+    pair the float64 test passes is screened out."""
+    slack = _float32_slack(r.shape[1])
+    r32 = r.float()
+    rr = (r32 * r32).sum(1, keepdim=True).double()
+    dot = (r32 @ sets32.T).double().abs()
+    dot = dot + slack * torch.sqrt(rr * (1 + slack) * sets_ss)
+    return dot * dot / sets_ss, dot * dot * (df + t2) >= t2 * rr * (1 - slack) * sets_ss
 
 
 def _float32_slack(n_cells: int) -> float:

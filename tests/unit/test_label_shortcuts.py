@@ -223,3 +223,41 @@ def test_merged_replaces_rows_of_the_same_neuron_and_heuristic():
         (int(n), r.heuristics[h].key)
         for n, h, i in zip(r.neuron, r.heuristic, r.implements, strict=True) if i)
     assert taken and len(kept) < len(m)  # some rows were replaced
+
+
+def test_the_float32_screen_keeps_every_pair_the_float64_test_passes():
+    """The second pass's screen runs its t-tests in float32 (``screen_t_test``): maps
+    planted on the classic test's threshold, cos^2(r, s) = t^2 / (df + t^2) times
+    1 + rel for rel from -1e-2 to +1e-4, at scales from 1e-3 to 1e3 and either sign. Every
+    pair the float64 test passes must pass the screen (a screen that drops one skips a map
+    the strict gate would label); pairs 1% under the threshold must not (a screen loosened
+    that far screens nothing out)."""
+    rng = np.random.default_rng(7)
+    n_cells, df, t2 = 900, 840, 25.0
+    sets = rng.standard_normal((4, n_cells))
+    sets_ss = (sets * sets).sum(1)
+    c = t2 / (df + t2)
+    rels = (-1e-2, -1e-4, -1e-6, -1e-8, 0.0, 1e-8, 1e-6, 1e-4)
+    maps, own, rel_of = [], [], []
+    for j in range(len(sets)):
+        s_hat = sets[j] / np.sqrt(sets_ss[j])
+        for rel in rels:
+            for _ in range(8):
+                u = rng.standard_normal(n_cells)
+                u -= (u @ s_hat) * s_hat
+                u /= np.linalg.norm(u)
+                cos = np.sqrt(c * (1 + rel)) * rng.choice([-1.0, 1.0])
+                scale = 10.0 ** rng.uniform(-3, 3)
+                maps.append(scale * (cos * s_hat + np.sqrt(1 - cos * cos) * u))
+                own.append(j)
+                rel_of.append(rel)
+    r = torch.as_tensor(np.array(maps))
+    own_t, rel_of = torch.as_tensor(own), np.array(rel_of)
+    dot = (r @ torch.as_tensor(sets).T)
+    exact = dot * dot * (df + t2) >= t2 * (r * r).sum(1, keepdim=True) * torch.as_tensor(sets_ss)
+    _, got = operand_fit.screen_t_test(r, torch.as_tensor(sets).float(),
+                                       torch.as_tensor(sets_ss), df, t2)
+    assert exact.any() and not (exact & ~got).any()
+    mine = got[torch.arange(len(r)), own_t].numpy()
+    assert mine[rel_of >= 0].all()  # every map on or over the threshold of its own set
+    assert not mine[rel_of == -1e-2].any()
