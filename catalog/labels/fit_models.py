@@ -240,8 +240,9 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     fold = torch.as_tensor(first.folds, device=dev)
     onehot = torch.zeros(n_cells, n_folds, dtype=torch.float64, device=dev)
     onehot[torch.arange(n_cells, device=dev), fold] = 1.0
-    mu = y.double().mean(1, keepdim=True)
-    y64 = y.double() - mu
+    y64 = y.double()
+    mu = y64.mean(1, keepdim=True)
+    y64 = y64 - mu
     per_fold, yy = y64 @ onehot, (y64 * y64) @ onehot  # (n, folds): sums, sums of squares
     count = onehot.sum(0)
     mean = (per_fold.sum(1, keepdim=True) - per_fold) / (n_cells - count)
@@ -267,7 +268,7 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     own = sums.view(n_folds, width, n)  # s_f
     train = own.sum(0, keepdim=True) - own  # t_f
     held: torch.Tensor | None = None  # (folds, most, n): each fold's cells, padded with 0
-    for k, m in models.items():
+    for i, (k, m) in enumerate(models.items()):
         runs = _runs(m, at)
         if m.wide:
             if held is None:
@@ -292,7 +293,6 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
             for a, b, ma, mb in runs:
                 press -= 2 * (u[:, ma:mb] * own[:, a:b]).sum(1)
                 press += (u[:, w + ma:w + mb] * train[:, a:b]).sum(1)
-        i = len(out) - 1
         out[k] = (press.sum(0).double() + 2 * mu[:, 0] * cross[:, i]
                   + mu[:, 0] ** 2 * m.const_press).clamp(min=0)
     return out

@@ -220,17 +220,15 @@ class OperandFit:
         window = self.scans.get(self.op)
         sets, sets_ss = self.labelable.float(), self.labelable_ss
 
-        def t_test(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return screen_t_test(r, sets, sets_ss, df, t2)
-
         for s in range(0, n, BLOCK):
             idx = torch.as_tensor(rows[s:s + BLOCK], device=kv.device, dtype=torch.long)
             r = self.beyond(kv, idx)
-            e, got = t_test(r)
+            e, got = screen_t_test(r, sets, sets_ss, df, t2)
             live = torch.nonzero(got.any(1))[:, 0]
             if not len(live):
                 continue
-            _, got_k = t_test(self.beyond(k_map, idx.index_select(0, live)))
+            _, got_k = screen_t_test(self.beyond(k_map, idx.index_select(0, live)), sets,
+                                     sets_ss, df, t2)
             got = got.index_select(0, live) & got_k
             if window is not None:
                 more = torch.nonzero(got.any(1))[:, 0]
