@@ -171,3 +171,16 @@ def explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,
     """(r_y . r_s)^2 / |r_s|^2 of each row: what its set explains of its residual map."""
     dot = (r_y @ r_s.T)[ni, si]
     return (dot ** 2 / (r_s * r_s).sum(1)[si].clamp(min=1e-300)).cpu().numpy()
+
+
+def with_set(r_y: torch.Tensor, r_s: torch.Tensor, ss: torch.Tensor,
+             s: torch.Tensor) -> torch.Tensor:
+    """Maps less the operands' part of their joint fit with a set, one set per map: y -
+    A g where y ~ A g + beta s is fit by least squares (A: the additive design). With
+    r_y and r_s the map's and the set's residuals beyond the additive fit (``ss``:
+    |r_s|^2) and s the set itself, beta = r_y . r_s / |r_s|^2 and y - A g = r_y +
+    beta (s - r_s): the residual with the set's own additive part put back at its
+    fitted size. Taking the additive fit alone out of a band of the sum takes a ramp out
+    of the band too (its top cells sink into the noise); this leaves the band whole."""
+    beta = (r_y * r_s).sum(1) / ss.clamp(min=1e-300)
+    return r_y + beta[:, None] * (s - r_s)

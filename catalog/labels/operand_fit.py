@@ -88,6 +88,8 @@ class OperandFit:
     # fit; ``may_label``), and their sums of squares; None: not known (nothing is skipped)
     labelable: torch.Tensor | None = None
     labelable_ss: torch.Tensor | None = None
+    # the same sets as they are (bool; ``catalog.labels.additive.with_set``)
+    labelable_sets: torch.Tensor | None = None
     # each heuristic's row in ``labelable`` by key (-1: its set is additive, never labelled)
     labelable_of: dict[str, int] = field(default_factory=dict)
     # maps held with their residuals beyond the operands (``hold``), by identity, and the
@@ -190,6 +192,7 @@ class OperandFit:
             sets_ss = (sets * sets).sum(1)
             real = sets_ss > 1e-12  # an additive set explains nothing beyond: never labelled
             fit.labelable, fit.labelable_ss = sets[real], sets_ss[real]
+            fit.labelable_sets = torch.as_tensor(np.asarray(own, bool), device=device)[real]
             row = np.where(real.cpu().numpy(), np.cumsum(real.cpu().numpy()) - 1, -1)
             fit.labelable_of = {k: int(row[i]) for k, i in (own_of or {}).items()}
         return fit

@@ -31,23 +31,23 @@ import torch
 
 from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.arith import OPERATORS, is_valid
-from catalog.core.token_format import FORMAT_KINDS, format_maps
 from catalog.labels import value_null
+from catalog.labels.additive import with_set
 from catalog.labels.heuristics import (
     Cells,
     Rescue,
     partitions_for,
-    rescue_partitions,
     result_partitions,
 )
-from catalog.labels.heuristics import n_tests as count_tests
 from catalog.labels.matches import Matches
-from catalog.labels.operand_fit import Explanations, OperandFit, gate, other_result
+from catalog.labels.operand_fit import (
+    HELD_LIMIT,
+    Explanations,
+    OperandFit,
+    gate,
+    other_result,
+)
 from catalog.measuring.prompts import UNLIMITED
-
-# maps per layer and operator that each control scores
-CONTROL_MAPS = 128
-
 
 
 def gated(config) -> bool:
@@ -269,40 +269,60 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
         return Matches.empty()
     idx = torch.as_tensor(todo, device=kv.device, dtype=torch.long)
     kv_sub = kv.index_select(0, idx)
-    r_kv = fit.beyond(kv, idx).to(kv.dtype)
+    r_kv = fit.beyond(kv, idx)
     # a map the operands explain to its last digits (a constant one) has nothing left
-    left = (r_kv.double().norm(dim=1) > RESIDUAL_FLOOR * kv_sub.double().norm(dim=1)).cpu()
+    left = (r_kv.norm(dim=1) > RESIDUAL_FLOOR * kv_sub.double().norm(dim=1)).cpu()
     todo, r_kv = todo[left.numpy()], r_kv[left.to(r_kv.device)]
     if pairs is not None:
         pairs = pairs[left.to(pairs.device)]
     if not len(todo):
         return Matches.empty()
-    k_sub = k_map.index_select(0, torch.as_tensor(todo, device=kv.device, dtype=torch.long))
     orders: dict = {}
     rescue = Rescue()
-    if pairs is not None:
-        sets = set(np.nonzero(pairs.any(0).cpu().numpy())[0].tolist())
-        rescue = Rescue(frozenset(k for k, i in fit.labelable_of.items() if i not in sets))
-    r = score(k_sub, r_kv, orders, rescue)
-    r = r._select(_result_rows(r))
-    if pairs is not None:
-        r = r._select(_pair_allowed(r, pairs, fit.labelable_of))
-    r = value_null.label(r, config, n_tests, null, k_sub, r_kv, orders)
-    r = r._select(r.implements)
-    r.neuron = todo[r.neuron].astype(np.int32)
-    return r
+    if pairs is None:  # the sets are not known (a large grid): the residual itself
+        k_sub = k_map.index_select(0, torch.as_tensor(todo, device=kv.device,
+                                                      dtype=torch.long))
+        y = r_kv.to(kv.dtype)
+        r = score(k_sub, y, orders, rescue)
+        r = value_null.label(r._select(_result_rows(r)), config, n_tests, null, k_sub, y,
+                             orders)
+        r = r._select(r.implements)
+        r.neuron = todo[r.neuron].astype(np.int32)
+        return r
+    sets = set(np.nonzero(pairs.any(0).cpu().numpy())[0].tolist())
+    rescue = Rescue(frozenset(k for k, i in fit.labelable_of.items() if i not in sets))
+    # one map per (map, set) pair: the map less the operands' part of its joint fit with
+    # that set (``with_set``), scored for that set alone
+    at, j = torch.nonzero(pairs, as_tuple=True)
+    assert fit.labelable is not None and fit.labelable_ss is not None
+    assert fit.labelable_sets is not None
+    out = []
+    step = max(1, HELD_LIMIT // max(kv.shape[1], 1))
+    for s in range(0, len(at), step):
+        a_s, j_s = at[s:s + step], j[s:s + step]
+        r_s = fit.labelable.index_select(0, j_s)
+        y = with_set(r_kv.index_select(0, a_s), r_s,
+                     fit.labelable_ss.index_select(0, j_s),
+                     fit.labelable_sets.index_select(0, j_s).double()).to(kv.dtype)
+        maps = todo[a_s.cpu().numpy()]
+        k_sub = k_map.index_select(0, torch.as_tensor(maps, device=kv.device,
+                                                      dtype=torch.long))
+        orders = {}
+        r = score(k_sub, y, orders, rescue)
+        r = r._select(_result_rows(r))
+        r = r._select(_pair_allowed(r, j_s.cpu().numpy(), fit.labelable_of))
+        r = value_null.label(r, config, n_tests, null, k_sub, y, orders)
+        r = r._select(r.implements)
+        r.neuron = maps[r.neuron].astype(np.int32)
+        out.append(r)
+    return Matches.concat(out) if out else Matches.empty()
 
 
-def _pair_allowed(r: Matches, pairs: torch.Tensor, row_of: dict[str, int]) -> np.ndarray:
-    """Per row of ``r`` (neuron: a row of ``pairs``), whether ``pairs`` allows its
-    heuristic's set (``row_of``: its row in the sets; -1, never; a heuristic not there is
-    allowed)."""
-    at = np.array([row_of.get(h.key, -2) for h in r.heuristics] or [-2])[r.heuristic]
-    ok = pairs.cpu().numpy()
-    out = at == -2
-    known = at >= 0
-    out[known] = ok[r.neuron[known], at[known]]
-    return out
+def _pair_allowed(r: Matches, set_of: np.ndarray, row_of: dict[str, int]) -> np.ndarray:
+    """Per row of ``r``, whether its heuristic's set (``row_of``: its row in the sets;
+    -1, never) is the set of the map it was scored on (``set_of``: each map's set)."""
+    at = np.array([row_of.get(h.key, -1) for h in r.heuristics] or [-1])[r.heuristic]
+    return (at >= 0) & (at == set_of[r.neuron])
 
 
 def merged(m: Matches, r: Matches) -> Matches:
@@ -319,36 +339,6 @@ def merged(m: Matches, r: Matches) -> Matches:
     taken = r.neuron.astype(np.int64) * width + r_key[r.heuristic]
     drop = np.isin(m.neuron.astype(np.int64) * width + m_key[m.heuristic], taken)
     return Matches.concat([m._select(~drop), r])
-
-
-def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,
-                  n_tests: int, null: value_null.ValueNull | None, with_bottom: bool,
-                  fit: OperandFit | None) -> np.ndarray:
-    """Indices of the maps the rule labels (the controls count them): the rows from the
-    label threshold up, under the same steps as ``label_operator``."""
-    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
-        parts = rescue_partitions(partitions, rescue) if rescue else partitions
-        return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
-                                      null, with_bottom, orders)
-
-    out = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False)
-    return np.unique(out.matches.neuron[out.matches.implements])
-
-
-def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list,
-                         config, n_tests: int, null: value_null.ValueNull | None,
-                         with_bottom: bool, fit: OperandFit | None) -> tuple[np.ndarray,
-                                                                             np.ndarray]:
-    """(maps with any label, maps with a result label), for the controls."""
-    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
-        parts = rescue_partitions(partitions, rescue) if rescue else partitions
-        return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
-                                      null, with_bottom, orders)
-
-    m = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False).matches
-    result = np.array([h.target == "result" for h in m.heuristics] or [False])[m.heuristic]
-    return (np.unique(m.neuron[m.implements]),
-            np.unique(m.neuron[m.implements & result]))
 
 
 def fit_columns(d_mlp: int, n_ops: int) -> dict[str, np.ndarray]:
@@ -368,75 +358,3 @@ def set_fit_columns(cols: dict[str, np.ndarray], neurons: np.ndarray, o: int,
         for name in ("operands", "result", "joint", "other"):
             cols[f"{prefix}fit_{name}"][at, o] = getattr(ex, name)
         cols[f"{prefix}fit_other_op"][at, o] = ex.other_op
-
-
-class LabelControls:
-    """Two controls of the label rule on each layer, each on up to ``CONTROL_MAPS`` maps:
-
-    - ``labelled`` of ``n`` of the layer's live maps scored against heuristics whose
-      operand and result values are relabelled at random (within the null's strata): how
-      often maps of THIS model get labels for values they cannot be about;
-    - ``format_labelled`` (any label) and ``format_result`` (a result label) of
-      ``format_n`` maps that know only how the numbers are written (a random function of
-      each operand's digit count, first digit and token count, added across the operands;
-      or of the answer's digit and token counts), on the operator's own cells and
-      heuristics: what the rule makes of the token format alone, for every tokenizer.
-
-    The report shows them beside every label share."""
-
-    def __init__(self, config, cells: dict, partitions: dict, n_tests: dict, nulls_: dict,
-                 fits: dict, with_bottom: bool, multi_result: dict, tokenizer, device) -> None:
-        self.config, self.cells, self.partitions = config, cells, partitions
-        self.n_tests, self.nulls, self.fits = n_tests, nulls_, fits
-        self.with_bottom, self.multi_result = with_bottom, multi_result
-        self.tokenizer, self.device = tokenizer, device
-        self._relabelled: dict[str, tuple] = {}  # op -> the relabelled-values setup
-        self._tokens_of: dict[int, int] = {}
-
-    def _setup(self, op: str, o: int) -> tuple:
-        """One relabelling per operator, for every layer."""
-        if op not in self._relabelled:
-            config = self.config
-            cells = value_null.relabelled(self.cells[op], config.null_strata,
-                                     np.random.default_rng([config.seed, o, 1]))
-            parts = partitions_for(cells, config)
-            m_tests = count_tests(parts, self.with_bottom, self.multi_result[op])
-            null = None
-            if config.label_rule == "values":
-                null = value_null.ValueNull.of(cells, parts, config.null_strata, config.seed,
-                                          config.pattern_top_k, m_tests,
-                                          config.significance_level)
-                m_tests = value_null.n_value_tests(null, parts, self.with_bottom,
-                                              config.significance_level)
-            fit = operand_fit(config, cells, self.device) if gated(config) else None
-            self._relabelled[op] = (cells, parts, null, m_tests, fit)
-        return self._relabelled[op]
-
-    def token_count(self, value: int) -> int:
-        """How many tokens the tokenizer writes ``value`` with."""
-        if value not in self._tokens_of:
-            self._tokens_of[value] = len(self.tokenizer.encode(str(value),
-                                                               add_special_tokens=False))
-        return self._tokens_of[value]
-
-    def measure(self, layer: int, o: int, op: str, k_map: np.ndarray, kv: np.ndarray) -> dict:
-        config, dev = self.config, self.device
-        gen = np.random.default_rng([config.seed, layer, o, 1])
-        pick = np.sort(gen.choice(len(k_map), min(CONTROL_MAPS, len(k_map)), replace=False))
-        cells, parts, null, m_tests, fit = self._setup(op, o)
-        hits = labelled_maps(torch.as_tensor(k_map[pick], device=dev),
-                             torch.as_tensor(kv[pick], device=dev), cells, parts, config,
-                             m_tests, null, self.with_bottom, fit)
-        out = {"labelled": int(len(hits)), "n": int(len(pick))}
-        own = self.cells[op]
-        fmt_gen = np.random.default_rng([config.seed, layer, o, 2])
-        per_kind = max(1, len(pick) // len(FORMAT_KINDS))
-        maps = torch.as_tensor(np.concatenate([
-            format_maps(kind, own.a, own.b, own.result, per_kind, fmt_gen, self.token_count)
-            for kind in FORMAT_KINDS]), device=dev)
-        any_label, result_label = result_labelled_maps(
-            maps, maps, own, self.partitions[op], config, self.n_tests[op],
-            self.nulls.get(op), self.with_bottom, self.fits.get(op))
-        out.update(format_labelled=int(len(any_label)), format_result=int(len(result_label)),
-                   format_n=int(len(maps)))
-        return out

@@ -390,7 +390,7 @@ def score_for_labels(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
     rows from the label threshold up, and under the values rule only the partitions with a
     heuristic whose smallest p-value reaches the corrected level (the others cannot be
     labelled, Tarone). Labelled afterwards, they give the labels that scoring every
-    partition and ``label`` give (``catalog.labels.operator_labels.labelled_maps``)."""
+    partition and ``label`` give (``catalog.labels.controls.labelled_maps``)."""
     if null is not None:
         reach = config.significance_level / n_tests
         partitions = [part for part in partitions

@@ -37,7 +37,7 @@ from catalog.core import stats
 from catalog.core.maps import kv_map
 from catalog.core.progress import progress_bar
 from catalog.core.tokens import continuing_ids, detect_number_tokens, number_token_ids
-from catalog.labels import operator_labels, value_null
+from catalog.labels import controls, operator_labels, value_null
 from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, rescue_partitions
 from catalog.labels.matches import Matches
 from catalog.labels.matching import multi_result_matches, score_partitions
@@ -192,7 +192,7 @@ class CheckpointRun(CheckpointSummary):
                 self.n_tests[op] = value_null.n_value_tests(self.nulls[op], self.partitions[op],
                                                        self.with_bottom,
                                                        config.significance_level)
-        self._controls = operator_labels.LabelControls(
+        self._controls = controls.LabelControls(
             config, self.cells, self.partitions, self.n_tests, self.nulls, self.fits,
             self.with_bottom, {op: self._multi_result(op) for op in config.operators},
             self.tokenizer, self.model.cfg.device)
@@ -363,7 +363,7 @@ class CheckpointRun(CheckpointSummary):
 
     def _label_control(self, layer: int, o: int, op: str, k_map: np.ndarray,
                        kv: np.ndarray) -> dict:
-        """The label rule's controls on this layer (``operator_labels.LabelControls``)."""
+        """The label rule's controls on this layer (``controls.LabelControls``)."""
         return self._controls.measure(layer, o, op, k_map, kv)
 
     def _multi_result(self, op: str) -> bool:

@@ -95,9 +95,9 @@ def _rows(m: Matches) -> dict:
 @pytest.mark.parametrize("op,hi", [("+", 30), ("*", 20)])
 def test_the_second_pass_screen_loses_no_label(op, hi, monkeypatch):
     """Labels, rows, scores and p-values with the screen (``may_label``: maps, then
-    partitions, then rows) equal those of scoring every map left and every result
-    partition beyond the operands (the fit without its labelable sets), and the screen
-    does skip maps and partitions."""
+    partitions, then rows) equal those of scoring every map left for every result set
+    (each (map, set) pair's map less the operands' part of its joint fit with the set:
+    a screen that passes every pair), and the screen does skip maps and partitions."""
     cells = cells_of(op, hi)
     maps = _mixed_maps(op, hi)
     config = ScienceConfig(operand_hi=hi, significance_level=LEVEL)
@@ -118,14 +118,18 @@ def test_the_second_pass_screen_loses_no_label(op, hi, monkeypatch):
     with_screen = (list(skips), list(scored))
     skips.clear()
     scored.clear()
-    unscreened = dataclasses.replace(fit, labelable=None, labelable_ss=None, labelable_of={})
+    unscreened = dataclasses.replace(fit)
+    n_sets = len(fit.labelable)
+    unscreened.may_label = (  # type: ignore[method-assign]
+        lambda kv, k_map, reach, rows: torch.ones(len(rows), n_sets, dtype=torch.bool))
     monkeypatch.setattr(labelling, "operand_fit", lambda *args, **kwargs: unscreened)
     every = labelled_with_fit(op, cells, maps, maps, config)
     assert _rows(screened.matches) == _rows(every.matches)
     np.testing.assert_array_equal(screened.labelled, every.labelled)
     # the long way scored more maps and every result partition; the screen skipped some
     assert sum(with_screen[1]) < sum(scored), (with_screen[1], scored)
-    assert all(s == frozenset() for s in skips)
+    additive = frozenset(k for k, i in fit.labelable_of.items() if i < 0)
+    assert all(s == additive for s in skips)
     assert any(s for s in with_screen[0])
     # and the second pass labelled something (the comparison is not of two empty lists)
     m = every.matches

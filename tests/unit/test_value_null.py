@@ -233,7 +233,7 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     """``labelled_maps`` (the relabelled-values control) scores only rows from the label
     threshold up and only partitions that can reach the corrected level: the maps it
     counts are exactly those that scoring every partition and labelling label."""
-    from catalog.labels import operator_labels, value_null
+    from catalog.labels import controls, value_null
     from catalog.labels.heuristics import n_tests
     from catalog.labels.operand_fit import OperandFit
 
@@ -261,6 +261,6 @@ def test_the_controls_count_of_labelled_maps_equals_labelling_every_row(op):
     reach = config.significance_level / k
     assert any(all(null.min_p(h) > reach for h in p.heuristics) for p in parts)
     fit = OperandFit.of(op, cells.a, cells.b, cells.result)
-    got = operator_labels.labelled_maps(torch.from_numpy(maps), torch.from_numpy(kv), cells,
-                                        parts, config, k, null, True, fit)
+    got = controls.labelled_maps(torch.from_numpy(maps), torch.from_numpy(kv), cells,
+                                 parts, config, k, null, True, fit)
     np.testing.assert_array_equal(got, expected)
