@@ -11,12 +11,12 @@ the label-rule tests.
    other operator, on these cells) may explain it clearly better;
 4. with the gate, the maps left without a result label that FITS (its set explains the
    map beyond the operands within 10% of the best window of the operator's values) are
-   scored again on what is left of the KV map beyond the operands' additive fit
-   (``rescued``): a result set with a smooth operand trend of its own size mixed in loses
-   its top cells to the trend (the first pass labels a wide window around it, or
-   nothing), and the residual gives them back. A result row found so passes steps 2 and
-   3 as every row does, and must fit. The explanations of every labelled map (K and KV)
-   are kept for the store.
+   scored again beyond the operands (``rescued``): each result set on the KV map less
+   the operands' part of its joint fit with that set (``additive.with_set``). A result
+   set with a smooth operand trend of its own size mixed in loses its top cells to the
+   trend (the first pass labels a wide window around it, or nothing), and that map gives
+   them back. A result row found so passes steps 2 and 3 as every row does, and must
+   fit. The explanations of every labelled map (K and KV) are kept for the store.
 """
 
 from __future__ import annotations
@@ -250,7 +250,9 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
             score: Score, n_tests: int, null: value_null.ValueNull | None,
             fit: OperandFit, reach: float = 0.0) -> Matches:
     """Step 4 of the module doc: the result rows that the label rule labels on the KV map
-    less its operands' additive fit, of the maps not in ``fitting`` (those with a result
+    less the operands' part of its joint fit with the row's set (``with_set``; where the
+    sets are not known, a large grid: less the additive fit alone), of the maps not in
+    ``fitting`` (those with a result
     label whose set fits: ``catalog.labels.operand_fit.gate``); neuron indices into the maps
     (every row is labelled by the value rule; the strict gate is still to pass). Only the
     (map, set) pairs that could pass the strict gate at ``reach``

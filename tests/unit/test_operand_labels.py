@@ -20,6 +20,7 @@ from labelling import (
 
 from catalog.config import ScienceConfig
 from catalog.core.token_format import format_maps, number_format
+from catalog.labels import additive
 from catalog.labels.additive import AdditiveOperands, layout
 from catalog.labels.heuristics import Cells, Heuristic
 from catalog.labels.operand_fit import OperandFit, own_beyond
@@ -231,6 +232,32 @@ def test_the_additive_fit_is_the_least_squares_fit_on_a_triangle():
     want = x @ np.linalg.lstsq(x, maps.T, rcond=None)[0]
     np.testing.assert_allclose(got, want.T, atol=1e-10)
     assert fit.rank == np.linalg.matrix_rank(x)
+
+
+def test_with_set_is_the_map_less_the_operands_part_of_its_joint_fit():
+    """``additive.with_set`` against numpy's lstsq of each map on the operands, the layout
+    and its set together: y minus the fitted operand part, on ``-`` (cells not a
+    rectangle) and ``*``; and it is not the plain residual (the set's additive part is
+    put back)."""
+    for op, hi in (("-", 14), ("*", 12)):
+        cells = cells_of(op, hi)
+        rng = np.random.default_rng(5)
+        lay = np.unique(layout(cells.a, cells.b), return_inverse=True)[1].reshape(-1)
+        x = np.concatenate([np.eye(hi)[cells.a], np.eye(hi)[cells.b],
+                            np.eye(lay.max() + 1)[lay]], axis=1)
+        sets = np.stack([(cells.result >= hi // 2), (cells.result % 3 == 1),
+                         (cells.result % 10 == 4)]).astype(float)
+        maps = sets + rng.standard_normal((3, len(cells.a))) + x @ rng.standard_normal(x.shape[1])
+        fit = AdditiveOperands.of(cells.a, cells.b)
+        y, s = torch.from_numpy(maps), torch.from_numpy(sets)
+        r_y, r_s = y - fit.fitted(y), s - fit.fitted(s)
+        got = additive.with_set(r_y, r_s, (r_s * r_s).sum(1), s).numpy()
+        for i in range(3):
+            xs = np.concatenate([x, sets[i][:, None]], axis=1)
+            coef = np.linalg.lstsq(xs, maps[i], rcond=None)[0]
+            want = maps[i] - x @ coef[:-1]
+            np.testing.assert_allclose(got[i], want, atol=1e-9)
+            assert np.abs(got[i] - r_y[i].numpy()).max() > 0.1
 
 
 def test_explanations_say_which_explanation_fits():
