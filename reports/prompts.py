@@ -25,6 +25,13 @@ def _f(x, digits: int = 2) -> str:
         else f"{x:.{digits}f}"
 
 
+def _sig(x) -> str:
+    """Two significant digits: a neuron's term is a few thousandths of a logit or less,
+    which fixed decimals print as 0.000 +- 0.000, an exact zero it is not."""
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) \
+        else f"{x:.2g}"
+
+
 def _med(m: dict, digits: int = 2) -> str:
     lo, hi = (m.get("ci") or [None, None])
     return f"{_f(m.get('median'), digits)} [{_f(lo, digits)}, {_f(hi, digits)}]"
@@ -66,7 +73,7 @@ def markdown(explained: dict, knockouts: dict, ops: list[str]) -> list[str]:
             f"{_med(e['shares']['labelled, heuristic holds'])} | {_med(e['shares']['heads'])} | "
             f"{_med(e['n_for']['50%'], 0)} / {_med(e['n_for']['80%'], 0)} "
             f"(never: {e['n_for']['80%'].get('never', 0)}) | {_med(e['heuristics_in_80'], 0)} | "
-            f"{_f(d['mean'], 3)} ± {_f(d['se'], 3)} (higher in {p['higher_when_holds']} of "
+            f"{_sig(d['mean'])} ± {_sig(d['se'])} (higher in {p['higher_when_holds']} of "
             f"{p['n_neurons']} neurons) |")
     if knockouts:
         out += ["", "Prompt knockout (up to N neurons per layer of the heuristics each prompt "

@@ -36,3 +36,21 @@ def test_pooled_shares_say_their_layers_and_stand_beside_the_paper():
 def test_no_enrichment_no_comparison():
     md = "\n".join(markdown(LabelData(), ["+"], "values"))
     assert "Beside the paper" not in md and "No enrichment stored" in md
+
+
+def test_a_neurons_term_difference_is_printed_with_significant_digits():
+    """Qwen2.5-Coder-0.5B's paired difference, +0.00035 +- 0.00024 logits per neuron (the
+    stored summary of 2026-12-01), was printed 0.000 +- 0.000: an exact zero with no
+    error, which it is not."""
+    from reports.prompts import markdown as prompts_markdown
+
+    med = {"median": 0.6, "ci": [0.5, 0.7]}
+    e = {"n_prompts": 142, "mostly_labelled": {"count": 106, "n": 142, "ci": [0.67, 0.81]},
+         "neuron_base_rate": 0.159, "n_neurons": 116736,
+         "shares": {"labelled, heuristic holds": med, "heads": med},
+         "n_for": {"50%": med, "80%": med}, "heuristics_in_80": med,
+         "paired": {"difference": {"mean": 0.00035452, "se": 0.00024338},
+                    "higher_when_holds": 10973, "n_neurons": 21597}}
+    md = "\n".join(prompts_markdown({"+": e}, {}, ["+"]))
+    assert "| 0.00035 ± 0.00024 (higher in 10973 of 21597 neurons) |" in md
+    assert "0.000 ± 0.000" not in md
