@@ -24,13 +24,8 @@ def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list
                   fit: OperandFit | None) -> np.ndarray:
     """Indices of the maps the rule labels (the controls count them): the rows from the
     label threshold up, under the same steps as ``label_operator``."""
-    def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
-        parts = rescue_partitions(partitions, rescue) if rescue else partitions
-        return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
-                                      null, with_bottom, orders)
-
-    out = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False)
-    return np.unique(out.matches.neuron[out.matches.implements])
+    return result_labelled_maps(k_map, kv, cells, partitions, config, n_tests, null,
+                                with_bottom, fit)[0]
 
 
 def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list,

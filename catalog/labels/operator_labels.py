@@ -279,18 +279,9 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
         pairs = pairs[left.to(pairs.device)]
     if not len(todo):
         return Matches.empty()
-    orders: dict = {}
-    rescue = Rescue()
     if pairs is None:  # the sets are not known (a large grid): the residual itself
-        k_sub = k_map.index_select(0, torch.as_tensor(todo, device=kv.device,
-                                                      dtype=torch.long))
-        y = r_kv.to(kv.dtype)
-        r = score(k_sub, y, orders, rescue)
-        r = value_null.label(r._select(_result_rows(r)), config, n_tests, null, k_sub, y,
-                             orders)
-        r = r._select(r.implements)
-        r.neuron = todo[r.neuron].astype(np.int32)
-        return r
+        return _rescue_rows(config, k_map, r_kv.to(kv.dtype), todo, score, Rescue(), n_tests,
+                            null)
     sets = set(np.nonzero(pairs.any(0).cpu().numpy())[0].tolist())
     rescue = Rescue(frozenset(k for k, i in fit.labelable_of.items() if i not in sets))
     # one map per (map, set) pair: the map less the operands' part of its joint fit with
@@ -306,18 +297,28 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
         y = with_set(r_kv.index_select(0, a_s), r_s,
                      fit.labelable_ss.index_select(0, j_s),
                      fit.labelable_sets.index_select(0, j_s).double()).to(kv.dtype)
-        maps = todo[a_s.cpu().numpy()]
-        k_sub = k_map.index_select(0, torch.as_tensor(maps, device=kv.device,
-                                                      dtype=torch.long))
-        orders = {}
-        r = score(k_sub, y, orders, rescue)
-        r = r._select(_result_rows(r))
-        r = r._select(_pair_allowed(r, j_s.cpu().numpy(), fit.labelable_of))
-        r = value_null.label(r, config, n_tests, null, k_sub, y, orders)
-        r = r._select(r.implements)
-        r.neuron = maps[r.neuron].astype(np.int32)
-        out.append(r)
+        out.append(_rescue_rows(config, k_map, y, todo[a_s.cpu().numpy()], score, rescue,
+                                n_tests, null, (j_s.cpu().numpy(), fit.labelable_of)))
     return Matches.concat(out) if out else Matches.empty()
+
+
+def _rescue_rows(config, k_map: torch.Tensor, y: torch.Tensor, maps: np.ndarray,
+                 score: Score, rescue: Rescue, n_tests: int,
+                 null: value_null.ValueNull | None, sets: tuple | None = None) -> Matches:
+    """The result rows the label rule labels on maps ``y`` (row i: a map of map ``maps[i]``
+    of ``k_map``'s operator), neuron indices into the maps; ``sets``: (each row's set,
+    each heuristic's set by key), only rows of their own map's set kept."""
+    k_sub = k_map.index_select(0, torch.as_tensor(maps, device=k_map.device,
+                                                  dtype=torch.long))
+    orders: dict = {}
+    r = score(k_sub, y, orders, rescue)
+    r = r._select(_result_rows(r))
+    if sets is not None:
+        r = r._select(_pair_allowed(r, *sets))
+    r = value_null.label(r, config, n_tests, null, k_sub, y, orders)
+    r = r._select(r.implements)
+    r.neuron = maps[r.neuron].astype(np.int32)
+    return r
 
 
 def _pair_allowed(r: Matches, set_of: np.ndarray, row_of: dict[str, int]) -> np.ndarray:
