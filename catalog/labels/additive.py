@@ -16,7 +16,8 @@ from catalog.labels.fit_models import Design, levels
 from catalog.labels.tails import digit_count
 
 # neurons per block of the projections (a block of float64 maps on a [0, 300) grid is
-# block x 90,000 x 8 bytes)
+# block x 90,000 x 8 bytes; on Qwen's [0, 30) grid blocks of 1,024 to 4,864 maps ran the
+# rule's steps up to a third slower than 256)
 BLOCK = 256
 
 
@@ -72,6 +73,9 @@ class AdditiveOperands:
 # the windows of an operator's values that compete for a map: every run of consecutive
 # bins of at most this many bins of its distinct values (by rank)
 SCAN_BINS = 64
+# twice the bound on a window's root taken in float32, relative to max|D| max|pick|
+# (``WindowScan.bounds``)
+SCAN_SLACK = 32 * 2.0 ** -24
 
 
 @dataclass
@@ -93,6 +97,9 @@ class WindowScan:
     last: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     den: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     pick: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, dtype=torch.float64))
+    # ``pick`` in float32 and its largest entry (``bounds``)
+    pick32: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
+    pick_max: float = 0.0
 
     @classmethod
     def of(cls, values: np.ndarray, add: AdditiveOperands, device) -> WindowScan:
@@ -114,7 +121,8 @@ class WindowScan:
         k = torch.arange(len(d_ij), device=device)
         pick[j, k] = 1 / torch.sqrt(d_ij)
         pick[i, k] = -1 / torch.sqrt(d_ij)
-        return cls(c, g, i, j, d_ij, pick)
+        return cls(c, g, i, j, d_ij, pick, pick.float(),
+                   float(pick.abs().max()) if pick.numel() else 0.0)
 
     def best(self, r_y: torch.Tensor) -> torch.Tensor:
         """(n,) the largest sum of squares one window explains of each residual map."""
@@ -122,6 +130,27 @@ class WindowScan:
             return torch.zeros(len(r_y), dtype=r_y.dtype, device=r_y.device)
         low, high = torch.aminmax((r_y @ self.c.T) @ self.pick, dim=1)
         return torch.maximum(low * low, high * high)
+
+    def bounds(self, r_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(lo, hi), (n,) float64: bounds on ``best(r_y)`` from the windows' roots taken in
+        float32 (about twice float64's rate, over every window of every map). Each root
+        is (D_j - D_i) / sqrt(den) from two nonzero entries of ``pick`` (the others are
+        exact zeros, which add nothing in any order of summation); rounding D and
+        ``pick`` to float32, the two products and their sum each err by at most
+        u = 2^-24 of their size, so a root errs by at most 8 u (|D_i| + |D_j|) max|pick|
+        <= 16 u max|D| max|pick| (``SCAN_SLACK`` doubles it), and so does the largest
+        root in absolute value (float64's own rounding is far inside that). A caller
+        decides with the bounds where they settle its comparison, and takes ``best``
+        of the maps where they do not."""
+        n = len(r_y)
+        if not len(self.den):
+            zero = torch.zeros(n, dtype=torch.float64, device=r_y.device)
+            return zero, zero
+        d = r_y @ self.c.T
+        low, high = torch.aminmax(d.float() @ self.pick32, dim=1)
+        root = torch.maximum(-low, high).double()
+        err = SCAN_SLACK * d.abs().amax(1) * self.pick_max
+        return (root - err).clamp(min=0) ** 2, (root + err) ** 2
 
 
 def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
@@ -138,7 +167,7 @@ def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.
     whose sign on the set depends on the sign of the lens). Every product is a matrix
     product over the rows' maps and sets (only the sets some row names: ``r_s`` may hold
     every set of the gate's rows)."""
-    from scipy import stats
+    from scipy import special
 
     used, si = torch.unique(si, return_inverse=True)
     r_s = r_s.index_select(0, used)
@@ -155,13 +184,15 @@ def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.
     ys3 = (r_y @ (s2 * r_s).T)[ni, si]
     hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (s2 * s2).sum(1)[si]).clamp(min=0)
     z = dot / torch.sqrt(hc).clamp(min=1e-300)
+    # the upper tails as scipy.stats computes them (t.sf(x, df) is stdtr(df, -x),
+    # norm.sf(x) is ndtr(-x)), without the distribution objects' checks on every call
     if sign is None:
-        p = np.maximum(2 * stats.t.sf(np.abs(t.cpu().numpy()), df),
-                       2 * stats.norm.sf(np.abs(z.cpu().numpy())))
+        p = np.maximum(2 * special.stdtr(df, -np.abs(t.cpu().numpy())),
+                       2 * special.ndtr(-np.abs(z.cpu().numpy())))
     else:
         sg = torch.as_tensor(sign, dtype=torch.float64, device=r_y.device)
-        p = np.maximum(stats.t.sf((sg * t).cpu().numpy(), df),
-                       stats.norm.sf((sg * z).cpu().numpy()))
+        p = np.maximum(special.stdtr(df, -(sg * t).cpu().numpy()),
+                       special.ndtr(-(sg * z).cpu().numpy()))
     p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
     return p
 

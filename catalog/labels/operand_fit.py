@@ -239,7 +239,8 @@ class OperandFit:
                     continue
                 got, live = got.index_select(0, more), live.index_select(0, more)
                 e = e.index_select(0, live)
-                best = self.window_best(kv, idx.index_select(0, live), r.index_select(0, live))
+                # the window's lower bound: below the best window, still necessary
+                best, _ = window.bounds(r.index_select(0, live))
                 got &= e >= (1 - RIVAL_MARGIN) * (1 - 1e-9) * best[:, None]
             out[s + live] = got
         return out
@@ -279,6 +280,30 @@ class OperandFit:
             ops[at] = self.rival_ops[i.cpu().numpy()][at]
         own = self.scans[self.op].best(r_y) if own is None else own
         return best, ops.astype("<U1"), own.cpu().numpy()
+
+    def rival_bounds(self, r_y: torch.Tensor) -> tuple[np.ndarray, ...]:
+        """Bounds on ``rival_beyond_residual``'s first and third values (the best rival,
+        the best window of the operator's own values) of residual maps ``r_y``: (rival
+        lo, rival hi, window lo, window hi), every window scan in float32
+        (``WindowScan.bounds``), the rival sets exactly."""
+        n = len(r_y)
+        zero = np.zeros(n)
+        if not n or not self.scans:
+            return zero, zero, zero, zero
+        lo, hi = [], []
+        for o in OPERATORS:
+            if o != self.op:
+                a, b = self.scans[o].bounds(r_y)
+                lo.append(a)
+                hi.append(b)
+        if self.rivals is not None:
+            assert self.rival_ss is not None
+            v = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).max(1).values
+            lo.append(v)
+            hi.append(v)
+        w_lo, w_hi = self.scans[self.op].bounds(r_y)
+        return (torch.stack(lo).amax(0).cpu().numpy(), torch.stack(hi).amax(0).cpu().numpy(),
+                w_lo.cpu().numpy(), w_hi.cpu().numpy())
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The held-out R^2 of every explanation of each map: each model fit on four
@@ -435,14 +460,39 @@ def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: n
         need = np.zeros(len(uniq), dtype=bool)
         need[ni[p[rows] <= reach]] = True
         if fit.scans and need.any():
-            at = torch.as_tensor(np.nonzero(need)[0], device=dev)
-            r_at = r_kv.index_select(0, at)
-            rival, window = np.zeros(len(uniq)), np.zeros(len(uniq))
-            rival[need], _, window[need] = fit.rival_beyond_residual(
-                r_at, fit.window_best(kv, idx.index_select(0, at), r_at))
             sel = need[ni]
-            own_set = explained(r_kv, r_s, ni_t, si_t)[sel]
-            at_ni = ni[sel]
-            keep[rows[sel]] = np.fmax(own_set, window[at_ni]) >= (1 - RIVAL_MARGIN) * rival[at_ni]
-            fits[rows[sel]] = own_set >= (1 - RIVAL_MARGIN) * window[at_ni]
+            keep[rows[sel]], fits[rows[sel]] = _rivals(
+                fit, kv, idx, r_kv, need, ni[sel], explained(r_kv, r_s, ni_t, si_t)[sel])
     return p, keep, fits
+
+
+def _rivals(fit: OperandFit, kv: torch.Tensor, idx: torch.Tensor, r_kv: torch.Tensor,
+            need: np.ndarray, at_ni: np.ndarray, own_set: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The gate's comparisons of rows (``at_ni``: each row's map among ``idx``, all of
+    them maps in ``need``; ``own_set``: what each row's set explains of it): (no rival
+    explains the map more than ``RIVAL_MARGIN`` over the row's set or its own operator's
+    best window; the own best window explains it no more than that over the row's set).
+    Decided with the window scans' float32 bounds (``OperandFit.rival_bounds``) where they
+    settle both comparisons; the maps of the other rows are scanned exactly."""
+    at = np.nonzero(need)[0]
+    r_at = r_kv.index_select(0, torch.as_tensor(at, device=r_kv.device))
+    r_lo, r_hi, w_lo, w_hi = (np.zeros(len(need)) for _ in range(4))
+    r_lo[at], r_hi[at], w_lo[at], w_hi[at] = fit.rival_bounds(r_at)
+    m = 1 - RIVAL_MARGIN
+
+    def decide():
+        keep_yes = np.fmax(own_set, w_lo[at_ni]) >= m * r_hi[at_ni]
+        keep_no = np.fmax(own_set, w_hi[at_ni]) < m * r_lo[at_ni]
+        fits_yes, fits_no = own_set >= m * w_hi[at_ni], own_set < m * w_lo[at_ni]
+        return keep_yes, fits_yes, ~(keep_yes | keep_no) | ~(fits_yes | fits_no)
+    keep, fits, doubt = decide()
+    if doubt.any():
+        exact = np.unique(at_ni[doubt])
+        where = torch.as_tensor(exact, device=r_kv.device)
+        r_ex = r_kv.index_select(0, where)
+        rival, _, window = fit.rival_beyond_residual(
+            r_ex, fit.window_best(kv, idx.index_select(0, where), r_ex))
+        r_lo[exact], r_hi[exact], w_lo[exact], w_hi[exact] = rival, rival, window, window
+        keep, fits, _ = decide()
+    return keep, fits
