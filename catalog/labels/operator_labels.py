@@ -5,7 +5,7 @@ the label-rule tests.
 1. Algorithm 1 scores on the K and KV maps (the caller's ``score``: it knows the
    operator's index and the multi-result family);
 2. the config's label rule (``catalog.labels.value_null.label``);
-3. with ``result_beyond_operands``, the gate (``catalog.labels.operand_fit.gate``): a result
+3. with ``result_beyond_operands``, the gate (``catalog.labels.gate.gate``): a result
    label must also explain the KV map beyond both operands' additive effects, and no
    other operator's result set (``operand_fit``: the config's result heuristics of every
    other operator, on these cells) may explain it clearly better;
@@ -33,6 +33,7 @@ from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.arith import OPERATORS, is_valid
 from catalog.labels import value_null
 from catalog.labels.additive import with_set
+from catalog.labels.gate import gate
 from catalog.labels.heuristics import (
     Cells,
     Rescue,
@@ -44,7 +45,6 @@ from catalog.labels.operand_fit import (
     HELD_LIMIT,
     Explanations,
     OperandFit,
-    gate,
     other_result,
 )
 from catalog.measuring.prompts import UNLIMITED
@@ -253,7 +253,7 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
     less the operands' part of its joint fit with the row's set (``with_set``; where the
     sets are not known, a large grid: less the additive fit alone), of the maps not in
     ``fitting`` (those with a result
-    label whose set fits: ``catalog.labels.operand_fit.gate``); neuron indices into the maps
+    label whose set fits: ``catalog.labels.gate.gate``); neuron indices into the maps
     (every row is labelled by the value rule; the strict gate is still to pass). Only the
     (map, set) pairs that could pass the strict gate at ``reach``
     (``OperandFit.may_label``) are looked at: maps with none are not scored, the

@@ -1,5 +1,5 @@
 """The label rule's float32 window scans and its blocks change no label
-(catalog.labels.additive.WindowScan.bounds, catalog.labels.operand_fit._rivals,
+(catalog.labels.additive.WindowScan.bounds, catalog.labels.gate._rivals,
 ``BLOCK``): the bounds hold the float64 scan's best window on maps of every scale,
 and are tight enough to decide; the gate decides as it does with every map scanned
 exactly; labels, rows and p-values do not depend on how many maps a block holds."""
@@ -11,7 +11,7 @@ import torch
 from labelling import additive_maps, cells_of, labelled_with_fit, noise_maps, product_window_maps
 
 from catalog.config import ScienceConfig
-from catalog.labels import additive, operand_fit
+from catalog.labels import additive, gate, operand_fit
 from catalog.labels import operator_labels as ol
 from catalog.labels.additive import AdditiveOperands, WindowScan, other_result
 from catalog.labels.heuristics import Heuristic
@@ -97,7 +97,7 @@ def test_the_gate_decides_as_with_every_map_scanned_exactly(op, hi, monkeypatch)
         exact_maps.clear()
         fit.hold(maps, maps)
         try:
-            got[name] = operand_fit._gate_rows(fit, maps, maps, neuron, members, bottom, 2.0)
+            got[name] = gate._gate_rows(fit, maps, maps, neuron, members, bottom, 2.0)
         finally:
             fit.release()
         got[name + " scanned"] = sum(exact_maps)
@@ -123,6 +123,7 @@ def test_labels_do_not_depend_on_the_block_size(op, hi, monkeypatch):
     one = labelled_with_fit(op, cells, maps, maps, config)
     monkeypatch.setattr(additive, "BLOCK", 7)
     monkeypatch.setattr(operand_fit, "BLOCK", 7)
+    monkeypatch.setattr(gate, "BLOCK", 7)
     small = labelled_with_fit(op, cells, maps, maps, config)
     a, b = one.matches, small.matches
     assert a.implements.sum() >= 10

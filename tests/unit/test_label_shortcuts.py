@@ -14,7 +14,7 @@ import torch
 from labelling import additive_maps, cells_of, labelled_with_fit, noise_maps, product_window_maps
 
 from catalog.config import ScienceConfig
-from catalog.labels import additive, fit_models, operand_fit
+from catalog.labels import additive, fit_models, gate, operand_fit
 from catalog.labels import operator_labels as ol
 from catalog.labels.additive import SCAN_BINS, AdditiveOperands, WindowScan, other_result
 from catalog.labels.fit_models import levels
@@ -210,8 +210,8 @@ def test_the_gates_rivals_are_taken_where_a_row_passes():
     reach = 1e-4
     fit.hold(maps, maps)
     try:
-        p, keep, fits = operand_fit._gate_rows(fit, maps, maps, neuron, members, bottom, reach)
-        p_all, keep_all, fits_all = operand_fit._gate_rows(fit, maps, maps, neuron, members,
+        p, keep, fits = gate._gate_rows(fit, maps, maps, neuron, members, bottom, reach)
+        p_all, keep_all, fits_all = gate._gate_rows(fit, maps, maps, neuron, members,
                                                            bottom, 2.0)
     finally:
         fit.release()

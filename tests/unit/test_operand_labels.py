@@ -22,8 +22,9 @@ from catalog.config import ScienceConfig
 from catalog.core.token_format import format_maps, number_format
 from catalog.labels import additive
 from catalog.labels.additive import AdditiveOperands, layout
+from catalog.labels.gate import own_beyond
 from catalog.labels.heuristics import Cells, Heuristic
-from catalog.labels.operand_fit import OperandFit, own_beyond
+from catalog.labels.operand_fit import OperandFit
 from catalog.labels.operator_labels import build_operand_fit, operand_fit
 
 LEVEL = 0.05
