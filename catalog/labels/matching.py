@@ -49,6 +49,13 @@ class SortedMaps:
             values, order = torch.sort(maps, dim=1, descending=True)
         return cls(values=values, order=order, ascending=values.flip(1).contiguous())
 
+    def negated(self) -> SortedMaps:
+        """The same maps negated, sorted descending, without a sort: the order reversed
+        (-M's largest values are M's smallest). Equal values may come in another order
+        than a sort of -M gives; nothing read from the order depends on it (ties are
+        scored fairly, here and in the value rule)."""
+        return SortedMaps(values=-self.ascending, order=self.order.flip(1).contiguous(),
+                          ascending=-self.values)
 
     def rows(self, idx: torch.Tensor) -> SortedMaps:
         """The same maps for a subset of neurons."""
@@ -286,21 +293,23 @@ def score_partitions(  # noqa: C901
     operator's index, written into every row. ``orders``, where given, receives each
     side's descending sort order, keyed (direct, bottom): the label rule reuses them.
     """
-    sides = [(k_map, kv_map)] + ([(-k_map, -kv_map)] if with_bottom else [])
     best: list[torch.Tensor | None] = [None] * len(partitions)
     is_bottom: list[torch.Tensor | None] = [None] * len(partitions)
     same = kv_map is k_map  # one map for both kinds of heuristic: sort it once
     # each kind of map is sorted only where a partition reads it (the label rule's second
-    # pass scores result heuristics alone)
+    # pass scores result heuristics alone); the bottom side is the top side reversed
     needs = {part.direct for part in partitions}
-    for k_side, kv_side in sides:
-        sorted_maps: dict[bool, SortedMaps] = {}
-        if False in needs or same:
-            sorted_maps[False] = SortedMaps.of(k_side)
-        if True in needs:
-            sorted_maps[True] = sorted_maps[False] if same else SortedMaps.of(kv_side)
+    top: dict[bool, SortedMaps] = {}
+    if False in needs or same:
+        top[False] = SortedMaps.of(k_map)
+    if True in needs:
+        top[True] = top[False] if same else SortedMaps.of(kv_map)
+    for bottom in (False, True) if with_bottom else (False,):
+        sorted_maps = top
+        if bottom:
+            negated = {d: sm.negated() for d, sm in top.items() if not (same and d)}
+            sorted_maps = {d: negated[False if same else d] for d in top}
         if orders is not None:
-            bottom = k_side is not k_map
             for direct, sm in sorted_maps.items():
                 orders[(direct, bottom)] = sm.order
         scores: dict[int, torch.Tensor] = {}

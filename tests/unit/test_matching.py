@@ -334,6 +334,18 @@ def test_ties_share_fairly_instead_of_favouring_cell_order():
         np.testing.assert_allclose(scores, part.sizes / len(cells.a), rtol=1e-12)
 
 
+@pytest.mark.parametrize("ties", ["noise", "levels", "sparse", "constant"])
+def test_the_bottom_side_is_the_top_side_reversed(ties):
+    """The bottom side's sorted maps come from the top side's without a sort: the same
+    values as sorting -maps, in an order that sorts -maps (ties in any order)."""
+    rng = np.random.default_rng(5)
+    maps = torch.from_numpy(tie_maps(ties, (6, 400), rng).astype(np.float32))
+    neg, ref = SortedMaps.of(maps).negated(), SortedMaps.of(-maps)
+    assert torch.equal(neg.values, ref.values) and torch.equal(neg.ascending, ref.ascending)
+    assert torch.equal((-maps).gather(1, neg.order), ref.values)
+    assert torch.equal(neg.order.sort(dim=1).values, torch.arange(400).expand(6, 400))
+
+
 def test_bottom_k_is_kept_when_larger():
     cells = grid_cells("+", 30)
     member = Heuristic("range", "op1", (10, 10)).contains(cells.a, cells.b, cells.result)
