@@ -30,7 +30,10 @@ def test_noise_maps_are_labelled_at_most_at_the_configured_rate(op, hi):
     cells = cells_of(op, hi)
     config = ScienceConfig(operand_hi=hi, significance_level=LEVEL, label_rule="significant")
     rng = np.random.default_rng([hi, OPERATORS.index(op)])
-    n = N_NOISE
+    # [0, 300) takes 250 maps (one block): 1,000 took 77-121 s per operator, a fifth of
+    # the test command's CPU beside the demo; at most 12 of 250 may be labelled, and the
+    # smaller grids, where false labels are likelier, keep 1,000
+    n = N_NOISE if hi < 300 else 250
     # scored in blocks of 250 maps: on the 90,000 cells of --hi 300 a block's sorted maps
     # take about 0.5 GB
     labelled, found = set(), []
