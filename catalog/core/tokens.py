@@ -9,6 +9,7 @@ single digits, for which the answer token is the result's first token.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,22 +67,45 @@ def detect_number_tokens(
     are handled too. ``prepend_bos`` is the model's own convention (TransformerLens's
     ``cfg.default_prepend_bos``); BOS is used only where the tokenizer has one.
     """
+    limit, digit_level = _probe(tokenizer, probe_up_to)
+    if limit < 0:
+        raise ValueError(
+            "tokenizer cannot encode the number 0 as a single token; it is not usable "
+            "for arithmetic prompts"
+        )
+    bos = tokenizer.bos_token_id if prepend_bos else None
+    return NumberTokens(
+        limit=limit, digit_level=digit_level, bos_id=bos, vocab_size=len(tokenizer)
+    )
+
+
+# each tokenizer object's probe (its size and the probe's bound with it: a tokenizer given
+# new tokens is probed again); a model's loader, its run and every prompt explained ask
+# again, and the probe encodes every number up to the limit (0.14 s for the built-in one)
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _probe(tokenizer, probe_up_to: int) -> tuple[int, bool]:
+    """(limit, digit_level) of ``detect_number_tokens``; -1: 0 is not one token."""
+    key = (len(tokenizer), probe_up_to)
+    try:
+        known = _PROBED.get(tokenizer)
+    except TypeError:  # not weakly referable or not hashable: probed every time
+        known = None
+    if known is not None and known[0] == key:
+        return known[1]
     limit = -1
     for n in range(probe_up_to + 1):
         ids = encode_number(tokenizer, n)
         if len(ids) != 1 or tokenizer.decode(ids).strip() != str(n):
             break
         limit = n
-    if limit < 0:
-        raise ValueError(
-            "tokenizer cannot encode the number 0 as a single token; it is not usable "
-            "for arithmetic prompts"
-        )
-    digit_level = limit < 10 and len(encode_number(tokenizer, 10)) == 2
-    bos = tokenizer.bos_token_id if prepend_bos else None
-    return NumberTokens(
-        limit=limit, digit_level=digit_level, bos_id=bos, vocab_size=len(tokenizer)
-    )
+    digit_level = 0 <= limit < 10 and len(encode_number(tokenizer, 10)) == 2
+    try:
+        _PROBED[tokenizer] = (key, (limit, digit_level))
+    except TypeError:
+        pass
+    return limit, digit_level
 
 
 def first_tokens(tokenizer, numbers: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ import pytest
 from catalog.builtin import builtin_tokenizer
 from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
-from catalog.core.tokens import detect_number_tokens, encode_number
+from catalog.core.tokens import NumberTokens, detect_number_tokens, encode_number
 from catalog.measuring.prompts import build_prompts, sample_pairs
 
 from offline_models import number_tokenizer
@@ -31,6 +31,29 @@ def test_token_limit_detected_from_real_tokenizers():
     assert detect_number_tokens(number_tokenizer(37)).limit == 37
     # numbers past the limit split into several tokens
     assert len(encode_number(number_tokenizer(520), 521)) == 2
+
+
+def test_each_tokenizer_is_probed_once_until_it_changes(monkeypatch):
+    """The number probe encodes every number up to the limit; the loader, the run and
+    every explained prompt ask for it, so a tokenizer object is probed once, and again
+    only when its vocabulary grows."""
+    from catalog.core import tokens
+
+    calls = []
+    real = tokens.encode_number
+    monkeypatch.setattr(tokens, "encode_number", lambda tok, n: calls.append(n) or real(tok, n))
+    tok = number_tokenizer(520)
+    first = detect_number_tokens(tok)
+    assert first.limit == 520 and len(calls) > 520
+    calls.clear()
+    assert detect_number_tokens(tok, prepend_bos=False) == NumberTokens(520, False, None,
+                                                                       len(tok))
+    assert calls == []
+    other = number_tokenizer(37)  # another object: its own probe
+    assert detect_number_tokens(other).limit == 37 and len(calls) > 37
+    calls.clear()
+    tok.add_tokens(["<|new|>"])
+    assert detect_number_tokens(tok).vocab_size == first.vocab_size + 1 and len(calls) > 520
 
 
 def test_prompt_counts_follow_the_limit():
