@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from catalog.core.stats import fisher_combined
-from catalog.labels.heuristics import Cells, Heuristic, Partition
+from catalog.labels.heuristics import Cells, Heuristic, Partition, rescue_partitions
 from catalog.labels.matches import Matches
 from catalog.labels.matching import score_partitions
 from catalog.labels.tails import (
@@ -391,10 +391,28 @@ def score_for_labels(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
     heuristic whose smallest p-value reaches the corrected level (the others cannot be
     labelled, Tarone). Labelled afterwards, they give the labels that scoring every
     partition and ``label`` give (``catalog.labels.controls.labelled_maps``)."""
-    if null is not None:
-        reach = config.significance_level / n_tests
-        partitions = [part for part in partitions
-                      if any(null.min_p(h) <= reach for h in part.heuristics)]
-    return score_partitions(k_map, kv_map, partitions,
+    return score_partitions(k_map, kv_map, labelable_partitions(partitions, null, config,
+                                                                n_tests),
                             max(config.score_floor, config.match_threshold), with_bottom,
                             config.pattern_top_k, cells=cells, orders=orders)
+
+
+def second_pass_scoring(partitions: list[Partition], rescue, null: ValueNull | None, config,
+                        n_tests: int) -> tuple[list[Partition], float]:
+    """The partitions and the score floor the label rule's second pass scores with
+    (``rescue``: True or a ``Rescue``; ``catalog.labels.operator_labels.rescued``): it keeps
+    only the rows it labels, so only rows from the label threshold up, of the partitions
+    of ``rescue_partitions`` that can be labelled. A row's score and p-value are its own,
+    so these rows are labelled as when every row is scored."""
+    return (labelable_partitions(rescue_partitions(partitions, rescue), null, config, n_tests),
+            max(config.score_floor, config.match_threshold))
+
+
+def labelable_partitions(partitions: list[Partition], null: ValueNull | None, config,
+                         n_tests: int) -> list[Partition]:
+    """The partitions with a heuristic that can be labelled: under the values rule, one
+    whose smallest p-value reaches the corrected level (Tarone); all of them otherwise."""
+    if null is None:
+        return partitions
+    reach = config.significance_level / n_tests
+    return [part for part in partitions if any(null.min_p(h) <= reach for h in part.heuristics)]

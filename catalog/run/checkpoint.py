@@ -38,7 +38,7 @@ from catalog.core.maps import kv_map
 from catalog.core.progress import progress_bar
 from catalog.core.tokens import continuing_ids, detect_number_tokens, number_token_ids
 from catalog.labels import controls, operator_labels, value_null
-from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, rescue_partitions
+from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for
 from catalog.labels.matches import Matches
 from catalog.labels.matching import multi_result_matches, score_partitions
 from catalog.labels.operand_fit import OperandFit
@@ -379,10 +379,12 @@ class CheckpointRun(CheckpointSummary):
         chosen on ``kv_raw`` (the KV map itself); none where it is not given."""
         config = self.config
         idx = self.table.op_index(op)
-        parts = self.partitions[op]
+        parts, floor = self.partitions[op], config.score_floor
         if results_only:
-            parts = rescue_partitions(parts, results_only)
-        out = [score_partitions(k_map, kv, parts, config.score_floor,
+            parts, floor = value_null.second_pass_scoring(parts, results_only,
+                                                          self.nulls.get(op), config,
+                                                          self.n_tests[op])
+        out = [score_partitions(k_map, kv, parts, floor,
                                 self.with_bottom, config.pattern_top_k, cells=self.cells[op],
                                 op=o, orders=orders)]
         if self._multi_result(op) and kv_raw is not None:

@@ -14,11 +14,11 @@ import torch
 from labelling import additive_maps, cells_of, labelled_with_fit, noise_maps, product_window_maps
 
 from catalog.config import ScienceConfig
-from catalog.labels import additive, fit_models, gate, operand_fit
+from catalog.labels import additive, fit_models, gate, operand_fit, value_null
 from catalog.labels import operator_labels as ol
 from catalog.labels.additive import SCAN_BINS, AdditiveOperands, WindowScan, other_result
 from catalog.labels.fit_models import levels
-from catalog.labels.heuristics import Heuristic, Rescue
+from catalog.labels.heuristics import Heuristic, Rescue, rescue_partitions
 from catalog.labels.matches import Matches
 
 LEVEL = 0.05
@@ -135,6 +135,45 @@ def test_the_second_pass_screen_loses_no_label(op, hi, monkeypatch):
     m = every.matches
     trend_rows = m.implements & (m.neuron < 36)
     assert trend_rows.sum() >= 12
+
+
+@pytest.mark.parametrize("op,hi", [("+", 30), ("*", 20)])
+def test_the_second_pass_scores_only_rows_it_can_label(op, hi, monkeypatch):
+    """The second pass keeps only the rows it labels, so it scores rows from the label
+    threshold up of the partitions that can be labelled (``second_pass_scoring``): rows,
+    labels and explanations equal those of scoring every result partition from the
+    store's floor, and fewer partitions or rows were scored."""
+    from catalog.labels import matching
+
+    cells = cells_of(op, hi)
+    maps = _mixed_maps(op, hi)
+    config = ScienceConfig(operand_hi=hi, significance_level=LEVEL)
+    scored = []
+    real_score = matching.score_partitions
+
+    def counting(k, kv, parts, floor, *args, **kwargs):
+        out = real_score(k, kv, parts, floor, *args, **kwargs)
+        scored.append((sum(len(p.heuristics) for p in parts) * len(k), len(out)))
+        return out
+
+    monkeypatch.setattr(labelling, "score_partitions", counting)
+    fast = labelled_with_fit(op, cells, maps, maps, config)
+    narrow, scored[:] = list(scored), []
+    monkeypatch.setattr(value_null, "second_pass_scoring",
+                        lambda parts, rescue, *_: (rescue_partitions(parts, rescue),
+                                                   config.score_floor))
+    every = labelled_with_fit(op, cells, maps, maps, config)
+    assert _rows(fast.matches) == _rows(every.matches)
+    np.testing.assert_array_equal(fast.labelled, every.labelled)
+    for a, b in ((fast.k, every.k), (fast.kv, every.kv)):
+        for name in ("operands", "result", "joint", "other"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    # the first call of each is the first pass (the same); the second pass's calls differ
+    assert narrow[0] == scored[0] and len(narrow) == len(scored) > 1
+    # (on a small grid every result partition may be labelable: then only the rows fall)
+    assert sum(n for n, _ in narrow[1:]) <= sum(n for n, _ in scored[1:])
+    assert sum(r for _, r in narrow[1:]) < sum(r for _, r in scored[1:])
+    assert fast.matches.implements.sum() > 0
 
 
 def test_without_the_sets_the_second_pass_scores_the_residual(monkeypatch):
