@@ -306,9 +306,9 @@ def score_partitions(  # noqa: C901
         top[True] = top[False] if same else SortedMaps.of(kv_map)
     for bottom in (False, True) if with_bottom else (False,):
         sorted_maps = top
-        if bottom:
-            negated = {d: sm.negated() for d, sm in top.items() if not (same and d)}
-            sorted_maps = {d: negated[False if same else d] for d in top}
+        if bottom:  # each distinct sorting reversed once (one when the maps are the same)
+            negated = {id(sm): sm.negated() for sm in top.values()}
+            sorted_maps = {d: negated[id(sm)] for d, sm in top.items()}
         if orders is not None:
             for direct, sm in sorted_maps.items():
                 orders[(direct, bottom)] = sm.order

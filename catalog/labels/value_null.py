@@ -393,8 +393,13 @@ def score_for_labels(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
     partition and ``label`` give (``catalog.labels.controls.labelled_maps``)."""
     return score_partitions(k_map, kv_map, labelable_partitions(partitions, null, config,
                                                                 n_tests),
-                            max(config.score_floor, config.match_threshold), with_bottom,
-                            config.pattern_top_k, cells=cells, orders=orders)
+                            label_floor(config), with_bottom, config.pattern_top_k,
+                            cells=cells, orders=orders)
+
+
+def label_floor(config) -> float:
+    """The lowest score a row can be labelled with (rows below it are never labelled)."""
+    return max(config.score_floor, config.match_threshold)
 
 
 def second_pass_scoring(partitions: list[Partition], rescue, null: ValueNull | None, config,
@@ -405,7 +410,7 @@ def second_pass_scoring(partitions: list[Partition], rescue, null: ValueNull | N
     of ``rescue_partitions`` that can be labelled. A row's score and p-value are its own,
     so these rows are labelled as when every row is scored."""
     return (labelable_partitions(rescue_partitions(partitions, rescue), null, config, n_tests),
-            max(config.score_floor, config.match_threshold))
+            label_floor(config))
 
 
 def labelable_partitions(partitions: list[Partition], null: ValueNull | None, config,
