@@ -128,8 +128,11 @@ class WindowScan:
         """(n,) the largest sum of squares one window explains of each residual map."""
         if not len(self.den):
             return torch.zeros(len(r_y), dtype=r_y.dtype, device=r_y.device)
-        low, high = torch.aminmax((r_y @ self.c.T) @ self.pick, dim=1)
-        return torch.maximum(low * low, high * high)
+        # the largest root in absolute value, squared (torch.aminmax over rows ran 10-20x
+        # slower than abs and amax on this project's CPUs: 0.5 ms against 0.04 for 256
+        # maps of 1,769 windows)
+        top = ((r_y @ self.c.T) @ self.pick).abs_().amax(1)
+        return top * top
 
     def bounds(self, r_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(lo, hi), (n,) float64: bounds on ``best(r_y)`` from the windows' roots taken in
@@ -147,8 +150,7 @@ class WindowScan:
             zero = torch.zeros(n, dtype=torch.float64, device=r_y.device)
             return zero, zero
         d = r_y @ self.c.T
-        low, high = torch.aminmax(d.float() @ self.pick32, dim=1)
-        root = torch.maximum(-low, high).double()
+        root = (d.float() @ self.pick32).abs_().amax(1).double()  # not aminmax: see best
         err = SCAN_SLACK * d.abs().amax(1) * self.pick_max
         return (root - err).clamp(min=0) ** 2, (root + err) ** 2
 

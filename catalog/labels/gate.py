@@ -130,12 +130,13 @@ def _rivals(fit: OperandFit, kv: torch.Tensor, idx: torch.Tensor, r_kv: torch.Te
     them maps in ``need``; ``own_set``: what each row's set explains of it): (no rival
     explains the map more than ``RIVAL_MARGIN`` over the row's set or its own operator's
     best window; the own best window explains it no more than that over the row's set).
-    Decided with the window scans' float32 bounds (``OperandFit.rival_bounds``) where they
+    Decided with the window scans' float32 bounds (``OperandFit.held_bounds``) where they
     settle both comparisons; the maps of the other rows are scanned exactly."""
     at = np.nonzero(need)[0]
     r_at = r_kv.index_select(0, torch.as_tensor(at, device=r_kv.device))
     r_lo, r_hi, w_lo, w_hi = (np.zeros(len(need)) for _ in range(4))
-    r_lo[at], r_hi[at], w_lo[at], w_hi[at] = fit.rival_bounds(r_at)
+    r_lo[at], r_hi[at], w_lo[at], w_hi[at] = fit.held_bounds(
+        kv, idx.index_select(0, torch.as_tensor(at, device=idx.device)), r_at)
     m = 1 - RIVAL_MARGIN
 
     def decide():

@@ -91,9 +91,11 @@ class OperandFit:
     labelable_sets: torch.Tensor | None = None
     # each heuristic's row in ``labelable`` by key (-1: its set is additive, never labelled)
     labelable_of: dict[str, int] = field(default_factory=dict)
-    # maps held with their residuals beyond the operands (``hold``), by identity, and the
-    # best window of the operator's values of each (NaN: not yet taken; ``window_best``)
-    _held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # maps held with their residuals beyond the operands (``hold``), by identity, the best
+    # window of the operator's values of each (NaN: not yet taken; ``window_best``) and
+    # the float32 scans' bounds of each (maps x 4: ``rival_bounds``' four, NaN: not yet
+    # taken; ``held_bounds``)
+    _held: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
 
     def hold(self, *maps: torch.Tensor) -> None:
         """Take each map's residual beyond the operands once, for every ``beyond`` until
@@ -108,14 +110,15 @@ class OperandFit:
                     y = m[s:s + BLOCK].double()
                     r[s:s + BLOCK] = y - self.additive.fitted(y)
                 nan = torch.full((len(m),), float("nan"), dtype=torch.float64, device=m.device)
-                self._held.append((m, r, nan))
+                self._held.append((m, r, nan, torch.full((len(m), 4), float("nan"),
+                                                         dtype=torch.float64)))
 
     def release(self) -> None:
         self._held = []
 
     def beyond(self, maps: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """(len(idx), cells) float64: maps ``idx`` of ``maps`` less their additive fit."""
-        for m, r, _ in self._held:
+        for m, r, *_ in self._held:
             if m is maps:
                 return r.index_select(0, idx)
         y = maps.index_select(0, idx).double()
@@ -130,7 +133,7 @@ class OperandFit:
         scan = self.scans.get(self.op)
         if scan is None:
             return torch.zeros(len(idx), dtype=torch.float64, device=r_y.device)
-        for m, _, kept in self._held:
+        for m, _, kept, _ in self._held:
             if m is maps:
                 got = kept.index_select(0, idx)
                 miss = torch.nonzero(torch.isnan(got))[:, 0]
@@ -140,6 +143,48 @@ class OperandFit:
                     kept[idx.index_select(0, miss)] = new
                 return got
         return scan.best(r_y)
+
+    def held_bounds(self, maps: torch.Tensor, idx: torch.Tensor, r_y: torch.Tensor,
+                    own_only: bool = False) -> tuple[np.ndarray, ...]:
+        """``rival_bounds`` of maps ``idx`` of ``maps`` (``r_y``: their residuals), each held
+        map's taken once: the first pass's gate, the second pass's screen and its gate
+        scan many of the same maps. ``own_only``: only the own operator's window (the
+        third and fourth values; the first two are NaN where not taken before). Bounds
+        are bounds whichever block of maps took them: every decision made with them is
+        the one the exact values make (``catalog.labels.gate``)."""
+        held = next((b for m, _, _, b in self._held if m is maps), None)
+        if held is None:
+            if own_only:
+                lo, hi = self.own_bounds(r_y)
+                nan = np.full(len(idx), np.nan)
+                return nan, nan.copy(), lo, hi
+            return self.rival_bounds(r_y)
+        rows = idx.cpu()
+        got = held.index_select(0, rows)
+        cols = slice(2, 4) if own_only else slice(0, 4)
+        miss = torch.nonzero(torch.isnan(got[:, cols]).any(1))[:, 0]
+        if len(miss):
+            r_miss = r_y.index_select(0, miss.to(r_y.device))
+            if own_only:
+                new = torch.as_tensor(np.stack(self.own_bounds(r_miss), 1))
+                got[miss, 2:] = new
+                held[rows.index_select(0, miss), 2:] = new
+            else:
+                new = torch.as_tensor(np.stack(self.rival_bounds(r_miss), 1))
+                got[miss] = new
+                held[rows.index_select(0, miss)] = new
+        out = got.numpy()
+        return out[:, 0], out[:, 1], out[:, 2], out[:, 3]
+
+    def own_bounds(self, r_y: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """``rival_bounds``' last two values: bounds on the best window of the operator's
+        own values (zero without a scan)."""
+        scan = self.scans.get(self.op)
+        if scan is None or not len(r_y):
+            zero = np.zeros(len(r_y))
+            return zero, zero.copy()
+        lo, hi = scan.bounds(r_y)
+        return lo.cpu().numpy(), hi.cpu().numpy()
 
     def set_index(self, heuristics: list) -> np.ndarray:
         """Each heuristic's row in ``sets`` (added the first time it is asked for)."""
@@ -239,7 +284,9 @@ class OperandFit:
                 got, live = got.index_select(0, more), live.index_select(0, more)
                 e = e.index_select(0, live)
                 # the window's lower bound: below the best window, still necessary
-                best, _ = window.bounds(r.index_select(0, live))
+                best = torch.as_tensor(self.held_bounds(kv, idx.index_select(0, live),
+                                                        r.index_select(0, live), True)[2],
+                                       device=e.device)
                 got &= e >= (1 - RIVAL_MARGIN) * (1 - 1e-9) * best[:, None]
             out[s + live] = got
         return out
@@ -297,7 +344,7 @@ class OperandFit:
                 hi.append(b)
         if self.rivals is not None:
             assert self.rival_ss is not None
-            v = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).max(1).values
+            v = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).amax(1)
             lo.append(v)
             hi.append(v)
         w_lo, w_hi = self.scans[self.op].bounds(r_y)

@@ -133,3 +133,62 @@ def test_labels_do_not_depend_on_the_block_size(op, hi, monkeypatch):
     np.testing.assert_array_equal(one.labelled, small.labelled)
     for x, y in ((one.k, small.k), (one.kv, small.kv)):
         np.testing.assert_allclose(x.joint, y.joint, rtol=1e-5, atol=1e-6)
+
+
+def test_each_held_map_is_scanned_once(monkeypatch):
+    """``OperandFit.held_bounds``: the bounds of a held map are the scans' own
+    (``rival_bounds``; to float64 rounding across blocks of other sizes), taken the first
+    time they are asked for; asked again (the second pass's screen, its gate) nothing is
+    scanned and the same values come back; the own operator's window alone first, then
+    all four, scans every map for the other operators."""
+    cells = cells_of("+", 30)
+    maps = torch.from_numpy(_maps("+", 30))
+    fit = ol.operand_fit(ScienceConfig(operand_hi=30, significance_level=LEVEL), cells)
+    scanned: list[int] = []
+    real = WindowScan.bounds
+
+    def spy(self, r_y):
+        scanned.append(len(r_y))
+        return real(self, r_y)
+
+    fit.hold(maps, maps)
+    try:
+        r_all = fit.beyond(maps, torch.arange(len(maps)))
+        monkeypatch.setattr(WindowScan, "bounds", spy)
+        first = torch.arange(0, len(maps), 2)
+        own = fit.held_bounds(maps, first, r_all[first], own_only=True)
+        assert scanned == [len(first)]  # the own operator's scan only
+        np.testing.assert_array_equal(own[2], fit.rival_bounds(r_all[first])[2])
+        np.testing.assert_array_equal(own[3], fit.rival_bounds(r_all[first])[3])
+        assert np.isnan(own[0]).all() and np.isnan(own[1]).all()
+        scanned.clear()
+        every = torch.arange(len(maps))
+        want = fit.rival_bounds(r_all)
+        scanned.clear()
+        got = fit.held_bounds(maps, every, r_all)
+        assert scanned == [len(maps)] * 4  # every map lacked the other operators' bounds
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
+        scanned.clear()
+        again = fit.held_bounds(maps, every.flip(0), r_all.flip(0))
+        assert scanned == []
+        for a, b in zip(again, got, strict=True):
+            np.testing.assert_array_equal(a, b[::-1])
+    finally:
+        fit.release()
+    # a map not held is scanned each time
+    fit.held_bounds(maps, torch.arange(3), r_all[:3])
+    assert scanned == [3] * 4
+
+
+def test_the_best_window_is_the_largest_root_squared():
+    """``WindowScan.best`` takes max |root| and squares it (not torch.aminmax, 10-20x
+    slower on rows): bit for bit the larger square of the smallest and largest root."""
+    cells = cells_of("*", 20)
+    add = AdditiveOperands.of(cells.a, cells.b)
+    y = torch.from_numpy(_maps("*", 20)).double()
+    r_y = y - add.fitted(y)
+    scan = WindowScan.of(cells.result, add, "cpu")
+    low, high = torch.aminmax((r_y @ scan.c.T) @ scan.pick, dim=1)
+    np.testing.assert_array_equal(scan.best(r_y).numpy(),
+                                  torch.maximum(low * low, high * high).numpy())
