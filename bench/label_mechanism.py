@@ -19,7 +19,8 @@ rule before 0.10.0 (`result_beyond_operands` off). Written to bench/results and,
 - the controls' shares (any label; result label for the token-format maps);
 - the time of each rule on the same maps: the labelling (scores, value rule, gate),
   median of --repeat runs per layer on --time-layers, summed over them, and the share
-  the new rule adds.
+  the new rule adds; the explanations' matrix-product FLOPs against the float32 matrix
+  product peak measured in the same run (``explain_flops``, ``matmul_peak``).
 
 Run: .venv/bin/python bench/label_mechanism.py [--layers 16,17] [--repeat 3] [--record]
 [--record-to cpu_qwen2.5_label_rule_cost.json]
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import ROOT, plain, save
+from _common import ROOT, matmul_peak, plain, save
 
 MODEL = "qwen2.5-coder-0.5b"
 # the label rule's steps (catalog.labels.operator_labels.label_operator), by the function timed
@@ -46,6 +47,18 @@ STEPS = {"score": "scores", "label": "value rule", "hold": "residuals", "gate": 
 # the steps only the new rule runs: those that decide its labels, and the explanations it
 # stores (descriptive: no label depends on them)
 DECIDING = ("residuals", "gate", "second pass (scores, value rule)")
+
+
+def explain_flops(fit, n_maps: int) -> float:
+    """The FLOPs of the matrix products that ``OperandFit.explain`` runs on ``n_maps`` maps
+    (``catalog.labels.fit_models.held_out_all``): per fold and map, a narrow model's
+    [A_f | A_f G_f A_f]' t_f (4 w^2), a wide one's P_f t_f (2 w x the largest fold's
+    cells); the sums per level and fold (scatters) and the fold means are left out."""
+    total = 0.0
+    for m in fit.models.values():
+        folds, w = m.inverse.shape[0], m.width
+        total += folds * (2.0 * m.inverse.shape[2] * w if m.wide else 4.0 * w * w)
+    return total * n_maps
 
 
 def main() -> None:  # noqa: C901
@@ -88,6 +101,7 @@ def main() -> None:  # noqa: C901
     timing = {"new": [], "old": []}
     step_timing: dict[str, dict[str, float]] = {"new": {}, "old": {}}
     best_explanation = {"operands": 0, "result": 0, "other operator": 0}
+    explained_flops = 0.0  # the explanations' matrix products on the timed layers (one run)
     for layer in run.layers:
         res = run.run_layer(layer)
         d_mlp = res.rank.shape[0]
@@ -134,7 +148,8 @@ def main() -> None:  # noqa: C901
                 per[name].append(time.perf_counter() - t)
                 for k, v in steps.items():
                     per_step[name].setdefault(k, []).append(v)
-        if timed_layer:
+        if timed_layer:  # K and KV maps of each explained map
+            explained_flops += explain_flops(run.fits["+"], 2 * len(outs["new"].labelled))
             for name in per:
                 timing[name].append(per[name])
                 for k, v in per_step[name].items():
@@ -172,6 +187,8 @@ def main() -> None:  # noqa: C901
     tables = {name: enrichment.enrichment(ranks, labels[name], ("+",),
                                           config.top_set_fraction, config.seed)
               for name in labels}
+    peak = matmul_peak("cpu", torch.float32)  # after the timing: it heats the cores
+    explain_s = step_timing["new"].get("explanations", 0.0)
     new_s = sum(statistics.median(x) for x in timing["new"])
     old_s = sum(statistics.median(x) for x in timing["old"])
     totals = {name: [sum(x[i] for x in timing[name]) for i in range(args.repeat)]
@@ -208,7 +225,13 @@ def main() -> None:  # noqa: C901
                                   step_timing["new"].get(k, 0.0) for k in DECIDING) / old_s, 3),
                               "explanations_share": round(
                                   step_timing["new"].get("explanations", 0.0) / old_s, 3),
-                              "warmup": args.warmup},
+                              "warmup": args.warmup,
+                              "explanations_gflop": round(explained_flops / 1e9, 2),
+                              "explanations_gflops": round(explained_flops / 1e9
+                                                           / max(explain_s, 1e-9), 1),
+                              "float32_matmul_peak_gflops": round(peak / 1e9, 1),
+                              "explanations_share_of_peak": round(
+                                  explained_flops / max(explain_s, 1e-9) / peak, 3)},
         "threads": torch.get_num_threads(),
     }
     if args.record:
