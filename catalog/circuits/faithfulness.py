@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from catalog.core.stats import nan_mean
+
 METRICS = ("nl", "logprob", "logit_diff")
 # a denominator under this share of the median |denominator| of a point's prompts: its
 # ratio is ten times the typical one, and the mean of ratios follows it
@@ -157,12 +159,12 @@ def area_stats(fractions: np.ndarray, circuits: np.ndarray, empty: np.ndarray,
     with bootstrap standard errors. ``circuits``: (n_levels, n_prompts) metric values."""
     out: dict = {}
     r = _ratios(circuits, empty[None], model[None])  # (levels, prompts)
-    mean_curve = np.nanmean(np.where(np.isfinite(r), r, np.nan), axis=1) if r.size else \
+    mean_curve = nan_mean(np.where(np.isfinite(r), r, np.nan), axis=1) if r.size else \
         np.full(len(fractions), np.nan)
     rom_curve = _rom(circuits, empty[None], model[None])
     for name, curve, boot_curves in (
             ("mean_ratio", mean_curve,
-             np.stack([np.nanmean(r[:, b], axis=1) for b in boot]) if r.size else None),
+             np.stack([nan_mean(r[:, b], axis=1) for b in boot]) if r.size else None),
             ("ratio_of_means", rom_curve,
              np.stack([_rom(circuits[:, b], empty[None, b], model[None, b]) for b in boot])
              if r.size else None)):

@@ -5,7 +5,7 @@ of two p-values, rank correlation, the trimmed mean and a median's interval. Eac
 tested against published values (tests/unit/test_stats.py).
 
 scipy computes where it is right and fast enough (the Spearman correlation, the normal
-and t tails). Four are written here, each for a stated reason:
+and t tails). Five are written here, each for a stated reason:
 
 - ``wilson``: the closed form takes 1.8 us a call, scipy's
   ``binomtest(k, n).proportion_ci(method="wilson")`` 1.6 ms (it computes the test's
@@ -20,7 +20,9 @@ and t tails). Four are written here, each for a stated reason:
 - ``trimmed_mean``: the kept values are summed in sorted order, so a neuron's rank
   statistic has the same bits on every machine (``scipy.stats.trim_mean`` sums a
   partition whose order is the implementation's, and ranks of near-equal neurons
-  would depend on it).
+  would depend on it);
+- ``nan_mean``: numpy's ``nanmean`` without its warning on slices with no finite value
+  (their mean is NaN, the answer for a checkpoint that answers no prompt).
 
 This module imports nothing from the catalog: any layer may use it.
 """
@@ -28,6 +30,7 @@ This module imports nothing from the catalog: any layer may use it.
 from __future__ import annotations
 
 import math
+import warnings
 from functools import lru_cache
 
 import numpy as np
@@ -170,3 +173,13 @@ def median_ci(x: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     if r < 0:
         return float("nan"), float("nan")
     return float(s[r]), float(s[n - r - 1])
+
+
+def nan_mean(x: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """``np.nanmean`` without its "Mean of empty slice" warning: a slice with no finite
+    value has mean NaN, which is the answer here, not a fault (a checkpoint early in
+    training answers no prompt, so every faithfulness ratio and component effect of it
+    is NaN, and the worker's log filled with warnings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(x, axis=axis)

@@ -35,6 +35,7 @@ from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValue
 from transformer_lens.utilities import get_act_name
 
 from catalog.config.vocab import ROLES
+from catalog.core.stats import nan_mean
 from catalog.measuring import effects
 from catalog.measuring.ablation import z_hook_name
 from catalog.measuring.grids import PrefixRunner, cache_keys, final_logits
@@ -72,7 +73,7 @@ class ComponentEffects:
     def head_scores(self, sign: str) -> np.ndarray:
         """(n_layers, n_heads): each head's rank key averaged over the roles (the paper
         averages its effect maps over positions 1-4), largest first."""
-        return effects.rank_key(np.nanmean(self.rank_value[:, :-1], axis=2), sign)
+        return effects.rank_key(nan_mean(self.rank_value[:, :-1], axis=2), sign)
 
     def mlp_last(self, sign: str) -> np.ndarray:
         """(n_layers,): each whole MLP layer's rank key at the last position."""

@@ -18,6 +18,7 @@ from catalog.circuits import knockouts, paper
 from catalog.circuits.final import KINDS as FINAL_KINDS
 from catalog.circuits.final import FinalCircuit
 from catalog.config import ExecutionConfig, ScienceConfig
+from catalog.core.stats import nan_mean
 from catalog.explain.grid import explain_prompts, summarize_prompts
 from catalog.explain.prompt import labels_of
 from catalog.labels import enrichment
@@ -228,8 +229,8 @@ class CheckpointSummary:
 
         mlp_last = None
         if comps:
-            mlp_last = np.nanmean(np.stack([c.mlp_last(config.rank_sign)
-                                            for c in comps.values()]), axis=0)
+            mlp_last = nan_mean(np.stack([c.mlp_last(config.rank_sign)
+                                         for c in comps.values()]), axis=0)
         out: list[paper.CurveResult] = []
         finals: list[paper.CurveResult] = []
         for o, op in enumerate(config.operators):

@@ -419,3 +419,21 @@ def test_the_conditioning_count_does_not_change_with_a_shift_of_the_number_logit
     _, ld1 = counts(50.0)
     _, ld2 = counts(50.0, scale=3.0)
     assert 0 < ld0 < n and ld0 == ld1 == ld2
+
+
+def test_a_curve_with_no_defined_ratio_is_empty_and_silent():
+    """A checkpoint that answers no prompt (the model's metric equals the empty circuit's
+    on every prompt, so no ratio is defined) gets no areas, and says so without a
+    RuntimeWarning for each bootstrap resample (the worker's log filled with them)."""
+    import warnings
+
+    fa = faithfulness
+    fractions = np.array([0.0, 0.5, 1.0])
+    model = np.full(40, 2.0)
+    empty = model.copy()  # every denominator m - e is 0
+    circuits = np.random.default_rng(0).normal(size=(3, 40))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fa.area_stats(fractions, circuits, empty, model, fa.resamples(40, 0))
+    assert out["mean_ratio"] == {"cpr": None, "cmd": None, "cpr_se": None, "cmd_se": None}
+    assert out["ratio_of_means"]["cpr"] is None

@@ -130,3 +130,21 @@ def test_median_interval_is_the_published_order_statistics():
         assert stats.median_ci(np.arange(1, n + 1)[::-1]) == (lo, hi)
     assert all(np.isnan(stats.median_ci(np.arange(5))))
     assert stats.median_ci(np.array([np.nan, 3, 1, 2, 5, 4, 6])) == (1, 6)
+
+
+def test_nan_mean_is_numpys_without_the_empty_slice_warning():
+    """Equal to np.nanmean wherever a slice has a finite value, NaN where none has, and
+    no warning either way (an early checkpoint's all-NaN ratios filled the worker's log)."""
+    import warnings
+
+    x = np.array([[1.0, np.nan, 3.0], [np.nan, np.nan, np.nan], [2.0, 2.0, np.nan]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = stats.nan_mean(x, axis=1)
+        col = stats.nan_mean(x, axis=0)
+        whole = stats.nan_mean(np.full(4, np.nan))
+    np.testing.assert_array_equal(got, [2.0, np.nan, 2.0])
+    np.testing.assert_array_equal(col, [1.5, 2.0, 3.0])
+    assert np.isnan(whole)
+    with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
+        np.nanmean(x, axis=1)  # what it replaces does warn
