@@ -347,9 +347,9 @@ class OperandFit:
             v = ((r_y @ self.rivals.T) ** 2 / self.rival_ss).amax(1)
             lo.append(v)
             hi.append(v)
-        w_lo, w_hi = self.scans[self.op].bounds(r_y)
+        w_lo, w_hi = self.own_bounds(r_y)
         return (torch.stack(lo).amax(0).cpu().numpy(), torch.stack(hi).amax(0).cpu().numpy(),
-                w_lo.cpu().numpy(), w_hi.cpu().numpy())
+                w_lo, w_hi)
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The held-out R^2 of every explanation of each map: each model fit on four
