@@ -6,6 +6,7 @@ pairs), which ``Explanations`` reports per map."""
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -186,6 +187,29 @@ class FoldModel:
         return cls([torch.as_tensor(g, device=device) for g in groups], keys, sizes, width,
                    folds, torch.stack(out).to(device, torch.float32), const_press,
                    torch.as_tensor(cross, device=device), wide)
+
+
+# the fold models some fit of this process holds, by what they are built from: fits of
+# one grid share most (``+`` and ``*`` on the same cells: every model but their own
+# result's); a model no fit holds any more is freed
+_MODELS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def fold_model(groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel:
+    """``FoldModel.of(groups, folds, device)``, the same object for the same groupings
+    (as partitions of the cells, level numbers included), folds and device while any
+    holder keeps it."""
+    digest = hashlib.blake2b(digest_size=16)
+    for x in (*groups, folds):
+        x = np.ascontiguousarray(x, dtype=np.int64)
+        digest.update(np.array(x.shape, np.int64).tobytes())
+        digest.update(x.tobytes())
+    key = (digest.hexdigest(), str(device))
+    model = _MODELS.get(key)
+    if model is None:
+        model = FoldModel.of(groups, folds, device)
+        _MODELS[key] = model
+    return model
 
 
 def _constant_terms(a: np.ndarray, col: np.ndarray, held: np.ndarray, width: int,

@@ -44,6 +44,7 @@ from catalog.labels.fit_models import (
     TSS,
     Explanations,
     FoldModel,
+    fold_model,
     held_out_all,
     held_out_r2,
     levels,
@@ -56,6 +57,10 @@ LABELABLE_LIMIT = 1 << 24
 # the most values (maps x cells) whose residuals ``OperandFit.hold`` keeps (float64:
 # 256 MB)
 HELD_LIMIT = 1 << 25
+# maps x cells per block of the explanations (``held_out_all``), at least ``BLOCK`` maps:
+# on Qwen's [0, 30) grid blocks of 512 maps ran 13% faster than 256, and 1,024 no faster
+# (median of 4, 3,072 maps); larger grids keep blocks of ``BLOCK``
+EXPLAIN_VALUES = 512 * 900
 # a result set of another operator must explain this much more of a KV map beyond the
 # operands than the label's own set (relative) to take the label away: on small grids
 # two operators' results describe one set almost equally (the corner of [0, 30)^2 is
@@ -70,7 +75,14 @@ class OperandFit:
 
     op: str
     additive: AdditiveOperands
-    models: dict[str, FoldModel]  # "operands", "result", and "joint:" + each operator
+    # each explanation's groupings of the cells ("operands", "result", and "joint:" + each
+    # operator) and the folds they are judged on; their models are built when first
+    # asked for (``models``): only the explanations use them, and the controls, which
+    # count labels alone, never do (on [0, 300) they are a third of a fit's bytes and
+    # three quarters of its building time)
+    specs: dict[str, list[np.ndarray]]
+    folds: np.ndarray
+    device: str | torch.device
     n_cells: int
     cells: tuple[np.ndarray, np.ndarray, np.ndarray]  # op1, op2, result of each cell
     # the cell sets of the heuristics tested so far (rows of a bool array) and their keys
@@ -96,6 +108,17 @@ class OperandFit:
     # the float32 scans' bounds of each (maps x 4: ``rival_bounds``' four, NaN: not yet
     # taken; ``held_bounds``)
     _held: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
+    _models: dict[str, FoldModel] = field(default_factory=dict)
+
+    @property
+    def models(self) -> dict[str, FoldModel]:
+        """Each explanation's ``FoldModel``, built the first time (``fold_model``: a model
+        of the same groupings and folds that another fit of this process holds is
+        shared, as ``+`` and ``*`` on one grid share all but their own result's)."""
+        for k, groups in self.specs.items():
+            if k not in self._models:
+                self._models[k] = fold_model(groups, self.folds, self.device)
+        return self._models
 
     def hold(self, *maps: torch.Tensor) -> None:
         """Take each map's residual beyond the operands once, for every ``beyond`` until
@@ -214,12 +237,11 @@ class OperandFit:
         add = AdditiveOperands.of(a, b, device)
         groups = operand_groups(a, b)
         folds = pair_folds(a, b)
-        models = {"operands": FoldModel.of(groups, folds, device),
-                  "result": FoldModel.of([levels(result)], folds, device)}
+        specs = {"operands": groups, "result": [levels(result)]}
         for o in OPERATORS:
             values = result if o == op else other_result(o, a, b)
-            models["joint:" + o] = FoldModel.of([*groups, levels(values)], folds, device)
-        fit = cls(op, add, models, len(a), (a, b, result))
+            specs["joint:" + o] = [*groups, levels(values)]
+        fit = cls(op, add, specs, folds, device, len(a), (a, b, result))
         if rivals is not None and len(rivals):
             r = torch.as_tensor(np.asarray(rivals), dtype=torch.float64, device=device)
             r = r - add.fitted(r)
@@ -364,8 +386,9 @@ class OperandFit:
             return out
         keys = ["operands", "result"] + ["joint:" + o for o in OPERATORS]
         cols: dict[str, list] = {k: [] for k in keys}
-        for s in range(0, n, BLOCK):
-            got = held_out_all({k: self.models[k] for k in keys}, maps[s:s + BLOCK].double())
+        step = max(BLOCK, EXPLAIN_VALUES // max(self.n_cells, 1))
+        for s in range(0, n, step):
+            got = held_out_all({k: self.models[k] for k in keys}, maps[s:s + step].double())
             for k in keys:
                 cols[k].append(held_out_r2(got[k], got[TSS]))
         adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}

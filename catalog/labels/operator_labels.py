@@ -66,11 +66,16 @@ RIVAL_FAMILIES = ("modulo", "pattern")
 # checkpoint of one model on the same cells, and the fit depends on nothing else (building
 # it for a [0, 100) grid takes tens of seconds on one core: pseudo-inverses per fold of
 # models thousands of levels wide)
-_FITS: OrderedDict[tuple, tuple[OperandFit, int]] = OrderedDict()
-# the fits kept hold at most this many bytes: one operator's fit on a [0, 100) grid holds
-# about 0.25 GB (the four operators' fit together), on [0, 300) about 1.6 GB (one at a
-# time; kept eight at a time, a test process beside another slowed 10x)
+_FITS: OrderedDict[tuple, OperandFit] = OrderedDict()
+# the fits of other configs kept hold at most this many bytes (one operator's fit on a
+# [0, 100) grid holds about 0.2 GB, on [0, 300) about 0.85 GB; kept eight at a time
+# beside another test process, a process slowed 10x)
 FITS_KEPT_BYTES = 2 << 30
+# the fits of the config asked for last (its operators' and its controls': a run's
+# working set, which the run holds anyway) are kept up to this many bytes: a run on
+# [0, 300) holds eight fits, 5.7 GB, and under the cap above each checkpoint built all
+# eight again (about 200 s on one core) while the next one evicted the last
+FAMILY_KEPT_BYTES = 8 << 30
 
 
 def held_bytes(obj, seen: set | None = None) -> int:
@@ -98,7 +103,7 @@ def held_bytes(obj, seen: set | None = None) -> int:
 def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
     """``build_operand_fit``, kept per process for the same config, cells and device (the
     fit holds no state between calls: ``OperandFit.hold`` is released by its caller),
-    the fits kept within ``FITS_KEPT_BYTES``."""
+    the fits kept within ``FITS_KEPT_BYTES`` and ``FAMILY_KEPT_BYTES`` (``_evict``)."""
     digest = hashlib.sha256()
     for x in (cells.a, cells.b, cells.result):
         digest.update(np.ascontiguousarray(x, dtype=np.int64).tobytes())
@@ -106,13 +111,31 @@ def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> Ope
            str("cpu" if device is None else device))
     if key in _FITS:
         _FITS.move_to_end(key)
-        return _FITS[key][0]
+        return _FITS[key]
     fit = build_operand_fit(config, cells, device)
-    _FITS[key] = (fit, held_bytes(fit))
-    # the least recently used go first; a fit over the budget alone is not kept
-    while _FITS and sum(n for _, n in _FITS.values()) > FITS_KEPT_BYTES:
-        _FITS.popitem(last=False)
+    _FITS[key] = fit
+    _evict(key)
     return fit
+
+
+def _family(key: tuple) -> tuple:
+    """The part of a ``_FITS`` key that one run's fits share (config, grid, device)."""
+    return (key[0], key[2], key[3], key[5])
+
+
+def _evict(new: tuple) -> None:
+    """Least recently used first: other configs' fits until all kept hold at most
+    ``FITS_KEPT_BYTES``, then the asked-for config's own (``new`` last) down to
+    ``FAMILY_KEPT_BYTES``; a fit over that alone is not kept. Sizes are taken now: a
+    fit's explanation models are built when first used (``OperandFit.models``)."""
+    size = {k: held_bytes(f) for k, f in _FITS.items()}
+    for limit, ours in ((FITS_KEPT_BYTES, False), (FAMILY_KEPT_BYTES, True)):
+        for key in list(_FITS):
+            if sum(size.values()) <= limit:
+                break
+            if (_family(key) == _family(new)) == ours:
+                del _FITS[key]
+                del size[key]
 
 
 def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:

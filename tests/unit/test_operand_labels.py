@@ -22,6 +22,7 @@ from catalog.config import ScienceConfig
 from catalog.core.token_format import format_maps, number_format
 from catalog.labels import additive
 from catalog.labels.additive import AdditiveOperands, layout
+from catalog.labels.fit_models import TSS, FoldModel, held_out_all, held_out_r2
 from catalog.labels.gate import own_beyond
 from catalog.labels.heuristics import Cells, Heuristic
 from catalog.labels.operand_fit import OperandFit
@@ -105,9 +106,33 @@ def test_a_process_builds_one_fit_per_config_and_cells():
     assert operand_fit(stricter, cells) is not first
     fresh = build_operand_fit(config, cells)
     assert fresh is not first
-    for name, m in fresh.models.items():
-        assert torch.equal(m.inverse, first.models[name].inverse), name
+    for name, m in fresh.models.items():  # shared, and equal to a model built afresh
+        assert m is first.models[name]
+        assert torch.equal(m.inverse, FoldModel.of(fresh.specs[name], fresh.folds,
+                                                   "cpu").inverse), name
     assert torch.equal(fresh.rivals, first.rivals)
+
+
+def test_explanation_models_are_built_when_first_used_and_shared_between_fits():
+    """The controls count labels and never explain: a fit builds no fold model until its
+    explanations are asked for. Fits on the same cells share the models of the same
+    groupings (``+`` and ``*``: every one but their own result's), and the explanations
+    equal those of models built afresh."""
+    plus, times = cells_of("+", 16), cells_of("*", 16)
+    config = ScienceConfig(operand_hi=16)
+    f_plus, f_times = build_operand_fit(config, plus), build_operand_fit(config, times)
+    assert not f_plus._models and not f_times._models
+    maps = np.random.default_rng(3).standard_normal((6, len(plus.a)))
+    maps[:3] += 3.0 * (plus.result % 5 == 0) + 0.5 * (plus.a % 3 == 0)
+    ex = f_plus.explain(torch.as_tensor(maps))
+    assert set(f_plus._models) == set(f_plus.specs) and not f_times._models
+    shared = {k for k in f_plus.specs if f_times.models[k] is f_plus.models[k]}
+    assert shared == set(f_plus.specs) - {"result"}
+    fresh = {k: FoldModel.of(g, f_plus.folds, "cpu") for k, g in f_plus.specs.items()}
+    got = held_out_all(fresh, torch.as_tensor(maps))
+    np.testing.assert_allclose(ex.operands, held_out_r2(got["operands"], got[TSS]).numpy())
+    np.testing.assert_allclose(ex.joint, held_out_r2(got["joint:+"], got[TSS]).numpy())
+    assert np.all(ex.joint[:3] > ex.operands[:3] + 0.3)  # the planted result residue
 
 
 def test_the_fits_kept_stay_within_their_byte_budget(monkeypatch):
@@ -129,11 +154,36 @@ def test_the_fits_kept_stay_within_their_byte_budget(monkeypatch):
     assert [k[3] for k in ol._FITS] == [12, 10]
     # a fit larger than either that fits the budget alone: both older ones go
     operand_fit(ScienceConfig(operators=("+",), operand_hi=13), cells_of("+", 13))
-    kept = sum(n for _, n in ol._FITS.values())
+    kept = sum(ol.held_bytes(f) for f in ol._FITS.values())
     assert kept <= ol.FITS_KEPT_BYTES and [k[3] for k in ol._FITS][-1] == 13
     monkeypatch.setattr(ol, "FITS_KEPT_BYTES", 1)
+    monkeypatch.setattr(ol, "FAMILY_KEPT_BYTES", 1)
     operand_fit(ScienceConfig(operators=("+",), operand_hi=16), cells_of("+", 16))
     assert not ol._FITS
+
+
+def test_a_runs_fits_are_kept_together_until_another_config_asks(monkeypatch):
+    """A run's working set (its operators' fits and its controls', one config) stays over
+    the cap on other configs' fits, so the next checkpoint finds every one (on [0, 300)
+    the eight fits hold 5.7 GB, and under a 2 GB cap each checkpoint built all eight
+    again); another config's fit sends them away, and the run's own are bounded too."""
+    from catalog.labels import operator_labels as ol
+
+    monkeypatch.setattr(ol, "_FITS", ol.OrderedDict())
+    monkeypatch.setattr(ol, "FITS_KEPT_BYTES", 1)
+    run = ScienceConfig(operand_hi=12)
+    ops = ("+", "-", "*")
+    first = {op: operand_fit(run, cells_of(op, 12)) for op in ops}
+    assert len(ol._FITS) == 3  # over FITS_KEPT_BYTES, one config: all kept
+    assert all(operand_fit(run, cells_of(op, 12)) is first[op] for op in ops)
+    other = ScienceConfig(operand_hi=12, significance_level=0.01)
+    operand_fit(other, cells_of("+", 12))
+    assert [k[0] for k in ol._FITS] == [other.config_hash()]
+    size = ol.held_bytes(first["+"])
+    monkeypatch.setattr(ol, "FAMILY_KEPT_BYTES", 2 * size + size // 2)
+    again = {op: operand_fit(run, cells_of(op, 12)) for op in ops}
+    assert [k[1] for k in ol._FITS] == ["-", "*"]  # the least recent of the run went
+    assert all(again[op] is not first[op] for op in ops)
 
 
 def _beyond_share(cells: Cells, s: np.ndarray) -> float:
