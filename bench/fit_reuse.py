@@ -34,7 +34,8 @@ import numpy as np
 from _common import ROOT, plain, save
 
 
-def checkpoints(policy: str, hi: int, n: int) -> dict:
+def checkpoints(policy: str, hi: int, n: int, family_bytes: int) -> dict:
+    """``n`` checkpoints' fits under ``policy``; ``family_bytes``: the run's cap now."""
     from catalog.config import ScienceConfig
     from catalog.core.arith import OPERATORS, apply_op, is_valid
     from catalog.labels import fit_models, value_null
@@ -46,7 +47,7 @@ def checkpoints(policy: str, hi: int, n: int) -> dict:
     gc.collect()
     assert not len(fit_models._MODELS)
     old = policy == "before"
-    ol.FAMILY_KEPT_BYTES = ol.FITS_KEPT_BYTES if old else (8 << 30)
+    ol.FAMILY_KEPT_BYTES = ol.FITS_KEPT_BYTES if old else family_bytes
     config = ScienceConfig(operand_hi=hi)
     a, b = np.meshgrid(np.arange(hi), np.arange(hi), indexing="ij")
     a, b = a.ravel(), b.ravel()
@@ -58,7 +59,7 @@ def checkpoints(policy: str, hi: int, n: int) -> dict:
                                                np.random.default_rng([config.seed, o, 1]))
     seconds, built = [], []
     for _ in range(n):
-        t, before = time.perf_counter(), set(map(id, (f for f in ol._FITS.values())))
+        t, before = time.perf_counter(), set(map(id, ol._FITS.values()))
         held = []  # what the run holds while it lasts
         for op in OPERATORS:
             fit = ol.operand_fit(config, own[op])
@@ -97,9 +98,11 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
+    from catalog.labels.operator_labels import FAMILY_KEPT_BYTES  # the policy now
+
     out = {"grid": f"[0, {args.hi})", "operators": "+-*/", "threads": torch.get_num_threads()}
     for policy in ("before", "now"):
-        out[policy] = checkpoints(policy, args.hi, args.checkpoints)
+        out[policy] = checkpoints(policy, args.hi, args.checkpoints, FAMILY_KEPT_BYTES)
         print(policy, out[policy], flush=True)
     summarize(out)
     save("fit_reuse", out)
