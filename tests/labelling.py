@@ -7,7 +7,7 @@ from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
 from catalog.core.token_format import number_format
 from catalog.labels import value_null
-from catalog.labels.heuristics import Cells, Heuristic, n_tests, partitions_for
+from catalog.labels.heuristics import Cells, Heuristic, n_tests, partitions_for, rescue_pairs
 from catalog.labels.matches import Matches
 from catalog.labels.matching import multi_result_matches, score_partitions
 from catalog.labels.operator_labels import OperatorLabels, label_operator, operand_fit
@@ -45,7 +45,8 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
             scored, floor = value_null.second_pass_scoring(parts, rescue, null, config,
                                                            m_tests)
         found = [score_partitions(k, kv_scored, scored, floor, with_bottom,
-                                  config.pattern_top_k, cells=cells, orders=orders)]
+                                  config.pattern_top_k, cells=cells, orders=orders,
+                                  pairs=rescue_pairs(rescue))]
         if multi and not rescue:
             found.append(multi_result_matches(kv_t, cells.result,
                                               top=config.multi_result_top,

@@ -10,7 +10,7 @@ import torch
 from catalog.core.token_format import FORMAT_KINDS, format_maps
 from catalog.labels import value_null
 from catalog.labels.heuristics import n_tests as count_tests
-from catalog.labels.heuristics import partitions_for, rescue_partitions
+from catalog.labels.heuristics import partitions_for, rescue_pairs, rescue_partitions
 from catalog.labels.matches import Matches
 from catalog.labels.operand_fit import OperandFit
 from catalog.labels.operator_labels import gated, label_operator, operand_fit
@@ -36,7 +36,7 @@ def result_labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partition
     def score(k: torch.Tensor, kv_scored: torch.Tensor, orders: dict, rescue) -> Matches:
         parts = rescue_partitions(partitions, rescue) if rescue else partitions
         return value_null.score_for_labels(k, kv_scored, cells, parts, config, n_tests,
-                                      null, with_bottom, orders)
+                                           null, with_bottom, orders, rescue_pairs(rescue))
 
     m = label_operator(config, k_map, kv, score, n_tests, null, fit, explain=False).matches
     result = np.array([h.target == "result" for h in m.heuristics] or [False])[m.heuristic]

@@ -310,9 +310,18 @@ class Rescue:
     nothing to skip)."""
 
     skip: frozenset = frozenset()
+    # (each map's set, each heuristic's set by key): each map is one (map, set) pair and
+    # only that set's heuristics are scored on it (``catalog.labels.pair_scores``); None:
+    # every heuristic of the partitions scored
+    pairs: tuple | None = field(default=None, compare=False)
 
     def __bool__(self) -> bool:
         return True
+
+
+def rescue_pairs(rescue) -> tuple | None:
+    """The (map, set) pairs a second pass's scoring is told of (``Rescue.pairs``), or None."""
+    return rescue.pairs if isinstance(rescue, Rescue) else None
 
 
 def rescue_partitions(partitions: list[Partition], rescue) -> list[Partition]:

@@ -283,6 +283,7 @@ def score_partitions(  # noqa: C901
     cells: Cells | None = None,
     op: int = 0,
     orders: dict | None = None,
+    pairs: tuple | None = None,
 ) -> Matches:
     """Score every neuron against every partition's heuristics; keep scores >= floor.
 
@@ -292,7 +293,20 @@ def score_partitions(  # noqa: C901
     (op1, op2, result) take the faster ``value_group_scores`` path. ``op`` is the
     operator's index, written into every row. ``orders``, where given, receives each
     side's descending sort order, keyed (direct, bottom): the label rule reuses them.
+    ``pairs`` (the label rule's second pass, result partitions only: each KV map's set
+    and each heuristic's set by key): each map scored against its own set's heuristics
+    alone (``catalog.labels.pair_scores``; the same rows as scoring all and keeping
+    those).
     """
+    if pairs is not None:
+        from catalog.labels.pair_scores import score_pairs
+
+        def fallback(rows: np.ndarray) -> Matches:
+            idx = torch.as_tensor(rows, device=kv_map.device, dtype=torch.long)
+            return score_partitions(k_map.index_select(0, idx), kv_map.index_select(0, idx),
+                                    partitions, floor, with_bottom, pattern_top_k, cells, op)
+        return score_pairs(kv_map, partitions, floor, with_bottom, pattern_top_k, op, orders,
+                           pairs, fallback)
     best: list[torch.Tensor | None] = [None] * len(partitions)
     is_bottom: list[torch.Tensor | None] = [None] * len(partitions)
     same = kv_map is k_map  # one map for both kinds of heuristic: sort it once

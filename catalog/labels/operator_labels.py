@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ import torch
 from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.arith import OPERATORS, is_valid
 from catalog.labels import value_null
-from catalog.labels.additive import with_set
+from catalog.labels.additive import BLOCK, with_set
 from catalog.labels.gate import gate
 from catalog.labels.heuristics import (
     Cells,
@@ -316,12 +316,18 @@ def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
     step = max(1, HELD_LIMIT // max(kv.shape[1], 1))
     for s in range(0, len(at), step):
         a_s, j_s = at[s:s + step], j[s:s + step]
-        r_s = fit.labelable.index_select(0, j_s)
-        y = with_set(r_kv.index_select(0, a_s), r_s,
-                     fit.labelable_ss.index_select(0, j_s),
-                     fit.labelable_sets.index_select(0, j_s).double()).to(kv.dtype)
-        out.append(_rescue_rows(config, k_map, y, todo[a_s.cpu().numpy()], score, rescue,
-                                n_tests, null, (j_s.cpu().numpy(), fit.labelable_of)))
+        # the pair maps made BLOCK at a time: whole blocks of float64 copies of the maps
+        # and sets (256 MB each on [0, 100)) took most of the second pass there
+        y = torch.empty(len(a_s), kv.shape[1], dtype=kv.dtype, device=kv.device)
+        for u in range(0, len(a_s), BLOCK):
+            a_u, j_u = a_s[u:u + BLOCK], j_s[u:u + BLOCK]
+            y[u:u + BLOCK] = with_set(r_kv.index_select(0, a_u),
+                                      fit.labelable.index_select(0, j_u),
+                                      fit.labelable_ss.index_select(0, j_u),
+                                      fit.labelable_sets.index_select(0, j_u).double())
+        sets_of = (j_s.cpu().numpy(), fit.labelable_of)
+        out.append(_rescue_rows(config, k_map, y, todo[a_s.cpu().numpy()], score,
+                                replace(rescue, pairs=sets_of), n_tests, null, sets_of))
     return Matches.concat(out) if out else Matches.empty()
 
 

@@ -385,16 +385,18 @@ def label(m, config, n_tests: int, null: ValueNull | None, k_map: torch.Tensor,
 
 def score_for_labels(k_map: torch.Tensor, kv_map: torch.Tensor, cells: Cells,
                      partitions: list[Partition], config, n_tests: int,
-                     null: ValueNull | None, with_bottom: bool, orders: dict) -> Matches:
+                     null: ValueNull | None, with_bottom: bool, orders: dict,
+                     pairs: tuple | None = None) -> Matches:
     """The scores that can decide a label, for counting labelled maps only (the controls):
     rows from the label threshold up, and under the values rule only the partitions with a
     heuristic whose smallest p-value reaches the corrected level (the others cannot be
     labelled, Tarone). Labelled afterwards, they give the labels that scoring every
-    partition and ``label`` give (``catalog.labels.controls.labelled_maps``)."""
+    partition and ``label`` give (``catalog.labels.controls.labelled_maps``). ``pairs``:
+    the second pass's (map, set) pairs (``score_partitions``)."""
     return score_partitions(k_map, kv_map, labelable_partitions(partitions, null, config,
                                                                 n_tests),
                             label_floor(config), with_bottom, config.pattern_top_k,
-                            cells=cells, orders=orders)
+                            cells=cells, orders=orders, pairs=pairs)
 
 
 def label_floor(config) -> float:

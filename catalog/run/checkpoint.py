@@ -38,7 +38,7 @@ from catalog.core.maps import kv_map
 from catalog.core.progress import progress_bar
 from catalog.core.tokens import continuing_ids, detect_number_tokens, number_token_ids
 from catalog.labels import controls, operator_labels, value_null
-from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for
+from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, rescue_pairs
 from catalog.labels.matches import Matches
 from catalog.labels.matching import multi_result_matches, score_partitions
 from catalog.labels.operand_fit import OperandFit
@@ -386,7 +386,7 @@ class CheckpointRun(CheckpointSummary):
                                                           self.n_tests[op])
         out = [score_partitions(k_map, kv, parts, floor,
                                 self.with_bottom, config.pattern_top_k, cells=self.cells[op],
-                                op=o, orders=orders)]
+                                op=o, orders=orders, pairs=rescue_pairs(results_only))]
         if self._multi_result(op) and kv_raw is not None:
             out.append(multi_result_matches(kv_raw.cpu(),
                                             self.table.result[idx],

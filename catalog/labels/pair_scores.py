@@ -1,0 +1,163 @@
+"""Scores of the label rule's second pass (``catalog.labels.operator_labels.rescued``): each
+map there is one (map, set) pair, the KV map less the operands' part of its joint fit
+with ONE result set, and only the heuristics of that set can be kept from it. Scoring
+every heuristic of every result partition on each such map, as ``score_partitions``
+does for the first pass, spent most of the second pass on rows it then dropped: on
+Qwen2.5-Coder-0.5B's [0, 30) grid a pair map names one set of 167 and ~60 partitions'
+value histograms were built for it.
+
+``score_pairs`` counts each pair map's top cells in its own heuristics' sets alone: with
+t the k-th largest value, a heuristic's count is the number of its cells above t, and
+the cells at t share the remaining places fairly (Algorithm 1's tie rule,
+``catalog.labels.matching``). Where t is not tied (one cell holds it) the count is a
+whole number, the cells at or above t, the same number ``score_partitions`` finds; a map
+whose k-th value is tied on either side is scored by ``score_partitions`` itself (one
+formula for ties, so rows equal to the last bit). Rows come out in ``score_partitions``'
+order (partition, map, heuristic), with the same columns and the same heuristic list."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from catalog.labels.heuristics import Partition
+from catalog.labels.matches import Matches
+from catalog.labels.significance import base_rate, p_values
+
+# pair maps x cells compared at a time (float32: 64 MB)
+PAIR_VALUES = 1 << 24
+
+
+def candidates(partition: Partition, row_set: np.ndarray, set_of: dict[str, int]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(map, heuristic) of every heuristic of ``partition`` whose set (``set_of`` by key;
+    absent: none) is its map's (``row_set``), ordered by map, then heuristic."""
+    at = np.array([set_of.get(h.key, -1) for h in partition.heuristics], dtype=np.int64)
+    by_set = np.argsort(at, kind="stable")  # heuristics by set, in their order within one
+    lo = np.searchsorted(at[by_set], row_set, side="left")
+    hi = np.searchsorted(at[by_set], row_set, side="right")
+    hi = np.where(row_set >= 0, hi, lo)
+    count = hi - lo
+    rows = np.repeat(np.arange(len(row_set)), count)
+    start = np.repeat(lo - np.cumsum(np.r_[0, count[:-1]]), count)
+    return rows, by_set[np.arange(len(rows)) + start]
+
+
+def _counts(maps: torch.Tensor, values: torch.Tensor, labels: torch.Tensor,
+            rows: np.ndarray, h: np.ndarray, k: np.ndarray, sign: float
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cells of h at or above the k-th largest value of sign x its map, whether that
+    value is tied) of each (map, heuristic) pair; ``values``: sign x each map sorted
+    descending.
+    In blocks of ``PAIR_VALUES``."""
+    n_cells = maps.shape[1]
+    dev = maps.device
+    above = torch.zeros(len(rows), dtype=torch.float64, device=dev)
+    tied = torch.zeros(len(rows), dtype=torch.bool, device=dev)
+    step = max(1, PAIR_VALUES // max(n_cells, 1))
+    for s in range(0, len(rows), step):
+        r = torch.as_tensor(rows[s:s + step], device=dev)
+        kk = torch.as_tensor(k[s:s + step], device=dev)
+        v = values.index_select(0, r)
+        t = v.gather(1, (kk - 1)[:, None])
+        # tied: the value before or after the k-th in sorted order equals it
+        tie = (kk > 1) & (v.gather(1, (kk - 2).clamp(min=0)[:, None])[:, 0] == t[:, 0])
+        tied[s:s + step] = tie | ((kk < n_cells)
+                                  & (v.gather(1, kk.clamp(max=n_cells - 1)[:, None])[:, 0]
+                                     == t[:, 0]))
+        own = labels[None, :] == torch.as_tensor(h[s:s + step], device=dev)[:, None]
+        # untied, the k-th cell itself is one of the top k: its own cells at or above it
+        above[s:s + step] = (own & (maps.index_select(0, r) * sign >= t)).sum(1).double()
+    return above, tied
+
+
+def score_pairs(kv_map: torch.Tensor, partitions: list[Partition], floor: float,
+                with_bottom: bool, pattern_top_k: int, op: int, orders: dict | None,
+                pairs: tuple[np.ndarray, dict[str, int]], fallback) -> Matches:
+    """``score_partitions`` of result partitions on pair maps (``kv_map``; ``pairs``: each
+    map's set and each heuristic's set by key), only the rows of each map's own set's
+    heuristics; ``fallback(rows)``: ``score_partitions``' Matches of maps ``rows`` alone
+    (maps with a tie at a k-th value). ``orders`` receives the sort orders the value
+    rule reads, as ``score_partitions`` gives them."""
+    from catalog.labels.matching import SortedMaps
+
+    row_set, set_of = np.asarray(pairs[0], dtype=np.int64), pairs[1]
+    n_cells = kv_map.shape[1]
+    heuristics = [h for p in partitions for h in p.heuristics]
+    offsets = np.cumsum([0] + [len(p.heuristics) for p in partitions])
+    if not len(kv_map):
+        out = Matches.empty()
+        out.heuristics = heuristics
+        return out
+    top = SortedMaps.of(kv_map)
+    sides = [(1.0, top)] + ([(-1.0, top.negated())] if with_bottom else [])
+    if orders is not None:
+        for side, (_, sm) in enumerate(sides):
+            orders[(True, side == 1)] = sm.order
+    cols: dict[str, list] = {c: [] for c in ("part", "map", "h", "score", "p", "bottom", "k")}
+    tie_maps: list[np.ndarray] = []
+    for pi, part in enumerate(partitions):
+        rows, h = candidates(part, row_set, set_of)
+        if not len(rows):
+            continue
+        sizes = np.asarray(part.sizes, dtype=np.int64)[h]
+        count_scored = part.scoring == "count"
+        k = np.full(len(h), min(pattern_top_k, n_cells)) if count_scored else sizes
+        labels = torch.as_tensor(part.labels, device=kv_map.device)
+        best: np.ndarray | None = None
+        bottom, tied = np.zeros(len(rows), dtype=bool), np.zeros(len(rows), dtype=bool)
+        for sign, sm in sides:
+            above, tie = _counts(kv_map, sm.values, labels, rows, h, k, sign)
+            sc = (above / torch.as_tensor(k, dtype=torch.float64, device=above.device)
+                  ).cpu().numpy()
+            tied |= tie.cpu().numpy()
+            if best is None:
+                best = sc
+            else:
+                bottom = sc > best
+                best = np.where(bottom, sc, best)
+        assert best is not None
+        if count_scored:
+            best = np.where(best >= 0.1, best, 0.0)
+        tie_maps.append(rows[tied])
+        keep = ~tied & (best >= floor)
+        p = p_values(best[keep], sizes[keep], n_cells, k[keep])
+        for c, v in (("part", np.full(len(rows), pi)), ("map", rows), ("h", h),
+                     ("score", best.astype(np.float32)), ("bottom", bottom), ("k", sizes)):
+            cols[c].append(v[keep])
+        cols["p"].append(p)
+    if tie_maps and len(ties := np.unique(np.concatenate(tie_maps))):
+        _add_fallback(cols, fallback(ties), ties, row_set, set_of, partitions, offsets)
+    if not cols["map"]:
+        out = Matches.empty()
+        out.heuristics = heuristics
+        return out
+    got = {c: np.concatenate(v) for c, v in cols.items()}
+    order = np.lexsort((got["h"], got["map"], got["part"]))
+    got = {c: v[order] for c, v in got.items()}
+    return Matches(
+        neuron=got["map"].astype(np.int32), op=np.full(len(order), op, dtype=np.int8),
+        heuristic=(offsets[got["part"]] + got["h"]).astype(np.int32),
+        score=got["score"].astype(np.float32), bottom=got["bottom"].astype(bool),
+        heuristics=heuristics, base_rate=base_rate(got["k"], n_cells).astype(np.float32),
+        p_value=got["p"].astype(np.float64))
+
+
+def _add_fallback(cols: dict[str, list], m: Matches, maps: np.ndarray, row_set: np.ndarray,
+                  set_of: dict[str, int], partitions: list[Partition],
+                  offsets: np.ndarray) -> None:
+    """Add the rows of ``m`` (``score_partitions`` of maps ``maps``, every heuristic of
+    ``partitions``, neuron indices into ``maps``) of each map's own set's heuristics to
+    ``cols``, with their scores and p-values."""
+    if not len(m):
+        return
+    part = np.searchsorted(offsets, m.heuristic, side="right") - 1
+    h = m.heuristic - offsets[part]
+    at = np.array([set_of.get(x.key, -1) for x in m.heuristics] or [-1])[m.heuristic]
+    mp = maps[m.neuron]
+    keep = (at >= 0) & (at == row_set[mp])
+    sizes = np.array([int(partitions[q].sizes[i]) for q, i in zip(part, h, strict=True)],
+                     dtype=np.int64)
+    for c, v in (("part", part), ("map", mp), ("h", h), ("score", m.score),
+                 ("p", m.p_value), ("bottom", m.bottom), ("k", sizes)):
+        cols[c].append(np.asarray(v)[keep])
