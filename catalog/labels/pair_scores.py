@@ -2,9 +2,9 @@
 map there is one (map, set) pair, the KV map less the operands' part of its joint fit
 with ONE result set, and only the heuristics of that set can be kept from it. Scoring
 every heuristic of every result partition on each such map, as ``score_partitions``
-does for the first pass, spent most of the second pass on rows it then dropped: on
-Qwen2.5-Coder-0.5B's [0, 30) grid a pair map names one set of 167 and ~60 partitions'
-value histograms were built for it.
+does for the first pass, spent most of the second pass's scoring on rows it then
+dropped: on Qwen2.5-Coder-0.5B's [0, 30) grid a pair map names one set of the 167 it may
+label, and 20 partitions (108 heuristics) were scored on it.
 
 ``score_pairs`` counts each pair map's top cells in its own heuristics' sets alone: with
 t the k-th largest value, a heuristic's count is the number of its cells above t, and

@@ -87,15 +87,23 @@ class ValueNull:
         return self._member[key]
 
     def min_p(self, h: Heuristic) -> float:
-        """The smallest p-value heuristic h can get under this null (Tarone)."""
+        """The smallest p-value heuristic h can get under this null (Tarone); kept per
+        heuristic (every layer's labels and controls ask for every heuristic's, tens of
+        thousands of times a checkpoint), but for op1 = op2, whose depends on the
+        permutations (``n_value_tests`` sets them)."""
         if h.family == "multi_result":
             return 1.0
         if h.family == "identical":
             return 1.0 / (1 + self.permutations)
-        if h.target == "both":
-            return float(fisher_combined(min_p(self.groups["op1"], self.member(h, "op1")),
-                                min_p(self.groups["op2"], self.member(h, "op2"))))
-        return min_p(self.groups[h.target], self.member(h, h.target))
+        key = (h.key, "min_p")
+        if key not in self._member:
+            if h.target == "both":
+                self._member[key] = float(fisher_combined(
+                    min_p(self.groups["op1"], self.member(h, "op1")),
+                    min_p(self.groups["op2"], self.member(h, "op2"))))
+            else:
+                self._member[key] = min_p(self.groups[h.target], self.member(h, h.target))
+        return self._member[key]
 
     def p_values(self, k_map: torch.Tensor, kv_map: torch.Tensor, heuristics: list[Heuristic],
                  neuron: np.ndarray, heuristic: np.ndarray, bottom: np.ndarray,
