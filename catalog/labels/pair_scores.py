@@ -85,53 +85,37 @@ def score_pairs(kv_map: torch.Tensor, partitions: list[Partition], floor: float,
     n_cells = kv_map.shape[1]
     heuristics = [h for p in partitions for h in p.heuristics]
     offsets = np.cumsum([0] + [len(p.heuristics) for p in partitions])
-    if not len(kv_map):
-        out = Matches.empty()
-        out.heuristics = heuristics
-        return out
-    top = SortedMaps.of(kv_map)
-    sides = [(1.0, top)] + ([(-1.0, top.negated())] if with_bottom else [])
-    if orders is not None:
-        for side, (_, sm) in enumerate(sides):
-            orders[(True, side == 1)] = sm.order
     cols: dict[str, list] = {c: [] for c in ("part", "map", "h", "score", "p", "bottom", "k")}
-    tie_maps: list[np.ndarray] = []
-    for pi, part in enumerate(partitions):
-        rows, h = candidates(part, row_set, set_of)
-        if not len(rows):
-            continue
-        sizes = np.asarray(part.sizes, dtype=np.int64)[h]
-        count_scored = part.scoring == "count"
-        k = np.full(len(h), min(pattern_top_k, n_cells)) if count_scored else sizes
-        labels = torch.as_tensor(part.labels, device=kv_map.device)
-        best: np.ndarray | None = None
-        bottom, tied = np.zeros(len(rows), dtype=bool), np.zeros(len(rows), dtype=bool)
-        for sign, sm in sides:
-            above, tie = _counts(kv_map, sm.values, labels, rows, h, k, sign)
-            sc = (above / torch.as_tensor(k, dtype=torch.float64, device=above.device)
-                  ).cpu().numpy()
-            tied |= tie.cpu().numpy()
-            if best is None:
-                best = sc
-            else:
-                bottom = sc > best
-                best = np.where(bottom, sc, best)
-        assert best is not None
-        if count_scored:
-            best = np.where(best >= 0.1, best, 0.0)
-        tie_maps.append(rows[tied])
-        keep = ~tied & (best >= floor)
-        p = p_values(best[keep], sizes[keep], n_cells, k[keep])
-        for c, v in (("part", np.full(len(rows), pi)), ("map", rows), ("h", h),
-                     ("score", best.astype(np.float32)), ("bottom", bottom), ("k", sizes)):
-            cols[c].append(v[keep])
-        cols["p"].append(p)
-    if tie_maps and len(ties := np.unique(np.concatenate(tie_maps))):
+    tie_maps: list[np.ndarray] = [np.zeros(0, np.int64)]
+    if len(kv_map):
+        top = SortedMaps.of(kv_map)
+        sides = [(1.0, top)] + ([(-1.0, top.negated())] if with_bottom else [])
+        if orders is not None:
+            for side, (_, sm) in enumerate(sides):
+                orders[(True, side == 1)] = sm.order
+        for pi, part in enumerate(partitions):
+            rows, h = candidates(part, row_set, set_of)
+            if len(rows):
+                got, tied = _partition_rows(kv_map, sides, part, rows, h, floor,
+                                            pattern_top_k)
+                got["part"] = np.full(len(got["map"]), pi)
+                for c, v in got.items():
+                    cols[c].append(v)
+                tie_maps.append(tied)
+    ties = np.unique(np.concatenate(tie_maps))
+    if len(ties):
+        # a map with a tie at any of its heuristics' k-th values is scored the long way
+        # whole (a set named by a heuristic of k cells and one counted among K top cells
+        # may tie at one k and not the other): none of its rows from here
+        for i, mp in enumerate(cols["map"]):
+            out = ~np.isin(mp, ties)
+            for c in cols:
+                cols[c][i] = cols[c][i][out]
         _add_fallback(cols, fallback(ties), ties, row_set, set_of, partitions, offsets)
     if not cols["map"]:
-        out = Matches.empty()
-        out.heuristics = heuristics
-        return out
+        empty = Matches.empty()
+        empty.heuristics = heuristics
+        return empty
     got = {c: np.concatenate(v) for c, v in cols.items()}
     order = np.lexsort((got["h"], got["map"], got["part"]))
     got = {c: v[order] for c, v in got.items()}
@@ -141,6 +125,38 @@ def score_pairs(kv_map: torch.Tensor, partitions: list[Partition], floor: float,
         score=got["score"].astype(np.float32), bottom=got["bottom"].astype(bool),
         heuristics=heuristics, base_rate=base_rate(got["k"], n_cells).astype(np.float32),
         p_value=got["p"].astype(np.float64))
+
+
+def _partition_rows(kv_map: torch.Tensor, sides: list, part: Partition, rows: np.ndarray,
+                    h: np.ndarray, floor: float, pattern_top_k: int
+                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The rows from ``floor`` up of the (map, heuristic) pairs ``rows``, ``h`` of one
+    partition (map, h, score, p-value, side, k), and the maps with a tie at one of their
+    k-th values (``sides``: (sign, the maps times it sorted descending), top first)."""
+    n_cells = kv_map.shape[1]
+    sizes = np.asarray(part.sizes, dtype=np.int64)[h]
+    count_scored = part.scoring == "count"
+    k = np.full(len(h), min(pattern_top_k, n_cells)) if count_scored else sizes
+    labels = torch.as_tensor(part.labels, device=kv_map.device)
+    best: np.ndarray | None = None
+    bottom, tied = np.zeros(len(rows), dtype=bool), np.zeros(len(rows), dtype=bool)
+    for sign, sm in sides:
+        above, tie = _counts(kv_map, sm.values, labels, rows, h, k, sign)
+        sc = (above / torch.as_tensor(k, dtype=torch.float64, device=above.device)
+              ).cpu().numpy()
+        tied |= tie.cpu().numpy()
+        if best is None:
+            best = sc
+        else:
+            bottom = sc > best
+            best = np.where(bottom, sc, best)
+    assert best is not None
+    if count_scored:
+        best = np.where(best >= 0.1, best, 0.0)
+    keep = best >= floor
+    return ({"map": rows[keep], "h": h[keep], "score": best[keep].astype(np.float32),
+             "p": p_values(best[keep], sizes[keep], n_cells, k[keep]),
+             "bottom": bottom[keep], "k": sizes[keep]}, rows[tied])
 
 
 def _add_fallback(cols: dict[str, list], m: Matches, maps: np.ndarray, row_set: np.ndarray,

@@ -99,3 +99,30 @@ def test_candidates_are_each_maps_own_sets_heuristics_in_order():
     rows, h = pair_scores.candidates(part, np.array([2, -1, 0, 1, 2]), set_of)
     assert rows.tolist() == [0, 0, 2, 4, 4]
     assert h.tolist() == [0, 2, 1, 0, 2]
+
+
+def test_a_set_counted_two_ways_with_a_tie_at_one_gives_each_row_once():
+    """A set named by a heuristic scored on its k cells and by one counted among K top
+    cells: a map tied at the K-th value but not at the k-th (or the other way) is scored
+    the long way whole, so each of its rows comes once, as scoring every heuristic gives."""
+    from catalog.labels.heuristics import Heuristic, Partition
+
+    n, k_top = 40, 5
+    labels = np.where(np.arange(n) < 10, 0, -1)
+    own = Partition([Heuristic("range", "result", (0, 10))], labels, np.array([10]))
+    counted = Partition([Heuristic("pattern", "result", ("x",))], labels, np.array([10]),
+                        scoring="count")
+    set_of = {own.heuristics[0].key: 0, counted.heuristics[0].key: 0}
+    rng = np.random.default_rng(3)
+    maps = np.stack([rng.permutation(n).astype(np.float32) for _ in range(3)])
+    desc = np.argsort(-maps, axis=1)
+    maps[1, desc[1, 4]] = maps[1, desc[1, 5]]  # the 5th and 6th largest equal: a tie at K
+    maps[2, desc[2, 9]] = maps[2, desc[2, 10]]  # a tie at the 10th: at k, not at K
+    maps_t = torch.as_tensor(maps)
+    row_set = np.zeros(3, dtype=np.int64)
+    parts = [own, counted]
+    got = score_partitions(maps_t, maps_t, parts, 0.0, True, k_top, pairs=(row_set, set_of))
+    every = score_partitions(maps_t, maps_t, parts, 0.0, True, k_top)
+    assert len(got) == len(every) == 6
+    for f in ("neuron", "heuristic", "score", "bottom", "p_value"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(every, f), err_msg=f)
