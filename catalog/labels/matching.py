@@ -305,8 +305,8 @@ def score_partitions(  # noqa: C901
             idx = torch.as_tensor(rows, device=kv_map.device, dtype=torch.long)
             return score_partitions(k_map.index_select(0, idx), kv_map.index_select(0, idx),
                                     partitions, floor, with_bottom, pattern_top_k, cells, op)
-        return score_pairs(kv_map, partitions, floor, with_bottom, pattern_top_k, op, orders,
-                           pairs, fallback)
+        return score_pairs(kv_map, SortedMaps.of(kv_map), partitions, floor, with_bottom,
+                           pattern_top_k, op, orders, pairs, fallback)
     best: list[torch.Tensor | None] = [None] * len(partitions)
     is_bottom: list[torch.Tensor | None] = [None] * len(partitions)
     same = kv_map is k_map  # one map for both kinds of heuristic: sort it once

@@ -71,16 +71,16 @@ def _counts(maps: torch.Tensor, values: torch.Tensor, labels: torch.Tensor,
     return above, tied
 
 
-def score_pairs(kv_map: torch.Tensor, partitions: list[Partition], floor: float,
+def score_pairs(kv_map: torch.Tensor, top, partitions: list[Partition], floor: float,
                 with_bottom: bool, pattern_top_k: int, op: int, orders: dict | None,
                 pairs: tuple[np.ndarray, dict[str, int]], fallback) -> Matches:
-    """``score_partitions`` of result partitions on pair maps (``kv_map``; ``pairs``: each
-    map's set and each heuristic's set by key), only the rows of each map's own set's
-    heuristics; ``fallback(rows)``: ``score_partitions``' Matches of maps ``rows`` alone
-    (maps with a tie at a k-th value). ``orders`` receives the sort orders the value
-    rule reads, as ``score_partitions`` gives them."""
-    from catalog.labels.matching import SortedMaps
-
+    """``score_partitions`` of result partitions on pair maps (``kv_map``, sorted: ``top``,
+    its ``SortedMaps``; ``pairs``: each map's set and each heuristic's set by key), only
+    the rows of each map's own set's heuristics; ``fallback(rows)``:
+    ``score_partitions``' Matches of maps ``rows`` alone (maps with a tie at a k-th
+    value). ``orders`` receives the sort orders the value rule reads, as
+    ``score_partitions`` gives them."""
+    assert all(p.direct for p in partitions), "pairs are scored on result partitions"
     row_set, set_of = np.asarray(pairs[0], dtype=np.int64), pairs[1]
     n_cells = kv_map.shape[1]
     heuristics = [h for p in partitions for h in p.heuristics]
@@ -88,7 +88,6 @@ def score_pairs(kv_map: torch.Tensor, partitions: list[Partition], floor: float,
     cols: dict[str, list] = {c: [] for c in ("part", "map", "h", "score", "p", "bottom", "k")}
     tie_maps: list[np.ndarray] = [np.zeros(0, np.int64)]
     if len(kv_map):
-        top = SortedMaps.of(kv_map)
         sides = [(1.0, top)] + ([(-1.0, top.negated())] if with_bottom else [])
         if orders is not None:
             for side, (_, sm) in enumerate(sides):
