@@ -43,32 +43,33 @@ def candidates(partition: Partition, row_set: np.ndarray, set_of: dict[str, int]
     return rows, by_set[np.arange(len(rows)) + start]
 
 
-def _counts(maps: torch.Tensor, values: torch.Tensor, labels: torch.Tensor,
-            rows: np.ndarray, h: np.ndarray, k: np.ndarray, sign: float
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cells of h at or above the k-th largest value of sign x its map, whether that
-    value is tied) of each (map, heuristic) pair; ``values``: sign x each map sorted
-    descending.
-    In blocks of ``PAIR_VALUES``."""
+def _counts(maps: torch.Tensor, sides: list, labels: torch.Tensor, rows: np.ndarray,
+            h: np.ndarray, k: np.ndarray) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per side (``sides``: (sign, sign x the maps sorted descending), top first): (cells
+    of h at or above the k-th largest value of sign x its map, whether that value is
+    tied) of each (map, heuristic) pair. In blocks of ``PAIR_VALUES``, each block's maps
+    and sets gathered once for every side."""
     n_cells = maps.shape[1]
     dev = maps.device
-    above = torch.zeros(len(rows), dtype=torch.float64, device=dev)
-    tied = torch.zeros(len(rows), dtype=torch.bool, device=dev)
+    out = [(torch.zeros(len(rows), dtype=torch.float64, device=dev),
+            torch.zeros(len(rows), dtype=torch.bool, device=dev)) for _ in sides]
     step = max(1, PAIR_VALUES // max(n_cells, 1))
     for s in range(0, len(rows), step):
         r = torch.as_tensor(rows[s:s + step], device=dev)
         kk = torch.as_tensor(k[s:s + step], device=dev)
-        v = values.index_select(0, r)
-        t = v.gather(1, (kk - 1)[:, None])
-        # tied: the value before or after the k-th in sorted order equals it
-        tie = (kk > 1) & (v.gather(1, (kk - 2).clamp(min=0)[:, None])[:, 0] == t[:, 0])
-        tied[s:s + step] = tie | ((kk < n_cells)
-                                  & (v.gather(1, kk.clamp(max=n_cells - 1)[:, None])[:, 0]
-                                     == t[:, 0]))
+        y = maps.index_select(0, r)
         own = labels[None, :] == torch.as_tensor(h[s:s + step], device=dev)[:, None]
-        # untied, the k-th cell itself is one of the top k: its own cells at or above it
-        above[s:s + step] = (own & (maps.index_select(0, r) * sign >= t)).sum(1).double()
-    return above, tied
+        for (sign, sm), (above, tied) in zip(sides, out, strict=True):
+            v = sm.values.index_select(0, r)
+            t = v.gather(1, (kk - 1)[:, None])
+            # tied: the value before or after the k-th in sorted order equals it
+            tie = (kk > 1) & (v.gather(1, (kk - 2).clamp(min=0)[:, None])[:, 0] == t[:, 0])
+            tied[s:s + step] = tie | (
+                (kk < n_cells) & (v.gather(1, kk.clamp(max=n_cells - 1)[:, None])[:, 0]
+                                  == t[:, 0]))
+            # untied, the k-th cell itself is one of the top k: its own cells at or above
+            above[s:s + step] = (own & (y * sign >= t)).sum(1).double()
+    return out
 
 
 def score_pairs(kv_map: torch.Tensor, top, partitions: list[Partition], floor: float,
@@ -139,8 +140,7 @@ def _partition_rows(kv_map: torch.Tensor, sides: list, part: Partition, rows: np
     labels = torch.as_tensor(part.labels, device=kv_map.device)
     best: np.ndarray | None = None
     bottom, tied = np.zeros(len(rows), dtype=bool), np.zeros(len(rows), dtype=bool)
-    for sign, sm in sides:
-        above, tie = _counts(kv_map, sm.values, labels, rows, h, k, sign)
+    for above, tie in _counts(kv_map, sides, labels, rows, h, k):
         sc = (above / torch.as_tensor(k, dtype=torch.float64, device=above.device)
               ).cpu().numpy()
         tied |= tie.cpu().numpy()
