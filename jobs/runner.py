@@ -318,9 +318,19 @@ def _fill_final_circuits(conn, job: JobRow) -> None:
     """After a summary: if it was the model's final checkpoint under the config, measure its
     circuit at the earlier checkpoints summarized before it (jobs.final_circuits), before
     the job is marked done. A failure here is logged and does not fail the job (its own
-    rows are written); ``ncat final-circuit`` fills the gap."""
+    rows are written); ``ncat final-circuit`` fills the gap. Not while a later checkpoint
+    of the model under the config is still queued or running: that one, summarized after
+    this one, measures it at every earlier checkpoint, this one included (measured here
+    too, it was measured once per checkpoint queued after it: 91 loads, preparations and
+    curves for the demo's 14 checkpoints, queued in training order, in place of 13). A
+    later job that then fails or is cancelled leaves the earlier checkpoints to
+    ``ncat final-circuit``."""
     from jobs import final_circuits
 
+    if jobdb.later_pending(conn, job):
+        log.info("job %s: a later checkpoint of %s is still to measure; it measures the "
+                 "final circuit at the earlier ones", job.id, job.model_name)
+        return
     here = _loaded(conn, job)
     try:
         steps = final_circuits.fill(conn, model_id=here.ids.model_id,

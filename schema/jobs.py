@@ -189,6 +189,21 @@ def claim_summary(conn: psycopg.Connection, job_id: int) -> bool:
                          job_id, Status.DONE)).fetchone() is not None
 
 
+def later_pending(conn: psycopg.Connection, job: JobRow) -> bool:
+    """Whether a job of ``job``'s model and config at a later training step (a job with a
+    summary, not a full-grid one) still has layers to measure: queued or running. The
+    latest checkpoint to be summarized measures the final circuit at the earlier ones
+    (``jobs.runner``); a job that measured it after every summary did it again for every
+    earlier checkpoint, once per checkpoint queued in training order."""
+    if job.step is None:  # a model without steps has one checkpoint
+        return False
+    return conn.execute(
+        "SELECT 1 FROM job WHERE model_name = %s AND config_id = %s AND id <> %s "
+        "AND step > %s AND grid_neurons IS NULL AND status IN (%s, %s) LIMIT 1",
+        (job.model_name, job.config_id, job.id, job.step, Status.QUEUED,
+         Status.RUNNING)).fetchone() is not None
+
+
 def mark_done(conn: psycopg.Connection, job_id: int) -> None:
     conn.execute("UPDATE job SET status = %s, updated_at = now(), finished_at = now() "
                  "WHERE id = %s", (Status.DONE, job_id))

@@ -77,6 +77,27 @@ def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
         assert all(w[0].startswith("w@") for w in workers)
 
 
+def test_checkpoints_queued_in_training_order_fill_the_final_circuit_once(queue):
+    """One worker, three checkpoints queued oldest first: each summary comes before the
+    later checkpoints' circuits exist, so only the last one measures the final circuit at
+    the earlier ones, each of them once (after every summary, the latest so far was taken
+    as final and every earlier checkpoint measured again: step 128 twice here, 91 times a
+    checkpoint for the demo's 14)."""
+    enq.enqueue(queue.url, queue.name, "128,256,300", CONFIG)
+    queue.start_worker()
+    wait_until(lambda: all_done(queue.url), what="the three jobs done")
+    log = queue.worker_log()
+    filled = [sorted(int(x) for x in m.split(",") if x.strip())
+              for m in re.findall(r"final circuit measured at steps \[([^\]]*)\]", log)]
+    assert filled == [[128, 256]], log[-3000:]
+    assert len(re.findall(r"a later checkpoint of \S+ is still to measure", log)) == 2
+    with store.connect(queue.url) as conn:
+        assert conn.execute(
+            "SELECT DISTINCT c.step, f.step FROM final_circuit_point p JOIN checkpoint c "
+            "ON c.id = p.checkpoint_id JOIN checkpoint f ON f.id = p.final_checkpoint_id "
+            "ORDER BY 1").fetchall() == [(128, 300), (256, 300)]
+
+
 def test_crash_mid_job_then_a_new_worker_completes_it(queue):
     config = ScienceConfig(operand_hi=20, pairs_per_op=20, faithfulness_prompts=30)
     (job,) = enq.enqueue(queue.url, queue.name, "300", config)
