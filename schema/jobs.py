@@ -191,10 +191,9 @@ def claim_summary(conn: psycopg.Connection, job_id: int) -> bool:
 
 def later_pending(conn: psycopg.Connection, job: JobRow) -> bool:
     """Whether a job of ``job``'s model and config at a later training step (a job with a
-    summary, not a full-grid one) still has layers to measure: queued or running. The
-    latest checkpoint to be summarized measures the final circuit at the earlier ones
-    (``jobs.runner``); a job that measured it after every summary did it again for every
-    earlier checkpoint, once per checkpoint queued in training order."""
+    summary, not a full-grid one) still has layers to measure: queued or running (the
+    latest checkpoint to be summarized measures the final circuit at the earlier ones:
+    ``jobs.runner._fill_final_circuits``)."""
     if job.step is None:  # a model without steps has one checkpoint
         return False
     return conn.execute(

@@ -4,12 +4,12 @@ count (``labelled_maps``, ``result_labelled_maps``: the steps of
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
+from catalog.core.digest import array_digest
 from catalog.core.token_format import FORMAT_KINDS, format_maps
 from catalog.labels import value_null
 from catalog.labels.heuristics import n_tests as count_tests
@@ -34,16 +34,10 @@ def format_key(config, op: str, cells, with_bottom: bool, multi_result: bool, de
     config (its hash), the operator, its cells (operands and results), the bottom side and
     multi-result family, the device, and the maps themselves (which carry the layer, the
     seed and the tokenizer's token counts)."""
-    h = hashlib.blake2b(digest_size=20)
-    h.update(f"{config.config_hash()}|{op}|{with_bottom}|{multi_result}|{device}".encode())
-    for x in (cells.a, cells.b, cells.result):
-        x = np.ascontiguousarray(x, dtype=np.int64)
-        h.update(np.array(x.shape, np.int64).tobytes())
-        h.update(x.tobytes())
-    maps = np.ascontiguousarray(maps)
-    h.update(f"{maps.dtype}{maps.shape}".encode())
-    h.update(maps.tobytes())
-    return h.hexdigest()
+    return array_digest(*(np.asarray(x, dtype=np.int64) for x in (cells.a, cells.b,
+                                                                  cells.result)), maps,
+                        text=f"{config.config_hash()}|{op}|{with_bottom}|{multi_result}|"
+                             f"{device}", size=20)
 
 
 def labelled_maps(k_map: torch.Tensor, kv: torch.Tensor, cells, partitions: list, config,

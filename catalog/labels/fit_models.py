@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from catalog.config.vocab import FOLDS, MAX_LEVELS
+from catalog.core.digest import array_digest
 
 # one-hot designs with more cells x columns than this are kept sparse
 DENSE_LIMIT = 20_000_000
@@ -199,12 +200,8 @@ def fold_model(groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel
     """``FoldModel.of(groups, folds, device)``, the same object for the same groupings
     (as partitions of the cells, level numbers included), folds and device while any
     holder keeps it."""
-    digest = hashlib.blake2b(digest_size=16)
-    for x in (*groups, folds):
-        x = np.ascontiguousarray(x, dtype=np.int64)
-        digest.update(np.array(x.shape, np.int64).tobytes())
-        digest.update(x.tobytes())
-    key = (digest.hexdigest(), str(device))
+    key = (array_digest(*(np.asarray(x, dtype=np.int64) for x in (*groups, folds))),
+           str(device))
     model = _MODELS.get(key)
     if model is None:
         model = FoldModel.of(groups, folds, device)
