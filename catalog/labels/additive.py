@@ -46,12 +46,23 @@ def operand_groups(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
 class AdditiveOperands:
     """f(op1) + g(op2) + h(layout) fit to maps on one operator's cells, exactly (normal
     equations with the pseudo-inverse of X'X, X the one-hot designs side by side): both
-    operands' main effects and the prompt's token layout (``operand_groups``)."""
+    operands' main effects and the prompt's token layout (``operand_groups``).
+
+    On a complete grid in row-major order (every op1 value with every op2 value once, op2
+    running fastest: ``+`` and ``*`` on [0, n)) the same projection is taken without the
+    design: the two-way analysis of variance (each map less its row and column means plus
+    its grand mean) is the exact projection on the operands' main effects there, and the
+    layout adds what its classes hold beyond them, an orthonormal basis ``inter`` (cells x
+    k; k = 1 for one- and two-digit operands) of its residual indicators. That is a few
+    passes over each map in place of two products with the design (3x faster on Qwen's
+    [0, 30) grid, 512 maps: 0.9 ms against 2.8), equal to the design's fit to rounding."""
 
     design: Design
     pinv: torch.Tensor  # (width, width) float64
     n_operands: int  # every column (op1's values, op2's, the layouts)
     rank: int  # dimension of the space (constant included)
+    grid: tuple[int, int] | None = None  # (op1 values, op2 values) of a complete grid
+    inter: torch.Tensor | None = None  # (cells, k) the layout beyond the operands
 
     @classmethod
     def of(cls, a: np.ndarray, b: np.ndarray, device: str | torch.device = "cpu"
@@ -61,13 +72,54 @@ class AdditiveOperands:
         n_op = design.width
         rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
         pinv = np.linalg.pinv(design.xtx, hermitian=True)
-        return cls(design, torch.as_tensor(pinv, device=device), n_op, rank)
+        out = cls(design, torch.as_tensor(pinv, device=device), n_op, rank)
+        grid = _row_major_grid(np.asarray(a), np.asarray(b))
+        if grid is not None:
+            out.grid = grid
+            lay = torch.as_tensor(np.eye(int(groups[2].max()) + 1)[groups[2]].T,
+                                  dtype=torch.float64, device=device)
+            q, r = torch.linalg.qr(out._anova(lay).T)
+            d = r.diagonal().abs()
+            out.inter = q[:, d > 1e-9 * max(float(d.max()), 1e-300)].contiguous()
+        return out
+
+    def _anova(self, y: torch.Tensor) -> torch.Tensor:
+        """(n, cells) each map less its row and column means plus its grand mean."""
+        assert self.grid is not None
+        n, (rows, cols) = len(y), self.grid
+        g = y.view(n, rows, cols)
+        row_mean, col_mean = g.mean(2, keepdim=True), g.mean(1, keepdim=True)
+        return (g - row_mean - col_mean + row_mean.mean(1, keepdim=True)).view(n, -1)
+
+    def residual(self, maps: torch.Tensor) -> torch.Tensor:
+        """(n, cells) float64: each map less its least-squares f(op1) + g(op2) + h(layout)."""
+        y = maps.double()
+        if self.grid is None:
+            return y - self.fitted(y)
+        assert self.inter is not None
+        e = self._anova(y)
+        return e.addmm_(e @ self.inter, self.inter.T, alpha=-1)
 
     def fitted(self, maps: torch.Tensor) -> torch.Tensor:
-        """(n, cells) float64: each map's least-squares f(op1) + g(op2)."""
+        """(n, cells) float64: each map's least-squares f(op1) + g(op2) + h(layout)."""
         y = maps.double()
+        if self.grid is not None:
+            return y - self.residual(y)
         c = self.design.sums(y) @ self.pinv.to(y.device)
         return self.design.on_cells(c, self.n_operands)
+
+
+def _row_major_grid(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
+    """(op1 values, op2 values) where the cells are every pair of them once, op1 by op1
+    with op2 running fastest; else None."""
+    ua, ub = np.unique(a), np.unique(b)
+    n = len(ua) * len(ub)
+    if len(a) != n or n == 0:
+        return None
+    i = np.arange(n)
+    if not (np.array_equal(a, ua[i // len(ub)]) and np.array_equal(b, ub[i % len(ub)])):
+        return None
+    return len(ua), len(ub)
 
 
 # the windows of an operator's values that compete for a map: every run of consecutive
@@ -89,7 +141,10 @@ class WindowScan:
     their own (den > 0), and their denominators; ``pick``: (bins + 1, windows), column k
     +1/sqrt(den_k) at row last_k and -1/sqrt(den_k) at row first_k, so that D pick holds
     each window's signed root (one product in place of two gathers, a difference, a
-    square and a division over every window of every map)."""
+    square and a division over every window of every map). A residual map is orthogonal
+    to every additive map, so D_k = r_y . C_k is the sum of r_y over the cells of the
+    bins below k (``sums``): one scatter of the cells per map in place of a product with
+    C (2-2.5x faster on Qwen's [0, 30) grid, 256 maps; equal to float64's rounding)."""
 
     c: torch.Tensor  # (bins + 1, cells) float64
     g: torch.Tensor  # (bins + 1, bins + 1)
@@ -100,6 +155,8 @@ class WindowScan:
     # ``pick`` in float32 and its largest entry (``bounds``)
     pick32: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
     pick_max: float = 0.0
+    # each cell's bin, 1 + the bin's index (0: in no window), for ``sums``
+    bin_of: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
 
     @classmethod
     def of(cls, values: np.ndarray, add: AdditiveOperands, device) -> WindowScan:
@@ -109,7 +166,9 @@ class WindowScan:
         ind = torch.zeros(int(lev.max()) + 1 if len(lev) else 0, len(values),
                           dtype=torch.float64, device=device)
         ind[torch.as_tensor(lev, device=device), torch.as_tensor(valid, device=device)] = 1
-        r = ind - add.fitted(ind)
+        bin_of = torch.zeros(len(values), dtype=torch.long, device=device)
+        bin_of[torch.as_tensor(valid, device=device)] = torch.as_tensor(lev, device=device) + 1
+        r = add.residual(ind)
         c = torch.cat([torch.zeros(1, len(values), dtype=torch.float64, device=device),
                        torch.cumsum(r, 0)])
         g = c @ c.T
@@ -122,7 +181,15 @@ class WindowScan:
         pick[j, k] = 1 / torch.sqrt(d_ij)
         pick[i, k] = -1 / torch.sqrt(d_ij)
         return cls(c, g, i, j, d_ij, pick, pick.float(),
-                   float(pick.abs().max()) if pick.numel() else 0.0)
+                   float(pick.abs().max()) if pick.numel() else 0.0, bin_of)
+
+    def sums(self, r_y: torch.Tensor) -> torch.Tensor:
+        """(n, bins + 1) D = r_y C' of residual maps ``r_y`` (float64): D_0 = 0 and D_k the
+        sum of r_y over the cells of bins 0 .. k - 1."""
+        per_bin = torch.zeros(len(r_y), len(self.c), dtype=torch.float64, device=r_y.device)
+        per_bin.index_add_(1, self.bin_of, r_y.double())
+        per_bin[:, 0] = 0  # the cells in no window
+        return per_bin.cumsum_(1)
 
     def best(self, r_y: torch.Tensor) -> torch.Tensor:
         """(n,) the largest sum of squares one window explains of each residual map."""
@@ -131,7 +198,7 @@ class WindowScan:
         # the largest root in absolute value, squared (torch.aminmax over rows ran 10-20x
         # slower than abs and amax on this project's CPUs: 0.5 ms against 0.04 for 256
         # maps of 1,769 windows)
-        top = ((r_y @ self.c.T) @ self.pick).abs_().amax(1)
+        top = (self.sums(r_y) @ self.pick).abs_().amax(1)
         return top * top
 
     def bounds(self, r_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +216,7 @@ class WindowScan:
         if not len(self.den):
             zero = torch.zeros(n, dtype=torch.float64, device=r_y.device)
             return zero, zero
-        d = r_y @ self.c.T
+        d = self.sums(r_y)
         root = (d.float() @ self.pick32).abs_().amax(1).double()  # not aminmax: see best
         err = SCAN_SLACK * d.abs().amax(1) * self.pick_max
         return (root - err).clamp(min=0) ** 2, (root + err) ** 2

@@ -25,7 +25,7 @@ def _set_residuals(fit: OperandFit, members: np.ndarray, device) -> tuple:
     pos = np.zeros(len(fit.sets), dtype=np.int64)
     pos[uniq_s] = np.arange(len(uniq_s))
     sets = torch.as_tensor(fit.sets[uniq_s], dtype=torch.float64, device=device)
-    return sets - fit.additive.fitted(sets), pos[members].reshape(-1)
+    return fit.additive.residual(sets), pos[members].reshape(-1)
 
 
 def _blocks(neuron: np.ndarray):
@@ -50,7 +50,7 @@ def own_beyond(fit: OperandFit, maps: torch.Tensor, neuron: np.ndarray,
     r_s, s_of = _set_residuals(fit, members, dev)
     for uniq, rows, ni in _blocks(neuron):
         y = maps.index_select(0, torch.as_tensor(uniq, device=dev)).double()
-        out[rows] = explained(y - fit.additive.fitted(y), r_s,
+        out[rows] = explained(fit.additive.residual(y), r_s,
                                torch.as_tensor(ni, device=dev),
                                torch.as_tensor(s_of[rows], device=dev))
     return out

@@ -131,7 +131,7 @@ class OperandFit:
                 r = torch.empty(m.shape, dtype=torch.float64, device=m.device)
                 for s in range(0, len(m), BLOCK):
                     y = m[s:s + BLOCK].double()
-                    r[s:s + BLOCK] = y - self.additive.fitted(y)
+                    r[s:s + BLOCK] = self.additive.residual(y)
                 nan = torch.full((len(m),), float("nan"), dtype=torch.float64, device=m.device)
                 self._held.append((m, r, nan, torch.full((len(m), 4), float("nan"),
                                                          dtype=torch.float64)))
@@ -145,7 +145,7 @@ class OperandFit:
             if m is maps:
                 return r.index_select(0, idx)
         y = maps.index_select(0, idx).double()
-        return y - self.additive.fitted(y)
+        return self.additive.residual(y)
 
     def window_best(self, maps: torch.Tensor, idx: torch.Tensor,
                     r_y: torch.Tensor) -> torch.Tensor:
@@ -244,7 +244,7 @@ class OperandFit:
         fit = cls(op, add, specs, folds, device, len(a), (a, b, result))
         if rivals is not None and len(rivals):
             r = torch.as_tensor(np.asarray(rivals), dtype=torch.float64, device=device)
-            r = r - add.fitted(r)
+            r = add.residual(r)
             ss = (r * r).sum(1)
             keep = (ss > 1e-12).cpu().numpy()  # an additive set explains nothing beyond
             fit.rivals, fit.rival_ss = r[torch.as_tensor(keep, device=device)], ss[keep]
@@ -254,7 +254,7 @@ class OperandFit:
                                           device) for o in OPERATORS}
         if own is not None and own.size <= LABELABLE_LIMIT:
             sets = torch.as_tensor(np.asarray(own), dtype=torch.float64, device=device)
-            sets = sets - add.fitted(sets)
+            sets = add.residual(sets)
             sets_ss = (sets * sets).sum(1)
             real = sets_ss > 1e-12  # an additive set explains nothing beyond: never labelled
             fit.labelable, fit.labelable_ss = sets[real], sets_ss[real]
@@ -322,7 +322,7 @@ class OperandFit:
         best, which, own = np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
         for s in range(0, n, BLOCK):
             y = maps[s:s + BLOCK].double()
-            got = self.rival_beyond_residual(y - self.additive.fitted(y))
+            got = self.rival_beyond_residual(self.additive.residual(y))
             best[s:s + BLOCK], which[s:s + BLOCK], own[s:s + BLOCK] = got
         return best, which, own
 

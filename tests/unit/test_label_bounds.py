@@ -189,6 +189,23 @@ def test_the_best_window_is_the_largest_root_squared():
     y = torch.from_numpy(_maps("*", 20)).double()
     r_y = y - add.fitted(y)
     scan = WindowScan.of(cells.result, add, "cpu")
-    low, high = torch.aminmax((r_y @ scan.c.T) @ scan.pick, dim=1)
+    low, high = torch.aminmax(scan.sums(r_y) @ scan.pick, dim=1)
     np.testing.assert_array_equal(scan.best(r_y).numpy(),
                                   torch.maximum(low * low, high * high).numpy())
+
+
+@pytest.mark.parametrize("op,hi", [("*", 20), ("/", 15), ("-", 14)])
+def test_the_window_sums_of_a_residual_are_its_products_with_the_cumulative_sets(op, hi):
+    """``WindowScan.sums``: a residual map's sums over the bins below each k, one scatter,
+    equal to r_y C' (C: the cumulative bin indicators less their additive fit), on a
+    grid whose cells are not all in a window (``/`` by zero, ``-`` below zero on the
+    other operator's values) and on one that is not a rectangle (``-``)."""
+    cells = cells_of(op, hi)
+    add = AdditiveOperands.of(cells.a, cells.b)
+    y = torch.from_numpy(_maps(op, hi)).double()
+    r_y = add.residual(y)
+    for o in "+-*/":
+        scan = WindowScan.of(other_result(o, cells.a, cells.b), add, "cpu")
+        want = r_y @ scan.c.T
+        np.testing.assert_allclose(scan.sums(r_y).numpy(), want.numpy(), rtol=0,
+                                   atol=1e-11 * float(want.abs().max()), err_msg=o)

@@ -285,6 +285,34 @@ def test_the_additive_fit_is_the_least_squares_fit_on_a_triangle():
     assert fit.rank == np.linalg.matrix_rank(x)
 
 
+@pytest.mark.parametrize("hi", [12, 30, 120])
+def test_the_grid_fit_is_the_designs_least_squares_fit(hi):
+    """On a complete grid in row-major order (``+``, ``*``) the additive fit is taken by
+    the two-way analysis of variance and the layout beyond it (one class per digit count
+    on [0, 12) and [0, 30), three on [0, 120)): equal to numpy's lstsq with the design,
+    and of the same rank. The same cells in another order are fit with the design."""
+    cells = cells_of("*", hi)
+    rng = np.random.default_rng(hi)
+    maps = rng.standard_normal((4, len(cells.a))) + 5 * (cells.result % 7 == 3) \
+        + np.sqrt(cells.a + 1.0) * (cells.b >= 10) + 1e3
+    fit = AdditiveOperands.of(cells.a, cells.b)
+    assert fit.grid == (hi, hi)
+    lay = np.unique(layout(cells.a, cells.b), return_inverse=True)[1].reshape(-1)
+    x = np.concatenate([np.eye(hi)[cells.a], np.eye(hi)[cells.b],
+                        np.eye(lay.max() + 1)[lay]], axis=1)
+    want = maps - (x @ np.linalg.lstsq(x, maps.T, rcond=None)[0]).T
+    got = fit.residual(torch.from_numpy(maps)).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(fit.fitted(torch.from_numpy(maps)).numpy(), maps - want,
+                               rtol=1e-12, atol=1e-9)
+    assert fit.rank == np.linalg.matrix_rank(x) == 2 * hi - 1 + fit.inter.shape[1]
+    order = rng.permutation(len(cells.a))
+    shuffled = AdditiveOperands.of(cells.a[order], cells.b[order])
+    assert shuffled.grid is None
+    np.testing.assert_allclose(shuffled.residual(torch.from_numpy(maps[:, order])).numpy(),
+                               want[:, order], rtol=0, atol=1e-9)
+
+
 def test_with_set_is_the_map_less_the_operands_part_of_its_joint_fit():
     """``additive.with_set`` against numpy's lstsq of each map on the operands, the layout
     and its set together: y minus the fitted operand part, on ``-`` (cells not a
