@@ -122,6 +122,15 @@ def validate_request(model: str, checkpoints, config: ScienceConfig,
         raise EnqueueError(str(exc)) from None
 
 
+def latest_first(step: int | None) -> tuple[bool, int]:
+    """A sort key of checkpoints, the latest step first (the final weights, no step,
+    last): each earlier checkpoint's summary then finds its model's final checkpoint
+    summarized and measures the final circuit in its own summary (catalog.circuits.final),
+    where one summarized before it would have to be loaded and prepared again afterwards
+    (jobs.final_circuits.fill)."""
+    return step is None, -(step or 0)
+
+
 def job_key(model: str, step: int | None, config: ScienceConfig, layers: list[int]) -> str:
     blob = json.dumps({"model": model, "step": step, "config": config.config_hash(),
                        "layers": sorted(layers)}, sort_keys=True)
@@ -142,7 +151,8 @@ class Enqueued:
 def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None = None,
             layers: list[int] | None = None, device: str = "cpu", force: bool = False,
             send=None) -> list[Enqueued]:
-    """Create (or find) one job per checkpoint and queue its layers.
+    """Create (or find) one job per checkpoint and queue its layers, the latest checkpoint's
+    first (``latest_first``); the jobs are returned in the order asked for.
 
     ``send(job_id, layer)`` queues one task; by default through Celery.
     """
@@ -165,15 +175,17 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
                                       checkpoint_id=have.checkpoint_id if have else None)
             if job_id is not None:
                 if not done:
-                    to_send += [(job_id, layer) for layer in p.layers]
+                    to_send += [(p.step, job_id, layer) for layer in p.layers]
                 results.append(Enqueued(job_id, p.model, p.step, p.layers, True, stored=done))
                 continue
             job_id = jobdb.job_id_by_key(conn, key)
             if force:
                 jobdb.requeue(conn, job_id, only_unfinished=False, force=True)
-                to_send += [(job_id, layer) for layer in p.layers]
+                to_send += [(p.step, job_id, layer) for layer in p.layers]
             results.append(Enqueued(job_id, p.model, p.step, p.layers, False))
-    _send_all(send, to_send, results)  # after commit: a worker must find the rows
+    to_send.sort(key=lambda x: latest_first(x[0]))  # stable: layers in order within a job
+    # after commit: a worker must find the rows
+    _send_all(send, [(job_id, layer) for _, job_id, layer in to_send], results)
     return results
 
 

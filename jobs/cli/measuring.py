@@ -179,7 +179,7 @@ def cmd_measure(args) -> int:
 def cmd_catalog(args) -> int:
     """Measure checkpoints and write them to the database (no queue)."""
     from catalog.sources import ModelSourceError, load_model
-    from jobs.enqueue import validate_request
+    from jobs.enqueue import latest_first, validate_request
     from jobs.store_results import catalog_checkpoint
     from schema import reads, store
     from schema.engine import SchemaBehind, require_current
@@ -193,7 +193,7 @@ def cmd_catalog(args) -> int:
         planned = validate_request(args.model, args.checkpoints, config, layers)
         # latest first: every earlier checkpoint then measures the final circuit in its own
         # summary (catalog.circuits.final)
-        planned = sorted(planned, key=lambda p: (p.step is None, -(p.step or 0)))
+        planned = sorted(planned, key=lambda p: latest_first(p.step))
         stored = None
         for p in planned:
             name, step = p.model, p.step

@@ -77,19 +77,49 @@ def test_end_to_end_equals_direct_measure(queue, tiny_builtin):
         assert all(w[0].startswith("w@") for w in workers)
 
 
-def test_checkpoints_queued_in_training_order_fill_the_final_circuit_once(queue):
-    """One worker, three checkpoints queued oldest first: each summary comes before the
-    later checkpoints' circuits exist, so only the last one measures the final circuit at
-    the earlier ones, each of them once (after every summary, the latest so far was taken
-    as final and every earlier checkpoint measured again: step 128 twice here, 91 times a
-    checkpoint for the demo's 14)."""
-    enq.enqueue(queue.url, queue.name, "128,256,300", CONFIG)
+def _filled(log: str) -> list[list[int]]:
+    """The steps each "final circuit measured at steps [...]" line of a worker log names."""
+    return [sorted(int(x) for x in m.split(",") if x.strip())
+            for m in re.findall(r"final circuit measured at steps \[([^\]]*)\]", log)]
+
+
+def test_one_request_queues_the_latest_checkpoint_first(queue):
+    """``enqueue`` sends the latest checkpoint's layers first (the jobs come back in the
+    order asked for): one worker summarizes step 300 first, and 256 and 128 each measure
+    the final circuit in their own summaries, so nothing is loaded again afterwards."""
+    sent: list[tuple[int, int]] = []
+    broker = enq._broker_send()
+
+    def send(job_id: int, layer: int) -> None:  # the broker's, watched
+        sent.append((job_id, layer))
+        broker(job_id, layer)
+    jobs = enq.enqueue(queue.url, queue.name, "128,256,300", CONFIG, send=send)
+    assert [j.step for j in jobs] == [128, 256, 300]
+    layers = list(range(TINY.n_layers))
+    assert sent == [(j.job_id, x) for j in jobs[::-1] for x in layers]
     queue.start_worker()
     wait_until(lambda: all_done(queue.url), what="the three jobs done")
     log = queue.worker_log()
-    filled = [sorted(int(x) for x in m.split(",") if x.strip())
-              for m in re.findall(r"final circuit measured at steps \[([^\]]*)\]", log)]
-    assert filled == [[128, 256]], log[-3000:]
+    assert _filled(log) == [], log[-3000:]
+    with store.connect(queue.url) as conn:
+        assert conn.execute(
+            "SELECT DISTINCT c.step, f.step FROM final_circuit_point p JOIN checkpoint c "
+            "ON c.id = p.checkpoint_id JOIN checkpoint f ON f.id = p.final_checkpoint_id "
+            "ORDER BY 1").fetchall() == [(128, 300), (256, 300)]
+
+
+def test_checkpoints_queued_in_training_order_fill_the_final_circuit_once(queue):
+    """One worker, three checkpoints queued oldest first (three requests): each summary
+    comes before the later checkpoints' circuits exist, so only the last one measures the
+    final circuit at the earlier ones, each of them once (after every summary, the latest
+    so far was taken as final and every earlier checkpoint measured again: step 128 twice
+    here, 91 times a checkpoint for the demo's 14 before it was queued latest first)."""
+    for step in ("128", "256", "300"):
+        enq.enqueue(queue.url, queue.name, step, CONFIG)
+    queue.start_worker()
+    wait_until(lambda: all_done(queue.url), what="the three jobs done")
+    log = queue.worker_log()
+    assert _filled(log) == [[128, 256]], log[-3000:]
     assert len(re.findall(r"a later checkpoint of \S+ is still to measure", log)) == 2
     with store.connect(queue.url) as conn:
         assert conn.execute(
