@@ -1,6 +1,7 @@
 """One digest of numpy arrays (dtype, shape and bytes of each), for the caches a process
 keeps by what they are computed from (``catalog.labels.fit_models.fold_model``, the
-token-format control in ``catalog.labels.controls``)."""
+token-format control in ``catalog.labels.controls``, the label fits of
+``catalog.labels.operator_labels.operand_fit``)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ the label-rule tests.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ import torch
 
 from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.arith import OPERATORS, is_valid
+from catalog.core.digest import array_digest
 from catalog.labels import value_null
 from catalog.labels.additive import BLOCK, with_set
 from catalog.labels.gate import gate
@@ -104,10 +104,9 @@ def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> Ope
     """``build_operand_fit``, kept per process for the same config, cells and device (the
     fit holds no state between calls: ``OperandFit.hold`` is released by its caller),
     the fits kept within ``FITS_KEPT_BYTES`` and ``FAMILY_KEPT_BYTES`` (``_evict``)."""
-    digest = hashlib.sha256()
-    for x in (cells.a, cells.b, cells.result):
-        digest.update(np.ascontiguousarray(x, dtype=np.int64).tobytes())
-    key = (config.config_hash(), cells.op, cells.lo, cells.hi, digest.hexdigest(),
+    digest = array_digest(*(np.asarray(x, dtype=np.int64)
+                            for x in (cells.a, cells.b, cells.result)))
+    key = (config.config_hash(), cells.op, cells.lo, cells.hi, digest,
            str("cpu" if device is None else device))
     if key in _FITS:
         _FITS.move_to_end(key)
