@@ -238,11 +238,11 @@ def check_budget(est: MemoryEstimate, budget: int, where: str, what: str) -> Non
 
 
 def label_fit_bytes(config) -> float:
-    """An upper bound of what the label gate holds per run (``catalog.labels.operand_fit``): per
-    operator, and again for its relabelled control, the rival sets and the windows of
-    every operator's values, float64, and for the operator's own fit (the controls never
-    explain: ``OperandFit.models``) the held-out fits' inverses (five folds of each
-    model: the operands, the result, the result of each operator with the operands)."""
+    """An upper bound of what the label gate holds per run (``catalog.labels.operand_fit``):
+    per operator, and again for its relabelled control, the rival sets, float64, and for
+    the operator's own fit (the controls never explain: ``OperandFit.models``) the
+    held-out fits' inverses (five folds of each model: the operands, the result, the
+    result of each operator with the operands)."""
     if not (config.result_beyond_operands and config.label_rule == "values"):
         return 0.0
     from catalog.config.vocab import FOLDS, MAX_LEVELS
@@ -255,9 +255,10 @@ def label_fit_bytes(config) -> float:
     for op in config.operators:
         widths = [ops_w, levels[op]] + [ops_w + n for n in levels.values()]
         models = max(models, FOLDS * sum(w * w for w in widths) * 8.0)
-    # the rivals (residues and digit patterns of three operators, a few hundred each) and
-    # four operators' windows (65 cumulative rows each), on every cell
-    rest = (3 * 300 + 4 * 65) * cells * 8.0
+    # the rivals (residues and digit patterns of three operators, a few hundred each) on
+    # every cell (the windows keep each cell's bin and their roots' picks, not per-cell
+    # rows: ``WindowScan``)
+    rest = 3 * 300 * cells * 8.0
     return len(config.operators) * (models + 2 * rest)
 
 

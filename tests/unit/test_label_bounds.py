@@ -13,7 +13,8 @@ from labelling import additive_maps, cells_of, labelled_with_fit, noise_maps, pr
 from catalog.config import ScienceConfig
 from catalog.labels import additive, gate, operand_fit
 from catalog.labels import operator_labels as ol
-from catalog.labels.additive import AdditiveOperands, WindowScan, other_result
+from catalog.labels.additive import SCAN_BINS, AdditiveOperands, WindowScan, other_result
+from catalog.labels.fit_models import levels
 from catalog.labels.heuristics import Heuristic
 
 LEVEL = 0.05
@@ -194,6 +195,18 @@ def test_the_best_window_is_the_largest_root_squared():
                                   torch.maximum(low * low, high * high).numpy())
 
 
+def _cumulative_sets(values, add):
+    """C, the reference ``WindowScan`` no longer keeps: row 0 zero, row k the indicator
+    of the cells of bins 0 .. k - 1 less its additive fit (cells of negative values in
+    no bin)."""
+    valid = np.nonzero(values >= 0)[0]
+    lev = levels(values[valid], SCAN_BINS)
+    ind = torch.zeros(int(lev.max()) + 1, len(values), dtype=torch.float64)
+    ind[torch.as_tensor(lev), torch.as_tensor(valid)] = 1
+    return torch.cat([torch.zeros(1, len(values), dtype=torch.float64),
+                      torch.cumsum(ind - add.fitted(ind), 0)])
+
+
 @pytest.mark.parametrize("op,hi", [("*", 20), ("/", 15), ("-", 14)])
 def test_the_window_sums_of_a_residual_are_its_products_with_the_cumulative_sets(op, hi):
     """``WindowScan.sums``: a residual map's sums over the bins below each k, one scatter,
@@ -205,7 +218,9 @@ def test_the_window_sums_of_a_residual_are_its_products_with_the_cumulative_sets
     y = torch.from_numpy(_maps(op, hi)).double()
     r_y = add.residual(y)
     for o in "+-*/":
-        scan = WindowScan.of(other_result(o, cells.a, cells.b), add, "cpu")
-        want = r_y @ scan.c.T
+        values = other_result(o, cells.a, cells.b)
+        scan = WindowScan.of(values, add, "cpu")
+        want = r_y @ _cumulative_sets(values, add).T
+        assert scan.rows == len(want.T)
         np.testing.assert_allclose(scan.sums(r_y).numpy(), want.numpy(), rtol=0,
                                    atol=1e-11 * float(want.abs().max()), err_msg=o)
