@@ -68,6 +68,12 @@ EXPLAIN_VALUES = 512 * 900
 RIVAL_MARGIN = 0.1
 
 
+def labelable_fits(n_sets: int, n_cells: int) -> bool:
+    """Whether ``n_sets`` result sets over ``n_cells`` cells are kept for the second
+    pass's screen (``OperandFit.labelable``), under ``LABELABLE_LIMIT``."""
+    return n_sets * n_cells <= LABELABLE_LIMIT
+
+
 @dataclass
 class OperandFit:
     """What one operator's grid needs for the rule: its additive fit and the competing
@@ -252,7 +258,7 @@ class OperandFit:
         if rivals is not None:
             fit.scans = {o: WindowScan.of(result if o == op else other_result(o, a, b), add,
                                           device) for o in OPERATORS}
-        if own is not None and own.size <= LABELABLE_LIMIT:
+        if own is not None and labelable_fits(*np.shape(own)):
             sets = torch.as_tensor(np.asarray(own), dtype=torch.float64, device=device)
             sets = add.residual(sets)
             sets_ss = (sets * sets).sum(1)

@@ -45,6 +45,7 @@ from catalog.labels.operand_fit import (
     HELD_LIMIT,
     Explanations,
     OperandFit,
+    labelable_fits,
     other_result,
 )
 from catalog.measuring.prompts import UNLIMITED
@@ -160,35 +161,52 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
                     ops.append(o)
     sets, first = (unique_rows(np.stack(rivals)) if rivals
                    else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
-    # the sets the second pass may label: every partition it scores (result_partitions)
-    own, keys = [], []
+    # the sets the second pass may label: every partition it scores (result_partitions),
+    # packed to bits as they are made (``*`` on [0, 300) has 23,955 of them: 2 GiB as
+    # booleans, twice that stacked, before the limit below turned them all away)
+    packed, keys = [], []
     for p in result_partitions(partitions_for(cells, config)):
         for i, h in enumerate(p.heuristics):
-            own.append(p.labels == i)
+            packed.append(np.packbits(p.labels == i))
             keys.append(h.key)
-    if not own:
-        return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
-                             rival_ops=np.array(ops, dtype="<U1")[first])
-    uniq, _, row = unique_rows(np.stack(own), inverse=True)
+    rival_ops = np.array(ops, dtype="<U1")[first]
+    if packed:
+        first_own, row = unique_packed(np.stack(packed), inverse=True)
+        if labelable_fits(len(first_own), len(cells.a)):
+            uniq = unpacked(np.stack([packed[i] for i in first_own]), len(cells.a))
+            return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device,
+                                 rivals=sets, rival_ops=rival_ops, own=uniq,
+                                 own_of=dict(zip(keys, row.tolist(), strict=True)))
+    # none, or too many to screen (``OperandFit.may_label``: every set scored instead)
     return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
-                         rival_ops=np.array(ops, dtype="<U1")[first], own=uniq,
-                         own_of=dict(zip(keys, row.tolist(), strict=True)))
+                         rival_ops=rival_ops)
 
 
 def unique_rows(rows: np.ndarray, inverse: bool = False) -> tuple:
     """``np.unique(rows, axis=0, return_index=True)`` of boolean rows (sets over cells),
     the same rows in the same order (with ``inverse``, also each row's index among
-    them): each row packed to bytes (the first cell in the highest bit, so bytes compare
-    as the rows do) and compared whole. numpy's row unique sorts a record of one field
-    per cell, field by field: 2.5 s of the 6.0 s that building the fit for ``*`` on
-    [0, 100) took on one core."""
+    them), through ``unique_packed``. numpy's row unique sorts a record of one field per
+    cell, field by field: 2.5 s of the 6.0 s that building the fit for ``*`` on [0, 100)
+    took on one core."""
     rows = np.ascontiguousarray(rows, dtype=bool)
-    packed = np.ascontiguousarray(np.packbits(rows, axis=1))
+    got = unique_packed(np.packbits(rows, axis=1), inverse)
+    return (rows[got[0]], *got)
+
+
+def unique_packed(packed: np.ndarray, inverse: bool = False) -> tuple:
+    """(first, [back]) of rows of cells packed to bits (``np.packbits`` along each row:
+    the first cell in the highest bit, so the bytes compare as the rows do): each
+    distinct row's first index, in the rows' order, and with ``inverse`` each row's
+    index among the distinct ones."""
+    packed = np.ascontiguousarray(packed)
     keys = packed.view(np.dtype((np.void, packed.shape[1]))).reshape(-1)
     _, first, back = np.unique(keys, return_index=True, return_inverse=True)
-    if inverse:
-        return rows[first], first, back.reshape(-1)
-    return rows[first], first
+    return (first, back.reshape(-1)) if inverse else (first,)
+
+
+def unpacked(packed: np.ndarray, n_cells: int) -> np.ndarray:
+    """Boolean rows of ``n_cells`` cells from rows packed by ``np.packbits``."""
+    return np.unpackbits(packed, axis=1, count=n_cells).astype(bool)
 
 
 @dataclass

@@ -92,6 +92,54 @@ def _rows(m: Matches) -> dict:
                                         m.implements, strict=True)}
 
 
+def test_the_labelable_sets_are_numpys_unique_rows_and_never_held_as_booleans(monkeypatch):
+    """``build_operand_fit`` keeps its own result sets packed to bits until it knows they
+    fit (``labelable_fits``): under the limit they are the distinct rows of every result
+    partition's sets (np.unique over the stacked booleans, in its order, each key on its
+    row); over it none are kept, and building the fit of ``*`` on [0, 150) (6,748 sets
+    over 22,500 cells: 152 MB as booleans, which it used to hold twice before turning
+    them all away) never holds as many bytes of numpy arrays as the sets as booleans
+    once (measured: 116 MB, most of it the partitions; 420 MB before)."""
+    import tracemalloc
+
+    from catalog.labels.heuristics import partitions_for, result_partitions
+
+    for op, hi in (("*", 20), ("+", 30), ("-", 12)):
+        cells = cells_of(op, hi)
+        config = ScienceConfig(operand_hi=hi)
+        own, keys = [], []
+        for p in result_partitions(partitions_for(cells, config)):
+            for i, h in enumerate(p.heuristics):
+                own.append(p.labels == i)
+                keys.append(h.key)
+        want, back = np.unique(np.stack(own), axis=0, return_inverse=True)
+        fit = ol.build_operand_fit(config, cells)
+        got = fit.labelable_sets.cpu().numpy()
+        r = AdditiveOperands.of(cells.a, cells.b).residual(torch.as_tensor(want * 1.0))
+        real = ((r * r).sum(1) > 1e-12).numpy()  # sets beyond the additive fit
+        assert got.shape[1] == len(cells.a) and len(got) <= len(want), op
+        # each key's row: its set among the kept ones (sets an additive fit explains
+        # whole, such as every cell, are dropped)
+        for k, row in zip(keys, back.reshape(-1).tolist(), strict=True):
+            at = fit.labelable_of[k]
+            if at >= 0:
+                assert np.array_equal(got[at], want[row]), (op, k)
+        assert len(got) == real.sum() > 0, op
+    monkeypatch.setattr(operand_fit, "LABELABLE_LIMIT", 0)
+    assert ol.build_operand_fit(ScienceConfig(operand_hi=20), cells_of("*", 20)).labelable is None
+    monkeypatch.undo()
+    cells, config = cells_of("*", 150), ScienceConfig(operand_hi=150)
+    n_sets = sum(len(p.heuristics) for p in result_partitions(partitions_for(cells, config)))
+    tracemalloc.start()
+    try:
+        fit = ol.build_operand_fit(config, cells)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert fit.labelable is None and n_sets > 6000
+    assert peak < n_sets * len(cells.a), (peak, n_sets * len(cells.a))
+
+
 @pytest.mark.parametrize("op,hi", [("+", 30), ("*", 20)])
 def test_the_second_pass_screen_loses_no_label(op, hi, monkeypatch):
     """Labels, rows, scores and p-values with the screen (``may_label``: maps, then
