@@ -53,7 +53,7 @@ class Design:
             idx = torch.as_tensor(np.stack([cols, rows]), device=device)
             self.xt = torch.sparse_coo_tensor(
                 idx, torch.ones(len(rows), dtype=torch.float64, device=device),
-                (self.width, n_cells)).coalesce()
+                (self.width, n_cells), check_invariants=False).coalesce()
         xtx = np.zeros((self.width, self.width))
         for gi, oi in zip(groups, offsets, strict=True):
             for gj, oj in zip(groups, offsets, strict=True):
