@@ -46,7 +46,7 @@ from catalog.measuring import effects
 from catalog.measuring.grids import mlp_width, run_grid
 from catalog.measuring.lens import lens_at, logit_lens
 from catalog.measuring.patching import attribution_patching, exact_patching
-from catalog.measuring.prompts import PromptTable, build_prompts, check_context, sample_pairs
+from catalog.measuring.prompts import PromptTable, check_context, prompts_for, sample_pairs
 from catalog.periodic import spectra
 from catalog.run.results import (
     CheckpointResult,
@@ -154,7 +154,7 @@ class CheckpointRun(CheckpointSummary):
         """Build prompts, run the grid pass (correctness, and activations of the layers that
         fit the budget), draw counterfactual pairs, build the heuristics of each operator."""
         config = self.config
-        self.table = build_prompts(self.tokenizer, self.numbers, config)
+        self.table = prompts_for(self.tokenizer, self.numbers, config)
         check_context(max(len(t) for t in self.table.tokens), self.model.cfg.n_ctx, config,
                       self.model.cfg.model_name)
         self._attribution = {}

@@ -139,3 +139,96 @@ def test_a_stored_config_keeps_the_rules_it_was_measured_with():
     assert (new.label_rule, new.rank_statistic, new.rank_sign) == ("values", "trimmed", "abs")
     assert new.dedupe_heuristics
     assert "value" in new.families
+
+
+def _roles_one_by_one(tokenizer, config, ops, a, b, offsets=True):
+    """The roles as tokenize_prompts took them until 2026-12-03, prompt by prompt (the
+    slow reference): the last token whose first character is before the role's end, or
+    the length of the text up to the role's end tokenized alone."""
+    from catalog.measuring.prompts import _spans
+
+    out = []
+    for op, x, y in zip(ops, a, b, strict=True):
+        text, spans = _spans(config.template, int(x), op, int(y))
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=offsets)
+        n, row = len(enc["input_ids"]), []
+        for name in ("a", "op", "b"):
+            end = spans[name][1]
+            if offsets:
+                starts = [s for s, _ in enc["offset_mapping"]]
+                row.append(max(k for k in range(n) if starts[k] < end or k == 0))
+            else:
+                part = tokenizer(text[:end], add_special_tokens=False)["input_ids"]
+                row.append(min(len(part), n) - 1)
+        out.append(row + [n - 1])
+    return np.array(out, dtype=np.int64)
+
+
+class _NoOffsets:
+    """A tokenizer that cannot give character offsets (as slow tokenizers cannot)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def __call__(self, text, add_special_tokens=True, return_offsets_mapping=False):
+        if return_offsets_mapping:
+            raise NotImplementedError("no offsets")
+        return self.tok(text, add_special_tokens=add_special_tokens)
+
+
+@pytest.mark.parametrize("template", ["bare", "spaced", "qa", "{a} {op_word} {b} ="])
+def test_each_roles_token_equals_the_prompt_by_prompt_reference(template):
+    """tokenize_prompts finds every prompt's role tokens at once: the same positions as
+    the prompt-by-prompt reference, on one-token numbers, numbers split into pieces and
+    digit by digit, every operator and every template kind, with offsets and without."""
+    from catalog.measuring.prompts import tokenize_prompts
+
+    rng = np.random.default_rng(len(template))
+    cfg = ScienceConfig(template=template)
+    ops = [str(o) for o in rng.choice(list("+-*/"), 300)]
+    a, b = rng.integers(0, 2000, 300), rng.integers(1, 2000, 300)
+    for tok in (builtin_tokenizer(), number_tokenizer(), number_tokenizer(9)):
+        ids, roles = tokenize_prompts(tok, cfg, ops, a, b)
+        want = _roles_one_by_one(tok, cfg, ops, a, b)
+        np.testing.assert_array_equal(roles, want)
+        assert len({len(x) for x in ids}) > 1 or tok.vocab_size > 1000
+    slow = _NoOffsets(number_tokenizer(9))
+    _, roles = tokenize_prompts(slow, cfg, ops[:40], a[:40], b[:40])
+    np.testing.assert_array_equal(
+        roles, _roles_one_by_one(slow, cfg, ops[:40], a[:40], b[:40], offsets=False))
+
+
+def test_a_runs_checkpoints_tokenize_the_grid_once(monkeypatch):
+    """prompts_for keeps the table it built last: the same tokenizer (another object of
+    the same content), numbers and config get the same prompts without tokenizing again,
+    each in a table of its own (one checkpoint's correctness is not another's); another
+    vocabulary, another config or a tokenizer without a serializable backend build
+    their own."""
+    from catalog.measuring import prompts
+
+    built = []
+    real = prompts.build_prompts
+    monkeypatch.setattr(prompts, "build_prompts",
+                        lambda *args: built.append(args[2]) or real(*args))
+    monkeypatch.setattr(prompts, "_LAST", [])
+    cfg = ScienceConfig(operand_hi=12, shots=2, shot_separator="; ")
+    tok = number_tokenizer(200)
+    numbers = detect_number_tokens(tok)
+    first = prompts.prompts_for(tok, numbers, cfg)
+    first.correct = np.ones(len(first), dtype=bool)
+    again = prompts.prompts_for(number_tokenizer(200), detect_number_tokens(tok), cfg)
+    assert len(built) == 1 and again is not first and again.correct is None
+    assert [t.tolist() for t in again.tokens] == [t.tolist() for t in first.tokens]
+    np.testing.assert_array_equal(again.role_pos, first.role_pos)
+    fresh = real(tok, numbers, cfg)
+    assert [t.tolist() for t in fresh.tokens] == [t.tolist() for t in again.tokens]
+    other = number_tokenizer(150)
+    assert prompts.tokenizer_key(other) != prompts.tokenizer_key(tok)
+    prompts.prompts_for(other, detect_number_tokens(other), cfg)
+    prompts.prompts_for(tok, numbers, ScienceConfig(operand_hi=12, shots=3, shot_separator="; "))
+    assert len(built) == 3
+    slow = _NoOffsets(tok)
+    assert prompts.tokenizer_key(slow) is None
+    prompts.prompts_for(slow, numbers, cfg)
+    prompts.prompts_for(slow, numbers, cfg)
+    assert len(built) == 5
