@@ -171,9 +171,10 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
             keys.append(h.key)
     rival_ops = np.array(ops, dtype="<U1")[first]
     if packed:
-        first_own, row = unique_packed(np.stack(packed), inverse=True)
+        stacked = np.stack(packed)
+        first_own, row = unique_packed(stacked, inverse=True)
         if labelable_fits(len(first_own), len(cells.a)):
-            uniq = unpacked(np.stack([packed[i] for i in first_own]), len(cells.a))
+            uniq = unpacked(stacked[first_own], len(cells.a))
             return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device,
                                  rivals=sets, rival_ops=rival_ops, own=uniq,
                                  own_of=dict(zip(keys, row.tolist(), strict=True)))
