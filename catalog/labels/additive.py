@@ -83,22 +83,32 @@ class AdditiveOperands:
             out.inter = q[:, d > 1e-9 * max(float(d.max()), 1e-300)].contiguous()
         return out
 
-    def _anova(self, y: torch.Tensor) -> torch.Tensor:
-        """(n, cells) each map less its row and column means plus its grand mean."""
+    def _anova(self, y: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """(n, cells) each map less its row and column means plus its grand mean (with
+        ``inplace``, in ``y``: the same operations in the same order)."""
         assert self.grid is not None
         n, (rows, cols) = len(y), self.grid
         g = y.view(n, rows, cols)
         row_mean, col_mean = g.mean(2, keepdim=True), g.mean(1, keepdim=True)
+        if inplace:
+            return g.sub_(row_mean).sub_(col_mean).add_(row_mean.mean(1, keepdim=True)).view(n, -1)
         return (g - row_mean - col_mean + row_mean.mean(1, keepdim=True)).view(n, -1)
 
-    def residual(self, maps: torch.Tensor) -> torch.Tensor:
-        """(n, cells) float64: each map less its least-squares f(op1) + g(op2) + h(layout)."""
-        y = maps.double()
+    def residual(self, maps: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """(n, cells) float64: each map less its least-squares f(op1) + g(op2) + h(layout);
+        with ``out`` (float64, contiguous, the maps' shape), written there (on a complete
+        grid without a temporary: ``OperandFit.hold`` takes every map's once)."""
         if self.grid is None:
-            return y - self.fitted(y)
+            y = maps.double()
+            e = y - self.fitted(y)
+            return e if out is None else out.copy_(e)
         assert self.inter is not None
-        e = self._anova(y)
-        return e.addmm_(e @ self.inter, self.inter.T, alpha=-1)
+        if out is None:
+            e = self._anova(maps.double())
+            return e.addmm_(e @ self.inter, self.inter.T, alpha=-1)
+        e = self._anova(out.copy_(maps), inplace=True)  # a view of ``out``
+        e.addmm_(e @ self.inter, self.inter.T, alpha=-1)
+        return out
 
     def fitted(self, maps: torch.Tensor) -> torch.Tensor:
         """(n, cells) float64: each map's least-squares f(op1) + g(op2) + h(layout)."""
@@ -227,6 +237,12 @@ class WindowScan:
 
 def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
                sign: np.ndarray | None, df: int) -> np.ndarray:
+    """``partial_tests``' p-values."""
+    return partial_tests(r_y, r_s, ni, si, sign, df)[0]
+
+
+def partial_tests(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.Tensor,
+                  sign: np.ndarray | None, df: int) -> tuple[np.ndarray, np.ndarray]:
     """One-sided p-value of each row (``ni``: its map among the residual maps ``r_y``;
     ``si``: its set among the residual sets ``r_s``, both less the operands' additive
     fit) for "the set explains the map beyond f(op1) + g(op2)": the partial regression of
@@ -238,7 +254,9 @@ def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.
     map's top, -1 at its bottom; None: either direction (the K map of a result label,
     whose sign on the set depends on the sign of the lens). Every product is a matrix
     product over the rows' maps and sets (only the sets some row names: ``r_s`` may hold
-    every set of the gate's rows)."""
+    every set of the gate's rows). Also ``explained``'s value of each row, from the same
+    products. The map's residual is read by two products, not three: its products with
+    each set and with the set's cube side by side."""
     from scipy import special
 
     used, si = torch.unique(si, return_inverse=True)
@@ -246,14 +264,15 @@ def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.
     s2 = r_s * r_s
     y2 = r_y * r_y
     ss_y = y2.sum(1)
-    dot = (r_y @ r_s.T)[ni, si]
+    k = len(r_s)
+    both = r_y @ torch.cat([r_s, s2 * r_s]).T
+    dot, ys3 = both[:, :k][ni, si], both[:, k:][ni, si]
     sss = s2.sum(1)[si]
     beta = dot / sss.clamp(min=1e-300)
     rss = (ss_y[ni] - dot * beta).clamp(min=0)
     t = dot / torch.sqrt(rss / df * sss).clamp(min=1e-300)
     # HC0: sum over cells of rs^2 e^2, e = ry - beta rs, expanded into the products
     y2s2 = (y2 @ s2.T)[ni, si]
-    ys3 = (r_y @ (s2 * r_s).T)[ni, si]
     hc = (y2s2 - 2 * beta * ys3 + beta ** 2 * (s2 * s2).sum(1)[si]).clamp(min=0)
     z = dot / torch.sqrt(hc).clamp(min=1e-300)
     # the upper tails as scipy.stats computes them (t.sf(x, df) is stdtr(df, -x),
@@ -266,7 +285,7 @@ def partial_p(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor, si: torch.
         p = np.maximum(special.stdtr(df, -(sg * t).cpu().numpy()),
                        special.ndtr(-(sg * z).cpu().numpy()))
     p[(sss <= 1e-12).cpu().numpy()] = 1.0  # the set is additive itself: nothing beyond
-    return p
+    return p, (dot ** 2 / sss.clamp(min=1e-300)).cpu().numpy()
 
 
 def explained(r_y: torch.Tensor, r_s: torch.Tensor, ni: torch.Tensor,

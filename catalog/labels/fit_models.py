@@ -261,19 +261,23 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
     fold = torch.as_tensor(first.folds, device=dev)
     onehot = torch.zeros(n_cells, n_folds, dtype=torch.float64, device=dev)
     onehot[torch.arange(n_cells, device=dev), fold] = 1.0
-    y64 = y.double()
-    mu = y64.mean(1, keepdim=True)
-    y64 = y64 - mu
-    per_fold, yy = y64 @ onehot, (y64 * y64) @ onehot  # (n, folds): sums, sums of squares
+    # float64 from here (a float32 map is promoted in the pass that takes its mean out)
+    mu = y.sum(1, keepdim=True, dtype=torch.float64) / n_cells
+    y64 = y - mu
+    # (n, folds) sums per fold and each model's e . r(y) (what the means add, exactly), in
+    # one product; then the sums of squares per fold
+    got = y64 @ torch.cat([onehot, *(m.const_cross[:, None] for m in models.values())], 1)
+    per_fold, cross = got[:, :n_folds], got[:, n_folds:]
+    yy = (y64 * y64) @ onehot
     count = onehot.sum(0)
     mean = (per_fold.sum(1, keepdim=True) - per_fold) / (n_cells - count)
     # sum over the fold's cells of (y - m_f)^2 = y_f'y_f - 2 m_f 1'y_f + n_f m_f^2
     out: dict[str, torch.Tensor] = {
         TSS: (yy - 2 * mean * per_fold + count * mean * mean).sum(1).clamp(min=0)}
-    # each model's e . r(y): what the means add, exactly
-    cross = y64 @ torch.stack([m.const_cross for m in models.values()], 1)
-    y, dtype = y64.float(), torch.float32
+    dtype = torch.float32
     yy = yy.float()
+    # (cells, n) float32, transposed and rounded in one copy
+    yt = torch.empty(n_cells, n, dtype=dtype, device=dev).copy_(y64.T)
     at: dict[bytes, int] = {}  # each distinct grouping's first row in the sums
     todo: list[torch.Tensor] = []  # each distinct grouping's levels, in that order
     width = 0
@@ -282,7 +286,6 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
             if key not in at:
                 at[key], width = width, width + size
                 todo.append(g)
-    yt = y.T.contiguous()  # (cells, n)
     sums = torch.zeros(n_folds * width, n, dtype=dtype, device=dev)
     for grouping, start in zip(todo, at.values(), strict=True):
         sums.index_add_(0, fold * width + start + grouping, yt)
@@ -294,7 +297,7 @@ def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, tor
         if m.wide:
             if held is None:
                 cells, _most = fold_cells(first.folds)
-                padded = torch.cat([yt, torch.zeros(1, n, dtype=y.dtype, device=dev)])
+                padded = torch.cat([yt, torch.zeros(1, n, dtype=dtype, device=dev)])
                 rows = torch.as_tensor(np.where(cells >= 0, cells, n_cells), device=dev)
                 held = padded.index_select(0, rows.reshape(-1)).view(n_folds, -1, n)
             # y_f - P_f t_f (padded cells: 0 - 0); the first run's product makes it

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from catalog.labels.additive import BLOCK, explained, partial_p
+from catalog.labels.additive import BLOCK, explained, partial_p, partial_tests
 from catalog.labels.operand_fit import RIVAL_MARGIN, OperandFit
 
 
@@ -111,15 +111,15 @@ def _gate_rows(fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, neuron: n
         # the activation itself must carry the set beyond both operands: a KV map that is
         # an additive activation times the neuron's lens has result structure from the
         # lens alone (the neuron pushes some answer digits whatever the prompt's result)
-        p[rows] = np.fmax(partial_p(r_kv, r_s, ni_t, si_t, sign[rows], df),
-                          partial_p(fit.beyond(k_map, idx), r_s, ni_t, si_t, None, df))
+        p_kv, own_set = partial_tests(r_kv, r_s, ni_t, si_t, sign[rows], df)
+        p[rows] = np.fmax(p_kv, partial_p(fit.beyond(k_map, idx), r_s, ni_t, si_t, None, df))
         # the rivals only of maps with a row that passes: no other row keeps a label
         need = np.zeros(len(uniq), dtype=bool)
         need[ni[p[rows] <= reach]] = True
         if fit.scans and need.any():
             sel = need[ni]
             keep[rows[sel]], fits[rows[sel]] = _rivals(
-                fit, kv, idx, r_kv, need, ni[sel], explained(r_kv, r_s, ni_t, si_t)[sel])
+                fit, kv, idx, r_kv, need, ni[sel], own_set[sel])
     return p, keep, fits
 
 

@@ -136,8 +136,7 @@ class OperandFit:
             if m.numel() <= HELD_LIMIT:
                 r = torch.empty(m.shape, dtype=torch.float64, device=m.device)
                 for s in range(0, len(m), BLOCK):
-                    y = m[s:s + BLOCK].double()
-                    r[s:s + BLOCK] = self.additive.residual(y)
+                    self.additive.residual(m[s:s + BLOCK], out=r[s:s + BLOCK])
                 nan = torch.full((len(m),), float("nan"), dtype=torch.float64, device=m.device)
                 self._held.append((m, r, nan, torch.full((len(m), 4), float("nan"),
                                                          dtype=torch.float64)))
@@ -394,7 +393,7 @@ class OperandFit:
         cols: dict[str, list] = {k: [] for k in keys}
         step = max(BLOCK, EXPLAIN_VALUES // max(self.n_cells, 1))
         for s in range(0, n, step):
-            got = held_out_all({k: self.models[k] for k in keys}, maps[s:s + step].double())
+            got = held_out_all({k: self.models[k] for k in keys}, maps[s:s + step])
             for k in keys:
                 cols[k].append(held_out_r2(got[k], got[TSS]))
         adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}

@@ -72,3 +72,23 @@ def test_a_map_far_from_zero_is_fit_as_exactly_as_its_centred_self(op, hi):
     for k, g in specs.items():
         press, tss = _reference(g, folds, far)
         np.testing.assert_array_less(np.abs(got[k].numpy() - press), 1e-5 * tss, err_msg=k)
+
+
+def test_float32_maps_are_fit_as_their_float64_values():
+    """The explanations pass a layer's float32 maps as they are (the mean is taken in
+    float64 in the pass that promotes them): every sum of squares is the one of the same
+    values given as float64, to the bit."""
+    cells = cells_of("+", 20)
+    rng = np.random.default_rng(3)
+    groups = operand_groups(cells.a, cells.b)
+    folds = pair_folds(cells.a, cells.b)
+    y = (rng.standard_normal((6, len(cells.a))) + 2 * (cells.result % 5 == 2) + 40).astype(
+        np.float32)
+    models = {"operands": FoldModel.of(groups, folds, "cpu"),
+              "joint:*": FoldModel.of([*groups, levels(cells.a * cells.b)], folds, "cpu")}
+    y32 = torch.from_numpy(y)
+    got, want = held_out_all(models, y32), held_out_all(models, y32.double())
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == torch.float64
+        assert torch.equal(got[k], want[k]), k

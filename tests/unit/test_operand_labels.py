@@ -311,6 +311,15 @@ def test_the_grid_fit_is_the_designs_least_squares_fit(hi):
     assert shuffled.grid is None
     np.testing.assert_allclose(shuffled.residual(torch.from_numpy(maps[:, order])).numpy(),
                                want[:, order], rtol=0, atol=1e-9)
+    # written into a given array (``OperandFit.hold``), from float32 maps as well: the
+    # same bits as the residual of the same values as float64, the maps untouched
+    for f, m in ((fit, maps), (shuffled, maps[:, order])):
+        m32 = torch.from_numpy(m.astype(np.float32))
+        before = m32.clone()
+        out = torch.full(m.shape, np.nan, dtype=torch.float64)
+        assert f.residual(m32, out=out) is out
+        assert torch.equal(out, f.residual(m32.double()))
+        assert torch.equal(m32, before)
 
 
 def test_with_set_is_the_map_less_the_operands_part_of_its_joint_fit():
