@@ -3,6 +3,8 @@ bench/recorded/cpu_label_power.json (bench/label_power.py) and
 bench/recorded/cpu_qwen2.5_label_mechanism.json (bench/label_mechanism.py).
 
 Run: .venv/bin/python bench/label_tables.py   (prints Markdown)
+     .venv/bin/python bench/label_tables.py cpu_qwen2.5_label_rule_cost_all_layers_after.json
+     (one recorded Qwen run's tables: there, every layer of the model)
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ def power() -> list[str]:
     return out
 
 
-def qwen() -> list[str]:
-    path = RECORDED / "cpu_qwen2.5_label_mechanism.json"
+def qwen(name: str = "cpu_qwen2.5_label_mechanism.json") -> list[str]:
+    path = RECORDED / name
     if not path.exists():
         return ["(no recorded Qwen run)"]
     d = json.loads(path.read_text())
@@ -100,4 +102,7 @@ def qwen() -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(power() + [""] + qwen()))
+    import sys
+
+    # a file under bench/recorded: that Qwen run's tables alone (the whole model's, say)
+    print("\n".join(qwen(sys.argv[1]) if len(sys.argv) > 1 else power() + [""] + qwen()))
