@@ -51,9 +51,14 @@ class PairStats:
         base = paper_effect if paper_effect is not None else log_effect
         # the paper's effect reaches 1e30 and more (an expm1 of a log-probability gap):
         # its square overflows float32, so the spread is taken in float64 (it is at most
-        # the largest value, which float32 holds)
-        std = base.std(1, dtype=np.float64).astype(base.dtype)
-        return cls(mean=base.mean(1), std=std, log_mean=log_effect.mean(1),
+        # the largest value, which float32 holds); past a gap of 88.7 the effect itself
+        # overflows to +inf (expm1 is never below -1), and so do that neuron's mean and
+        # spread (numpy would give NaN, which here means "not measured", with a warning)
+        mean = base.mean(1)
+        with np.errstate(invalid="ignore"):
+            std = base.std(1, dtype=np.float64).astype(base.dtype)
+        std[np.isposinf(mean)] = np.inf
+        return cls(mean=mean, std=std, log_mean=log_effect.mean(1),
                    median=np.median(log_effect, axis=1),
                    trimmed=stats.trimmed_mean(log_effect, TRIM),
                    moved=(np.abs(log_effect) > MOVED_EPS).mean(1))

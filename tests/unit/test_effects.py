@@ -55,3 +55,26 @@ def test_the_spread_of_huge_paper_effects_is_finite_and_warns_nothing():
     assert np.isfinite(stats.std).all()
     assert stats.std[0] == pytest.approx(np.expm1(80.0) / 2, rel=1e-5)
     assert stats.std[1] == pytest.approx(1.0)
+
+
+def test_an_overflowed_paper_effect_has_an_infinite_spread_and_warns_nothing():
+    """A log-probability gap past 88.7 overflows the paper's effect in float32 (an expm1):
+    that neuron's mean and spread are infinite, not NaN (NaN says "not measured" here),
+    without numpy's "invalid value" warning; a neuron not patched (NaN) stays NaN and the
+    other rows keep their values."""
+    import warnings
+
+    from catalog.measuring.effects import PairStats
+
+    with np.errstate(over="ignore"):
+        big = np.expm1(np.float32(95.0))
+    assert np.isinf(big)
+    paper = np.array([[big, 0.0, 2.0], [1.0, 3.0, 5.0], [np.nan, np.nan, np.nan]],
+                     dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = PairStats.of(np.zeros_like(paper), paper)
+    assert stats.mean[0] == np.inf and stats.std[0] == np.inf
+    assert stats.mean[1] == pytest.approx(3.0)
+    assert stats.std[1] == pytest.approx(np.std([1.0, 3.0, 5.0]))
+    assert np.isnan(stats.mean[2]) and np.isnan(stats.std[2])
