@@ -1,7 +1,7 @@
 """The additive part of a map: what both operands explain alone, f(op1) + g(op2), with
 the prompt's token layout (``AdditiveOperands``, an exact least-squares projection), and
 every window of an operator's values less that fit (``WindowScan``), and what one set explains
-of a map beyond that fit (``partial_p``, ``explained``), for
+of a map beyond that fit (``partial_tests``, ``partial_p``, ``explained``), for
 ``catalog.labels.operand_fit``'s rule. docs/method.md section 7 ("What a label explains")."""
 
 from __future__ import annotations

@@ -241,8 +241,9 @@ TSS = "__tss"  # held_out_all's key of the held-out sum of squares about the tra
 
 
 def held_out_all(models: dict[str, FoldModel], y: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each model's held-out residual sum of squares of each map (rows of ``y``; float64
-    out), and under ``TSS`` the held-out sum of squares about the training folds' mean.
+    """Each model's held-out residual sum of squares of each map (rows of ``y``, float32 or
+    float64, taken as their values; float64 out), and under ``TSS`` the held-out sum of
+    squares about the training folds' mean.
     The maps less their means are fit in float32 (the residuals' sums of squares within
     about 1e-5 of their sums of squares, against a float64 fit); each mean's part is added
     exactly (``FoldModel.const_press``, ``const_cross``). The
