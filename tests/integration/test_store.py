@@ -115,6 +115,34 @@ def write(url, lm, config, prep, result, rows=None):
     return ids
 
 
+def test_real_arrays_copy_back_the_same_bits_as_psycopgs_own_lists(empty_db):
+    """``store.real_array`` (the lens's numbers and values, written as COPY text) reads
+    back as the same float32 bits as psycopg's adaptation of the list it replaced, on
+    values whose text is awkward: NaN, both infinities, -0.0, the smallest subnormal, the
+    largest float32, values that round at float32's last bit, and float64 input."""
+    rng = np.random.default_rng(3)
+    f32 = np.finfo(np.float32)
+    awkward = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, f32.max, -f32.max,
+                        f32.tiny, 1 / 3, 0.1, 16777217.0], dtype=np.float32)
+    arrays = [awkward, rng.standard_normal(1000).astype(np.float32),
+              (rng.standard_normal(50) * 1e30).astype(np.float32), np.zeros(0, np.float32),
+              rng.standard_normal(20)]  # float64: rounded to float32 either way
+    with store.connect(empty_db) as conn:
+        conn.execute("CREATE TEMP TABLE arr (i int, how text, x real[])")
+        with conn.cursor().copy("COPY arr (i, how, x) FROM STDIN") as cp:
+            for i, a in enumerate(arrays):
+                cp.write_row((i, "ours", store.real_array(a)))
+                cp.write_row((i, "psycopg", a.tolist()))
+        got = {(i, how): np.asarray(x, dtype=np.float32) for i, how, x in
+               conn.execute("SELECT i, how, x FROM arr").fetchall()}
+    for i, a in enumerate(arrays):
+        ours, theirs = got[(i, "ours")], got[(i, "psycopg")]
+        assert ours.view(np.uint32).tolist() == theirs.view(np.uint32).tolist()
+        want = np.asarray(a, dtype=np.float32)
+        assert np.array_equal(ours, want, equal_nan=True)
+        assert np.array_equal(np.signbit(ours), np.signbit(want))
+
+
 def test_writer_is_idempotent_and_grids_round_trip(db, layer_data):
     lm, config, prep, result = layer_data
     ids = write(db, lm, config, prep, result)
