@@ -143,8 +143,8 @@ def real_array(values) -> str:
     rounded to float32, then its float64 ``repr`` (the shortest text that reads back as
     that float64, so PostgreSQL's float4 parse gives back the same bits; it reads 'nan',
     'inf' and '-inf' as they are). psycopg adapts a list element by element in Python:
-    the 1,000-number lens of each neuron took 2.2x as long to COPY that way, most of a
-    layer's store."""
+    with the 1,000-number lens of each neuron adapted that way, a built-in layer's write
+    took 1.55x as long (``bench/writer.py``)."""
     return "{" + ",".join(map(repr, np.asarray(values, dtype=np.float32).tolist())) + "}"
 
 
