@@ -67,13 +67,63 @@ def alembic_config(url: str):
 
 
 def migrate(url: str | None = None, revision: str = "head") -> str:
-    """Upgrade the database to ``revision``; returns the URL used."""
+    """Upgrade the database to ``revision``; returns the URL used. At head, the database's
+    own settings are checked and put back where missing (``DATABASE_SETTINGS``)."""
     from alembic import command
 
     url = url or resolve_database_url()
     make_engine(url).dispose()
     command.upgrade(alembic_config(url), revision)
+    if revision == "head":
+        from schema import store
+
+        with store.connect(url, autocommit=True) as conn:
+            conn.execute(DATABASE_SETTINGS)
     return url
+
+
+# What migrations 0013 and 0022 set on the database itself rather than in it: JIT off, and
+# the TEMPORARY privilege taken from PUBLIC (the analysts' role) and given to the role that
+# migrates. A copy of the catalog made with CREATE DATABASE ... TEMPLATE, or restored by
+# pg_restore without --create, has its tables and Alembic's revision but not these, and
+# Alembic finds nothing to do at head; so every migration to head checks them and sets
+# what is missing. Nothing is written where they hold (two commands migrating at once
+# would otherwise race on the database's catalog row: "tuple concurrently updated", retried
+# as in 0022). Without the rights (not the owner) it warns, as the migrations do.
+DATABASE_SETTINGS = """
+    DO $$ BEGIN
+      FOR tries IN 1..50 LOOP
+        BEGIN
+          IF NOT EXISTS (
+              SELECT FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
+              WHERE d.datname = current_database() AND s.setrole = 0
+                AND s.setconfig @> ARRAY['jit=off']) THEN
+            EXECUTE format('ALTER DATABASE %I SET jit = off', current_database());
+          END IF;
+          IF EXISTS (
+              SELECT FROM pg_database d WHERE d.datname = current_database()
+                AND (d.datacl IS NULL OR EXISTS (
+                  SELECT FROM aclexplode(d.datacl) a
+                  WHERE a.grantee = 0 AND a.privilege_type = 'TEMPORARY'))) THEN
+            EXECUTE format('GRANT TEMPORARY ON DATABASE %I TO %I', current_database(),
+                           current_user);
+            EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC',
+                           current_database());
+          END IF;
+          EXIT;
+        EXCEPTION
+          WHEN internal_error THEN
+            IF tries = 50 THEN
+              RAISE;
+            END IF;
+            PERFORM pg_sleep(0.05 + 0.2 * random());
+          WHEN insufficient_privilege THEN
+            RAISE WARNING 'neuron catalog: not the owner of database %, its settings (JIT '
+                          'off, no TEMPORARY for PUBLIC) left as they are', current_database();
+            EXIT;
+        END;
+      END LOOP;
+    END $$;"""
 
 
 def set_reader_password(url: str, password: str) -> None:

@@ -16,7 +16,7 @@ from catalog.sources import load_model
 from jobs.store_results import layer_rows, register, write_layouts
 from schema import console, reads, store
 from schema.database import Settings, resolve_database_url
-from schema.engine import alembic_config, migrate
+from schema.engine import alembic_config, current_revision, head_revision, migrate
 from schema.quantize import dequantize, max_error, quantize_rows
 
 from helpers import as_role, drop_database, dump, new_database_url, reader_url
@@ -52,6 +52,52 @@ def test_migrations_upgrade_downgrade_and_no_drift(empty_db):
 def _jit(url) -> str:
     with store.connect(url) as conn:
         return store.scalar(conn.execute("SHOW jit"))
+
+
+def _reader_makes_a_temp_table(url) -> bool:
+    with store.connect(reader_url(url), autocommit=True) as conn:
+        conn.execute("SET default_transaction_read_only = off")
+        try:
+            conn.execute("CREATE TEMP TABLE probe (x int)")
+        except psycopg.errors.InsufficientPrivilege:
+            return False
+        return True
+
+
+def test_migrate_puts_back_the_database_settings_a_copy_of_the_catalog_loses(db, pg_server):
+    """CREATE DATABASE ... TEMPLATE (and pg_restore without --create) copies a catalog's
+    tables and its Alembic revision but not what migrations 0013 and 0022 set on the
+    database itself; migrating the copy to head sets them again, and writes nothing where
+    they hold."""
+    assert _jit(db) == "off" and not _reader_makes_a_temp_table(db)
+    copy = new_database_url(pg_server)
+    with store.connect(db, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{make_url(copy).database}" '
+                     f'TEMPLATE "{make_url(db).database}"')
+    try:
+        # the copy as PostgreSQL makes it: at head, but JIT as the server has it and
+        # temporary tables allowed to every role
+        assert current_revision(copy) == head_revision()
+        assert _reader_makes_a_temp_table(copy)
+        with store.connect(copy) as conn:
+            assert conn.execute(
+                "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d "
+                "ON d.oid = s.setdatabase WHERE d.datname = current_database()"
+            ).fetchone()[0] == 0
+        migrate(copy)
+        assert _jit(copy) == _jit(reader_url(copy)) == "off"
+        assert not _reader_makes_a_temp_table(copy)
+        with store.connect(copy) as conn:
+            before = conn.execute("SELECT d.xmin::text, s.xmin::text FROM pg_database d "
+                                  "JOIN pg_db_role_setting s ON s.setdatabase = d.oid "
+                                  "WHERE d.datname = current_database()").fetchone()
+        migrate(copy)  # in place: no row of the server's catalogs is written again
+        with store.connect(copy) as conn:
+            assert conn.execute("SELECT d.xmin::text, s.xmin::text FROM pg_database d "
+                                "JOIN pg_db_role_setting s ON s.setdatabase = d.oid "
+                                "WHERE d.datname = current_database()").fetchone() == before
+    finally:
+        drop_database(copy)
 
 
 def test_jit_migration_warns_and_goes_on_where_it_may_not_alter_the_database(db):
