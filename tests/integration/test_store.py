@@ -100,6 +100,32 @@ def test_migrate_puts_back_the_database_settings_a_copy_of_the_catalog_loses(db,
         drop_database(copy)
 
 
+def test_migrate_warns_and_goes_on_where_it_may_not_set_the_database_settings(db):
+    """``migrate`` at head by a role that does not own the database, on a database that
+    lacks its settings (a restored copy): it warns and goes on, as 0013 does."""
+    from schema.engine import DATABASE_SETTINGS
+
+    role = f"ncat_guest_{uuid.uuid4().hex[:8]}"
+    with store.connect(db, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON LANGUAGE plpgsql TO {role}")
+        conn.execute(f"ALTER DATABASE {make_url(db).database} SET jit = on")
+        conn.execute(f"GRANT TEMPORARY ON DATABASE {make_url(db).database} TO PUBLIC")
+    try:
+        notices: list[str] = []
+        with store.connect(as_role(db, role), autocommit=True) as conn:
+            conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+            conn.execute(DATABASE_SETTINGS)
+        assert any("not the owner of database" in n for n in notices), notices
+        assert _jit(db) == "on" and _reader_makes_a_temp_table(db)
+        migrate(db)  # its owner puts both back
+        assert _jit(db) == "off" and not _reader_makes_a_temp_table(db)
+    finally:
+        with store.connect(db, autocommit=True) as conn:
+            conn.execute(f"REVOKE USAGE ON LANGUAGE plpgsql FROM {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
 def test_jit_migration_warns_and_goes_on_where_it_may_not_alter_the_database(db):
     """Migration 0013 turns JIT off with ALTER DATABASE, which takes the database's owner:
     run by a role that is not, it warns and changes nothing rather than failing (the
