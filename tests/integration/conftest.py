@@ -23,6 +23,7 @@ from helpers import (
     SEED_CONFIG,
     SEED_STEPS,
     TEST_REDIS_DB,
+    copy_database,
     drop_database,
     forget_queue,
     new_database_url,
@@ -95,18 +96,8 @@ def seeded(pg_server, seeded_template):
     module's own: a copy (CREATE DATABASE ... TEMPLATE, about a second, against about 25 s
     to catalog it again inside the suite), migrated as a user's copy would be (which puts
     back the database-level settings a copy lacks: schema.engine.DATABASE_SETTINGS)."""
-    from sqlalchemy.engine import make_url
-
-    from schema.engine import scratch_url
-
     url = new_database_url(pg_server)
-    template = make_url(seeded_template).database
-    with store.connect(scratch_url(seeded_template, "postgres"), autocommit=True) as conn:
-        # a copy needs the template to itself: sessions a pool of this process left open
-        # on it (nothing uses its URL after the build) are ended first
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = %s AND pid <> pg_backend_pid()", (template,))
-        conn.execute(f'CREATE DATABASE "{make_url(url).database}" TEMPLATE "{template}"')
+    copy_database(seeded_template, url)  # nothing uses the template's URL after its build
     migrate(url)
     yield url
     drop_database(url)

@@ -37,6 +37,20 @@ def drop_database(url: str) -> None:
     store.drop_database(url)
 
 
+def copy_database(template_url: str, url: str) -> None:
+    """Create ``url``'s database as a copy of ``template_url``'s (CREATE DATABASE ...
+    TEMPLATE: tables, rows and Alembic's revision, not the database-level settings).
+    PostgreSQL copies only a template nobody is connected to, so sessions left open on it
+    (a pool's idle connections) are ended first."""
+    template = make_url(template_url).database
+    admin = make_url(template_url).set(database="postgres").render_as_string(
+        hide_password=False)
+    with store.connect(admin, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = %s AND pid <> pg_backend_pid()", (template,))
+        conn.execute(f'CREATE DATABASE "{make_url(url).database}" TEMPLATE "{template}"')
+
+
 def free_port() -> int:
     import socket
 

@@ -19,7 +19,14 @@ from schema.database import Settings, resolve_database_url
 from schema.engine import alembic_config, current_revision, head_revision, migrate
 from schema.quantize import dequantize, max_error, quantize_rows
 
-from helpers import as_role, drop_database, dump, new_database_url, reader_url
+from helpers import (
+    as_role,
+    copy_database,
+    drop_database,
+    dump,
+    new_database_url,
+    reader_url,
+)
 from reference import sketch_reference
 
 TABLES = {"model", "checkpoint", "measure_config", "grid_layout", "heuristic", "job",
@@ -64,6 +71,15 @@ def _reader_makes_a_temp_table(url) -> bool:
         return True
 
 
+def _settings_row_versions(url) -> tuple:
+    """The xmin of the database's row in pg_database and of its pg_db_role_setting row:
+    they change when either is written."""
+    with store.connect(url) as conn:
+        return conn.execute("SELECT d.xmin::text, s.xmin::text FROM pg_database d "
+                            "JOIN pg_db_role_setting s ON s.setdatabase = d.oid "
+                            "WHERE d.datname = current_database()").fetchone()
+
+
 def test_migrate_puts_back_the_database_settings_a_copy_of_the_catalog_loses(db, pg_server):
     """CREATE DATABASE ... TEMPLATE (and pg_restore without --create) copies a catalog's
     tables and its Alembic revision but not what migrations 0013 and 0022 set on the
@@ -71,9 +87,7 @@ def test_migrate_puts_back_the_database_settings_a_copy_of_the_catalog_loses(db,
     they hold."""
     assert _jit(db) == "off" and not _reader_makes_a_temp_table(db)
     copy = new_database_url(pg_server)
-    with store.connect(db, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{make_url(copy).database}" '
-                     f'TEMPLATE "{make_url(db).database}"')
+    copy_database(db, copy)
     try:
         # the copy as PostgreSQL makes it: at head, but JIT as the server has it and
         # temporary tables allowed to every role
@@ -87,15 +101,9 @@ def test_migrate_puts_back_the_database_settings_a_copy_of_the_catalog_loses(db,
         migrate(copy)
         assert _jit(copy) == _jit(reader_url(copy)) == "off"
         assert not _reader_makes_a_temp_table(copy)
-        with store.connect(copy) as conn:
-            before = conn.execute("SELECT d.xmin::text, s.xmin::text FROM pg_database d "
-                                  "JOIN pg_db_role_setting s ON s.setdatabase = d.oid "
-                                  "WHERE d.datname = current_database()").fetchone()
+        before = _settings_row_versions(copy)
         migrate(copy)  # in place: no row of the server's catalogs is written again
-        with store.connect(copy) as conn:
-            assert conn.execute("SELECT d.xmin::text, s.xmin::text FROM pg_database d "
-                                "JOIN pg_db_role_setting s ON s.setdatabase = d.oid "
-                                "WHERE d.datname = current_database()").fetchone() == before
+        assert _settings_row_versions(copy) == before
     finally:
         drop_database(copy)
 
