@@ -165,6 +165,7 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
                        live_by_layer=live,
                        matching_ratio=large["matching_ratio"],
                        significance_ratio=large["significance_ratio"],
+                       explanations_ratio=large["explanations_ratio"],
                        spectra_ratio=large["spectra_ratio"],
                        correct_share=large["correct_share"],
                        calibration_s=round(time.perf_counter() - t_all, 1),
@@ -327,6 +328,7 @@ def _calibration_run(url_server: str, lm, small: ScienceConfig, execution: Execu
     return {
         "matching_ratio": phases.get("matching", 0.0) / max(random_s, 1e-9),
         "significance_ratio": phases.get("significance", 0.0) / max(random_s, 1e-9),
+        "explanations_ratio": phases.get("explanations", 0.0) / max(random_s, 1e-9),
         "spectra_ratio": phases.get("spectra", 0.0) / max(random_s, 1e-9),
         "correct_share": {op: correct[op] / max(len(run.table.op_index(op)), 1)
                           for op in small.operators},

@@ -40,6 +40,9 @@ class Calibration:
     correct_share: dict[str, float] = dataclasses.field(default_factory=dict)
     # the label rule's time (significance) over random maps' matching time on that grid
     significance_ratio: float = 0.0
+    # the stored explanations' time (held-out fits of the labelled maps; the phase
+    # "explanations") over the same; calibrations before it counted it in significance
+    explanations_ratio: float = 0.0
     # the periodic spectra's time (catalog.periodic.spectra) over the same, where the config asks
     spectra_ratio: float = 0.0
 

@@ -146,12 +146,13 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     random_s = live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values())
     phases.append(Phase("matching", live * ops, "live neurons x ops",
                         cal.matching_ratio * random_s))
-    if cal.significance_ratio:  # the label rule's null, over the same maps
-        phases.append(Phase("labels (null)", live * ops, "live neurons x ops",
-                            cal.significance_ratio * random_s))
-    if config.spectra and cal.spectra_ratio:  # periodic spectra of the same maps
-        phases.append(Phase("spectra", live * ops, "live neurons x ops",
-                            cal.spectra_ratio * random_s))
+    # the label rule's null, gate and second pass; the stored explanations (held-out fits of
+    # the labelled maps); the periodic spectra: each over the same maps, scaled like matching
+    for name, ratio, asked in (("labels (null)", cal.significance_ratio, True),
+                               ("explanations", cal.explanations_ratio, True),
+                               ("spectra", cal.spectra_ratio, config.spectra)):
+        if asked and ratio:
+            phases.append(Phase(name, live * ops, "live neurons x ops", ratio * random_s))
     if config.component_positions:  # every head and MLP layer patched per pair
         units = pairs
         phases.append(Phase("component effects", units, "pairs x ops",

@@ -263,7 +263,9 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     m = merged(m, r)
     if not explain:
         labelled = np.zeros(0, np.int64)
-    ex_k, ex_kv = run("significance", explain_maps, fit, k_map, kv, labelled)
+    # descriptive: no label depends on them, so they are a phase of their own (the planner
+    # costs it apart, and the rule's own cost is what decides labels)
+    ex_k, ex_kv = run("explanations", explain_maps, fit, k_map, kv, labelled)
     # a row the gate unlabels is kept only where it is among its family's best
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
 

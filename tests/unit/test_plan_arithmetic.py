@@ -150,7 +150,7 @@ def test_pairs_and_faithfulness_prompts_are_costed_from_the_correct_prompts():
     plus, minus = int(valid["+"].sum()), int(valid["-"].sum())
     # + answered on 0.4% of the grid (10 of 2,500 prompts), - on half of it
     cal = replace(CAL, correct_share={"+": 10 / plus, "-": 0.5}, significance_ratio=0.25,
-                  spectra_ratio=0.1)
+                  explanations_ratio=0.125, spectra_ratio=0.1)
     plan = estimate(cal, config, n_checkpoints=1, layers=None, limit=520, costs=COSTS,
                     execution=execution)
     phases = {p.name: p for p in plan.phases}
@@ -162,11 +162,17 @@ def test_pairs_and_faithfulness_prompts_are_costed_from_the_correct_prompts():
     live = (0 + 1 + 1 + 0.5) * 100
     assert phases["labels (null)"].seconds == pytest.approx(0.25 * (live * 0.03 + 4 * 0.2))
     assert phases["labels (null)"].seconds == pytest.approx(phases["matching"].seconds / 2)
-    # the periodic spectra of the same maps, scaled alike; none where the config skips them
+    # the stored explanations and the periodic spectra of the same maps, scaled alike; no
+    # spectra where the config skips them, no explanations phase where a calibration
+    # (before it was timed apart) counted them in the label rule's
+    assert phases["explanations"].seconds == pytest.approx(phases["matching"].seconds / 4)
     assert phases["spectra"].seconds == pytest.approx(phases["matching"].seconds / 5)
     off = estimate(cal, replace(config, spectra=False), n_checkpoints=1, layers=None,
                    limit=520, costs=COSTS, execution=execution)
     assert "spectra" not in {p.name for p in off.phases}
+    old = estimate(replace(cal, explanations_ratio=0.0), config, n_checkpoints=1, layers=None,
+                   limit=520, costs=COSTS, execution=execution)
+    assert "explanations" not in {p.name for p in old.phases}
     assert any("about 30 counterfactual pairs in all, not 40" in n for n in plan.notes)
     # a model that answers nothing: no pairs, nothing patched, no faithfulness prompts
     none = estimate(replace(cal, correct_share={"+": 0.0, "-": 0.0}), config,
