@@ -17,10 +17,12 @@ rule before 0.10.0 (`result_beyond_operands` off). Written to bench/results and,
 - where the old result labels went: neurons with an old result label that keep a result
   label, keep only operand labels, or lose every label;
 - the controls' shares (any label; result label for the token-format maps);
-- the time of each rule on the same maps: the labelling (scores, value rule, gate),
-  median of --repeat runs per layer on --time-layers, summed over them, and the share
-  the new rule adds; the explanations' matrix-product FLOPs against the float32 matrix
-  product peak measured in the same run (``explain_flops``, ``matmul_peak``).
+- the time of each rule on the same maps: the labelling (scores, value rule, gate, second
+  pass, explanations), median of --repeat runs per layer on --time-layers, summed over
+  them, and the share the new rule adds: by its steps that decide labels, by its
+  labelling less the explanations (which the run clocks as a phase of their own), and
+  with them; the explanations' matrix-product FLOPs against the float32 matrix product
+  peak measured in the same run (``explain_flops``, ``matmul_peak``).
 
 Run: .venv/bin/python bench/label_mechanism.py [--layers 16,17] [--repeat 3] [--record]
 [--record-to cpu_qwen2.5_label_rule_cost.json]
