@@ -31,9 +31,11 @@ def labelled(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray, config: S
 
 
 def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
-                      config: ScienceConfig, with_bottom: bool = True) -> OperatorLabels:
+                      config: ScienceConfig, with_bottom: bool = True,
+                      timed=None) -> OperatorLabels:
     """``labelled`` with the explanations of every labelled map (the same steps as
-    CheckpointRun.run_layer: catalog.labels.operator_labels.label_operator)."""
+    CheckpointRun.run_layer: catalog.labels.operator_labels.label_operator; ``timed``: its
+    clock, as the run's)."""
     parts = partitions_for(cells, config)
     multi = op == "/" and "multi_result" in config.families
     k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
@@ -62,7 +64,7 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
                                   config.pattern_top_k, m_tests, config.significance_level)
         m_tests = value_null.n_value_tests(null, parts, with_bottom, config.significance_level)
     fit = operand_fit(config, cells)
-    return label_operator(config, k_t, kv_t, score, m_tests, null, fit)
+    return label_operator(config, k_t, kv_t, score, m_tests, null, fit, timed)
 
 
 # ------------------------------------------------------------------ planted maps

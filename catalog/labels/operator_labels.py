@@ -263,8 +263,8 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     m = merged(m, r)
     if not explain:
         labelled = np.zeros(0, np.int64)
-    # descriptive: no label depends on them, so they are a phase of their own (the planner
-    # costs it apart, and the rule's own cost is what decides labels)
+    # descriptive, no label depends on them: a phase of their own, which the planner costs
+    # apart, so the rule's phases hold only what decides labels
     ex_k, ex_kv = run("explanations", explain_maps, fit, k_map, kv, labelled)
     # a row the gate unlabels is kept only where it is among its family's best
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)

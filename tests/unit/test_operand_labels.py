@@ -71,6 +71,32 @@ def test_additive_operand_maps_get_no_result_label(op, hi):
         assert before_total >= n // 2, before_total
 
 
+def test_the_explanations_are_a_phase_of_their_own():
+    """The held-out explanations decide no label: the run's clock times them as the phase
+    'explanations' (the planner costs it apart), and every step that decides labels under
+    the rule's phases, so a run's 'significance' is the rule's own cost."""
+    cells = cells_of("+", 20)
+    rng = np.random.default_rng(3)
+    maps = np.concatenate([((cells.result % 7) == 3) + noise_maps(cells, 20, rng),
+                           additive_maps("monotone", cells, 20, rng)]).astype(np.float32)
+    calls: list[tuple[str, str]] = []
+
+    def timed(phase, fn, *args):
+        calls.append((phase, fn.__name__))
+        return fn(*args)
+    config = ScienceConfig(operand_hi=20, significance_level=LEVEL)
+    out = labelled_with_fit("+", cells, maps, maps, config, timed=timed)
+    assert len(out.labelled) >= 20 and np.isfinite(out.kv.joint).all()
+    phases = {}
+    for phase, name in calls:
+        phases.setdefault(name, set()).add(phase)
+    assert phases.pop("explain_maps") == {"explanations"}
+    # the rule's steps (scores, value rule, residuals, gate, second pass) all ran, none as
+    # explanations
+    assert {"score", "label", "hold", "gate", "rescued"} <= set(phases)
+    assert set().union(*phases.values()) == {"matching", "significance"}
+
+
 def test_another_operators_result_is_not_this_operators_result():
     cells = cells_of("+", 100)
     n = 60
