@@ -431,6 +431,7 @@ CREATE TABLE neuron_op (
     kv_fit_other real,
     fit_other_op character(1),
     kv_fit_other_op character(1),
+    mean_kv real,
     CONSTRAINT neuron_op_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
 ) PARTITION BY HASH (model_id);
 -- grants on neuron_op: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}

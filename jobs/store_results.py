@@ -68,7 +68,8 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> rows.Layer
         return x if x is not None else nan
 
     stats = {
-        "max_act": result.max_act, "mean_act": result.mean_act, "density": result.density,
+        "max_act": result.max_act, "mean_act": result.mean_act,
+        "mean_kv": result.mean_kv, "density": result.density,
         "effect_exact": measured(result.effect_exact),
         "effect_exact_std": measured(result.effect_exact_std),
         "effect_attr": measured(result.effect_attr),
@@ -284,6 +285,8 @@ def stored_digests(conn: psycopg.Connection, ids: CatalogIds, config: ScienceCon
             records[layer].append((neuron, ops.index(op),
                                    Heuristic(family, target, tuple(params)),
                                    score, bottom, base, p, True))
+    mean_act, mean_kv = column("mean_act"), column("mean_kv")
     return {layer: LayerDigest(rank_key(values[layer], config.rank_sign),
-                               Matches.from_records(records[layer]), attribution[layer])
+                               Matches.from_records(records[layer]), attribution[layer],
+                               mean_act[layer], mean_kv[layer])
             for layer in layers}

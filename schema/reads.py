@@ -117,9 +117,10 @@ def read_grid_values(conn: psycopg.Connection, *, model_id: int, checkpoint_id: 
 
 def layer_effects(conn: psycopg.Connection, *, ids, column: str) -> list[tuple]:
     """(layer, neuron, op, value) of one effect column for a checkpoint under a config."""
-    if column not in ("effect_exact", "effect_attr", "effect_attr_std", "rank_value"):
-        raise ValueError(f"column must be effect_exact, effect_attr, effect_attr_std or "
-                         f"rank_value, got {column!r}")
+    if column not in ("effect_exact", "effect_attr", "effect_attr_std", "rank_value",
+                      "mean_act", "mean_kv"):
+        raise ValueError(f"column must be effect_exact, effect_attr, effect_attr_std, "
+                         f"rank_value, mean_act or mean_kv, got {column!r}")
     return conn.execute(
         f"SELECT layer, neuron, op, {column} FROM neuron_op WHERE model_id = %s "
         "AND checkpoint_id = %s AND config_id = %s",

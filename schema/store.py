@@ -28,7 +28,7 @@ from schema.sketch import (
     encode_sketches,
 )
 
-NEURON_OP_COLS = ("max_act", "mean_act", "density", "effect_exact", "effect_exact_std",
+NEURON_OP_COLS = ("max_act", "mean_act", "mean_kv", "density", "effect_exact", "effect_exact_std",
                   "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
                   "effect_trimmed", "moved_share", "rank_value", "is_exact", "constant",
                   *SPECTRUM_COLS, *FIT_COLS, *FIT_OP_COLS)

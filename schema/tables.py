@@ -333,6 +333,8 @@ class NeuronOp(_NeuronOpKey, SpectrumColumns, FitColumns, table=True):
     )
     max_act: float = Field(sa_column=Column(REAL, nullable=False))
     mean_act: float = Field(sa_column=Column(REAL, nullable=False))
+    # mean of the KV map (0034; NULL: a constant neuron, or written before)
+    mean_kv: float | None = Field(default=None, sa_column=Column(REAL))
     density: float = Field(sa_column=Column(REAL, nullable=False))
     effect_exact: float | None = Field(default=None, sa_column=Column(REAL))
     effect_exact_std: float | None = Field(default=None, sa_column=Column(REAL))

@@ -24,6 +24,43 @@ from catalog.measuring.prompts import PromptTable
 
 
 @torch.no_grad()
+def zeroed_answers(
+    model: HookedTransformer,
+    table: PromptTable,
+    prompts: np.ndarray,
+    zero: Bool[np.ndarray, "prompt n_layers d_mlp"] | Bool[np.ndarray, "n_layers d_mlp"],
+    runner: PrefixRunner | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt, (the probability of its answer's first token, whether that token is the
+    top one) given neurons zeroed at the last position.
+
+    ``zero`` is one mask for all prompts or one per prompt. Zeroing at the last position
+    leaves every earlier position as in the clean run, so only that position is run,
+    against the clean keys and values the runner keeps per prompt group (computed by the
+    first knockout on those prompts, reused by the others).
+    """
+    p = np.zeros(len(prompts))
+    top = np.zeros(len(prompts), dtype=bool)
+    per_prompt = zero.ndim == 3
+    runner = runner or PrefixRunner(model, table)
+    n_layers = model.cfg.n_layers
+    order = {int(q): i for i, q in enumerate(prompts)}
+    for skip, sel in runner.groups(prompts):
+        pos = np.array([order[int(q)] for q in sel])
+        z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
+        layers = [layer for layer in range(n_layers) if bool(z[:, layer].any())]
+
+        def edit(act, hook, _z=z):
+            return act.masked_fill(_z[:, hook.layer()][:, None, :], 0.0)
+
+        logits = runner.last_position_logits(sel, skip, fwd_hooks=[
+            (post_hook_name(layer), edit) for layer in layers]).double()
+        ans = torch.as_tensor(table.answer[sel], dtype=torch.long, device=logits.device)
+        p[pos] = logits.softmax(-1).gather(1, ans[:, None])[:, 0].cpu().numpy()
+        top[pos] = (logits.argmax(-1) == ans).cpu().numpy()
+    return p, top
+
+
 def accuracy_with_zeroed(
     model: HookedTransformer,
     table: PromptTable,
@@ -31,29 +68,9 @@ def accuracy_with_zeroed(
     zero: Bool[np.ndarray, "prompt n_layers d_mlp"] | Bool[np.ndarray, "n_layers d_mlp"],
     runner: PrefixRunner | None = None,
 ) -> np.ndarray:
-    """Per-prompt correctness (answer's first token), given neurons zeroed at the last position.
-
-    ``zero`` is one mask for all prompts or one per prompt. Zeroing at the last position
-    leaves every earlier position as in the clean run, so only that position is run,
-    against the clean keys and values the runner keeps per prompt group (computed by the
-    first knockout on those prompts, reused by the others).
-    """
-    out = np.zeros(len(prompts), dtype=bool)
-    per_prompt = zero.ndim == 3
-    runner = runner or PrefixRunner(model, table)
-    n_layers = model.cfg.n_layers
-    order = {int(p): i for i, p in enumerate(prompts)}
-    for skip, sel in runner.groups(prompts):
-        pos = np.array([order[int(p)] for p in sel])
-        z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
-
-        def edit(act, hook, _z=z):
-            return act.masked_fill(_z[:, hook.layer()][:, None, :], 0.0)
-
-        pred = runner.last_position_logits(sel, skip, fwd_hooks=[
-            (post_hook_name(layer), edit) for layer in range(n_layers)]).argmax(-1).cpu().numpy()
-        out[pos] = pred == table.answer[sel]
-    return out
+    """Per-prompt correctness (answer's first token), given neurons zeroed at the last
+    position (``zeroed_answers``)."""
+    return zeroed_answers(model, table, prompts, zero, runner)[1]
 
 
 def heuristic_knockout(

@@ -21,6 +21,17 @@ Over the prompts (``summarize_prompts``):
   error over neurons; and the same per layer (most labelled neurons of a deep model sit
   where their direct terms are near zero whatever the prompt).
 
+- on the neurons' total effects too (``catalog.explain.total``: first order, through every
+  later layer), the same shares and neurons for 50% / 80%;
+- what the label adds: to the share of T (``catalog.explain.shares.label_excess``), and
+  to the prompt knockout, against controls chosen the same way except for the label
+  (``catalog.explain.controls``), with the knockout's neurons ranked on each prompt by
+  direct term, by total effect, or drawn at random from the top set as the paper draws
+  them; each as a mean over prompts with its standard error and 95% interval, and a
+  verdict ("adds", "nil", "takes away").
+
+A label holds for a prompt where its set contains it and the neuron is on the label's
+side of its typical value (``catalog.explain.holds``; ``typical`` / ``typical_kv``).
 Labels exist only in the layers the catalog measured: the shares are of the whole model's
 T, and "other neurons" includes every neuron of an unmeasured layer (``layers`` says which).
 Prompts are batched by token count; only their last position is kept.
@@ -29,19 +40,22 @@ Prompts are batched by token count; only their last position is kept.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from transformer_lens import HookedTransformer
 
 from catalog.config import ScienceConfig
 from catalog.core.stats import median_ci, wilson
+from catalog.explain.controls import masked_last_position, mean_se
 from catalog.explain.decompose import decompose_batch
+from catalog.explain.holds import Label, as_labels, kind, sides, typical_arrays
+from catalog.explain.label_figures import Evaluator, Scored, adds, against_null, reassign
 from catalog.explain.prompt import build_many
+from catalog.explain.shares import PARTS, first_reach
+from catalog.explain.total import total_effects
 from catalog.labels.heuristics import Heuristic
-
-PARTS = ("labelled, heuristic holds", "labelled, heuristic does not hold", "other neurons",
-         "heads", "embeddings and biases")
+from catalog.measuring.lens import lens_at
 
 
 @dataclass
@@ -64,92 +78,164 @@ class PromptTerms:
     held_n: np.ndarray
     not_sum: np.ndarray
     not_n: np.ndarray
+    # the same split of the neurons' total effects (parts 0-2 of PARTS)
+    shares_total: dict[str, np.ndarray] = field(default_factory=dict)
+    n_for_total: dict[str, np.ndarray] = field(default_factory=dict)
+    # what the labels add per prompt (catalog.explain.label_figures.adds), and the same
+    # with the labels placed at random, once per placement
+    label_adds: dict = field(default_factory=dict)
+    null_adds: list[dict] = field(default_factory=list)
+    p_clean: np.ndarray | None = None
 
 
-def _first_reach(sorted_terms: np.ndarray, target: np.ndarray, frac: float) -> np.ndarray:
-    """Per row, how many of the (descending) terms it takes for their running sum to reach
-    ``frac`` of the row's target (-1 where it never does, or the target is not positive)."""
-    cum = np.cumsum(sorted_terms, axis=1)
-    hit = cum >= frac * target[:, None]
-    first = hit.argmax(1) + 1
-    return np.where(hit.any(1) & (target > 0), first, -1)
-
-
-def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,
-                    a: np.ndarray, b: np.ndarray,
-                    labels: Mapping[tuple[int, int], Sequence[Heuristic]],
-                    batch: int = 128) -> PromptTerms:
-    """The split of T for each prompt ``a[i] op b[i] =`` (module doc); ``labels``:
-    (layer, neuron) -> the heuristics labelled for ``op``."""
-    prompts = build_many(model, tokenizer, op, np.asarray(a), np.asarray(b), config)
+def score_prompts(model: HookedTransformer, prompts: list, layers: Sequence[int],
+                  typical: Mapping | None, typical_kv: Mapping | None, batch: int
+                  ) -> tuple[Scored, np.ndarray]:
+    """Every prompt's direct terms, total effects and side bits (over ``layers``: the
+    layers with labels), batched by token count; and the heads' sums of T (P,)."""
     n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
-    keys = sorted(k for k, hs in labels.items() if hs)
-    flat = np.array([layer * d_mlp + n for layer, n in keys], dtype=np.int64)
-    a_all = np.array([p.a for p in prompts])
-    b_all = np.array([p.b for p in prompts])
-    r_all = np.array([p.result for p in prompts])
-    # hold[p, k]: some heuristic of labelled neuron k holds for prompt p
-    by_key: dict[str, np.ndarray] = {}
-    hold = np.zeros((len(prompts), len(keys)), dtype=bool)
-    label_of: list[list[str]] = []
-    for k, key in enumerate(keys):
-        names = []
-        for h in labels[key]:
-            if h.key not in by_key:
-                by_key[h.key] = np.asarray(h.contains(a_all, b_all, r_all), dtype=bool)
-            hold[:, k] |= by_key[h.key]
-            names.append(h.key)
-        label_of.append(names)
-    position = {int(f): k for k, f in enumerate(flat)}
+    shape = (n_layers, d_mlp)
     n = len(prompts)
-    target = np.zeros(n)
-    shares = {part: np.zeros(n) for part in PARTS}
-    n_for = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
-    in80 = np.zeros(n, np.int64)
-    held_sum, held_n = np.zeros(len(keys)), np.zeros(len(keys), np.int64)
-    not_sum, not_n = np.zeros(len(keys)), np.zeros(len(keys), np.int64)
+    mean_act, mean_kv = typical_arrays(shape, typical, typical_kv)
+    scores = {"direct": np.zeros((n, *shape)),  # float64: its parts add up to T
+              "total": np.zeros((n, *shape), dtype=np.float32)}
+    side_all = np.zeros((n, *shape), dtype=np.int8)
+    target, heads = np.zeros(n), np.zeros(n)
     lengths = np.array([len(p.tokens) for p in prompts])
     for length in np.unique(lengths):
         idx_all = np.nonzero(lengths == length)[0]
         for start in range(0, len(idx_all), batch):
             idx = idx_all[start:start + batch]
-            dec = decompose_batch(model, np.stack([prompts[i].tokens for i in idx]),
-                                  np.array([prompts[i].answer for i in idx]),
-                                  np.union1d(prompts[idx[0]].competitors,
-                                              [prompts[idx[0]].answer]))
-            terms = dec.neurons.reshape(len(idx), -1)
-            t = dec.target
-            lab = terms[:, flat] if len(flat) else np.zeros((len(idx), 0))
-            here = hold[idx]
-            s_hold = (lab * here).sum(1)
-            s_other = (lab * ~here).sum(1)
-            held_sum += (lab * here).sum(0)
-            held_n += here.sum(0)
-            not_sum += (lab * ~here).sum(0)
-            not_n += (~here).sum(0)
-            parts = {PARTS[0]: s_hold, PARTS[1]: s_other,
-                     PARTS[2]: terms.sum(1) - s_hold - s_other,
-                     PARTS[3]: dec.heads.reshape(len(idx), -1).sum(1),
-                     PARTS[4]: t - terms.sum(1) - dec.heads.reshape(len(idx), -1).sum(1)}
-            with np.errstate(divide="ignore", invalid="ignore"):
-                for part, v in parts.items():
-                    shares[part][idx] = np.where(t != 0, v / t, np.nan)
-            target[idx] = t
-            order = np.argsort(-terms, axis=1, kind="stable")
-            ranked = np.take_along_axis(terms, order, 1)
-            for name, frac in (("50%", 0.5), ("80%", 0.8)):
-                n_for[name][idx] = _first_reach(ranked, t, frac)
-            for j, i in enumerate(idx):
-                top = order[j, :max(int(n_for["80%"][i]), 0)]
-                carried = {key for f in top if (at := position.get(int(f))) is not None
-                           and hold[i, at] for key in label_of[at] if by_key[key][i]}
-                in80[i] = len(carried)
-    return PromptTerms(a=a_all, b=b_all, result=r_all, target=target, shares=shares,
+            toks = np.stack([prompts[i].tokens for i in idx])
+            answers = np.array([prompts[i].answer for i in idx])
+            comp = np.union1d(prompts[idx[0]].competitors, [prompts[idx[0]].answer])
+            dec = decompose_batch(model, toks, answers, comp)
+            scores["direct"][idx] = dec.neurons
+            scores["total"][idx] = total_effects(model, toks, answers, comp)
+            lens_all = np.zeros((len(idx), *shape))
+            for layer in layers:
+                lens_all[:, layer] = lens_at(model, layer, answers).T
+            side_all[idx] = sides(dec.activations, lens_all, mean_act, mean_kv)
+            target[idx] = dec.target
+            heads[idx] = dec.heads.reshape(len(idx), -1).sum(1)
+    return Scored(a=np.array([p.a for p in prompts]), b=np.array([p.b for p in prompts]),
+                  result=np.array([p.result for p in prompts]), target=target,
+                  scores=scores, sides=side_all), heads
+
+
+def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,
+                    a: np.ndarray, b: np.ndarray,
+                    labels: Mapping[tuple[int, int], Sequence[Label | Heuristic]],
+                    batch: int = 128, typical: Mapping | None = None,
+                    typical_kv: Mapping | None = None, draws: int = 2,
+                    evaluate: Evaluator | None = None, top_set: np.ndarray | None = None,
+                    knockouts: bool = True, placements: int = 8) -> PromptTerms:
+    """The split of T for each prompt ``a[i] op b[i] =`` (module doc); ``labels``:
+    (layer, neuron) -> the labels for ``op``; ``typical`` / ``typical_kv``: each neuron's
+    mean activation / KV value (the labels' sides); ``draws``: of each random control;
+    ``evaluate``: (P, n_layers, d_mlp) masks -> each prompt's (p of its answer, top) with
+    its mask zeroed at the last position (default: full forwards); ``top_set``: the
+    paper's pool (None: no paper knockout); ``placements``: random placements of the
+    labels for the figures' null (catalog.explain.label_figures)."""
+    prompts = build_many(model, tokenizer, op, np.asarray(a), np.asarray(b), config)
+    n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
+    shape = (n_layers, d_mlp)
+    labels = as_labels(labels)
+    keys = sorted(labels)
+    flat = np.array([layer * d_mlp + n for layer, n in keys], dtype=np.int64)
+    scored, heads = score_prompts(model, prompts, sorted({la for la, _ in keys}), typical,
+                                  typical_kv, batch)
+    n = len(prompts)
+    per_label = [(k, x) for k, key in enumerate(keys) for x in labels[key]]
+    label_cols: list[list[int]] = [[] for _ in keys]
+    hold_labels = np.zeros((n, len(per_label)), dtype=bool)
+    bits = scored.sides.reshape(n, -1)[:, flat] if len(flat) else np.zeros((n, 0), np.int8)
+    for col, (k, x) in enumerate(per_label):
+        label_cols[k].append(col)
+        inside = np.asarray(x.heuristic.contains(scored.a, scored.b, scored.result), dtype=bool)
+        hold_labels[:, col] = inside & ((bits[:, k] & kind(x)) != 0)
+    hold = np.zeros((n, len(keys)), dtype=bool)
+    for col, (k, _) in enumerate(per_label):
+        hold[:, k] |= hold_labels[:, col]
+    t = scored.target
+    shares = {part: np.zeros(n) for part in PARTS}
+    shares_total = {part: np.zeros(n) for part in PARTS[:3]}
+    n_for = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
+    n_for_total = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
+    in80 = np.zeros(n, np.int64)
+    everyone = np.arange(n)
+    direct = scored.scores["direct"].reshape(n, -1)
+    _split_rows(direct, flat, hold, t, everyone, shares, n_for, heads)
+    _split_rows(scored.scores["total"].reshape(n, -1), flat, hold, t, everyone, shares_total,
+                n_for_total, None)
+    _heuristics_in_80(direct, flat, hold_labels, everyone, n_for, label_cols,
+                      [x.heuristic.label for _, x in per_label], in80)
+    rng = np.random.default_rng([config.seed, 77])
+    p_clean = None
+    if knockouts and len(keys) and n:
+        evaluate = evaluate or masked_last_position(
+            model, [p.tokens for p in prompts], np.array([p.answer for p in prompts]))
+        p_clean = evaluate(np.zeros((n, *shape), dtype=bool))[0]
+    else:
+        evaluate = None
+    per_layer = config.knockout_neurons
+    true = adds(scored, labels, shape, per_layer, draws, rng, top_set, evaluate)
+    nulls = [adds(scored, reassign(labels, d_mlp, rng), shape, per_layer, 1, rng, top_set,
+                  evaluate) for _ in range(placements if keys else 0)]
+    for fig in [true, *nulls]:
+        fig.pop("member", None)
+        fig.pop("labelled", None)
+    for fig in nulls:
+        fig.pop("sets", None)
+    return PromptTerms(a=scored.a, b=scored.b, result=scored.result, target=t, shares=shares,
                        n_for=n_for, heuristics_in_80=in80, n_holding=hold.sum(1),
                        n_neurons=n_layers * d_mlp, n_labelled=len(keys),
                        layer_of=np.array([layer for layer, _ in keys], dtype=np.int64),
-                       held_sum=held_sum,
-                       held_n=held_n, not_sum=not_sum, not_n=not_n)
+                       **_held_sums(direct, flat, hold), shares_total=shares_total,
+                       n_for_total=n_for_total, label_adds=true, null_adds=nulls,
+                       p_clean=p_clean)
+
+
+def _split_rows(terms: np.ndarray, flat: np.ndarray, hold: np.ndarray, t: np.ndarray,
+                idx: np.ndarray, shares: dict, reach: dict, heads: np.ndarray | None) -> None:
+    """A batch's shares of T and neurons for 50% / 80% into ``shares`` / ``reach`` at
+    ``idx``: ``terms`` (B, neurons), ``hold`` (B, labelled) whose label holds; ``heads``
+    the heads' sums (None: the neurons' parts only)."""
+    lab = terms[:, flat] if len(flat) else np.zeros((len(terms), 0))
+    s_hold = (lab * hold).sum(1)
+    s_other = (lab * ~hold).sum(1)
+    parts = {PARTS[0]: s_hold, PARTS[1]: s_other, PARTS[2]: terms.sum(1) - s_hold - s_other}
+    if heads is not None:
+        parts.update({PARTS[3]: heads, PARTS[4]: t - terms.sum(1) - heads})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for part, v in parts.items():
+            shares[part][idx] = np.where(t != 0, v / t, np.nan)
+    ranked = -np.sort(-terms, axis=1)
+    for name, frac in (("50%", 0.5), ("80%", 0.8)):
+        reach[name][idx] = first_reach(ranked, t, frac)
+
+
+def _heuristics_in_80(terms: np.ndarray, flat: np.ndarray, hold_labels: np.ndarray,
+                      idx: np.ndarray, n_for: dict, label_cols: list[list[int]],
+                      names: list[str], in80: np.ndarray) -> None:
+    """How many distinct heuristics that hold are carried by the neurons (largest direct
+    terms first) that reach 80% of T; ``hold_labels`` (P, labels) whether each label
+    holds, ``label_cols[k]`` the columns of labelled neuron k's labels, ``names`` each
+    column's heuristic."""
+    position = {int(f): k for k, f in enumerate(flat)}
+    order = np.argsort(-terms, axis=1, kind="stable")
+    for j, i in enumerate(idx):
+        top = order[j, :max(int(n_for["80%"][i]), 0)]
+        in80[i] = len({names[c] for f in top if (k := position.get(int(f))) is not None
+                       for c in label_cols[k] if hold_labels[i, c]})
+
+
+def _held_sums(terms: np.ndarray, flat: np.ndarray, hold: np.ndarray) -> dict:
+    """Per labelled neuron: the sum and count of its direct terms where its label holds
+    and where it does not (the paired check)."""
+    lab = terms[:, flat].astype(np.float64) if len(flat) else np.zeros((len(terms), 0))
+    return {"held_sum": (lab * hold).sum(0), "held_n": hold.sum(0),
+            "not_sum": (lab * ~hold).sum(0), "not_n": (~hold).sum(0)}
 
 
 def _median(x: np.ndarray) -> dict:
@@ -172,17 +258,11 @@ def summarize_prompts(terms: PromptTerms, layers: Sequence[int]) -> dict:
     held_mean, not_mean = held_all[both], not_all[both]
     diff = held_mean - not_mean
     m = int(both.sum())
-
-    def mean_se(x: np.ndarray) -> dict:
-        return {"mean": float(x.mean()) if len(x) else float("nan"),
-                "se": float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")}
-
     by_layer = {}
     for layer in np.unique(terms.layer_of[both]):
         d = (held_all - not_all)[both & (terms.layer_of == layer)]
         by_layer[str(int(layer))] = {**mean_se(d), "n_neurons": int(len(d)),
                                      "higher_when_holds": int((d > 0).sum())}
-
     return {
         "n_prompts": n,
         "layers": [int(x) for x in layers],
@@ -199,4 +279,36 @@ def summarize_prompts(terms: PromptTerms, layers: Sequence[int]) -> dict:
         "paired": {"n_neurons": m, "holds": mean_se(held_mean), "does_not": mean_se(not_mean),
                    "difference": mean_se(diff),
                    "higher_when_holds": int((diff > 0).sum()), "by_layer": by_layer},
+        "shares_total": {part: _median(v) for part, v in terms.shares_total.items()},
+        "n_for_total": {k: {**_median(v[v > 0]), "never": int((v <= 0).sum())}
+                        for k, v in terms.n_for_total.items()},
+        "share_adds": {r: against_null(by, [nl["share"][r] for nl in terms.null_adds])
+                       for r, by in terms.label_adds.get("share", {}).items()},
+        "knockouts": {r: {**summarize_knockout(sets, terms.p_clean), "label_adds": against_null(
+            terms.label_adds["knockout"][r],
+            [nl["knockout"][r] for nl in terms.null_adds if r in nl["knockout"]])}
+            for r, sets in terms.label_adds.get("sets", {}).items()},
     }
+
+
+def summarize_knockout(sets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                       p_clean: np.ndarray | None) -> dict:
+    """One ranking's knockout over prompts: per set, the answer's mean probability after it
+    (each prompt's mean over draws) and how often the answer stays on top, over every
+    prompt (a prompt whose knockout zeroes nothing keeps its clean answer), and over the
+    prompts whose knockout zeroes something."""
+    p_k, top_k, zeroed_k = sets["knockout"]
+    some = zeroed_k[:, 0] > 0
+    out: dict = {"n_prompts": int(len(p_k)), "n_knocked": int(some.sum()),
+                 "mean_zeroed": float(zeroed_k[some, 0].mean()) if some.any() else 0.0,
+                 "p_clean": mean_se(p_clean) if p_clean is not None else None,
+                 "sets": {}}
+    for name, (p, top, _) in sets.items():
+        rate = top.mean(1)
+        k = int(round(float(rate.sum()))) if name == "knockout" else None
+        out["sets"][name] = {"p": mean_se(np.nanmean(p, 1)), "top": mean_se(rate),
+                             "p_knocked_only": mean_se(np.nanmean(p, 1)[some]),
+                             "draws": int(p.shape[1]),
+                             **({"top_count": k, "top_ci": list(wilson(k, len(rate)))}
+                                if k is not None else {})}
+    return out

@@ -11,18 +11,25 @@ returns an ``Explanation``:
   competing number tokens (the first tokens of every result the operator takes on the
   config's grid), over every MLP neuron and attention head (``catalog.explain.decompose``:
   the norms' scales frozen; the terms and the rest add up to T);
-- the top neurons toward and away from the answer, each with its labels for this
-  operator where the checkpoint is catalogued (``labels``) and whether each label's
-  heuristic holds for THIS prompt, its activation here beside its typical one
-  (``typical``), and the tokens its value vector promotes;
+- the top neurons toward and away from the answer, each with its direct term and its
+  first-order total effect (through every later layer: ``catalog.explain.total``), its
+  labels for this operator where the checkpoint is catalogued (``labels``), each with its
+  side (the neuron is high, or low, on the heuristic's set) and whether it holds for THIS
+  prompt (the prompt is in the set and the neuron is on that side of its typical value:
+  ``catalog.explain.holds``), its activation here beside its typical one (``typical``),
+  and the tokens its value vector promotes;
 - T by heuristic family and by label (neurons with a label that holds here), and its
   shares: labelled neurons whose heuristic holds, labelled neurons whose heuristics do
   not, other neurons, heads, embeddings and biases; the neurons it takes to reach 50% and
-  80% of T and how many distinct heuristics they carry;
-- the prompt knockout: per layer, up to the config's ``knockout_neurons`` labelled neurons
-  whose heuristic holds (those pushing the answer most), zeroed at every position, against
-  as many random neurons of the same layers (``seeds`` draws): the answer's probability
-  and whether it stays the top token, with intervals.
+  80% of T and how many distinct heuristics they carry; the same on total effects; and
+  what the label adds to the share (``catalog.explain.shares.label_excess``);
+- the prompt knockout and its controls (``catalog.explain.controls``): per layer, up to
+  the config's ``knockout_neurons`` labelled neurons whose label holds, those ranked first
+  on this prompt (by direct term or total effect), zeroed at the last position, against
+  sets chosen the same way except for the label (unlabelled neurons; labelled neurons
+  whose label does not hold), the same number by the same ranking, and random neurons of
+  the paper's top set; what the label adds is the answer's probability after a matched
+  control minus after the knockout.
 """
 
 from __future__ import annotations
@@ -38,12 +45,26 @@ from transformer_lens import HookedTransformer
 from catalog.builtin.model import BUILTIN_NAME
 from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
-from catalog.core.stats import wilson
 from catalog.core.tokens import detect_number_tokens, encode_number
+from catalog.explain.controls import PromptKnockout, knockout_sets, run_knockout
 from catalog.explain.decompose import Decomposition, decompose_cached, hook_names
+from catalog.explain.holds import (  # noqa: F401  (the label loaders, re-exported)
+    Label,
+    as_labels,
+    complement_pairs,
+    kind,
+    labels_from_result,
+    labels_from_rows,
+    labels_of,
+    member_kinds,
+    sides,
+    typical_arrays,
+)
+from catalog.explain.shares import RANKINGS, label_excess, label_masks, split
+from catalog.explain.total import total_effects
 from catalog.labels.heuristics import Heuristic
-from catalog.labels.matches import Matches
 from catalog.measuring.grids import final_logits, w_out
+from catalog.measuring.lens import lens_at
 from catalog.measuring.prompts import UNLIMITED, operator_prefix, tokenize_prompts
 
 PROMPT = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=?\s*$")
@@ -85,6 +106,17 @@ def parse(text: str, config: ScienceConfig) -> tuple[int, str, int]:
     return a, op, b
 
 
+def grid_cells(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, result) of every valid cell of ``op``'s grid under the config."""
+    numbers = detect_number_tokens(tokenizer, prepend_bos=model.cfg.default_prepend_bos)
+    limit = UNLIMITED if numbers.digit_level else numbers.limit
+    side = np.arange(config.operand_lo, config.operand_hi)
+    ga, gb = (g.ravel() for g in np.meshgrid(side, side, indexing="ij"))
+    ok = is_valid(op, ga, gb, limit)
+    return ga[ok], gb[ok], apply_op(op, ga[ok], gb[ok])
+
+
 def build_many(model: HookedTransformer, tokenizer, op: str, a: np.ndarray, b: np.ndarray,
                config: ScienceConfig) -> list[Prompt]:
     """The prompts ``a[i] op b[i] =`` as ``build_prompts`` writes them (the operator's one
@@ -101,11 +133,7 @@ def build_many(model: HookedTransformer, tokenizer, op: str, a: np.ndarray, b: n
         raise PromptError(f"{a[i]}{op}{b[i]} is not a prompt the catalog measures (a result "
                           "that is negative, not a whole number, or past the tokenizer's "
                           f"single-token limit {numbers.limit})")
-    side = np.arange(config.operand_lo, config.operand_hi)
-    ga, gb = (g.ravel() for g in np.meshgrid(side, side, indexing="ij"))
-    ok = is_valid(op, ga, gb, limit)
-    va, vb = ga[ok], gb[ok]
-    results = apply_op(op, va, vb)
+    va, vb, results = grid_cells(model, tokenizer, config, op)
     prefix, _ = operator_prefix(tokenizer, numbers, config, config.operators.index(op), op,
                                 va, vb, results)
     ids, _ = tokenize_prompts(tokenizer, config, [op] * len(a), a, b)
@@ -136,44 +164,22 @@ def build(model: HookedTransformer, tokenizer, text: str, config: ScienceConfig)
 class LabelHere:
     label: str
     family: str
-    holds: bool  # the heuristic's condition is true for this prompt
+    holds: bool  # the prompt is in the heuristic's set and the neuron on the label's side
+    side: str = "high"  # "high": the neuron is high on the set; "low": low on it
 
 
 @dataclass
 class NeuronRow:
     layer: int
     neuron: int
-    contribution: float  # its term of T
+    contribution: float  # its direct term of T
     share: float  # contribution / T
     activation: float
     typical: float | None  # its typical activation where known (the catalog's mean)
     labels: list[LabelHere] = field(default_factory=list)
     promotes: list[str] = field(default_factory=list)  # top tokens of its value vector
-
-
-@dataclass
-class Knockout:
-    """The prompt knockout and its random control (see the module doc)."""
-
-    neurons: list[tuple[int, int]]
-    p_clean: float
-    p_knocked: float
-    top_after: bool  # the answer is still the top token
-    p_random: list[float]
-    top_random: list[bool]
-
-    @property
-    def p_random_mean(self) -> float:
-        return float(np.mean(self.p_random)) if self.p_random else float("nan")
-
-    @property
-    def p_random_se(self) -> float:
-        n = len(self.p_random)
-        return float(np.std(self.p_random, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-
-    @property
-    def top_random_ci(self) -> tuple[float, float]:
-        return wilson(int(sum(self.top_random)), len(self.top_random))
+    total: float = float("nan")  # its first-order total effect on T (catalog.explain.total)
+    notes: list[str] = field(default_factory=list)  # e.g. a set and its complement, one side
 
 
 @dataclass
@@ -203,19 +209,20 @@ class Explanation:
     n_for: dict[str, int]  # "50%", "80%": neurons (largest terms first) to reach it
     heuristics_in_80: int
     labelled: bool  # labels were given (the checkpoint is catalogued)
-    knockout: Knockout | None
+    knockout: PromptKnockout | None
+    # the same split on the neurons' total effects (first order; they need not add to T)
+    shares_total: dict[str, float] = field(default_factory=dict)
+    n_for_total: dict[str, int] = field(default_factory=dict)
+    # what the label adds to the share of T, direct and total: the labelled neurons that
+    # hold minus as many unlabelled (or labelled, not holding) neurons of the same layers
+    # would carry on average (catalog.explain.shares.label_excess)
+    share_adds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         if self.knockout is not None:
-            out["knockout"].update(p_random_mean=self.knockout.p_random_mean,
-                                   p_random_se=self.knockout.p_random_se,
-                                   top_random_ci=list(self.knockout.top_random_ci))
+            out["knockout"].update(self.knockout.to_dict())
         return out
-
-
-def _holds(h: Heuristic, p: Prompt) -> bool:
-    return bool(h.contains(np.array([p.a]), np.array([p.b]), np.array([p.result]))[0])
 
 
 @torch.no_grad()
@@ -260,70 +267,6 @@ def _one_pass(model: HookedTransformer, tokenizer, p: Prompt
     return dec, lens, correct
 
 
-@torch.no_grad()
-def _answer_prob(model: HookedTransformer, tokens: np.ndarray, answer: int,
-                 knocked: list[tuple[int, int]]) -> tuple[float, bool]:
-    """(the answer's probability, whether it is the top token) with ``knocked`` neurons
-    zeroed at every position."""
-    toks = torch.as_tensor(tokens, dtype=torch.long, device=model.W_U.device)[None]
-    by_layer: dict[int, list[int]] = {}
-    for layer, n in knocked:
-        by_layer.setdefault(layer, []).append(n)
-
-    def hook_for(idx):
-        def hook(post, hook):
-            post[..., idx] = 0.0
-            return post
-        return hook
-
-    hooks: list = [(f"blocks.{layer}.mlp.hook_post", hook_for(torch.as_tensor(ns)))
-                   for layer, ns in by_layer.items()]
-    logits = model.run_with_hooks(toks, fwd_hooks=hooks)[0, -1].double()
-    return float(logits.softmax(-1)[answer]), int(logits.argmax()) == answer
-
-
-def knockout_set(holds: set[tuple[int, int]], terms: np.ndarray, per_layer: int
-                 ) -> list[tuple[int, int]]:
-    """The prompt knockout's neurons: per layer, up to ``per_layer`` of the labelled neurons
-    whose heuristic holds, those pushing the answer most (largest direct terms) first. The
-    paper zeroes up to N neurons per layer of the heuristics a prompt satisfies; zeroing
-    every such neuron (tens of thousands in a real model) breaks any answer, and so does
-    as many random ones."""
-    by_layer: dict[int, list[int]] = {}
-    for layer, n in holds:
-        by_layer.setdefault(layer, []).append(n)
-    out = []
-    for layer, ns in sorted(by_layer.items()):
-        ns.sort(key=lambda n: (-terms[layer, n], n))
-        out += [(layer, n) for n in ns[:per_layer]]
-    return out
-
-
-def knockout(model: HookedTransformer, p: Prompt, neurons: list[tuple[int, int]],
-             seeds: int, seed: int = 0) -> Knockout:
-    """Zero ``neurons``, and ``seeds`` times as many random neurons of the same layers
-    (drawn from the neurons not in the set, per layer)."""
-    p_clean, _ = _answer_prob(model, p.tokens, p.answer, [])
-    p_knocked, top = _answer_prob(model, p.tokens, p.answer, neurons)
-    per_layer: dict[int, int] = {}
-    for layer, _ in neurons:
-        per_layer[layer] = per_layer.get(layer, 0) + 1
-    taken = set(neurons)
-    rng = np.random.default_rng([seed, 47])
-    p_random, top_random = [], []
-    for _ in range(seeds):
-        drawn = []
-        for layer, k in sorted(per_layer.items()):
-            pool = [n for n in range(int(model.cfg.d_mlp or 0)) if (layer, n) not in taken]
-            drawn += [(layer, int(n)) for n in rng.choice(pool, size=min(k, len(pool)),
-                                                          replace=False)]
-        pr, tr = _answer_prob(model, p.tokens, p.answer, drawn)
-        p_random.append(pr)
-        top_random.append(tr)
-    return Knockout(neurons=list(neurons), p_clean=p_clean, p_knocked=p_knocked,
-                    top_after=top, p_random=p_random, top_random=top_random)
-
-
 def _promoted(model: HookedTransformer, tokenizer, rows: Sequence[tuple[int, int, float]],
               k: int = 5) -> list[list[str]]:
     """For each (layer, neuron, activation), the tokens the neuron's write promotes most
@@ -339,42 +282,57 @@ def _promoted(model: HookedTransformer, tokenizer, rows: Sequence[tuple[int, int
 
 
 def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfig,
-            labels: Mapping[tuple[int, int], Sequence[Heuristic]] | None = None,
+            labels: Mapping[tuple[int, int], Sequence[Label | Heuristic]] | None = None,
             typical: Mapping[tuple[int, int], float] | None = None, top: int = 10,
-            seeds: int = 5) -> Explanation:
-    """Explain one prompt (module doc). ``labels``: (layer, neuron) -> the heuristics the
-    catalog labelled the neuron with for this prompt's operator (None: not catalogued);
-    ``seeds``: random draws of the knockout's control (0: no knockout)."""
+            seeds: int = 5, typical_kv: Mapping[tuple[int, int], float] | None = None,
+            ranking: str = "direct", top_set: np.ndarray | None = None) -> Explanation:
+    """Explain one prompt (module doc). ``labels``: (layer, neuron) -> its labels for this
+    prompt's operator (None: not catalogued); ``typical`` / ``typical_kv``: each neuron's
+    mean activation / KV value over the grid (a label's side is checked against them);
+    ``seeds``: draws of each random control of the knockout (0: no knockout);
+    ``ranking``: what picks the knockout's neurons on the prompt, "direct" or "total";
+    ``top_set``: (n_layers, d_mlp) the pool of the paper's random control (None: every
+    neuron)."""
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {RANKINGS}, not {ranking!r}")
     p = build(model, tokenizer, text, config)
     dec, lens, correct = _one_pass(model, tokenizer, p)
+    total = total_effects(model, p.tokens[None], np.array([p.answer]), p.competitors)[0]
     logits = torch.as_tensor(dec.logits, dtype=torch.float64)
-    probs = logits.softmax(-1)
     t = dec.target
-    labels = labels or {}
-    here = {key: [LabelHere(h.label, h.family, _holds(h, p)) for h in hs]
-            for key, hs in labels.items() if hs}
+    labelled_in = as_labels(labels)
+    shape = dec.neurons.shape
+    lens_all = np.stack([lens_at(model, layer, np.array([p.answer]))[:, 0]
+                         for layer in range(shape[0])]) if labelled_in else np.zeros(shape)
+    side_bits = sides(dec.activations, lens_all, *typical_arrays(shape, typical, typical_kv))
+    one = (np.array([p.a]), np.array([p.b]), np.array([p.result]))
+    member = member_kinds(labelled_in, shape, *one)[0]
+    here = {(layer, n): [LabelHere(x.heuristic.label, x.family, bool(
+        x.heuristic.contains(*one)[0] and side_bits[layer, n] & kind(x)), x.side) for x in xs]
+        for (layer, n), xs in labelled_in.items()}
 
     def row(layer: int, n: int) -> NeuronRow:
         c = float(dec.neurons[layer, n])
         return NeuronRow(layer, n, c, c / t if t else float("nan"),
                          float(dec.activations[layer, n]),
                          None if typical is None else typical.get((layer, n)),
-                         here.get((layer, n), []))
+                         here.get((layer, n), []), total=float(total[layer, n]))
 
     flat = dec.neurons.ravel()
     width = dec.neurons.shape[1]
     order = np.argsort(-flat, kind="stable")
     toward = [row(int(i) // width, int(i) % width) for i in order[:top] if flat[i] > 0]
     away = [row(int(i) // width, int(i) % width) for i in order[::-1][:top] if flat[i] < 0]
-    for r, promotes in zip(toward + away, _promoted(
-            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in toward + away]),
-            strict=True):
+    shown = toward + away
+    for r, promotes in zip(shown, _promoted(
+            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in shown]), strict=True):
         r.promotes = promotes
+    _note_complements(model, tokenizer, config, p, shown, labelled_in)
     h_order = np.argsort(-np.abs(dec.heads.ravel()), kind="stable")[:top]
     heads = [(int(i) // dec.heads.shape[1], int(i) % dec.heads.shape[1],
               float(dec.heads.ravel()[i])) for i in h_order]
     holds = {key for key, ls in here.items() if any(x.holds for x in ls)}
-    other_labelled = set(here) - holds
+    masks = label_masks(shape, set(here), holds)
     by_family: dict[str, float] = {}
     by_label: dict[str, float] = {}
     for (layer, n) in holds:
@@ -384,62 +342,50 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         for x in here[(layer, n)]:
             if x.holds:
                 by_label[x.label] = by_label.get(x.label, 0.0) + c
-
-    def part(keys) -> float:
-        return float(sum(dec.neurons[k] for k in keys))
-
-    s_hold, s_other = part(holds), part(other_labelled)
-    rest_neurons = float(dec.neurons.sum()) - s_hold - s_other
-    shares = {k: v / t if t else float("nan") for k, v in {
-        "labelled, heuristic holds": s_hold, "labelled, heuristic does not hold": s_other,
-        "other neurons": rest_neurons, "heads": float(dec.heads.sum()),
-        "embeddings and biases": dec.embed + dec.biases + dec.error}.items()}
-    cum = np.cumsum(flat[order])
-    n_for = {}
-    for name, frac in (("50%", 0.5), ("80%", 0.8)):
-        reach = np.nonzero(cum >= frac * t)[0] if t > 0 else np.zeros(0, np.int64)
-        n_for[name] = int(reach[0]) + 1 if len(reach) else -1  # -1: the neurons never reach it
+    rest = float(dec.heads.sum()), dec.embed + dec.biases + dec.error
+    shares, n_for = split(dec.neurons, masks, t, rest)
+    shares_total, n_for_total = split(total, masks, t, None)
     in80 = order[:max(n_for["80%"], 0)]
     heuristics_in_80 = len({x.label for i in in80
                             for x in here.get((int(i) // width, int(i) % width), [])
                             if x.holds})
-    knocked = knockout_set(holds, dec.neurons, config.knockout_neurons)
-    ko = knockout(model, p, knocked, seeds, config.seed) if labels and seeds and knocked \
-        else None
+    ko = None
+    if labelled_in and seeds:
+        score = dec.neurons if ranking == "direct" else total
+        sets = knockout_sets(score, masks[0], member, side_bits, config.knockout_neurons,
+                             seeds, np.random.default_rng([config.seed, 47]), top_set)
+        if sets.knockout:
+            ko = run_knockout(model, p.tokens, p.answer, sets, ranking)
     return Explanation(
         prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
         predicted=tokenizer.decode([int(logits.argmax())]),
-        correct=correct, p_answer=float(probs[p.answer]),
+        correct=correct, p_answer=float(logits.softmax(-1)[p.answer]),
         rank_answer=int((logits > logits[p.answer]).sum()), target=t,
         neurons_total=float(dec.neurons.sum()), heads_total=float(dec.heads.sum()),
         embed=dec.embed, biases=dec.biases, error=dec.error,
         lens=lens, toward=toward, away=away, heads=heads,
         by_family=by_family, by_label=by_label, shares=shares, n_for=n_for,
-        heuristics_in_80=heuristics_in_80, labelled=bool(labels), knockout=ko)
+        heuristics_in_80=heuristics_in_80, labelled=bool(labelled_in), knockout=ko,
+        shares_total=shares_total, n_for_total=n_for_total,
+        share_adds={name: {k: float(v[0]) for k, v in label_excess(
+            x[None], masks[0], member[None], side_bits[None], np.array([t])).items()}
+            for name, x in (("direct", dec.neurons), ("total", total))} if labelled_in else {})
 
 
-def labels_from_rows(rows) -> dict[tuple[int, int], list[Heuristic]]:
-    """(layer, neuron) -> heuristics from stored label rows (layer, neuron, family, target,
-    params), as ``schema.explanations.labels_at`` returns them."""
-    out: dict[tuple[int, int], list[Heuristic]] = {}
-    for layer, neuron, family, target, params in rows:
-        out.setdefault((int(layer), int(neuron)), []).append(
-            Heuristic(family, target, tuple(params)))
-    return out
+def _note_complements(model: HookedTransformer, tokenizer, config: ScienceConfig, p: Prompt,
+                      rows: list[NeuronRow], labels: Mapping[tuple[int, int], list]) -> None:
+    """A note on each shown neuron labelled with a set and its complement on one side."""
+    cells = None
+    for r in rows:
+        xs = labels.get((r.layer, r.neuron), [])
+        if len(xs) < 2:
+            continue
+        if cells is None:
+            cells = grid_cells(model, tokenizer, config, p.op)
+        for x, y in complement_pairs(xs, *cells):
+            r.notes.append(f"{x.text} and {y.text}: a set and its complement on the same "
+                           "side, so the neuron is high (or low) almost everywhere; the "
+                           "larger set's label comes from its base rate, only the smaller "
+                           "says where it differs")
 
 
-def labels_of(matches: Mapping[int, Matches], o: int) -> dict[tuple[int, int], list[Heuristic]]:
-    """(layer, neuron) -> the heuristics labelled for operator index ``o`` in each layer's
-    ``Matches``."""
-    out: dict[tuple[int, int], list[Heuristic]] = {}
-    for layer, m in matches.items():
-        for i in np.nonzero((m.op == o) & m.implements)[0]:
-            out.setdefault((int(layer), int(m.neuron[i])), []).append(m.row_heuristic(int(i)))
-    return out
-
-
-def labels_from_result(result, op: str) -> dict[tuple[int, int], list[Heuristic]]:
-    """(layer, neuron) -> the heuristics labelled for ``op`` in a ``CheckpointResult``
-    measured with its layers kept (``catalog.measure``)."""
-    return labels_of({layer: lr.matches for layer, lr in result.layers.items()},
-                     list(result.config.operators).index(op))

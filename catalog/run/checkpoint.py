@@ -278,6 +278,8 @@ class CheckpointRun(CheckpointSummary):
             m = Matches.empty()
             if len(live):
                 kv = kv_map(k_map[live], answer_lens[live][:, idx])
+                # the KV map's mean: a result label's side is checked against it
+                out.mean_kv[live, o] = kv.mean(1)
                 dev = self.model.cfg.device
                 k_t, kv_t = (torch.as_tensor(k_map[live], device=dev),
                              torch.as_tensor(kv, device=dev))
@@ -303,7 +305,8 @@ class CheckpointRun(CheckpointSummary):
         exact, attr = "exact" in config.patching, "attribution" in config.patching
         return LayerResult(
             layer=layer, acts=acts, lens=lens, answer_lens=answer_lens,
-            max_act=out.max_act, mean_act=out.mean_act, density=out.density,
+            max_act=out.max_act, mean_act=out.mean_act, mean_kv=out.mean_kv,
+            density=out.density,
             effect_exact=out.effect_exact if exact else None,
             effect_exact_std=out.effect_exact_std if exact else None,
             effect_attr=out.effect_attr if attr else None,

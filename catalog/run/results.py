@@ -31,6 +31,10 @@ class LayerDigest:
     effect: np.ndarray  # (d_mlp, op) rank key, largest first (NaN: not measured)
     matches: Matches
     attribution: np.ndarray | None  # (d_mlp, op) the paper's ranking; None without it
+    # (d_mlp, op) the K and KV maps' means, against which a label's side is checked on a
+    # prompt (catalog.explain.holds); None: not known (side not checked)
+    mean_act: np.ndarray | None = None
+    mean_kv: np.ndarray | None = None
 
 
 @dataclass
@@ -41,6 +45,7 @@ class LayerStats:
 
     max_act: np.ndarray
     mean_act: np.ndarray
+    mean_kv: np.ndarray
     density: np.ndarray
     effect_exact: np.ndarray
     effect_exact_std: np.ndarray
@@ -84,6 +89,8 @@ class LayerResult:
     answer_lens: Float[np.ndarray, "d_mlp prompt"]  # lens value of each prompt's answer token
     max_act: Float[np.ndarray, "d_mlp op"]
     mean_act: Float[np.ndarray, "d_mlp op"]
+    # mean of the KV map (NaN for constant neurons, which have none): result labels' sides
+    mean_kv: Float[np.ndarray, "d_mlp op"]
     density: Float[np.ndarray, "d_mlp op"]  # share of the operator's prompts with act > 0
     effect_exact: Float[np.ndarray, "d_mlp op"] | None  # the paper's mean; NaN if not exact
     effect_exact_std: Float[np.ndarray, "d_mlp op"] | None
@@ -125,7 +132,8 @@ class LayerResult:
 
     def digest(self, sign: str) -> LayerDigest:
         """What the summary needs of this layer (``sign``: the config's rank_sign)."""
-        return LayerDigest(self.effect(sign), self.matches, self.attribution_score())
+        return LayerDigest(self.effect(sign), self.matches, self.attribution_score(),
+                           self.mean_act, self.mean_kv)
 
     def kv(self, op_prompts: np.ndarray) -> np.ndarray:
         """KV map values (d_mlp, n) for the given prompts: K times the answer's lens value."""

@@ -20,7 +20,7 @@ from catalog.circuits.final import FinalCircuit
 from catalog.config import ExecutionConfig, ScienceConfig
 from catalog.core.stats import nan_mean
 from catalog.explain.grid import explain_prompts, summarize_prompts
-from catalog.explain.prompt import labels_of
+from catalog.explain.holds import Means, labels_of, typical_of
 from catalog.labels import enrichment
 from catalog.labels.heuristics import Heuristic, Partition
 from catalog.labels.matches import Matches
@@ -54,15 +54,18 @@ class CheckpointSummary:
                               {k: d.matches for k, d in digests.items()},
                               run_knockouts=run_knockouts,
                               attribution={k: d.attribution for k, d in digests.items()},
-                              final=final)
+                              final=final, means={k: (d.mean_act, d.mean_kv)
+                                                  for k, d in digests.items()})
 
     def summarize(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
                   run_knockouts: bool = True,
                   attribution: dict[int, np.ndarray | None] | None = None,
-                  final: FinalCircuit | None = None) -> Summary:
+                  final: FinalCircuit | None = None,
+                  means: dict[int, tuple] | None = None) -> Summary:
         """Checkpoint summary from the measured layers' rank keys (d_mlp, op; largest
         first, ``LayerResult.effect``), their attribution scores (``LayerResult.
-        attribution_score``, what a paper circuit ranks by) and labelled matches.
+        attribution_score``, what a paper circuit ranks by) and labelled matches;
+        ``means``: layer -> (mean_act, mean_kv), what labels' sides are checked against.
 
         Component effects per operator, then each of the config's faithfulness protocols'
         curves (docs/method.md section 6), then the knockouts. Circuits span the layers
@@ -97,7 +100,7 @@ class CheckpointSummary:
             return [(k, v if v is not None else float("nan")) for k, v in c.curve(stat=stat)]
         faith = {c.op: points(c, "ratio_of_means") for c in first}
         faith_mean_ratio = {c.op: points(c, "mean_ratio") for c in first}
-        h_knock, p_knock = [], {}
+        h_knock, p_knock, top_sets = [], {}, {}
         top_k = paper.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
         for o, op in enumerate(config.operators):
             prompts = np.unique(np.concatenate(draws[op])) if draws[op] else np.zeros(0, int)
@@ -107,6 +110,7 @@ class CheckpointSummary:
             for layer in layers:
                 eff[layer] = np.nan_to_num(effects[layer][:, o], nan=-np.inf)
             top_set = paper.top_k_mask(eff, top_k) & measured[:, None]
+            top_sets[op] = top_set
             ranked = self._heuristic_masks(o, matches, top_set)
             for h, mask in ranked[:20]:
                 row = knockouts.heuristic_knockout(model, table, prompts, h, mask & top_set,
@@ -118,7 +122,8 @@ class CheckpointSummary:
                 config.knockout_neurons, config.seed, runner)
         seconds["knockouts"] = time.perf_counter() - t
         t = time.perf_counter()
-        explained = self._explained(matches, draws, layers) if run_knockouts else {}
+        explained = self._explained(matches, means or {}, draws, layers, top_sets, runner) \
+            if run_knockouts else {}
         seconds["prompt explanations"] = time.perf_counter() - t
         correct_all = table.correct
         assert correct_all is not None and table.is_shot is not None
@@ -149,17 +154,29 @@ class CheckpointSummary:
             final_curves=final_curves, final_step=final.step if final is not None else None,
         )
 
-    def _explained(self, matches: dict[int, Matches], draws: dict[str, list[np.ndarray]],
-                   layers: list[int]) -> dict[str, dict]:
+    def _explained(self, matches: dict[int, Matches], means: dict[int, tuple],
+                   draws: dict[str, list[np.ndarray]],
+                   layers: list[int], top_sets: dict[str, np.ndarray],
+                   runner: PrefixRunner) -> dict[str, dict]:
         """op -> each knockout prompt's answer decomposed over the labelled neurons of the
-        measured layers, aggregated (catalog.explain.grid)."""
+        measured layers, with what the labels add against their controls and against the
+        labels placed at random, aggregated (catalog.explain.grid); the knockouts zero
+        at the last position through the summary's runner."""
         table, out = self.table, {}
         for o, op in enumerate(self.config.operators):
             prompts = np.unique(np.concatenate(draws[op])) if draws[op] else np.zeros(0, int)
             if not len(prompts):
                 continue
+            typical, typical_kv = typical_of(
+                {layer: Means(*m) for layer, m in means.items()}, o)
+
+            def evaluate(mask: np.ndarray, _prompts=prompts) -> tuple[np.ndarray, np.ndarray]:
+                return knockouts.zeroed_answers(self.model, table, _prompts, mask, runner)
+
             terms = explain_prompts(self.model, self.tokenizer, self.config, op,
-                                    table.a[prompts], table.b[prompts], labels_of(matches, o))
+                                    table.a[prompts], table.b[prompts], labels_of(matches, o),
+                                    typical=typical, typical_kv=typical_kv, evaluate=evaluate,
+                                    top_set=top_sets.get(op))
             out[op] = summarize_prompts(terms, layers)
         return out
 

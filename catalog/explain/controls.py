@@ -1,0 +1,310 @@
+"""The prompt knockout, and controls that can come out against it.
+
+The heuristics paper's claim for one prompt: the neurons whose heuristic holds for it
+carry its answer, so zeroing them hurts it far more than zeroing as many other neurons.
+A knockout set picked by each neuron's push on THIS prompt beats random neurons whatever
+the labels are (it is selected on the outcome), so random neurons cannot refute it. The
+comparison sets here are chosen exactly as the tested set is, except for the label:
+
+- ``knockout``: per layer, of the labelled neurons whose label holds (its set contains
+  the prompt and the neuron is on the label's side here: ``catalog.explain.holds``), the
+  ``per_layer`` ranked first on this prompt (by direct term or total effect), or, as the
+  paper draws them, at random from the top set;
+- ``unlabelled``: the labels whose sets contain the prompt, placed at random on as many
+  UNLABELLED neurons of the same layers (``placed``): a neuron so labelled joins the pool
+  where the label's side condition holds on it, exactly as the tested neurons had to;
+  then the same choice from that pool; ``draws`` times;
+- ``not holding``: the same, placed on labelled neurons none of whose labels' sets
+  contain the prompt;
+- ``same ranking``: as many neurons per layer by the same ranking, labels ignored (the
+  most a set of that size picked on the outcome can do);
+- ``random``: as many neurons per layer drawn from the same top set the paper draws from
+  (the catalog's top neurons by effect where given, else the layer), the knockout's own
+  neurons left out.
+
+The two matched controls differ from the knockout only in whether the label's SET
+contains the prompt: the side condition and the choice are the same. Under labels placed
+at random (same counts per layer) the knockout and the two matched controls are then
+drawn alike and hurt the prompt alike in expectation (tested). What the label adds is
+the answer's probability after a matched control minus after the knockout (positive: the
+label's own neurons hurt more), per prompt, and over prompts with its standard error.
+
+Each set is zeroed at the prompt's last position only (the position the catalog
+measures and patches), every set of one prompt in one batched forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformer_lens import HookedTransformer
+
+from catalog.core.stats import wilson
+
+CONTROLS = ("unlabelled", "not holding", "same ranking", "random")
+# the controls that differ from the knockout by the label alone ("what the label adds")
+MATCHED = ("unlabelled", "not holding")
+
+
+def top_of(score: np.ndarray, pool: np.ndarray, counts: Mapping[int, int]
+           ) -> list[tuple[int, int]]:
+    """Per layer named in ``counts``, its ``counts[layer]`` neurons of ``pool`` ((n_layers,
+    d_mlp) bool) with the largest ``score`` ((n_layers, d_mlp); ties by index)."""
+    out: list[tuple[int, int]] = []
+    for layer, k in sorted(counts.items()):
+        cand = np.nonzero(pool[layer])[0]
+        order = np.lexsort((cand, -score[layer, cand]))
+        out += [(layer, int(n)) for n in cand[order[:k]]]
+    return out
+
+
+def placed(pool: np.ndarray, member: np.ndarray, sides: np.ndarray, candidates: np.ndarray,
+           rng: np.random.Generator) -> np.ndarray:
+    """Where the prompt's labels would hold had they been placed on ``pool``'s neurons at
+    random: per layer, each of ``candidates`` whose labels' sets contain the prompt
+    (``member`` bits != 0) hands its label kinds to a neuron drawn from the layer's
+    ``pool`` (without replacement), which is kept when one of those kinds' side
+    conditions holds on it (``sides``, catalog.explain.holds). (n_layers, d_mlp) bool."""
+    out = np.zeros_like(pool)
+    for layer in np.nonzero((candidates & (member != 0)).any(1))[0]:
+        kinds = member[layer][candidates[layer] & (member[layer] != 0)]
+        cand = np.nonzero(pool[layer])[0]
+        take = min(len(kinds), len(cand))
+        if not take:
+            continue
+        drawn = rng.choice(cand, take, replace=False)
+        given = rng.permutation(kinds)[:take]
+        out[layer, drawn[(given & sides[layer, drawn]) != 0]] = True
+    return out
+
+
+def _choose(score: np.ndarray | None, pool: np.ndarray, per_layer: int,
+            rng: np.random.Generator) -> list[tuple[int, int]]:
+    """Per layer, ``per_layer`` neurons of ``pool``: those with the largest ``score`` (ties
+    by index), or drawn at random where ``score`` is None (the paper's choice)."""
+    counts = {layer: per_layer for layer in range(pool.shape[0])}
+    return top_of(score, pool, counts) if score is not None else random_from(pool, counts, rng)
+
+
+def _per_layer(neurons: list[tuple[int, int]]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for layer, _ in neurons:
+        counts[layer] = counts.get(layer, 0) + 1
+    return counts
+
+
+def random_from(pool: np.ndarray, counts: Mapping[int, int],
+                rng: np.random.Generator) -> list[tuple[int, int]]:
+    """``counts[layer]`` neurons drawn at random from each layer's ``pool``."""
+    out = []
+    for layer, k in sorted(counts.items()):
+        cand = np.nonzero(pool[layer])[0]
+        take = min(k, len(cand))
+        out += [(layer, int(n)) for n in np.sort(rng.choice(cand, take, replace=False))]
+    return out
+
+
+@dataclass
+class KnockoutSets:
+    """The knockout set of one prompt and each control's draws."""
+
+    knockout: list[tuple[int, int]]
+    controls: dict[str, list[list[tuple[int, int]]]]
+
+
+def knockout_sets(score: np.ndarray | None, labelled: np.ndarray, member: np.ndarray,
+                  sides: np.ndarray, per_layer: int, draws: int, rng: np.random.Generator,
+                  within: np.ndarray | None = None) -> KnockoutSets:
+    """The sets of the module doc for one prompt, every array (n_layers, d_mlp): ``score``
+    the ranking on the prompt (None: the paper's choice, at random), ``labelled`` the
+    neurons labelled for its operator, ``member`` / ``sides`` the bits of
+    ``catalog.explain.holds.member_kinds`` / ``sides``, ``within`` the top set every set is
+    drawn from (None: every neuron)."""
+    within = np.ones_like(labelled) if within is None else within
+    hold = labelled & ((member & sides) != 0) & within
+    knock = _choose(score, hold, per_layer, rng)
+    counts = _per_layer(knock)
+    pools = {"unlabelled": ~labelled & within,
+             "not holding": labelled & (member == 0) & within}
+    candidates = labelled & within
+    controls: dict[str, list[list[tuple[int, int]]]] = {
+        name: [_choose(score, placed(pool, member, sides, candidates, rng), per_layer, rng)
+               for _ in range(draws)]
+        for name, pool in pools.items()}
+    if score is not None:
+        controls["same ranking"] = [top_of(score, within, counts)]
+    others = within.copy()
+    for layer, n in knock:
+        others[layer, n] = False
+    controls["random"] = [random_from(others, counts, rng) for _ in range(draws)]
+    return KnockoutSets(knock, controls)
+
+
+@torch.no_grad()
+def zeroed_probs(model: HookedTransformer, tokens: np.ndarray, answer: int,
+                 sets: list[list[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
+    """(the answer's probability, whether it is the top token) with each of ``sets`` zeroed
+    at the last position: one row of a batched forward per set (the first row of the
+    result is the clean prompt, then one per set)."""
+    n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
+    mask = torch.zeros((len(sets) + 1, n_layers, d_mlp), dtype=torch.bool,
+                       device=model.W_U.device)
+    for i, s in enumerate(sets):
+        for layer, n in s:
+            mask[i + 1, layer, n] = True
+    toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long,
+                           device=model.W_U.device)[None].expand(len(sets) + 1, -1)
+    return _masked_last(model, toks, mask, torch.full((len(sets) + 1,), int(answer)))
+
+
+@torch.no_grad()
+def _masked_last(model: HookedTransformer, toks: torch.Tensor, mask: torch.Tensor,
+                 answers: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """One forward of ``toks`` (B, L) with each row's ``mask`` (B, n_layers, d_mlp) zeroed
+    at the last position; (p of each row's answer, whether it is the top token)."""
+    layers = [layer for layer in range(model.cfg.n_layers) if bool(mask[:, layer].any())]
+
+    def hook_for(layer: int):
+        def hook(post, hook):
+            post = post.clone()
+            post[:, -1] = post[:, -1].masked_fill(mask[:, layer], 0.0)
+            return post
+        return hook
+
+    logits = model.run_with_hooks(
+        toks, fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", hook_for(layer))
+                         for layer in layers])[:, -1].double()
+    ans = answers.to(logits.device)
+    p = logits.softmax(-1).gather(1, ans[:, None])[:, 0]
+    return p.cpu().numpy(), (logits.argmax(-1) == ans).cpu().numpy()
+
+
+def masked_last_position(model: HookedTransformer, tokens: list[np.ndarray],
+                         answers: np.ndarray, batch: int = 64
+                         ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """An evaluator for many prompts: given (P, n_layers, d_mlp) masks, each prompt's
+    (p of its answer, top) with its mask zeroed at its last position; prompts batched by
+    token count."""
+    lengths = np.array([len(t) for t in tokens])
+    groups = [np.nonzero(lengths == n)[0] for n in np.unique(lengths)]
+    device = model.W_U.device
+
+    def evaluate(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p = np.zeros(len(tokens))
+        top = np.zeros(len(tokens), dtype=bool)
+        for g in groups:
+            for s in range(0, len(g), batch):
+                idx = g[s:s + batch]
+                toks = torch.as_tensor(np.stack([tokens[i] for i in idx]), dtype=torch.long,
+                                       device=device)
+                p[idx], top[idx] = _masked_last(
+                    model, toks, torch.as_tensor(mask[idx], device=device),
+                    torch.as_tensor(answers[idx], dtype=torch.long))
+        return p, top
+    return evaluate
+
+
+@dataclass
+class ControlDraws:
+    """A control's draws on one prompt: the answer's probability and top after each."""
+
+    p: list[float]
+    top: list[bool]
+    n: list[int] = field(default_factory=list)  # neurons zeroed per draw
+
+    @property
+    def p_mean(self) -> float:
+        return float(np.mean(self.p)) if self.p else float("nan")
+
+    @property
+    def p_se(self) -> float:
+        k = len(self.p)
+        return float(np.std(self.p, ddof=1) / np.sqrt(k)) if k > 1 else float("nan")
+
+    @property
+    def top_ci(self) -> tuple[float, float]:
+        return wilson(int(sum(self.top)), len(self.top))
+
+
+def mean_se(x: np.ndarray) -> dict:
+    """Mean, standard error and normal 95% interval of ``x`` (finite values), with n."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = len(x)
+    mean = float(x.mean()) if n else float("nan")
+    se = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return {"mean": mean, "se": se, "ci": [mean - 1.96 * se, mean + 1.96 * se], "n": n}
+
+
+def verdict(stat: dict) -> str:
+    """"adds" when the interval is above 0, "takes away" when below, "nil" when it holds 0
+    (or cannot be told: fewer than two prompts)."""
+    lo, hi = stat["ci"]
+    if not np.isfinite(lo) or not np.isfinite(hi):
+        return "nil"
+    return "adds" if lo > 0 else "takes away" if hi < 0 else "nil"
+
+
+@dataclass
+class PromptKnockout:
+    """One prompt's knockout and its controls (module doc). ``p_random`` / ``top_random``
+    are the ``random`` control's draws (the paper's), kept by those names for the readers
+    of stored explanations."""
+
+    neurons: list[tuple[int, int]]
+    p_clean: float
+    p_knocked: float
+    top_after: bool  # the answer is still the top token
+    p_random: list[float]
+    top_random: list[bool]
+    ranking: str = "direct"  # what ranked the neurons on the prompt: "direct" or "total"
+    controls: dict[str, ControlDraws] = field(default_factory=dict)
+
+    @property
+    def p_random_mean(self) -> float:
+        return float(np.mean(self.p_random)) if self.p_random else float("nan")
+
+    @property
+    def p_random_se(self) -> float:
+        n = len(self.p_random)
+        return float(np.std(self.p_random, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+
+    @property
+    def top_random_ci(self) -> tuple[float, float]:
+        return wilson(int(sum(self.top_random)), len(self.top_random))
+
+    @property
+    def label_adds(self) -> dict[str, float]:
+        """Per matched control: its mean p after zeroing minus the knockout's (positive:
+        the labelled neurons that hold hurt the answer more than the control's)."""
+        return {name: self.controls[name].p_mean - self.p_knocked
+                for name in MATCHED if name in self.controls and self.controls[name].p}
+
+    def to_dict(self) -> dict:
+        return {"p_random_mean": self.p_random_mean, "p_random_se": self.p_random_se,
+                "top_random_ci": list(self.top_random_ci), "label_adds": self.label_adds,
+                "controls": {name: {"p": c.p, "top": c.top, "n": c.n, "p_mean": c.p_mean,
+                                    "p_se": c.p_se, "top_ci": list(c.top_ci)}
+                             for name, c in self.controls.items()}}
+
+
+def run_knockout(model: HookedTransformer, tokens: np.ndarray, answer: int,
+                 sets: KnockoutSets, ranking: str) -> PromptKnockout:
+    """Zero the knockout set and every control draw of one prompt (one batched forward)."""
+    names = [name for name in CONTROLS if name in sets.controls]
+    flat = [sets.knockout] + [d for name in names for d in sets.controls[name]]
+    p, top = zeroed_probs(model, tokens, answer, flat)
+    controls, at = {}, 2
+    for name in names:
+        draws = sets.controls[name]
+        controls[name] = ControlDraws([float(x) for x in p[at:at + len(draws)]],
+                                      [bool(x) for x in top[at:at + len(draws)]],
+                                      [len(d) for d in draws])
+        at += len(draws)
+    rnd = controls.get("random", ControlDraws([], []))
+    return PromptKnockout(neurons=list(sets.knockout), p_clean=float(p[0]),
+                          p_knocked=float(p[1]), top_after=bool(top[1]), p_random=rnd.p,
+                          top_random=rnd.top, ranking=ranking, controls=controls)
