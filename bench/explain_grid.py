@@ -38,13 +38,18 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=50)
     parser.add_argument("--layers", default=None)
+    parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
+    from catalog.circuits import paper
+    from catalog.circuits.knockouts import zeroed_answers
     from catalog.config import ScienceConfig
     from catalog.config.settings import get_settings
     from catalog.explain.grid import PARTS, explain_prompts, summarize_prompts
-    from catalog.explain.prompt import explain, labels_of
+    from catalog.explain.holds import labels_of, typical_of
+    from catalog.explain.prompt import explain
+    from catalog.measuring.grids import PrefixRunner
     from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model, registry
     from jobs.cli.explaining import render
@@ -69,6 +74,14 @@ def main() -> None:
     summary = run.summarize_digests(digests)
     summary_s = time.perf_counter() - t0
     labels = labels_of({k: d.matches for k, d in digests.items()}, 0)
+    typical, typical_kv = typical_of(digests, 0)
+    n_layers = lm.model.cfg.n_layers
+    eff = np.full((n_layers, run.d_mlp), -np.inf)
+    for layer, d in digests.items():
+        eff[layer] = np.nan_to_num(d.effect[:, 0], nan=-np.inf)
+    top_set = paper.top_k_mask(eff, paper.circuit_sizes(run.d_mlp, (
+        config.top_set_fraction,))[0])
+    top_set &= np.isin(np.arange(n_layers), list(digests))[:, None]
     with open(RESULTS / f"explain_grid_{args.model.replace('/', '_')}_labels.pkl", "wb") as f:
         pickle.dump(labels, f)  # for a later look at the same labels
     table = run.table
@@ -77,8 +90,14 @@ def main() -> None:
     correct = idx[table.correct[idx] & ~table.is_shot[idx]]
     wrong = idx[~table.correct[idx] & ~table.is_shot[idx]]
     t0 = time.perf_counter()
+    runner = PrefixRunner(lm.model, table)
+
+    def evaluate(mask):
+        return zeroed_answers(lm.model, table, correct, mask, runner)
+
     terms = explain_prompts(lm.model, lm.tokenizer, config, args.op, table.a[correct],
-                            table.b[correct], labels)
+                            table.b[correct], labels, typical=typical, typical_kv=typical_kv,
+                            evaluate=evaluate, top_set=top_set, batch=args.batch)
     grid_s = time.perf_counter() - t0
     grid = summarize_prompts(terms, run.layers)
     share = terms.shares[PARTS[0]]
@@ -92,7 +111,8 @@ def main() -> None:
         w = wrong[len(wrong) // 2]
         prompts["answered wrong"] = f"{table.a[w]}{args.op}{table.b[w]}="
     for kind, text in prompts.items():
-        e = explain(lm.model, lm.tokenizer, text, config, labels=labels, top=8, seeds=5)
+        e = explain(lm.model, lm.tokenizer, text, config, labels=labels, top=8, seeds=5,
+                    typical=typical, typical_kv=typical_kv, top_set=top_set)
         worked[kind] = e.to_dict()
         texts.append(f"## {kind}: {text}\n\n" + render(
             e, f"{lm.info.name}", f"labels of {len(labels)} neurons, layers {run.layers}"))
@@ -106,6 +126,7 @@ def main() -> None:
            "grid_prompt_explanations": grid,
            "worked": {k: {"prompt": v["prompt"], "correct": v["correct"],
                           "shares": v["shares"], "n_for": v["n_for"],
+                          "shares_total": v["shares_total"], "share_adds": v["share_adds"],
                           "knockout": v["knockout"]} for k, v in worked.items()},
            "seconds": {"load": round(load_s, 1), "prepare and layers": round(layers_s, 1),
                        "summary": round(summary_s, 1),

@@ -130,12 +130,12 @@ def process(url: str, request_id: int, worker: str) -> str:
             name, step, config = _target(conn, req.model_id, req.checkpoint_id,
                                          req.config_id)
             _, op, _ = parse(req.prompt, config)
-            rows, typical = labels_at(conn, checkpoint_id=req.checkpoint_id,
-                                      config_id=req.config_id, op=op)
+            rows, typical, typical_kv = labels_at(conn, checkpoint_id=req.checkpoint_id,
+                                                  config_id=req.config_id, op=op)
             lm = _model(name, step, config)
             e = explain(lm.model, lm.tokenizer, req.prompt, config,
-                        labels=labels_from_rows(rows), typical=typical, top=15,
-                        seeds=req.seeds)
+                        labels=labels_from_rows(rows), typical=typical,
+                        typical_kv=typical_kv, top=15, seeds=req.seeds)
         except (PromptError, ModelSourceError, ValueError) as exc:
             fail_request(conn, req.id, str(exc))
             return f"failed: {exc}"

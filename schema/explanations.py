@@ -15,10 +15,11 @@ from schema.store import scalar
 
 
 def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | None,
-                      config_hash: str, op: str) -> tuple[list[tuple], dict] | None:
-    """([(layer, neuron, family, target, params)], {(layer, neuron): mean activation}) of
-    the labelled rows (``implements``) of ``op`` at the checkpoint under the config; None
-    when the checkpoint is not catalogued under it."""
+                      config_hash: str, op: str) -> tuple[list[tuple], dict, dict] | None:
+    """([(layer, neuron, family, target, params, bottom)], {(layer, neuron): mean
+    activation}, {(layer, neuron): mean KV value}) of the labelled rows (``implements``)
+    of ``op`` at the checkpoint under the config (``labels_at``); None when the
+    checkpoint is not catalogued under it."""
     have = find_stored(conn, model_name=model_name, step=step, config_hash=config_hash)
     if have is None or not have.layers:
         return None
@@ -28,18 +29,25 @@ def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | 
 
 
 def labels_at(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int, op: str
-              ) -> tuple[list[tuple], dict]:
-    """``catalogued_labels`` of a checkpoint and config named by their ids."""
+              ) -> tuple[list[tuple], dict, dict]:
+    """``catalogued_labels`` of a checkpoint and config named by their ids: the label rows
+    with their side (``bottom``), every neuron's mean activation and mean KV value (the
+    maps' typical values a label's side is checked against; NULL means are left out)."""
     rows = conn.execute(
-        "SELECT s.layer, s.neuron, h.family, h.target, h.params FROM neuron_score s "
+        "SELECT s.layer, s.neuron, h.family, h.target, h.params, s.bottom FROM neuron_score s "
         "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.checkpoint_id = %s "
         "AND s.config_id = %s AND s.op = %s AND s.implements ORDER BY 1, 2, h.key",
         (checkpoint_id, config_id, op)).fetchall()
-    typical = {(int(la), int(n)): float(v) for la, n, v in conn.execute(
-        "SELECT layer, neuron, mean_act FROM neuron_op WHERE checkpoint_id = %s "
-        "AND config_id = %s AND op = %s AND mean_act IS NOT NULL",
-        (checkpoint_id, config_id, op))}
-    return [tuple(r) for r in rows], typical
+    typical: dict = {}
+    typical_kv: dict = {}
+    for la, n, act, kv in conn.execute(
+            "SELECT layer, neuron, mean_act, mean_kv FROM neuron_op WHERE checkpoint_id = %s "
+            "AND config_id = %s AND op = %s", (checkpoint_id, config_id, op)):
+        if act is not None:
+            typical[(int(la), int(n))] = float(act)
+        if kv is not None:
+            typical_kv[(int(la), int(n))] = float(kv)
+    return [tuple(r) for r in rows], typical, typical_kv
 
 
 EXPLANATION_COLS = ("model_id", "checkpoint_id", "config_id", "prompt", "op", "a", "b",

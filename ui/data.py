@@ -299,9 +299,10 @@ def circuits(model_id: int, checkpoint_id: int, config_id: int):
 
 
 @st.cache_data(ttl=60, show_spinner=False)
-def prompt_labels(checkpoint_id: int, config_id: int, op: str) -> tuple[list[tuple], dict]:
-    """The labels of ``op`` at a catalogued checkpoint and each neuron's mean activation
-    (schema.explanations.labels_at)."""
+def prompt_labels(checkpoint_id: int, config_id: int, op: str
+                  ) -> tuple[list[tuple], dict, dict]:
+    """The labels of ``op`` at a catalogued checkpoint (with their sides) and each neuron's
+    mean activation and mean KV value (schema.explanations.labels_at)."""
     from schema.explanations import labels_at
 
     with store.connect(database_url()) as conn:

@@ -18,7 +18,11 @@ def add_commands(sub) -> None:
     s.add_argument("--json", action="store_true", help="the explanation as JSON")
     s.add_argument("--top", type=int, default=10, help="neurons shown each way (default 10)")
     s.add_argument("--seeds", type=int, default=5,
-                   help="random draws of the knockout's control (0: no knockout)")
+                   help="random draws of each of the knockout's random controls "
+                        "(0: no knockout)")
+    s.add_argument("--ranking", choices=("direct", "total"), default="direct",
+                   help="what picks the knockout's neurons on the prompt: their direct "
+                        "terms of T, or their first-order total effects (default direct)")
     s.add_argument("--store", action="store_true",
                    help="store the explanation in the catalog (table prompt_explanation, "
                         "view prompt_explanations; replaces the prompt's earlier row at "
@@ -45,9 +49,9 @@ def _labels(args, lm, config, op: str):
     if got is None:
         return None, None, (f"{lm.info.name} step {lm.info.checkpoint} is not catalogued under "
                             "this config: no labels (catalog it, or pass its config's flags)")
-    rows, typical = got
+    rows, typical, typical_kv = got
     labels = labels_from_rows(rows)
-    return labels, typical, f"labels of {len(labels)} neurons from the catalog"
+    return labels, (typical, typical_kv), f"labels of {len(labels)} neurons from the catalog"
 
 
 def _store(args, lm, config, explanation: dict) -> str:
@@ -79,8 +83,10 @@ def cmd_explain(args) -> int:
         lm = load_model(args.model, args.checkpoint, dtype=config.torch_dtype(),
                         progress=not args.quiet)
         labels, typical, note = _labels(args, lm, config, op)
+        typical, typical_kv = typical or (None, None)
         e = explain(lm.model, lm.tokenizer, args.prompt, config, labels=labels,
-                    typical=typical, top=args.top, seeds=args.seeds)
+                    typical=typical, typical_kv=typical_kv, top=args.top, seeds=args.seeds,
+                    ranking=args.ranking)
     except (PromptError, ModelSourceError, ValueError) as exc:
         return fail(str(exc))
     if args.store:
@@ -94,42 +100,65 @@ def cmd_explain(args) -> int:
     return 0
 
 
+CONTROLS = {"unlabelled": "unlabelled neurons, the prompt's labels placed on them",
+            "not holding": "labelled neurons whose sets exclude the prompt, same placing",
+            "same ranking": "the same ranking, labels ignored",
+            "random": "random neurons of the same layers"}
+
+
 def render(e, where: str, note: str) -> str:
     """The explanation as a readable terminal table."""
     out = [f"{e.prompt} on {where} ({note})",
            f"answer {e.result}: the model's top token is {e.predicted!r} "
-           f"({'correct' if e.correct else 'wrong'}); p = {e.p_answer:.3f}, rank {e.rank_answer}",
+           f"({'correct' if e.correct else 'wrong'}); p = {e.p_answer:.3f}, rank {e.rank_answer} "
+           "(0 = top)",
            "logit lens, the answer's rank by layer: "
            + " ".join(f"L{la}:{rank}" for la, rank, _ in e.lens),
            f"T (the answer's logit minus the competing numbers' mean) = {e.target:.3f}: "
            f"neurons {e.neurons_total:+.3f}, heads {e.heads_total:+.3f}, embeddings "
            f"{e.embed:+.3f}, biases {e.biases:+.3f} (rest {e.error:+.1e}; direct effects, "
            "the norms' scales frozen)",
-           "shares of T: " + ", ".join(f"{k} {v:.1%}" for k, v in e.shares.items()),
-           f"neurons to reach 50% / 80% of T: {e.n_for['50%']} / {e.n_for['80%']} "
-           f"(-1: never), carrying {e.heuristics_in_80} distinct heuristics that hold here"]
+           "shares of T (direct): " + ", ".join(f"{k} {v:.1%}" for k, v in e.shares.items()),
+           "shares of T (total effects, first order): "
+           + ", ".join(f"{k} {v:.1%}" for k, v in e.shares_total.items()),
+           f"neurons to reach 50% / 80% of T: {e.n_for['50%']} / {e.n_for['80%']} direct, "
+           f"{e.n_for_total['50%']} / {e.n_for_total['80%']} total (-1: never), carrying "
+           f"{e.heuristics_in_80} distinct heuristics that hold here"]
+    if e.share_adds:
+        out.append("what the label adds to the share of T (labelled neurons that hold, less "
+                   "what the prompt's labels placed at random would carry): " + "; ".join(
+                       f"{r} " + ", ".join(f"vs {c} {v:+.1%}" for c, v in by.items())
+                       for r, by in e.share_adds.items()))
     for title, rows in (("toward the answer", e.toward), ("away from it", e.away)):
         out.append(f"\nneurons {title}:")
-        out.append(f"  {'layer':>5} {'neuron':>6} {'term':>8} {'share':>7} {'act':>7} "
-                   f"{'typical':>7}  labels (✓ holds here)  promotes")
+        out.append(f"  {'layer':>5} {'neuron':>6} {'term':>8} {'total':>8} {'share':>7} "
+                   f"{'act':>7} {'typical':>7}  labels (✓ holds here; side)  promotes")
         for r in rows:
-            labs = "; ".join(f"{'✓' if x.holds else '✗'} {x.label}" for x in r.labels) or "-"
+            labs = "; ".join(f"{'✓' if x.holds else '✗'} {x.label} ({x.side})"
+                             for x in r.labels) or "-"
             typ = "-" if r.typical is None else f"{r.typical:.3f}"
-            out.append(f"  {r.layer:>5} {r.neuron:>6} {r.contribution:>+8.3f} {r.share:>7.1%} "
-                       f"{r.activation:>7.3f} {typ:>7}  {labs}  {' '.join(r.promotes)}")
+            out.append(f"  {r.layer:>5} {r.neuron:>6} {r.contribution:>+8.3f} {r.total:>+8.3f} "
+                       f"{r.share:>7.1%} {r.activation:>7.3f} {typ:>7}  {labs}  "
+                       f"{' '.join(r.promotes)}")
+            out += [f"      note: {n}" for n in r.notes]
     out.append("\nheads: " + ", ".join(f"L{la}H{h} {c:+.3f}" for la, h, c in e.heads[:5]))
     if e.by_family:
         out.append("by family (labels that hold): "
                    + ", ".join(f"{k} {v:+.3f}" for k, v in sorted(e.by_family.items())))
     k = e.knockout
     if k is not None:
-        lo, hi = k.top_random_ci
-        out.append(f"\nknockout of {len(k.neurons)} labelled neurons whose heuristic holds "
-                   "(per layer at most --knockout-neurons, those pushing the answer most): "
-                   f"p {k.p_clean:.3f} -> {k.p_knocked:.3f} (top token: "
-                   f"{'still the answer' if k.top_after else 'no longer the answer'}); "
-                   f"as many random neurons of the same layers, {len(k.p_random)} draws: "
-                   f"p {k.p_random_mean:.3f} ± {k.p_random_se:.3f}, answer still on top in "
-                   f"{sum(k.top_random)}/{len(k.top_random)} [{lo:.2f}, {hi:.2f}]")
+        out.append(f"\nknockout of {len(k.neurons)} labelled neurons whose label holds (per "
+                   "layer at most --knockout-neurons, ranked first on this prompt by "
+                   f"{k.ranking} effect; zeroed at the last position): p {k.p_clean:.3f} -> "
+                   f"{k.p_knocked:.3f} (top token: "
+                   f"{'still the answer' if k.top_after else 'no longer the answer'})")
+        for name, c in k.controls.items():
+            lo, hi = c.top_ci
+            se = f" ± {c.p_se:.3f}" if c.p_se == c.p_se else ""
+            out.append(f"  control, {CONTROLS.get(name, name)} ({len(c.p)} draw"
+                       f"{'s' if len(c.p) != 1 else ''}): p {c.p_mean:.3f}{se}, answer on top "
+                       f"in {sum(c.top)}/{len(c.top)} [{lo:.2f}, {hi:.2f}]")
+        if k.label_adds:
+            out.append("  what the label adds (a matched control's p minus the knockout's): "
+                       + ", ".join(f"{n} {v:+.3f}" for n, v in k.label_adds.items()))
     return "\n".join(out)
-

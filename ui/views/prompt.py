@@ -73,12 +73,12 @@ def explained(model_id: int, checkpoint_id: int, config_id: int, prompt: str,
     name, step, stored = data.job_request(model_id, checkpoint_id, config_id)
     config = ScienceConfig.from_dict(stored)
     _, op, _ = parse(prompt, config)
-    rows, typical = data.prompt_labels(checkpoint_id, config_id, op)
+    rows, typical, typical_kv = data.prompt_labels(checkpoint_id, config_id, op)
     labels = labels_from_rows(rows)
     lm, lock = _model(name, step, str(config.torch_dtype()).removeprefix("torch."))
     with lock:
         e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels, typical=typical,
-                    top=15, seeds=seeds)
+                    typical_kv=typical_kv, top=15, seeds=seeds)
     return e.to_dict()
 
 
@@ -96,7 +96,8 @@ def contributions_chart(e: dict) -> go.Figure:
     fig = go.Figure()
     for row in e["toward"] + e["away"]:
         group = _group(row)
-        labs = "; ".join(("✓ " if x["holds"] else "✗ ") + x["label"] for x in row["labels"])
+        labs = "; ".join(("✓ " if x["holds"] else "✗ ") + x["label"]
+                         + f" ({x.get('side', 'high')})" for x in row["labels"])
         fig.add_bar(x=[group], y=[row["contribution"]], showlegend=False,
                     marker_color=FAMILY_COLORS.get(group, OTHER_COLORS.get(group, "#444")),
                     hovertemplate=(f"L{row['layer']} N{row['neuron']}: "
@@ -111,17 +112,60 @@ def contributions_chart(e: dict) -> go.Figure:
     return fig
 
 
+CONTROL_NAMES = {"unlabelled": "unlabelled, chosen the same way",
+                 "not holding": "labelled, set excludes the prompt, chosen the same way",
+                 "same ranking": "same ranking, labels ignored",
+                 "random": "random neurons of the same layers"}
+
+
 def knockout_chart(ko: dict) -> go.Figure:
-    se = ko.get("p_random_se")
-    fig = go.Figure(go.Bar(
-        x=["clean", f"{len(ko['neurons'])} of its labelled neurons zeroed",
-           f"as many random neurons ({len(ko['p_random'])} draws)"],
-        y=[ko["p_clean"], ko["p_knocked"], ko["p_random_mean"]],
-        error_y=dict(type="data", array=[0, 0, se if se == se and se is not None else 0]),
-        marker_color=["#1f77b4", "#d62728", "#7f7f7f"]))
+    """The answer's probability clean, after the knockout, and after each control (the
+    draws' mean ± its standard error); a stored explanation from before the controls
+    has the random one only."""
+    x = ["clean", f"{len(ko['neurons'])} of its labelled neurons zeroed"]
+    y = [ko["p_clean"], ko["p_knocked"]]
+    err = [0.0, 0.0]
+    controls = ko.get("controls") or {"random": {"p": ko["p_random"],
+                                                 "p_mean": ko["p_random_mean"],
+                                                 "p_se": ko.get("p_random_se")}}
+    for name, c in controls.items():
+        x.append(f"{CONTROL_NAMES.get(name, name)} ({len(c['p'])} draw"
+                 f"{'s' if len(c['p']) != 1 else ''})")
+        y.append(c["p_mean"])
+        se = c.get("p_se")
+        err.append(se if se is not None and se == se else 0.0)
+    fig = go.Figure(go.Bar(x=x, y=y, error_y=dict(type="data", array=err),
+                           marker_color=["#1f77b4", "#d62728"] + ["#7f7f7f"] * (len(x) - 2)))
     fig.update_layout(title="Knockout: the answer's probability", height=320,
                       yaxis=dict(range=[0, 1]), margin=dict(l=40, r=10, t=50, b=40))
     return fig
+
+
+def nil_here(ko: dict) -> bool:
+    """On this prompt, some matched control's p is within two standard errors of its
+    draws of the knockout's (or below it)."""
+    adds = ko.get("label_adds") or {}
+    controls = ko.get("controls") or {}
+    return any(v <= 2 * (controls.get(k, {}).get("p_se") or 0.0) for k, v in adds.items())
+
+
+def knockout_caption(ko: dict) -> str:
+    """What the knockout and its controls say, and what the label adds (or that it adds
+    nothing: a matched control hurting as much as the labelled neurons)."""
+    text = (f"Zeroing {len(ko['neurons'])} labelled neurons whose label holds (per layer at "
+            "most the config's knockout_neurons, those ranked first on this prompt by "
+            f"{ko.get('ranking', 'direct')} effect; at the last position): the answer is "
+            f"{'still' if ko['top_after'] else 'no longer'} the top token; as many random "
+            f"neurons keep it on top in {sum(ko['top_random'])} of {len(ko['top_random'])} "
+            f"draws (Wilson 95% [{ko['top_random_ci'][0]:.2f}, {ko['top_random_ci'][1]:.2f}]).")
+    adds = ko.get("label_adds") or {}
+    if adds:
+        text += (" What the label adds (a matched control's p minus the knockout's; the "
+                 "controls are chosen the same way, the label aside): " + ", ".join(
+                     f"against {CONTROL_NAMES[k]} {v:+.3f}" for k, v in adds.items())
+                 + (". The label adds nothing here: a matched control hurts the answer as "
+                    "much, within two standard errors of its draws." if nil_here(ko) else "."))
+    return text
 
 
 def across_chart(rows: pd.DataFrame) -> go.Figure:
@@ -285,14 +329,7 @@ def render() -> None:
     ko = e["knockout"]
     if ko is not None:
         st.plotly_chart(knockout_chart(ko), key="prompt-knockout")
-        st.caption(f"Zeroing {len(ko['neurons'])} labelled neurons whose heuristic holds "
-                   "(per layer at most the config's knockout_neurons, those pushing the "
-                   "answer most; every position): the answer is "
-                   f"{'still' if ko['top_after'] else 'no longer'} the top token; as many "
-                   "random neurons of the same layers keep it on top "
-                   f"in {sum(ko['top_random'])} of {len(ko['top_random'])} draws (Wilson 95% "
-                   f"[{ko['top_random_ci'][0]:.2f}, {ko['top_random_ci'][1]:.2f}]). The "
-                   "knockout measures total effects, through later layers too.")
+        st.caption(knockout_caption(ko))
     else:
         st.caption("No knockout: no labelled neuron's heuristic holds for this prompt.")
     st.subheader("Across training")
