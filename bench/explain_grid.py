@@ -82,6 +82,7 @@ def main() -> None:
     top_set = paper.top_k_mask(eff, paper.circuit_sizes(run.d_mlp, (
         config.top_set_fraction,))[0])
     top_set &= np.isin(np.arange(n_layers), list(digests))[:, None]
+    RESULTS.mkdir(parents=True, exist_ok=True)
     with open(RESULTS / f"explain_grid_{args.model.replace('/', '_')}_labels.pkl", "wb") as f:
         pickle.dump(labels, f)  # for a later look at the same labels
     table = run.table

@@ -89,4 +89,59 @@ def markdown(explained: dict, knockouts: dict, ops: list[str]) -> list[str]:
             out.append(f"| {op} | {n} | {_f(k.get('mean_neurons_zeroed'), 1)} | "
                        f"{_acc(k.get('acc_heuristic_knockout'), n)} | "
                        f"{_acc(k.get('acc_random_knockout'), n)} |")
+    out += label_adds_tables(explained, ops)
+    return out
+
+
+def _adds(stat: dict | None) -> str:
+    """A "what the label adds" figure: the difference from its null, the combined 95%
+    interval, the verdict, and the null's mean ± spread over placements."""
+    if not stat:
+        return "n/a"
+    a = stat["adds"]
+    lo, hi = a["ci"]
+    return (f"{_f(a['mean'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}] **{stat['verdict']}** "
+            f"(null {_f(stat['null_mean'], 3)} ± {_f(stat['null_sd'], 3)}, "
+            f"{stat['placements']} placements)")
+
+
+def label_adds_tables(explained: dict, ops: list[str]) -> list[str]:
+    """Does the label matter? The knockout and the share of T against controls chosen the
+    same way except for the label, and against the labels placed at random."""
+    rows = [(op, e) for op in ops if (e := explained.get(op)) and e.get("knockouts")]
+    if not rows:
+        return []
+    out = ["", "### Does the label matter?", "",
+           "Each prompt's knockout zeroes, per layer, up to N labelled neurons whose label "
+           "holds (its set contains the prompt and the neuron is on the label's side), "
+           "ranked on the prompt by direct term, by total effect, or drawn at random from "
+           "the top set as the paper draws them. The matched controls are chosen the same "
+           "way from neurons the prompt's labels are placed on at random: unlabelled ones, "
+           "or labelled ones whose sets exclude the prompt. What the label adds: a control's "
+           "p(answer) minus the knockout's (positive: the label's own neurons hurt more), "
+           "less the same figure with every label placed at random on the neurons of its "
+           "layer; 95% interval over prompts and placements. \"nil\" means the label adds "
+           "nothing a matched set does not.", "",
+           "| op | ranking | p clean | p after knockout | unlabelled | not holding | same "
+           "ranking | random | label adds vs unlabelled | label adds vs not holding |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for op, e in rows:
+        for ranking, k in e["knockouts"].items():
+            sets = k["sets"]
+
+            def p(name, sets=sets):
+                x = sets.get(name)
+                return "-" if x is None else f"{_f(x['p']['mean'], 3)} ± {_f(x['p']['se'], 3)}"
+            clean = k.get("p_clean") or {}
+            out.append(f"| {op} | {ranking} | {_f(clean.get('mean'), 3)} | {p('knockout')} | "
+                       f"{p('unlabelled')} | {p('not holding')} | {p('same ranking')} | "
+                       f"{p('random')} | {_adds(k['label_adds'].get('unlabelled'))} | "
+                       f"{_adds(k['label_adds'].get('not holding'))} |")
+    out += ["", "What the label adds to the share of T (the labelled neurons that hold, less "
+            "what the prompt's labels placed at random would carry; fractions of T):", "",
+            "| op | effects | vs unlabelled | vs not holding |", "|---|---|---|---|"]
+    for op, e in rows:
+        for ranking, by in (e.get("share_adds") or {}).items():
+            out.append(f"| {op} | {ranking} | {_adds(by.get('unlabelled'))} | "
+                       f"{_adds(by.get('not holding'))} |")
     return out

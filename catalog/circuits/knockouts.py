@@ -19,7 +19,8 @@ from transformer_lens import HookedTransformer
 
 from catalog.core.stats import share_se
 from catalog.labels.heuristics import Heuristic
-from catalog.measuring.grids import PrefixRunner, post_hook_name
+from catalog.measuring.edits import edit_hooks, read_answers
+from catalog.measuring.grids import PrefixRunner
 from catalog.measuring.prompts import PromptTable
 
 
@@ -30,35 +31,34 @@ def zeroed_answers(
     prompts: np.ndarray,
     zero: Bool[np.ndarray, "prompt n_layers d_mlp"] | Bool[np.ndarray, "n_layers d_mlp"],
     runner: PrefixRunner | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    values: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per prompt, (the probability of its answer's first token, whether that token is the
-    top one) given neurons zeroed at the last position.
+    top one, the top token) given neurons zeroed (or set to ``values``, per prompt like
+    ``zero``) at the last position.
 
-    ``zero`` is one mask for all prompts or one per prompt. Zeroing at the last position
+    ``zero`` is one mask for all prompts or one per prompt. An edit at the last position
     leaves every earlier position as in the clean run, so only that position is run,
     against the clean keys and values the runner keeps per prompt group (computed by the
     first knockout on those prompts, reused by the others).
     """
     p = np.zeros(len(prompts))
     top = np.zeros(len(prompts), dtype=bool)
+    token = np.zeros(len(prompts), dtype=np.int64)
     per_prompt = zero.ndim == 3
     runner = runner or PrefixRunner(model, table)
-    n_layers = model.cfg.n_layers
     order = {int(q): i for i, q in enumerate(prompts)}
+    device = model.cfg.device
     for skip, sel in runner.groups(prompts):
         pos = np.array([order[int(q)] for q in sel])
-        z = torch.as_tensor(zero[pos] if per_prompt else zero[None], device=model.cfg.device)
-        layers = [layer for layer in range(n_layers) if bool(z[:, layer].any())]
-
-        def edit(act, hook, _z=z):
-            return act.masked_fill(_z[:, hook.layer()][:, None, :], 0.0)
-
-        logits = runner.last_position_logits(sel, skip, fwd_hooks=[
-            (post_hook_name(layer), edit) for layer in layers]).double()
+        z = torch.as_tensor(zero[pos] if per_prompt else np.broadcast_to(
+            zero[None], (len(pos), *zero.shape)), device=device)
+        v = None if values is None else torch.as_tensor(values[pos], device=device)
+        logits = runner.last_position_logits(sel, skip, fwd_hooks=edit_hooks(
+            z, v, model.cfg.n_layers))
         ans = torch.as_tensor(table.answer[sel], dtype=torch.long, device=logits.device)
-        p[pos] = logits.softmax(-1).gather(1, ans[:, None])[:, 0].cpu().numpy()
-        top[pos] = (logits.argmax(-1) == ans).cpu().numpy()
-    return p, top
+        p[pos], top[pos], token[pos] = read_answers(logits, ans)
+    return p, top, token
 
 
 def accuracy_with_zeroed(

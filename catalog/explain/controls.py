@@ -35,7 +35,7 @@ measures and patches), every set of one prompt in one batched forward.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,104 +43,98 @@ import torch
 from transformer_lens import HookedTransformer
 
 from catalog.core.stats import wilson
+from catalog.measuring.edits import edit_hooks, read_answers
 
 CONTROLS = ("unlabelled", "not holding", "same ranking", "random")
 # the controls that differ from the knockout by the label alone ("what the label adds")
 MATCHED = ("unlabelled", "not holding")
 
 
-def top_of(score: np.ndarray, pool: np.ndarray, counts: Mapping[int, int]
-           ) -> list[tuple[int, int]]:
-    """Per layer named in ``counts``, its ``counts[layer]`` neurons of ``pool`` ((n_layers,
-    d_mlp) bool) with the largest ``score`` ((n_layers, d_mlp); ties by index)."""
-    out: list[tuple[int, int]] = []
-    for layer, k in sorted(counts.items()):
-        cand = np.nonzero(pool[layer])[0]
-        order = np.lexsort((cand, -score[layer, cand]))
-        out += [(layer, int(n)) for n in cand[order[:k]]]
+def top_mask(score: np.ndarray, pool: np.ndarray, counts: np.ndarray | int) -> np.ndarray:
+    """Per (prompt, layer) row of ``pool`` ((P, n_layers, d_mlp) bool), its ``counts`` ((P,
+    n_layers) or one int) neurons with the largest ``score`` (same shape; ties by index)
+    as a mask of the same shape."""
+    order = np.argsort(np.where(pool, -score, np.inf), axis=-1, kind="stable")
+    flags = np.take_along_axis(pool, order, -1)
+    counts = np.broadcast_to(np.asarray(counts), pool.shape[:2])[..., None]
+    keep = flags & (np.cumsum(flags, -1) <= counts)
+    out = np.zeros_like(pool)
+    np.put_along_axis(out, order, keep, -1)
     return out
+
+
+def random_mask(pool: np.ndarray, counts: np.ndarray | int,
+                rng: np.random.Generator) -> np.ndarray:
+    """``counts`` neurons drawn at random from each (prompt, layer) row of ``pool``."""
+    return top_mask(rng.random(pool.shape), pool, counts)
 
 
 def placed(pool: np.ndarray, member: np.ndarray, sides: np.ndarray, candidates: np.ndarray,
            rng: np.random.Generator) -> np.ndarray:
-    """Where the prompt's labels would hold had they been placed on ``pool``'s neurons at
-    random: per layer, each of ``candidates`` whose labels' sets contain the prompt
-    (``member`` bits != 0) hands its label kinds to a neuron drawn from the layer's
+    """Where the prompts' labels would hold had they been placed on ``pool``'s neurons at
+    random: per (prompt, layer) row, each of ``candidates`` whose labels' sets contain the
+    prompt (``member`` bits != 0) hands its label kinds to a neuron drawn from the row's
     ``pool`` (without replacement), which is kept when one of those kinds' side
-    conditions holds on it (``sides``, catalog.explain.holds). (n_layers, d_mlp) bool."""
+    conditions holds on it (``sides``, catalog.explain.holds). All (P, n_layers, d_mlp)."""
+    givers = candidates & (member != 0)
+    m = givers.sum(-1)  # (P, n_layers)
+    width = int(m.max()) if m.size else 0
     out = np.zeros_like(pool)
-    for layer in np.nonzero((candidates & (member != 0)).any(1))[0]:
-        kinds = member[layer][candidates[layer] & (member[layer] != 0)]
-        cand = np.nonzero(pool[layer])[0]
-        take = min(len(kinds), len(cand))
-        if not take:
-            continue
-        drawn = rng.choice(cand, take, replace=False)
-        given = rng.permutation(kinds)[:take]
-        out[layer, drawn[(given & sides[layer, drawn]) != 0]] = True
+    if not width:
+        return out
+    drawn = np.argsort(np.where(pool, rng.random(pool.shape), np.inf), -1)[..., :width]
+    given = np.argsort(np.where(givers, rng.random(pool.shape), np.inf), -1)[..., :width]
+    kinds = np.take_along_axis(member, given, -1)
+    take = np.minimum(m, pool.sum(-1))[..., None] > np.arange(width)
+    keep = take & ((kinds & np.take_along_axis(sides, drawn, -1)) != 0)
+    np.put_along_axis(out, drawn, keep, -1)
     return out
 
 
 def _choose(score: np.ndarray | None, pool: np.ndarray, per_layer: int,
-            rng: np.random.Generator) -> list[tuple[int, int]]:
-    """Per layer, ``per_layer`` neurons of ``pool``: those with the largest ``score`` (ties
-    by index), or drawn at random where ``score`` is None (the paper's choice)."""
-    counts = {layer: per_layer for layer in range(pool.shape[0])}
-    return top_of(score, pool, counts) if score is not None else random_from(pool, counts, rng)
+            rng: np.random.Generator) -> np.ndarray:
+    """Per (prompt, layer), ``per_layer`` neurons of ``pool``: those with the largest
+    ``score``, or drawn at random where ``score`` is None (the paper's choice)."""
+    return top_mask(score, pool, per_layer) if score is not None \
+        else random_mask(pool, per_layer, rng)
 
 
-def _per_layer(neurons: list[tuple[int, int]]) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for layer, _ in neurons:
-        counts[layer] = counts.get(layer, 0) + 1
-    return counts
-
-
-def random_from(pool: np.ndarray, counts: Mapping[int, int],
-                rng: np.random.Generator) -> list[tuple[int, int]]:
-    """``counts[layer]`` neurons drawn at random from each layer's ``pool``."""
-    out = []
-    for layer, k in sorted(counts.items()):
-        cand = np.nonzero(pool[layer])[0]
-        take = min(k, len(cand))
-        out += [(layer, int(n)) for n in np.sort(rng.choice(cand, take, replace=False))]
+def knockout_masks(score: np.ndarray | None, labelled: np.ndarray, member: np.ndarray,
+                   sides: np.ndarray, per_layer: int, draws: int, rng: np.random.Generator,
+                   within: np.ndarray | None = None) -> dict[str, list[np.ndarray]]:
+    """The sets of the module doc for P prompts at once, each a (P, n_layers, d_mlp) mask:
+    "knockout" (one), then each control's draws. ``score`` (P, n_layers, d_mlp) the
+    ranking on each prompt (None: the paper's choice, at random), ``labelled``
+    (n_layers, d_mlp) the neurons labelled for the operator, ``member`` / ``sides`` the
+    bits of ``catalog.explain.holds.member_kinds`` / ``sides``, ``within`` (n_layers,
+    d_mlp) the top set every set is drawn from (None: every neuron)."""
+    within = np.ones_like(labelled) if within is None else within
+    lab = np.broadcast_to(labelled & within, member.shape)
+    hold = lab & ((member & sides) != 0)
+    knock = _choose(score, hold, per_layer, rng)
+    counts = knock.sum(-1)
+    pools = {"unlabelled": np.broadcast_to(~labelled & within, member.shape),
+             "not holding": lab & (member == 0)}
+    out: dict[str, list[np.ndarray]] = {"knockout": [knock]}
+    for name, pool in pools.items():
+        out[name] = [_choose(score, placed(pool, member, sides, lab, rng), per_layer, rng)
+                     for _ in range(draws)]
+    if score is not None:
+        out["same ranking"] = [top_mask(score, np.broadcast_to(within, member.shape), counts)]
+    others = np.broadcast_to(within, member.shape) & ~knock
+    out["random"] = [random_mask(others, counts, rng) for _ in range(draws)]
     return out
 
 
-@dataclass
-class KnockoutSets:
-    """The knockout set of one prompt and each control's draws."""
-
-    knockout: list[tuple[int, int]]
-    controls: dict[str, list[list[tuple[int, int]]]]
+def neurons_of(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(layer, neuron) of a (n_layers, d_mlp) mask, in order."""
+    return [(int(la), int(n)) for la, n in zip(*np.nonzero(mask), strict=True)]
 
 
-def knockout_sets(score: np.ndarray | None, labelled: np.ndarray, member: np.ndarray,
-                  sides: np.ndarray, per_layer: int, draws: int, rng: np.random.Generator,
-                  within: np.ndarray | None = None) -> KnockoutSets:
-    """The sets of the module doc for one prompt, every array (n_layers, d_mlp): ``score``
-    the ranking on the prompt (None: the paper's choice, at random), ``labelled`` the
-    neurons labelled for its operator, ``member`` / ``sides`` the bits of
-    ``catalog.explain.holds.member_kinds`` / ``sides``, ``within`` the top set every set is
-    drawn from (None: every neuron)."""
-    within = np.ones_like(labelled) if within is None else within
-    hold = labelled & ((member & sides) != 0) & within
-    knock = _choose(score, hold, per_layer, rng)
-    counts = _per_layer(knock)
-    pools = {"unlabelled": ~labelled & within,
-             "not holding": labelled & (member == 0) & within}
-    candidates = labelled & within
-    controls: dict[str, list[list[tuple[int, int]]]] = {
-        name: [_choose(score, placed(pool, member, sides, candidates, rng), per_layer, rng)
-               for _ in range(draws)]
-        for name, pool in pools.items()}
-    if score is not None:
-        controls["same ranking"] = [top_of(score, within, counts)]
-    others = within.copy()
-    for layer, n in knock:
-        others[layer, n] = False
-    controls["random"] = [random_from(others, counts, rng) for _ in range(draws)]
-    return KnockoutSets(knock, controls)
+# an evaluator over P prompts: (P, n_layers, d_mlp) mask [, values] -> each prompt's (p of
+# its answer, whether the answer is the top token, the top token) with the masked
+# neurons set to ``values`` (zero where None) at the prompt's last position
+Evaluator = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @torch.no_grad()
@@ -157,53 +151,42 @@ def zeroed_probs(model: HookedTransformer, tokens: np.ndarray, answer: int,
             mask[i + 1, layer, n] = True
     toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long,
                            device=model.W_U.device)[None].expand(len(sets) + 1, -1)
-    return _masked_last(model, toks, mask, torch.full((len(sets) + 1,), int(answer)))
+    p, top, _ = set_last(model, toks, mask, torch.full((len(sets) + 1,), int(answer)))
+    return p, top
 
 
 @torch.no_grad()
-def _masked_last(model: HookedTransformer, toks: torch.Tensor, mask: torch.Tensor,
-                 answers: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """One forward of ``toks`` (B, L) with each row's ``mask`` (B, n_layers, d_mlp) zeroed
-    at the last position; (p of each row's answer, whether it is the top token)."""
-    layers = [layer for layer in range(model.cfg.n_layers) if bool(mask[:, layer].any())]
-
-    def hook_for(layer: int):
-        def hook(post, hook):
-            post = post.clone()
-            post[:, -1] = post[:, -1].masked_fill(mask[:, layer], 0.0)
-            return post
-        return hook
-
+def set_last(model: HookedTransformer, toks: torch.Tensor, mask: torch.Tensor,
+             answers: torch.Tensor, values: torch.Tensor | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One forward of ``toks`` (B, L) with each row's ``mask`` (B, n_layers, d_mlp) set to
+    ``values`` (zero where None) at the last position (``read_answers``)."""
     logits = model.run_with_hooks(
-        toks, fwd_hooks=[(f"blocks.{layer}.mlp.hook_post", hook_for(layer))
-                         for layer in layers])[:, -1].double()
-    ans = answers.to(logits.device)
-    p = logits.softmax(-1).gather(1, ans[:, None])[:, 0]
-    return p.cpu().numpy(), (logits.argmax(-1) == ans).cpu().numpy()
+        toks, fwd_hooks=edit_hooks(mask, values, model.cfg.n_layers))[:, -1]
+    return read_answers(logits, answers)
 
 
 def masked_last_position(model: HookedTransformer, tokens: list[np.ndarray],
-                         answers: np.ndarray, batch: int = 64
-                         ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """An evaluator for many prompts: given (P, n_layers, d_mlp) masks, each prompt's
-    (p of its answer, top) with its mask zeroed at its last position; prompts batched by
-    token count."""
+                         answers: np.ndarray, batch: int = 64) -> Evaluator:
+    """An ``Evaluator`` for many prompts by full forwards, batched by token count."""
     lengths = np.array([len(t) for t in tokens])
     groups = [np.nonzero(lengths == n)[0] for n in np.unique(lengths)]
     device = model.W_U.device
 
-    def evaluate(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def evaluate(mask: np.ndarray, values: np.ndarray | None = None):
         p = np.zeros(len(tokens))
         top = np.zeros(len(tokens), dtype=bool)
+        token = np.zeros(len(tokens), dtype=np.int64)
         for g in groups:
             for s in range(0, len(g), batch):
                 idx = g[s:s + batch]
                 toks = torch.as_tensor(np.stack([tokens[i] for i in idx]), dtype=torch.long,
                                        device=device)
-                p[idx], top[idx] = _masked_last(
+                v = None if values is None else torch.as_tensor(values[idx], device=device)
+                p[idx], top[idx], token[idx] = set_last(
                     model, toks, torch.as_tensor(mask[idx], device=device),
-                    torch.as_tensor(answers[idx], dtype=torch.long))
-        return p, top
+                    torch.as_tensor(answers[idx], dtype=torch.long), v)
+        return p, top, token
     return evaluate
 
 
@@ -292,19 +275,21 @@ class PromptKnockout:
 
 
 def run_knockout(model: HookedTransformer, tokens: np.ndarray, answer: int,
-                 sets: KnockoutSets, ranking: str) -> PromptKnockout:
-    """Zero the knockout set and every control draw of one prompt (one batched forward)."""
-    names = [name for name in CONTROLS if name in sets.controls]
-    flat = [sets.knockout] + [d for name in names for d in sets.controls[name]]
-    p, top = zeroed_probs(model, tokens, answer, flat)
+                 masks: dict[str, list[np.ndarray]], ranking: str) -> PromptKnockout:
+    """Zero the knockout set and every control draw of one prompt (``knockout_masks`` of
+    P = 1), one batched forward."""
+    names = [name for name in CONTROLS if name in masks]
+    sets = [neurons_of(masks["knockout"][0][0])] + [
+        neurons_of(m[0]) for name in names for m in masks[name]]
+    p, top = zeroed_probs(model, tokens, answer, sets)
     controls, at = {}, 2
     for name in names:
-        draws = sets.controls[name]
-        controls[name] = ControlDraws([float(x) for x in p[at:at + len(draws)]],
-                                      [bool(x) for x in top[at:at + len(draws)]],
-                                      [len(d) for d in draws])
-        at += len(draws)
+        k = len(masks[name])
+        controls[name] = ControlDraws([float(x) for x in p[at:at + k]],
+                                      [bool(x) for x in top[at:at + k]],
+                                      [len(s) for s in sets[at - 1:at - 1 + k]])
+        at += k
     rnd = controls.get("random", ControlDraws([], []))
-    return PromptKnockout(neurons=list(sets.knockout), p_clean=float(p[0]),
-                          p_knocked=float(p[1]), top_after=bool(top[1]), p_random=rnd.p,
-                          top_random=rnd.top, ranking=ranking, controls=controls)
+    return PromptKnockout(neurons=sets[0], p_clean=float(p[0]), p_knocked=float(p[1]),
+                          top_after=bool(top[1]), p_random=rnd.p, top_random=rnd.top,
+                          ranking=ranking, controls=controls)

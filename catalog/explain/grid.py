@@ -47,10 +47,10 @@ from transformer_lens import HookedTransformer
 
 from catalog.config import ScienceConfig
 from catalog.core.stats import median_ci, wilson
-from catalog.explain.controls import masked_last_position, mean_se
+from catalog.explain.controls import Evaluator, masked_last_position, mean_se
 from catalog.explain.decompose import decompose_batch
 from catalog.explain.holds import Label, as_labels, kind, sides, typical_arrays
-from catalog.explain.label_figures import Evaluator, Scored, adds, against_null, reassign
+from catalog.explain.label_figures import Scored, adds, against_null, reassign
 from catalog.explain.prompt import build_many
 from catalog.explain.shares import PARTS, first_reach
 from catalog.explain.total import total_effects
@@ -97,8 +97,9 @@ def score_prompts(model: HookedTransformer, prompts: list, layers: Sequence[int]
     shape = (n_layers, d_mlp)
     n = len(prompts)
     mean_act, mean_kv = typical_arrays(shape, typical, typical_kv)
-    scores = {"direct": np.zeros((n, *shape)),  # float64: its parts add up to T
-              "total": np.zeros((n, *shape), dtype=np.float32)}
+    # the direct terms in float64: their parts add up to T
+    scores: dict[str, np.ndarray] = {"direct": np.zeros((n, *shape)),
+                                     "total": np.zeros((n, *shape), dtype=np.float32)}
     side_all = np.zeros((n, *shape), dtype=np.int8)
     target, heads = np.zeros(n), np.zeros(n)
     lengths = np.array([len(p.tokens) for p in prompts])
@@ -172,16 +173,15 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
                       [x.heuristic.label for _, x in per_label], in80)
     rng = np.random.default_rng([config.seed, 77])
     p_clean = None
+    run: Evaluator | None = None
     if knockouts and len(keys) and n:
-        evaluate = evaluate or masked_last_position(
+        run = evaluate or masked_last_position(
             model, [p.tokens for p in prompts], np.array([p.answer for p in prompts]))
-        p_clean = evaluate(np.zeros((n, *shape), dtype=bool))[0]
-    else:
-        evaluate = None
+        p_clean = run(np.zeros((n, *shape), dtype=bool))[0]
     per_layer = config.knockout_neurons
-    true = adds(scored, labels, shape, per_layer, draws, rng, top_set, evaluate)
+    true = adds(scored, labels, shape, per_layer, draws, rng, top_set, run)
     nulls = [adds(scored, reassign(labels, d_mlp, rng), shape, per_layer, 1, rng, top_set,
-                  evaluate) for _ in range(placements if keys else 0)]
+                  run) for _ in range(placements if keys else 0)]
     for fig in [true, *nulls]:
         fig.pop("member", None)
         fig.pop("labelled", None)

@@ -21,17 +21,16 @@ placements^2). Under labels that mean nothing that interval holds 0; the verdict
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from catalog.explain.controls import MATCHED, KnockoutSets, knockout_sets, mean_se, verdict
+from catalog.explain.controls import MATCHED, Evaluator, knockout_masks, mean_se, verdict
 from catalog.explain.holds import Label, member_kinds
 from catalog.explain.shares import label_excess
 
 KNOCKOUT_RANKINGS = ("direct", "total", "paper")
-Evaluator = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass
@@ -66,31 +65,19 @@ def knockouts(scored: Scored, labelled: np.ndarray, member: np.ndarray, per_laye
     """ranking -> set name -> (p (P, draws), top (P, draws), zeroed (P, draws)): every
     prompt's knockout and controls, each draw of each set one evaluation over all
     prompts. The paper's ranking (random from ``top_set``) is left out without one."""
-    n = len(member)
     out: dict = {}
     for ranking in KNOCKOUT_RANKINGS:
         if ranking == "paper" and top_set is None:
             continue
-        sets: list[KnockoutSets] = [knockout_sets(
-            None if ranking == "paper" else scored.scores[ranking][i], labelled, member[i],
-            scored.sides[i], per_layer, draws, rng, top_set if ranking == "paper" else None)
-            for i in range(n)]
-        names = ["knockout"] + list(sets[0].controls) if sets else []
+        masks = knockout_masks(None if ranking == "paper" else scored.scores[ranking],
+                               labelled, member, scored.sides, per_layer, draws, rng,
+                               top_set if ranking == "paper" else None)
         out[ranking] = {}
-        for name in names:
-            per = [[s.knockout] if name == "knockout" else s.controls[name] for s in sets]
-            width = max(len(d) for d in per)
-            p = np.full((n, width), np.nan)
-            top = np.zeros((n, width), dtype=bool)
-            zeroed = np.zeros((n, width), dtype=np.int64)
-            for d in range(width):
-                mask = np.zeros(member.shape, dtype=bool)
-                for i, draws_i in enumerate(per):
-                    for layer, k in draws_i[d]:
-                        mask[i, layer, k] = True
-                zeroed[:, d] = mask.sum((1, 2))
-                p[:, d], top[:, d] = evaluate(mask)
-            out[ranking][name] = (p, top, zeroed)
+        for name, draws_of in masks.items():
+            got = [evaluate(m) for m in draws_of]
+            out[ranking][name] = (np.stack([g[0] for g in got], 1),
+                                  np.stack([g[1] for g in got], 1),
+                                  np.stack([m.sum((1, 2)) for m in draws_of], 1))
     return out
 
 

@@ -46,7 +46,7 @@ from catalog.builtin.model import BUILTIN_NAME
 from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
 from catalog.core.tokens import detect_number_tokens, encode_number
-from catalog.explain.controls import PromptKnockout, knockout_sets, run_knockout
+from catalog.explain.controls import PromptKnockout, knockout_masks, run_knockout
 from catalog.explain.decompose import Decomposition, decompose_cached, hook_names
 from catalog.explain.holds import (  # noqa: F401  (the label loaders, re-exported)
     Label,
@@ -352,9 +352,10 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     ko = None
     if labelled_in and seeds:
         score = dec.neurons if ranking == "direct" else total
-        sets = knockout_sets(score, masks[0], member, side_bits, config.knockout_neurons,
-                             seeds, np.random.default_rng([config.seed, 47]), top_set)
-        if sets.knockout:
+        sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
+                              config.knockout_neurons, seeds,
+                              np.random.default_rng([config.seed, 47]), top_set)
+        if sets["knockout"][0].any():
             ko = run_knockout(model, p.tokens, p.answer, sets, ranking)
     return Explanation(
         prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,

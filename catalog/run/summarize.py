@@ -170,8 +170,9 @@ class CheckpointSummary:
             typical, typical_kv = typical_of(
                 {layer: Means(*m) for layer, m in means.items()}, o)
 
-            def evaluate(mask: np.ndarray, _prompts=prompts) -> tuple[np.ndarray, np.ndarray]:
-                return knockouts.zeroed_answers(self.model, table, _prompts, mask, runner)
+            def evaluate(mask: np.ndarray, values: np.ndarray | None = None, _prompts=prompts):
+                return knockouts.zeroed_answers(self.model, table, _prompts, mask, runner,
+                                                values)
 
             terms = explain_prompts(self.model, self.tokenizer, self.config, op,
                                     table.a[prompts], table.b[prompts], labels_of(matches, o),
