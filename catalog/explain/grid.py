@@ -47,12 +47,14 @@ from transformer_lens import HookedTransformer
 
 from catalog.config import ScienceConfig
 from catalog.core.stats import median_ci, wilson
+from catalog.core.tokens import encode_number
 from catalog.explain.controls import Evaluator, masked_last_position, mean_se
 from catalog.explain.decompose import decompose_batch
 from catalog.explain.holds import Label, as_labels, kind, sides, typical_arrays
 from catalog.explain.label_figures import Scored, adds, against_null, reassign
-from catalog.explain.prompt import build_many
+from catalog.explain.prompt import build_many, grid_cells
 from catalog.explain.shares import PARTS, first_reach
+from catalog.explain.steering import Steered, steer, summarize_steering
 from catalog.explain.total import total_effects
 from catalog.labels.heuristics import Heuristic
 from catalog.measuring.lens import lens_at
@@ -86,6 +88,8 @@ class PromptTerms:
     label_adds: dict = field(default_factory=dict)
     null_adds: list[dict] = field(default_factory=list)
     p_clean: np.ndarray | None = None
+    # the steering test of each result heuristic (catalog.explain.steering)
+    steering: list[Steered] = field(default_factory=list)
 
 
 def score_prompts(model: HookedTransformer, prompts: list, layers: Sequence[int],
@@ -101,6 +105,7 @@ def score_prompts(model: HookedTransformer, prompts: list, layers: Sequence[int]
     scores: dict[str, np.ndarray] = {"direct": np.zeros((n, *shape)),
                                      "total": np.zeros((n, *shape), dtype=np.float32)}
     side_all = np.zeros((n, *shape), dtype=np.int8)
+    acts = np.zeros((n, *shape), dtype=np.float32)
     target, heads = np.zeros(n), np.zeros(n)
     lengths = np.array([len(p.tokens) for p in prompts])
     for length in np.unique(lengths):
@@ -117,11 +122,12 @@ def score_prompts(model: HookedTransformer, prompts: list, layers: Sequence[int]
             for layer in layers:
                 lens_all[:, layer] = lens_at(model, layer, answers).T
             side_all[idx] = sides(dec.activations, lens_all, mean_act, mean_kv)
+            acts[idx] = dec.activations
             target[idx] = dec.target
             heads[idx] = dec.heads.reshape(len(idx), -1).sum(1)
     return Scored(a=np.array([p.a for p in prompts]), b=np.array([p.b for p in prompts]),
                   result=np.array([p.result for p in prompts]), target=target,
-                  scores=scores, sides=side_all), heads
+                  scores=scores, sides=side_all, activations=acts), heads
 
 
 def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,
@@ -130,14 +136,17 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
                     batch: int = 128, typical: Mapping | None = None,
                     typical_kv: Mapping | None = None, draws: int = 2,
                     evaluate: Evaluator | None = None, top_set: np.ndarray | None = None,
-                    knockouts: bool = True, placements: int = 8) -> PromptTerms:
+                    knockouts: bool = True, placements: int = 8,
+                    steering: bool = True) -> PromptTerms:
     """The split of T for each prompt ``a[i] op b[i] =`` (module doc); ``labels``:
     (layer, neuron) -> the labels for ``op``; ``typical`` / ``typical_kv``: each neuron's
     mean activation / KV value (the labels' sides); ``draws``: of each random control;
     ``evaluate``: (P, n_layers, d_mlp) masks -> each prompt's (p of its answer, top) with
     its mask zeroed at the last position (default: full forwards); ``top_set``: the
     paper's pool (None: no paper knockout); ``placements``: random placements of the
-    labels for the figures' null (catalog.explain.label_figures)."""
+    labels for the figures' null (catalog.explain.label_figures); ``steering``: the
+    steering test of each result heuristic (catalog.explain.steering; with the
+    knockouts)."""
     prompts = build_many(model, tokenizer, op, np.asarray(a), np.asarray(b), config)
     n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
     shape = (n_layers, d_mlp)
@@ -187,13 +196,20 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
         fig.pop("labelled", None)
     for fig in nulls:
         fig.pop("sets", None)
+    steered: list[Steered] = []
+    if run is not None and steering:
+        results = grid_cells(model, tokenizer, config, op)[2]
+        first = {int(r): encode_number(tokenizer, int(r))[0] for r in np.unique(results)}
+        assert scored.activations is not None
+        steered = steer(labels, scored.activations, scored.sides, scored.a, scored.b,
+                        scored.result, results, first, run, rng)
     return PromptTerms(a=scored.a, b=scored.b, result=scored.result, target=t, shares=shares,
                        n_for=n_for, heuristics_in_80=in80, n_holding=hold.sum(1),
                        n_neurons=n_layers * d_mlp, n_labelled=len(keys),
                        layer_of=np.array([layer for layer, _ in keys], dtype=np.int64),
                        **_held_sums(direct, flat, hold), shares_total=shares_total,
                        n_for_total=n_for_total, label_adds=true, null_adds=nulls,
-                       p_clean=p_clean)
+                       p_clean=p_clean, steering=steered)
 
 
 def _split_rows(terms: np.ndarray, flat: np.ndarray, hold: np.ndarray, t: np.ndarray,
@@ -288,6 +304,7 @@ def summarize_prompts(terms: PromptTerms, layers: Sequence[int]) -> dict:
             terms.label_adds["knockout"][r],
             [nl["knockout"][r] for nl in terms.null_adds if r in nl["knockout"]])}
             for r, sets in terms.label_adds.get("sets", {}).items()},
+        "steering": summarize_steering(terms.steering),
     }
 
 

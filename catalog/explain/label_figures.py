@@ -43,6 +43,7 @@ class Scored:
     target: np.ndarray  # (P,) T
     scores: dict[str, np.ndarray]  # "direct", "total" -> (P, n_layers, d_mlp)
     sides: np.ndarray  # (P, n_layers, d_mlp) int8 (catalog.explain.holds.sides)
+    activations: np.ndarray | None = None  # (P, n_layers, d_mlp) at the last position
 
 
 def reassign(labels: Mapping[tuple[int, int], Sequence[Label]], d_mlp: int,

@@ -15,6 +15,8 @@ set and its complement on one side gets a note, and never holds for both.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -72,8 +74,9 @@ def reassigned(labels: dict, width: int, seed: int) -> dict:
     return {(0, int(n)): xs for n, xs in zip(where, labels.values(), strict=True)}
 
 
-def figures(bag, labels) -> dict:
-    model, planted, config, _, typical, typical_kv = bag
+def figures(bag, labels, model=None) -> dict:
+    base, planted, config, _, typical, typical_kv = bag
+    model = model if model is not None else base
     a, b = grid()
     terms = explain_prompts(model, builtin_tokenizer(), config, "+", a, b, labels,
                             typical=typical, typical_kv=typical_kv, draws=4,
@@ -178,3 +181,34 @@ def test_a_set_and_its_complement_on_one_side_get_a_note_and_never_both_hold(bag
         assert held == {odd.label, "op2 = 7"}
         assert all(not ({even.label, odd.label} <= {x.label for x in r.labels if x.holds})
                    for r in e.toward + e.away)
+
+
+def louder_residues(model):
+    """The bag with its four mod-2 result neurons writing three times as loud: one
+    heuristic's neurons can then move the answer (in the plain bag none can: every answer
+    needs all four votes), so steering has something to find."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        model.blocks[0].mlp.W_out[20:24] *= 3.0
+    return model
+
+
+def test_steering_a_result_heuristic_moves_the_answer_above_its_control(bag):
+    model = louder_residues(bag[0])
+    got = figures(bag, bag[3], model)["steering"]
+    into = got["modulo"]["into"]
+    assert into["heuristics"] == 2 and into["prompts"] == 100  # 50 + 50 prompts
+    assert into["rate"] > 0.5 and into["control_rate"] < 0.1
+    assert into["difference_ci"][0] > 0.3 and into["verdict"] == "moves"
+    # the labels placed at random: their "result even / odd" neurons move the answer no
+    # more often than random unlabelled ones (which may draw the loud residue neurons,
+    # now unlabelled, and then move it more often)
+    seen = 0
+    for seed in (1, 2, 3):
+        null = figures(bag, reassigned(bag[3], len(bag[1]) + N_DISTRACT, seed), model)
+        for family, by in null["steering"].items():
+            for direction, row in by.items():
+                assert row["difference_ci"][0] <= 0 and row["verdict"] != "moves", \
+                    (seed, family, direction, row)
+                seen += 1
+    assert seen >= 6
