@@ -93,8 +93,9 @@ def main() -> None:
     t0 = time.perf_counter()
     runner = PrefixRunner(lm.model, table)
 
-    def evaluate(mask):
-        return zeroed_answers(lm.model, table, correct, mask, runner)
+    def evaluate(mask, values=None, rows=None):
+        sel = correct if rows is None else correct[rows]
+        return zeroed_answers(lm.model, table, sel, mask, runner, values)
 
     terms = explain_prompts(lm.model, lm.tokenizer, config, args.op, table.a[correct],
                             table.b[correct], labels, typical=typical, typical_kv=typical_kv,

@@ -131,9 +131,10 @@ def neurons_of(mask: np.ndarray) -> list[tuple[int, int]]:
     return [(int(la), int(n)) for la, n in zip(*np.nonzero(mask), strict=True)]
 
 
-# an evaluator over P prompts: (P, n_layers, d_mlp) mask [, values] -> each prompt's (p of
-# its answer, whether the answer is the top token, the top token) with the masked
-# neurons set to ``values`` (zero where None) at the prompt's last position
+# an evaluator over P prompts: (P, n_layers, d_mlp) mask [, values [, rows]] -> each
+# prompt's (p of its answer, whether the answer is the top token, the top token) with the
+# masked neurons set to ``values`` (zero where None) at the prompt's last position; with
+# ``rows`` (indices), only those prompts are run (mask and values have a row each)
 Evaluator = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
@@ -173,18 +174,23 @@ def masked_last_position(model: HookedTransformer, tokens: list[np.ndarray],
     groups = [np.nonzero(lengths == n)[0] for n in np.unique(lengths)]
     device = model.W_U.device
 
-    def evaluate(mask: np.ndarray, values: np.ndarray | None = None):
-        p = np.zeros(len(tokens))
-        top = np.zeros(len(tokens), dtype=bool)
-        token = np.zeros(len(tokens), dtype=np.int64)
+    def evaluate(mask: np.ndarray, values: np.ndarray | None = None,
+                 rows: np.ndarray | None = None):
+        rows = np.arange(len(tokens)) if rows is None else np.asarray(rows)
+        at = {int(r): i for i, r in enumerate(rows)}
+        p = np.zeros(len(rows))
+        top = np.zeros(len(rows), dtype=bool)
+        token = np.zeros(len(rows), dtype=np.int64)
         for g in groups:
+            g = g[np.isin(g, rows)]
             for s in range(0, len(g), batch):
                 idx = g[s:s + batch]
+                pos = np.array([at[int(i)] for i in idx])
                 toks = torch.as_tensor(np.stack([tokens[i] for i in idx]), dtype=torch.long,
                                        device=device)
-                v = None if values is None else torch.as_tensor(values[idx], device=device)
-                p[idx], top[idx], token[idx] = set_last(
-                    model, toks, torch.as_tensor(mask[idx], device=device),
+                v = None if values is None else torch.as_tensor(values[pos], device=device)
+                p[pos], top[pos], token[pos] = set_last(
+                    model, toks, torch.as_tensor(mask[pos], device=device),
                     torch.as_tensor(answers[idx], dtype=torch.long), v)
         return p, top, token
     return evaluate

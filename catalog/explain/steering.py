@@ -111,11 +111,8 @@ def steer(labels: Mapping[tuple[int, int], Sequence[Label]], activations: np.nda
                 values = np.where(mask, activations[src].mean(0), 0.0)
                 if direction == "into":  # each set as its labels would have it: held
                     values = _where_held(values, activations, sides, inside, chosen, kinds)
-                full = np.zeros((len(a), *shape), dtype=bool)
-                full[target] = mask
-                vals = np.zeros((len(a), *shape))
-                vals[target] = values
-                token = evaluate(full, vals)[2][target]
+                token = evaluate(np.broadcast_to(mask, (len(target), *shape)),
+                                 np.broadcast_to(values, (len(target), *shape)), target)[2]
                 hits.append(int(np.isin(token, list(want)).sum()))
             out.append(Steered(h, direction, len(neurons), len(target), hits[0], hits[1:]))
     return out

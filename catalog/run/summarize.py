@@ -170,9 +170,10 @@ class CheckpointSummary:
             typical, typical_kv = typical_of(
                 {layer: Means(*m) for layer, m in means.items()}, o)
 
-            def evaluate(mask: np.ndarray, values: np.ndarray | None = None, _prompts=prompts):
-                return knockouts.zeroed_answers(self.model, table, _prompts, mask, runner,
-                                                values)
+            def evaluate(mask: np.ndarray, values: np.ndarray | None = None,
+                         rows: np.ndarray | None = None, _prompts=prompts):
+                sel = _prompts if rows is None else _prompts[rows]
+                return knockouts.zeroed_answers(self.model, table, sel, mask, runner, values)
 
             terms = explain_prompts(self.model, self.tokenizer, self.config, op,
                                     table.a[prompts], table.b[prompts], labels_of(matches, o),
