@@ -44,6 +44,7 @@ from transformer_lens import HookedTransformer
 
 from catalog.core.stats import wilson
 from catalog.measuring.edits import edit_hooks, read_answers
+from catalog.measuring.grids import expand_cache, final_logits, prefix_cache
 
 CONTROLS = ("unlabelled", "not holding", "same ranking", "random")
 # the controls that differ from the knockout by the label alone ("what the label adds")
@@ -142,17 +143,30 @@ Evaluator = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
 def zeroed_probs(model: HookedTransformer, tokens: np.ndarray, answer: int,
                  sets: list[list[tuple[int, int]]]) -> tuple[np.ndarray, np.ndarray]:
     """(the answer's probability, whether it is the top token) with each of ``sets`` zeroed
-    at the last position: one row of a batched forward per set (the first row of the
-    result is the clean prompt, then one per set)."""
+    at the last position (the first row of the result is the clean prompt, then one per
+    set). An edit at the last position changes no earlier position, so the prompt less its
+    last token runs once, and each row runs that one position against its keys and
+    values: the rows cost one position each, not the whole prompt."""
     n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
-    mask = torch.zeros((len(sets) + 1, n_layers, d_mlp), dtype=torch.bool,
-                       device=model.W_U.device)
+    rows = len(sets) + 1
+    device = model.W_U.device
+    mask = torch.zeros((rows, n_layers, d_mlp), dtype=torch.bool, device=device)
     for i, s in enumerate(sets):
         for layer, n in s:
             mask[i + 1, layer, n] = True
-    toks = torch.as_tensor(np.asarray(tokens), dtype=torch.long,
-                           device=model.W_U.device)[None].expand(len(sets) + 1, -1)
-    p, top, _ = set_last(model, toks, mask, torch.full((len(sets) + 1,), int(answer)))
+    tokens = np.asarray(tokens, dtype=np.int64)
+    answers = torch.full((rows,), int(answer))
+    if len(tokens) < 2:
+        toks = torch.as_tensor(tokens, device=device)[None].expand(rows, -1)
+        p, top, _ = set_last(model, toks, mask, answers)
+        return p, top
+    cache = expand_cache(prefix_cache(model, tokens[:-1]), rows)
+    last = torch.as_tensor(tokens[-1:], device=device)[None].expand(rows, -1)
+    resid = model.run_with_hooks(
+        last, past_kv_cache=cache, stop_at_layer=n_layers,
+        attention_mask=torch.ones((rows, 1), dtype=torch.long, device=device),
+        fwd_hooks=edit_hooks(mask, None, n_layers))
+    p, top, _ = read_answers(final_logits(model, resid)[:, 0], answers)
     return p, top
 
 

@@ -286,6 +286,35 @@ def test_total_effects_equal_exact_zeroing_to_first_order_per_prompt(tiny_builti
         assert np.corrcoef(zeroed, mine[:30])[0, 1] > 0.8, p.text
 
 
+def test_the_knockout_rows_run_one_position_and_equal_full_forwards(tiny_builtin):
+    """zeroed_probs runs the prompt less its last token once and each knockout row at the
+    last position against those keys and values: equal to a full forward of each row
+    with the same neurons zeroed at the last position (float64, the built-in model)."""
+    from catalog.explain.controls import set_last, zeroed_probs
+    from catalog.sources import load_model
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", None, builtin_config=cfg, cache_root=root)
+    model = lm.model.to(torch.float64)
+    config = ScienceConfig(operators=("+",), operand_hi=cfg.operand_hi)
+    p = build(model, lm.tokenizer, "7+5=", config)
+    assert len(p.tokens) == 5  # BOS 7 + 5 =: four positions cached
+    rng = np.random.default_rng(1)
+    d = model.cfg.d_mlp
+    sets = [[(int(la), int(n)) for la, n in zip(rng.integers(0, 2, k), rng.choice(d, k, False),
+                                                 strict=True)] for k in (1, 5, 20, min(200, d))]
+    p_fast, top_fast = zeroed_probs(model, p.tokens, p.answer, sets)
+    mask = torch.zeros((len(sets) + 1, model.cfg.n_layers, d), dtype=torch.bool)
+    for i, s in enumerate(sets):
+        for la, n in s:
+            mask[i + 1, la, n] = True
+    toks = torch.as_tensor(p.tokens)[None].expand(len(sets) + 1, -1)
+    p_full, top_full, _ = set_last(model, toks, mask, torch.full((len(sets) + 1,), p.answer))
+    assert np.allclose(p_fast, p_full, rtol=1e-9, atol=1e-12)
+    assert np.array_equal(top_fast, top_full)
+    assert p_full[-1] != p_full[0]  # the largest set moves the answer
+
+
 # ------------------------------------------------------------ against the slow reference
 
 def check_against_reference(model, tokens, answer, competitors, n_neurons: int = 40,
