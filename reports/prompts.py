@@ -144,4 +144,31 @@ def label_adds_tables(explained: dict, ops: list[str]) -> list[str]:
         for ranking, by in (e.get("share_adds") or {}).items():
             out.append(f"| {op} | {ranking} | {_adds(by.get('unlabelled'))} | "
                        f"{_adds(by.get('not holding'))} |")
+    out += steering_table(explained, ops)
+    return out
+
+
+def steering_table(explained: dict, ops: list[str]) -> list[str]:
+    """The steering test per operator, family and direction (catalog.explain.steering)."""
+    rows = [(op, fam, d, r) for op in ops for fam, by in
+            ((explained.get(op) or {}).get("steering") or {}).items() for d, r in by.items()]
+    out = ["", "Steering: each result heuristic's labelled neurons set to their activation "
+           "where the heuristic holds, on prompts outside its set (\"into\"), or to their "
+           "activation outside it on prompts inside (\"out of\"); success: the top token "
+           "becomes a first token of results on the predicted side only. The control makes "
+           "the same edit on as many unlabelled neurons of the same layers. Wilson 95% per "
+           "rate, Newcombe 95% for the difference.", ""]
+    if not rows:
+        return out + ["No result heuristic had enough labelled neurons and unambiguous "
+                      "first tokens to steer."]
+    out += ["| op | family | direction | heuristics | prompts | labelled neurons | control "
+            "| difference | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for op, fam, d, r in rows:
+        lo, hi = r["difference_ci"]
+        out.append(f"| {op} | {fam} | {d} | {r['heuristics']} | {r['prompts']} | "
+                   f"{r['success']}/{r['prompts']} = {_f(r['rate'])} [{_f(r['ci'][0])}, "
+                   f"{_f(r['ci'][1])}] | {r['control_success']}/{r['control_n']} = "
+                   f"{_f(r['control_rate'])} [{_f(r['control_ci'][0])}, "
+                   f"{_f(r['control_ci'][1])}] | {_f(r['difference'])} [{_f(lo)}, {_f(hi)}] | "
+                   f"**{r['verdict']}** |")
     return out

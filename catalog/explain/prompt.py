@@ -285,19 +285,24 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
             labels: Mapping[tuple[int, int], Sequence[Label | Heuristic]] | None = None,
             typical: Mapping[tuple[int, int], float] | None = None, top: int = 10,
             seeds: int = 5, typical_kv: Mapping[tuple[int, int], float] | None = None,
-            ranking: str = "direct", top_set: np.ndarray | None = None) -> Explanation:
+            ranking: str = "direct", top_set: np.ndarray | None = None,
+            total: bool = True) -> Explanation:
     """Explain one prompt (module doc). ``labels``: (layer, neuron) -> its labels for this
     prompt's operator (None: not catalogued); ``typical`` / ``typical_kv``: each neuron's
     mean activation / KV value over the grid (a label's side is checked against them);
     ``seeds``: draws of each random control of the knockout (0: no knockout);
     ``ranking``: what picks the knockout's neurons on the prompt, "direct" or "total";
     ``top_set``: (n_layers, d_mlp) the pool of the paper's random control (None: every
-    neuron)."""
+    neuron); ``total``: compute the total effects (one backward; False: NaN, and the
+    knockout must rank by direct terms)."""
     if ranking not in RANKINGS:
         raise ValueError(f"ranking must be one of {RANKINGS}, not {ranking!r}")
+    if ranking == "total" and not total:
+        raise ValueError("ranking 'total' needs the total effects (total=True)")
     p = build(model, tokenizer, text, config)
     dec, lens, correct = _one_pass(model, tokenizer, p)
-    total = total_effects(model, p.tokens[None], np.array([p.answer]), p.competitors)[0]
+    totals = total_effects(model, p.tokens[None], np.array([p.answer]), p.competitors)[0] \
+        if total else np.full(dec.neurons.shape, np.nan)
     logits = torch.as_tensor(dec.logits, dtype=torch.float64)
     t = dec.target
     labelled_in = as_labels(labels)
@@ -316,7 +321,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         return NeuronRow(layer, n, c, c / t if t else float("nan"),
                          float(dec.activations[layer, n]),
                          None if typical is None else typical.get((layer, n)),
-                         here.get((layer, n), []), total=float(total[layer, n]))
+                         here.get((layer, n), []), total=float(totals[layer, n]))
 
     flat = dec.neurons.ravel()
     width = dec.neurons.shape[1]
@@ -344,14 +349,15 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
                 by_label[x.label] = by_label.get(x.label, 0.0) + c
     rest = float(dec.heads.sum()), dec.embed + dec.biases + dec.error
     shares, n_for = split(dec.neurons, masks, t, rest)
-    shares_total, n_for_total = split(total, masks, t, None)
+    shares_total, n_for_total = split(totals, masks, t, None) if total else ({}, {})
+    scored = {"direct": dec.neurons, **({"total": totals} if total else {})}
     in80 = order[:max(n_for["80%"], 0)]
     heuristics_in_80 = len({x.label for i in in80
                             for x in here.get((int(i) // width, int(i) % width), [])
                             if x.holds})
     ko = None
     if labelled_in and seeds:
-        score = dec.neurons if ranking == "direct" else total
+        score = dec.neurons if ranking == "direct" else totals
         sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
                               config.knockout_neurons, seeds,
                               np.random.default_rng([config.seed, 47]), top_set)
@@ -370,7 +376,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         shares_total=shares_total, n_for_total=n_for_total,
         share_adds={name: {k: float(v[0]) for k, v in label_excess(
             x[None], masks[0], member[None], side_bits[None], np.array([t])).items()}
-            for name, x in (("direct", dec.neurons), ("total", total))} if labelled_in else {})
+            for name, x in scored.items()} if labelled_in else {})
 
 
 def _note_complements(model: HookedTransformer, tokenizer, config: ScienceConfig, p: Prompt,

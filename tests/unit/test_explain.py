@@ -260,7 +260,9 @@ def test_total_effects_equal_exact_zeroing_to_first_order_per_prompt(tiny_builti
     neuron's activation at the last position is scaled by 1 - 1e-6 (divided by 1e-6), for
     the 30 neurons of largest |total effect| and 10 random ones, on the built-in model in
     float64, prompt by prompt, batched as the grid batches them; zeroing exactly differs
-    from the first order by the curvature, which the test bounds loosely."""
+    from the first order by the curvature, which the test bounds loosely. With the final
+    norm's scale kept, as in the decomposition, a last-layer neuron's total effect is
+    its direct term."""
     from catalog.explain.total import exact_zeroing, total_effects
     from catalog.sources import load_model
 
@@ -284,6 +286,11 @@ def test_total_effects_equal_exact_zeroing_to_first_order_per_prompt(tiny_builti
         assert np.abs(mine).max() > 1e-3
         zeroed = exact_zeroing(model, p.tokens, p.answer, p.competitors, neurons[:30])
         assert np.corrcoef(zeroed, mine[:30])[0, 1] > 0.8, p.text
+        # the final norm's scale kept: a last-layer neuron's total effect is its direct term
+        last = model.cfg.n_layers - 1
+        direct = decompose(model, p.tokens, p.answer, p.competitors).neurons[last]
+        assert np.allclose(got[i][last], direct, rtol=1e-7, atol=1e-9 * np.abs(direct).max())
+        assert not np.allclose(got[i][0], 0.0)  # the first layer acts through the last
 
 
 def test_the_knockout_rows_run_one_position_and_equal_full_forwards(tiny_builtin):
