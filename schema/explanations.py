@@ -88,6 +88,17 @@ def write_explanation(conn: psycopg.Connection, *, model_id: int, checkpoint_id:
                                      if c not in keys) + ", written_at = now()", values)
 
 
+def summary_explained(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int
+                      ) -> dict:
+    """op -> the checkpoint summary's prompts explained (catalog.explain.grid's aggregate:
+    the shares, what the label adds against its controls, the steering test); {} when
+    the checkpoint has no summary under the config."""
+    row = conn.execute(
+        "SELECT prompt_explanations FROM checkpoint_summary WHERE checkpoint_id = %s "
+        "AND config_id = %s", (checkpoint_id, config_id)).fetchone()
+    return (row[0] or {}) if row else {}
+
+
 def stored_explanation(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int,
                        prompt: str) -> dict | None:
     """The stored explanation of ``prompt`` (as written: "21+17="), None if never stored."""

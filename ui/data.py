@@ -299,6 +299,15 @@ def circuits(model_id: int, checkpoint_id: int, config_id: int):
 
 
 @st.cache_data(ttl=60, show_spinner=False)
+def summary_explained(checkpoint_id: int, config_id: int) -> dict:
+    """op -> the checkpoint summary's prompts explained (schema.explanations)."""
+    from schema.explanations import summary_explained as read
+
+    with store.connect(database_url()) as conn:
+        return read(conn, checkpoint_id=checkpoint_id, config_id=config_id)
+
+
+@st.cache_data(ttl=60, show_spinner=False)
 def prompt_labels(checkpoint_id: int, config_id: int, op: str
                   ) -> tuple[list[tuple], dict, dict]:
     """The labels of ``op`` at a catalogued checkpoint (with their sides) and each neuron's

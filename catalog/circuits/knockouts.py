@@ -51,8 +51,8 @@ def zeroed_answers(
     device = model.cfg.device
     for skip, sel in runner.groups(prompts):
         pos = np.array([order[int(q)] for q in sel])
-        z = torch.as_tensor(zero[pos] if per_prompt else np.broadcast_to(
-            zero[None], (len(pos), *zero.shape)), device=device)
+        z = torch.as_tensor(zero[pos] if per_prompt else np.repeat(zero[None], len(pos), 0),
+                            device=device)
         v = None if values is None else torch.as_tensor(values[pos], device=device)
         logits = runner.last_position_logits(sel, skip, fwd_hooks=edit_hooks(
             z, v, model.cfg.n_layers))

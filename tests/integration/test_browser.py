@@ -495,12 +495,12 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
             "SELECT c.model_id, c.id, s.config_id, m.name FROM checkpoint c "
             "JOIN checkpoint_summary s ON s.checkpoint_id = c.id JOIN model m "
             "ON m.id = c.model_id WHERE c.step = %s", (SEED_STEPS[-1],)).fetchone()
-        rows, typical = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id,
-                                  op="+")
+        rows, typical, typical_kv = labels_at(conn, checkpoint_id=checkpoint_id,
+                                              config_id=config_id, op="+")
     labels = labels_from_rows(rows)
     lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
     want = explain(lm.model, lm.tokenizer, "13+6=", SEED_CONFIG, labels=labels,
-                   typical=typical, seeds=0)
+                   typical=typical, typical_kv=typical_kv, seeds=0)
     try:
         with sync_playwright() as pw:
             browser = launch(pw)

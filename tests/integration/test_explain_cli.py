@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from catalog.explain.prompt import explain, labels_from_result
+from catalog.explain.holds import Label
+from catalog.explain.prompt import build, explain, labels_from_result
 from catalog.labels.heuristics import Heuristic
 from catalog.run.measurement import measure
 from catalog.sources import load_model
@@ -37,25 +38,40 @@ def test_the_catalogued_labels_are_the_measured_ones(seeded, last):
                                   config_hash="0" * 64, op="+")
     assert other is None  # not catalogued under that config: no labels, said so
     assert got is not None
-    rows, typical = got
+    rows, typical, typical_kv = got
     stored: dict = {}
-    for layer, neuron, family, target, params in rows:
-        stored.setdefault((layer, neuron), set()).add(Heuristic(family, target, tuple(params)))
+    for layer, neuron, family, target, params, bottom in rows:
+        stored.setdefault((layer, neuron), set()).add(
+            Label(Heuristic(family, target, tuple(params)), bool(bottom)))
     assert stored == {k: set(v) for k, v in direct.items()}
     assert len(stored) > 0 and len(typical) == 2 * 64  # every (layer, neuron) of "+"
-    # explained with them: each label's verdict is its heuristic's membership test
-    labels = {k: sorted(v, key=lambda h: h.key) for k, v in stored.items()}
+    # the KV map's mean is stored for every neuron that is not constant
+    assert len(typical_kv) > 64 and set(typical_kv) <= set(typical)
+    # explained with them: a label holds where its heuristic's membership test says the
+    # prompt is in its set AND the neuron's value is on the label's side of its mean (the
+    # activation for operand labels, the activation times the answer's lens for result
+    # labels), computed here by hand
+    labels = {k: sorted(v, key=lambda x: x.key) for k, v in stored.items()}
     e = explain(last.model, last.tokenizer, "7+9=", SEED_CONFIG, labels=labels,
-                typical=typical, top=64, seeds=3)
-    seen = 0
+                typical=typical, typical_kv=typical_kv, top=64, seeds=3)
+    answer = int(build(last.model, last.tokenizer, "7+9=", SEED_CONFIG).answer)
+    seen = {True: 0, False: 0}
     for r in e.toward + e.away:
         assert r.typical == pytest.approx(typical[(r.layer, r.neuron)])
-        for lab, h in zip(r.labels, labels.get((r.layer, r.neuron), []), strict=True):
-            want = bool(h.contains(np.array([7]), np.array([9]), np.array([16]))[0])
-            assert (lab.label, lab.holds) == (h.label, want)
-            seen += 1
-    assert seen > 0
-    assert e.knockout is None or len(e.knockout.p_random) == 3
+        w = last.model.blocks[r.layer].mlp.W_out[r.neuron]
+        kv = r.activation * float(w @ last.model.W_U[:, answer])
+        for lab, x in zip(r.labels, labels.get((r.layer, r.neuron), []), strict=True):
+            member = bool(x.heuristic.contains(np.array([7]), np.array([9]),
+                                               np.array([16]))[0])
+            value, ref = (kv, typical_kv.get((r.layer, r.neuron))) if x.direct \
+                else (r.activation, typical[(r.layer, r.neuron)])
+            on_side = ref is None or (value < ref if x.bottom else value > ref)
+            assert (lab.label, lab.side, lab.holds) == (x.heuristic.label, x.side,
+                                                        member and on_side)
+            seen[lab.holds] += 1
+    assert seen[True] > 0 and seen[False] > 0
+    ko = e.knockout
+    assert ko is None or (len(ko.p_random) == 3 and len(ko.controls["unlabelled"].p) == 3)
 
 
 @pytest.mark.slow

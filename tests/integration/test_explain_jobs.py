@@ -71,8 +71,8 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
 
     # the stored explanation is explain()'s with the catalog's labels
     with store.connect(queue.url) as conn:
-        rows, typical = labels_at(conn, checkpoint_id=ids.checkpoint_id,
-                                  config_id=ids.config_id, op="+")
+        rows, typical, typical_kv = labels_at(conn, checkpoint_id=ids.checkpoint_id,
+                                              config_id=ids.config_id, op="+")
         got = stored_explanation(conn, checkpoint_id=ids.checkpoint_id,
                                  config_id=ids.config_id, prompt="13+6=")
         written = conn.execute("SELECT written_at FROM prompt_explanation").fetchone()[0]
@@ -80,7 +80,7 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
                                   config_id=ids.config_id, prompt="3-9=") is None
     assert rows, "the checkpoint has labels for +"
     want = explain(lm.model, lm.tokenizer, "13+6=", CONFIG, labels=labels_from_rows(rows),
-                   typical=typical, top=15, seeds=5).to_dict()
+                   typical=typical, typical_kv=typical_kv, top=15, seeds=5).to_dict()
     assert got["target"] == pytest.approx(want["target"], rel=1e-5)
     assert got["shares"] == pytest.approx(want["shares"], rel=1e-4, abs=1e-6)
     assert [(r["layer"], r["neuron"]) for r in got["toward"]] == \
@@ -92,6 +92,12 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
         assert got["knockout"]["neurons"] == [list(n) for n in want["knockout"]["neurons"]]
         assert got["knockout"]["p_knocked"] == pytest.approx(want["knockout"]["p_knocked"],
                                                              rel=1e-4)
+        # the controls and what the label adds, stored as explain() gives them
+        assert set(got["knockout"]["controls"]) == set(want["knockout"]["controls"])
+        assert got["knockout"]["label_adds"] == pytest.approx(
+            want["knockout"]["label_adds"], rel=1e-3, abs=1e-6)
+    assert [[(x["label"], x["side"], x["holds"]) for x in r["labels"]] for r in got["toward"]] \
+        == [[(x["label"], x["side"], x["holds"]) for x in r["labels"]] for r in want["toward"]]
 
     # the same message delivered again: dropped, nothing rewritten
     resend(first.id)

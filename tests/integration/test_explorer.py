@@ -525,13 +525,13 @@ def test_the_prompt_page_prints_the_library_explanation(catalog_env, tiny_builti
     monkeypatch.setenv("NCAT_HOME", str(root.parent))
     model_id, checkpoint_id, config_id = ids(catalog_env)
     with store.connect(catalog_env) as conn:
-        rows, typical = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id,
-                                  op="+")
+        rows, typical, typical_kv = labels_at(conn, checkpoint_id=checkpoint_id,
+                                              config_id=config_id, op="+")
     labels = labels_from_rows(rows)
     lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
     for prompt in ("13+6=", "9+9="):
         want = explain(lm.model, lm.tokenizer, prompt, SEED_CONFIG, labels=labels,
-                       typical=typical, seeds=0)
+                       typical=typical, typical_kv=typical_kv, seeds=0)
         at = run_page("prompt", {"model_id": model_id, "checkpoint_id": checkpoint_id,
                                  "config_id": config_id, "prompt": prompt}, timeout=120)
         text = text_of(at)

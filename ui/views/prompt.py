@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from catalog.config.settings import get_settings
+from reports import prompts as report_prompts
 from reports.plots import FAMILY_COLORS
 from ui import data
 from ui.views.common import (
@@ -280,6 +281,19 @@ def _worker_branch(ids: tuple[int, int, int], model, prompt: str, limit: int
     return stored
 
 
+def _label_matters(checkpoint_id: int, config_id: int, op: str) -> None:
+    """The checkpoint summary's answer to "does the label matter?" for the operator: what
+    the label adds to the knockout and the share of T against matched controls and
+    against the labels placed at random, and the steering test, over the summary's
+    prompts (the report's tables)."""
+    explained = data.summary_explained(checkpoint_id, config_id)
+    if not (explained.get(op) or {}).get("knockouts"):
+        return
+    with st.expander(f"Does the label matter? Over this checkpoint's {op} prompts",
+                     expanded=False):
+        st.markdown("\n".join(report_prompts.label_adds_tables(explained, [op])))
+
+
 def render() -> None:
     st.title("Prompt")
     if not require_catalog():
@@ -332,6 +346,7 @@ def render() -> None:
         st.caption(knockout_caption(ko))
     else:
         st.caption("No knockout: no labelled neuron's heuristic holds for this prompt.")
+    _label_matters(checkpoint_id, config_id, e["op"])
     st.subheader("Across training")
     rows = _across(model_id, config_id, prompt, small=small)
     if len(rows) > 1:
