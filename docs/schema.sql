@@ -1214,7 +1214,10 @@ CREATE VIEW prompt_explanations AS
     e.p_random_se,
     e.written_at,
     e.model_id,
-    e.checkpoint_id
+    e.checkpoint_id,
+    (e.explanation -> 'knockout'::text) ->> 'ranking'::text AS knockout_ranking,
+    (((e.explanation -> 'knockout'::text) -> 'label_adds'::text) ->> 'unlabelled'::text)::double precision AS label_adds_unlabelled,
+    (((e.explanation -> 'knockout'::text) -> 'label_adds'::text) ->> 'not holding'::text)::double precision AS label_adds_not_holding
    FROM prompt_explanation e
      JOIN model m ON m.id = e.model_id
      JOIN checkpoint c ON c.id = e.checkpoint_id;

@@ -20,6 +20,7 @@ import psycopg
 from catalog.config import ExecutionConfig, ScienceConfig
 from jobs import store_results
 from schema import training
+from schema.store import json_safe
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def fill(conn: psycopg.Connection, *, model_id: int, config_id: int,
             training.write_final_curves(
                 conn, checkpoint_id=checkpoint_id, config_id=config_id,
                 final_checkpoint_id=final[1],
-                curves=[store_results._clean(c.as_dict()) for c in curves])
+                curves=[json_safe(c.as_dict()) for c in curves])
         done.append(step)
         if on_checkpoint is not None:
             on_checkpoint(step, time.perf_counter() - t)

@@ -9,7 +9,6 @@ Celery worker (``jobs.runner``) uses the same functions.
 
 from __future__ import annotations
 
-import math
 import socket
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from catalog.run.checkpoint import CheckpointRun, LayerDigest, LayerResult, Summ
 from catalog.sources import LoadedModel
 from schema import reads, rows, store, training
 from schema.sketch import GridGeometry
+from schema.store import json_safe
 
 
 @dataclass
@@ -94,29 +94,16 @@ def layer_rows(result: LayerResult, run: CheckpointRun, tokenizer) -> rows.Layer
         lens_top_tokens=tokens(result.lens.top_ids), lens_top_values=result.lens.top_values,
         lens_bottom_tokens=tokens(result.lens.bottom_ids),
         lens_bottom_values=result.lens.bottom_values,
-        matches=result.matches, patching=_clean(result.patching),
+        matches=result.matches, patching=json_safe(result.patching),
         label_control=result.label_control or None,
         best_label="score" if run.config.label_rule == "paper" else "specific",
         layouts=[GridGeometry(g.side, g.valid) for g in run.grid_layouts()],
         full_top=run.config.full_grid_top())
 
 
-def _clean(x):
-    """JSON-safe copy: NaN and infinities become null, numpy scalars plain numbers."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_clean(v) for v in x]
-    if isinstance(x, float | np.floating):
-        return None if not math.isfinite(float(x)) else float(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    return x
-
-
 def summary_dict(summary: Summary) -> dict:
     """The checkpoint_summary row of a Summary."""
-    return _clean({
+    return json_safe({
         "accuracy": summary.accuracy,
         "faithfulness": {op: [[k, f] for k, f in curve]
                          for op, curve in summary.faithfulness.items()},

@@ -11,7 +11,7 @@ import json
 import psycopg
 
 from schema.reads import find_stored
-from schema.store import scalar
+from schema.store import json_safe, scalar
 
 
 def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | None,
@@ -79,7 +79,7 @@ def write_explanation(conn: psycopg.Connection, *, model_id: int, checkpoint_id:
               len(ko["neurons"]) if ko else None, ko["p_knocked"] if ko else None,
               _finite(ko["p_random_mean"]) if ko else None,
               _finite(ko["p_random_se"]) if ko else None,
-              json.dumps(e, default=lambda x: None if x != x else float(x))]
+              json.dumps(json_safe(e))]
     keys = ("checkpoint_id", "config_id", "prompt")
     conn.execute(
         f"INSERT INTO prompt_explanation ({', '.join(EXPLANATION_COLS)}) VALUES "

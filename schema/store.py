@@ -12,6 +12,7 @@ psycopg connection.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,6 +36,22 @@ NEURON_OP_COLS = ("max_act", "mean_act", "mean_kv", "density", "effect_exact", "
 
 
 KEY = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
+
+
+def json_safe(x):
+    """A JSON-safe copy: NaN and infinities become null (JSON has neither; PostgreSQL's
+    jsonb refuses them), numpy scalars plain numbers, keys strings."""
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    if isinstance(x, float | np.floating):
+        return None if not math.isfinite(float(x)) else float(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:

@@ -51,9 +51,10 @@ def zeroed_answers(
     device = model.cfg.device
     for skip, sel in runner.groups(prompts):
         pos = np.array([order[int(q)] for q in sel])
-        z = torch.as_tensor(zero[pos] if per_prompt else np.repeat(zero[None], len(pos), 0),
-                            device=device)
-        v = None if values is None else torch.as_tensor(values[pos], device=device)
+        # copies: a caller's mask may be a read-only broadcast view
+        z = torch.as_tensor(np.array(zero[pos] if per_prompt else
+                                     np.repeat(zero[None], len(pos), 0)), device=device)
+        v = None if values is None else torch.as_tensor(np.array(values[pos]), device=device)
         logits = runner.last_position_logits(sel, skip, fwd_hooks=edit_hooks(
             z, v, model.cfg.n_layers))
         ans = torch.as_tensor(table.answer[sel], dtype=torch.long, device=logits.device)
