@@ -118,6 +118,7 @@ def _model(name: str, step: int | None, config: ScienceConfig):
 
 def process(url: str, request_id: int, worker: str) -> str:
     """Explain one request's prompt and store it (module doc); what happened, in words."""
+    from catalog.explain.holds import catalog_context
     from catalog.explain.prompt import PromptError, explain, labels_from_rows, parse
     from catalog.sources import ModelSourceError
     from schema.explanations import labels_at
@@ -130,12 +131,12 @@ def process(url: str, request_id: int, worker: str) -> str:
             name, step, config = _target(conn, req.model_id, req.checkpoint_id,
                                          req.config_id)
             _, op, _ = parse(req.prompt, config)
-            rows, typical, typical_kv = labels_at(conn, checkpoint_id=req.checkpoint_id,
-                                                  config_id=req.config_id, op=op)
+            got = labels_at(conn, checkpoint_id=req.checkpoint_id, config_id=req.config_id,
+                            op=op)
             lm = _model(name, step, config)
             e = explain(lm.model, lm.tokenizer, req.prompt, config,
-                        labels=labels_from_rows(rows), typical=typical,
-                        typical_kv=typical_kv, top=15, seeds=req.seeds)
+                        labels=labels_from_rows(got.rows), top=15, seeds=req.seeds,
+                        **catalog_context(got, lm.model, config))
         except (PromptError, ModelSourceError, ValueError) as exc:
             fail_request(conn, req.id, str(exc))
             return f"failed: {exc}"

@@ -7,6 +7,7 @@ back, one or the same prompt across a model's checkpoints."""
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
 import psycopg
 
@@ -14,12 +15,21 @@ from schema.reads import find_stored
 from schema.store import json_safe, scalar
 
 
+class CatalogLabels(NamedTuple):
+    """What an explanation reads of a catalogued checkpoint for one operator: the label
+    rows (layer, neuron, family, target, params, bottom) and, per (layer, neuron), the
+    mean activation, the mean KV value (where stored) and the rank by effect (0 first)."""
+
+    rows: list[tuple]
+    typical: dict
+    typical_kv: dict
+    rank: dict
+
+
 def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | None,
-                      config_hash: str, op: str) -> tuple[list[tuple], dict, dict] | None:
-    """([(layer, neuron, family, target, params, bottom)], {(layer, neuron): mean
-    activation}, {(layer, neuron): mean KV value}) of the labelled rows (``implements``)
-    of ``op`` at the checkpoint under the config (``labels_at``); None when the
-    checkpoint is not catalogued under it."""
+                      config_hash: str, op: str) -> CatalogLabels | None:
+    """``labels_at`` of the checkpoint under the config; None when it is not catalogued
+    under it."""
     have = find_stored(conn, model_name=model_name, step=step, config_hash=config_hash)
     if have is None or not have.layers:
         return None
@@ -29,10 +39,11 @@ def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | 
 
 
 def labels_at(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int, op: str
-              ) -> tuple[list[tuple], dict, dict]:
-    """``catalogued_labels`` of a checkpoint and config named by their ids: the label rows
-    with their side (``bottom``), every neuron's mean activation and mean KV value (the
-    maps' typical values a label's side is checked against; NULL means are left out)."""
+              ) -> CatalogLabels:
+    """The labels of ``op`` at a checkpoint under a config, named by their ids: the label
+    rows with their side (``bottom``), every neuron's mean activation and mean KV value
+    (the maps' typical values a label's side is checked against; NULL means are left out)
+    and its rank by effect in its layer (what the paper's top set is drawn from)."""
     rows = conn.execute(
         "SELECT s.layer, s.neuron, h.family, h.target, h.params, s.bottom FROM neuron_score s "
         "JOIN heuristic h ON h.id = s.heuristic_id WHERE s.checkpoint_id = %s "
@@ -40,14 +51,18 @@ def labels_at(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int, o
         (checkpoint_id, config_id, op)).fetchall()
     typical: dict = {}
     typical_kv: dict = {}
-    for la, n, act, kv in conn.execute(
-            "SELECT layer, neuron, mean_act, mean_kv FROM neuron_op WHERE checkpoint_id = %s "
-            "AND config_id = %s AND op = %s", (checkpoint_id, config_id, op)):
+    rank: dict = {}
+    for la, n, act, kv, r in conn.execute(
+            "SELECT layer, neuron, mean_act, mean_kv, rank FROM neuron_op WHERE "
+            "checkpoint_id = %s AND config_id = %s AND op = %s",
+            (checkpoint_id, config_id, op)):
+        key = (int(la), int(n))
         if act is not None:
-            typical[(int(la), int(n))] = float(act)
+            typical[key] = float(act)
         if kv is not None:
-            typical_kv[(int(la), int(n))] = float(kv)
-    return [tuple(r) for r in rows], typical, typical_kv
+            typical_kv[key] = float(kv)
+        rank[key] = int(r)
+    return CatalogLabels([tuple(r) for r in rows], typical, typical_kv, rank)
 
 
 EXPLANATION_COLS = ("model_id", "checkpoint_id", "config_id", "prompt", "op", "a", "b",

@@ -308,10 +308,9 @@ def summary_explained(checkpoint_id: int, config_id: int) -> dict:
 
 
 @st.cache_data(ttl=60, show_spinner=False)
-def prompt_labels(checkpoint_id: int, config_id: int, op: str
-                  ) -> tuple[list[tuple], dict, dict]:
-    """The labels of ``op`` at a catalogued checkpoint (with their sides) and each neuron's
-    mean activation and mean KV value (schema.explanations.labels_at)."""
+def prompt_labels(checkpoint_id: int, config_id: int, op: str):
+    """The labels of ``op`` at a catalogued checkpoint (with their sides), each neuron's
+    mean activation, mean KV value and rank (schema.explanations.labels_at)."""
     from schema.explanations import labels_at
 
     with store.connect(database_url()) as conn:

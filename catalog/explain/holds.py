@@ -218,6 +218,33 @@ def typical_of(layers: Mapping, o: int) -> tuple[dict, dict]:
     return act, kv
 
 
+def top_set_of(rank: Mapping[tuple[int, int], int], shape: tuple[int, int], per_layer: int
+               ) -> np.ndarray | None:
+    """(n_layers, d_mlp) the neurons ranked below ``per_layer`` in their layer (the
+    paper's top set, from the catalog's ranks); None when no rank is known."""
+    if not rank:
+        return None
+    out = np.zeros(shape, dtype=bool)
+    for (layer, n), r in rank.items():
+        out[layer, n] = r < per_layer
+    return out
+
+
+def catalog_context(got, model, config) -> dict:
+    """explain()'s ``typical``, ``typical_kv`` and the paper's ``top_set`` from what a
+    catalog holds of a checkpoint for one operator (an object with ``typical``,
+    ``typical_kv`` and ``rank`` mappings: ``schema.explanations.CatalogLabels``; None:
+    nothing known)."""
+    if got is None:
+        return {}
+    from catalog.circuits.paper import circuit_sizes
+
+    shape = (model.cfg.n_layers, int(model.cfg.d_mlp or 0))
+    per_layer = circuit_sizes(shape[1], (config.top_set_fraction,))[0]
+    return {"typical": got.typical, "typical_kv": got.typical_kv,
+            "top_set": top_set_of(got.rank, shape, per_layer)}
+
+
 def labels_from_result(result, op: str) -> dict[tuple[int, int], list[Label]]:
     """(layer, neuron) -> the labels for ``op`` in a ``CheckpointResult`` measured with its
     layers kept (``catalog.measure``)."""

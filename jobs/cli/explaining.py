@@ -49,9 +49,8 @@ def _labels(args, lm, config, op: str):
     if got is None:
         return None, None, (f"{lm.info.name} step {lm.info.checkpoint} is not catalogued under "
                             "this config: no labels (catalog it, or pass its config's flags)")
-    rows, typical, typical_kv = got
-    labels = labels_from_rows(rows)
-    return labels, (typical, typical_kv), f"labels of {len(labels)} neurons from the catalog"
+    labels = labels_from_rows(got.rows)
+    return labels, got, f"labels of {len(labels)} neurons from the catalog"
 
 
 def _store(args, lm, config, explanation: dict) -> str:
@@ -72,6 +71,7 @@ def _store(args, lm, config, explanation: dict) -> str:
 
 
 def cmd_explain(args) -> int:
+    from catalog.explain.holds import catalog_context
     from catalog.explain.prompt import PromptError, explain, parse
     from catalog.sources import ModelSourceError, load_model
 
@@ -82,11 +82,10 @@ def cmd_explain(args) -> int:
         _, op, _ = parse(args.prompt, config)
         lm = load_model(args.model, args.checkpoint, dtype=config.torch_dtype(),
                         progress=not args.quiet)
-        labels, typical, note = _labels(args, lm, config, op)
-        typical, typical_kv = typical or (None, None)
+        labels, got, note = _labels(args, lm, config, op)
         e = explain(lm.model, lm.tokenizer, args.prompt, config, labels=labels,
-                    typical=typical, typical_kv=typical_kv, top=args.top, seeds=args.seeds,
-                    ranking=args.ranking)
+                    top=args.top, seeds=args.seeds, ranking=args.ranking,
+                    **catalog_context(got, lm.model, config))
     except (PromptError, ModelSourceError, ValueError) as exc:
         return fail(str(exc))
     if args.store:

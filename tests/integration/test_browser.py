@@ -478,6 +478,7 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
     tests/unit/test_explain.py; no prompt of this config's is)."""
     from urllib.parse import urlencode
 
+    from catalog.explain.holds import catalog_context
     from catalog.explain.prompt import explain, labels_from_rows
     from catalog.sources import load_model
     from schema import store
@@ -495,12 +496,11 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
             "SELECT c.model_id, c.id, s.config_id, m.name FROM checkpoint c "
             "JOIN checkpoint_summary s ON s.checkpoint_id = c.id JOIN model m "
             "ON m.id = c.model_id WHERE c.step = %s", (SEED_STEPS[-1],)).fetchone()
-        rows, typical, typical_kv = labels_at(conn, checkpoint_id=checkpoint_id,
-                                              config_id=config_id, op="+")
-    labels = labels_from_rows(rows)
+        got = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id, op="+")
+    labels = labels_from_rows(got.rows)
     lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
     want = explain(lm.model, lm.tokenizer, "13+6=", SEED_CONFIG, labels=labels,
-                   typical=typical, typical_kv=typical_kv, seeds=0)
+                   seeds=0, **catalog_context(got, lm.model, SEED_CONFIG))
     try:
         with sync_playwright() as pw:
             browser = launch(pw)

@@ -38,7 +38,8 @@ def test_the_catalogued_labels_are_the_measured_ones(seeded, last):
                                   config_hash="0" * 64, op="+")
     assert other is None  # not catalogued under that config: no labels, said so
     assert got is not None
-    rows, typical, typical_kv = got
+    rows, typical, typical_kv, rank = got
+    assert len(rank) == 2 * 64 and min(rank.values()) == 0
     stored: dict = {}
     for layer, neuron, family, target, params, bottom in rows:
         stored.setdefault((layer, neuron), set()).add(

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from catalog.config import ScienceConfig
+from catalog.explain.holds import catalog_context
 from catalog.explain.prompt import PromptError, explain, labels_from_rows
 from catalog.sources import load_model
 from jobs.explain_jobs import request, resend
@@ -71,8 +72,9 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
 
     # the stored explanation is explain()'s with the catalog's labels
     with store.connect(queue.url) as conn:
-        rows, typical, typical_kv = labels_at(conn, checkpoint_id=ids.checkpoint_id,
-                                              config_id=ids.config_id, op="+")
+        got_labels = labels_at(conn, checkpoint_id=ids.checkpoint_id,
+                               config_id=ids.config_id, op="+")
+        rows = got_labels.rows
         got = stored_explanation(conn, checkpoint_id=ids.checkpoint_id,
                                  config_id=ids.config_id, prompt="13+6=")
         written = conn.execute("SELECT written_at FROM prompt_explanation").fetchone()[0]
@@ -80,7 +82,7 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
                                   config_id=ids.config_id, prompt="3-9=") is None
     assert rows, "the checkpoint has labels for +"
     want = explain(lm.model, lm.tokenizer, "13+6=", CONFIG, labels=labels_from_rows(rows),
-                   typical=typical, typical_kv=typical_kv, top=15, seeds=5).to_dict()
+                   top=15, seeds=5, **catalog_context(got_labels, lm.model, CONFIG)).to_dict()
     assert got["target"] == pytest.approx(want["target"], rel=1e-5)
     assert got["shares"] == pytest.approx(want["shares"], rel=1e-4, abs=1e-6)
     assert [(r["layer"], r["neuron"]) for r in got["toward"]] == \

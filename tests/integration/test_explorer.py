@@ -515,6 +515,7 @@ def test_the_prompt_page_prints_the_library_explanation(catalog_env, tiny_builti
                                                         monkeypatch):
     """The Prompt page, from a link: its answer, verdict and shares are explain()'s with
     the catalog's labels; each catalogued checkpoint gets a row across training."""
+    from catalog.explain.holds import catalog_context
     from catalog.explain.prompt import explain, labels_from_rows
     from catalog.sources import load_model
     from schema.explanations import labels_at
@@ -525,13 +526,12 @@ def test_the_prompt_page_prints_the_library_explanation(catalog_env, tiny_builti
     monkeypatch.setenv("NCAT_HOME", str(root.parent))
     model_id, checkpoint_id, config_id = ids(catalog_env)
     with store.connect(catalog_env) as conn:
-        rows, typical, typical_kv = labels_at(conn, checkpoint_id=checkpoint_id,
-                                              config_id=config_id, op="+")
-    labels = labels_from_rows(rows)
+        got = labels_at(conn, checkpoint_id=checkpoint_id, config_id=config_id, op="+")
+    labels = labels_from_rows(got.rows)
     lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
     for prompt in ("13+6=", "9+9="):
         want = explain(lm.model, lm.tokenizer, prompt, SEED_CONFIG, labels=labels,
-                       typical=typical, typical_kv=typical_kv, seeds=0)
+                       seeds=0, **catalog_context(got, lm.model, SEED_CONFIG))
         at = run_page("prompt", {"model_id": model_id, "checkpoint_id": checkpoint_id,
                                  "config_id": config_id, "prompt": prompt}, timeout=120)
         text = text_of(at)

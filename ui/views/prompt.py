@@ -69,17 +69,18 @@ def explained(model_id: int, checkpoint_id: int, config_id: int, prompt: str,
               seeds: int) -> dict:
     """The explanation as a dict (``Explanation.to_dict``), with the catalog's labels."""
     from catalog.config import ScienceConfig
+    from catalog.explain.holds import catalog_context
     from catalog.explain.prompt import explain, labels_from_rows, parse
 
     name, step, stored = data.job_request(model_id, checkpoint_id, config_id)
     config = ScienceConfig.from_dict(stored)
     _, op, _ = parse(prompt, config)
-    rows, typical, typical_kv = data.prompt_labels(checkpoint_id, config_id, op)
-    labels = labels_from_rows(rows)
+    got = data.prompt_labels(checkpoint_id, config_id, op)
+    labels = labels_from_rows(got.rows)
     lm, lock = _model(name, step, str(config.torch_dtype()).removeprefix("torch."))
     with lock:
-        e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels, typical=typical,
-                    typical_kv=typical_kv, top=15, seeds=seeds)
+        e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels, top=15,
+                    seeds=seeds, **catalog_context(got, lm.model, config))
     return e.to_dict()
 
 
