@@ -268,16 +268,15 @@ class PromptKnockout:
 
     @property
     def p_random_mean(self) -> float:
-        return float(np.mean(self.p_random)) if self.p_random else float("nan")
+        return ControlDraws(self.p_random, self.top_random).p_mean
 
     @property
     def p_random_se(self) -> float:
-        n = len(self.p_random)
-        return float(np.std(self.p_random, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+        return ControlDraws(self.p_random, self.top_random).p_se
 
     @property
     def top_random_ci(self) -> tuple[float, float]:
-        return wilson(int(sum(self.top_random)), len(self.top_random))
+        return ControlDraws(self.p_random, self.top_random).top_ci
 
     @property
     def label_adds(self) -> dict[str, float]:
