@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from catalog.circuits import paper
-    from catalog.circuits.knockouts import zeroed_answers
+    from catalog.circuits.knockouts import widen, zeroed_answers
     from catalog.config import ScienceConfig
     from catalog.config.settings import get_settings
     from catalog.explain.grid import PARTS, explain_prompts, summarize_prompts
@@ -94,8 +94,9 @@ def main() -> None:
     runner = PrefixRunner(lm.model, table)
 
     def evaluate(mask, values=None, rows=None):
-        sel = correct if rows is None else correct[rows]
-        return zeroed_answers(lm.model, table, sel, mask, runner, values)
+        mask, values = widen(mask, values, rows, len(correct))
+        got = zeroed_answers(lm.model, table, correct, mask, runner, values)
+        return got if rows is None else tuple(x[rows] for x in got)
 
     terms = explain_prompts(lm.model, lm.tokenizer, config, args.op, table.a[correct],
                             table.b[correct], labels, typical=typical, typical_kv=typical_kv,

@@ -62,6 +62,21 @@ def zeroed_answers(
     return p, top, token
 
 
+def widen(mask: np.ndarray, values: np.ndarray | None, rows: np.ndarray | None, n: int
+          ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A mask (and values) given for ``rows`` of n prompts, as one for all n (nothing
+    edited on the others); unchanged where ``rows`` is None."""
+    if rows is None:
+        return mask, values
+    full = np.zeros((n, *mask.shape[1:]), dtype=bool)
+    full[rows] = mask
+    vals = None
+    if values is not None:
+        vals = np.zeros((n, *values.shape[1:]), dtype=values.dtype)
+        vals[rows] = values
+    return full, vals
+
+
 def accuracy_with_zeroed(
     model: HookedTransformer,
     table: PromptTable,

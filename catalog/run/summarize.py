@@ -172,8 +172,12 @@ class CheckpointSummary:
 
             def evaluate(mask: np.ndarray, values: np.ndarray | None = None,
                          rows: np.ndarray | None = None, _prompts=prompts):
-                sel = _prompts if rows is None else _prompts[rows]
-                return knockouts.zeroed_answers(self.model, table, sel, mask, runner, values)
+                # every prompt runs, so that the runner's cached context of these
+                # prompts serves each call (a subset would need a context of its own)
+                mask, values = knockouts.widen(mask, values, rows, len(_prompts))
+                got = knockouts.zeroed_answers(self.model, table, _prompts, mask, runner,
+                                               values)
+                return got if rows is None else tuple(x[rows] for x in got)
 
             terms = explain_prompts(self.model, self.tokenizer, self.config, op,
                                     table.a[prompts], table.b[prompts], labels_of(matches, o),
