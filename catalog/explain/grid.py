@@ -137,7 +137,7 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
                     typical_kv: Mapping | None = None, draws: int = 2,
                     evaluate: Evaluator | None = None, top_set: np.ndarray | None = None,
                     knockouts: bool = True, placements: int = 8,
-                    steering: bool = True) -> PromptTerms:
+                    steering: bool = True, steer_heuristics: int = 12) -> PromptTerms:
     """The split of T for each prompt ``a[i] op b[i] =`` (module doc); ``labels``:
     (layer, neuron) -> the labels for ``op``; ``typical`` / ``typical_kv``: each neuron's
     mean activation / KV value (the labels' sides); ``draws``: of each random control;
@@ -145,8 +145,8 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
     its mask zeroed at the last position (default: full forwards); ``top_set``: the
     paper's pool (None: no paper knockout); ``placements``: random placements of the
     labels for the figures' null (catalog.explain.label_figures); ``steering``: the
-    steering test of each result heuristic (catalog.explain.steering; with the
-    knockouts)."""
+    steering test of the result heuristics with the most labelled neurons, up to
+    ``steer_heuristics`` (catalog.explain.steering; with the knockouts)."""
     prompts = build_many(model, tokenizer, op, np.asarray(a), np.asarray(b), config)
     n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
     shape = (n_layers, d_mlp)
@@ -190,7 +190,7 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
     per_layer = config.knockout_neurons
     true = adds(scored, labels, shape, per_layer, draws, rng, top_set, run)
     nulls = [adds(scored, reassign(labels, d_mlp, rng), shape, per_layer, 1, rng, top_set,
-                  run) for _ in range(placements if keys else 0)]
+                  run, matched_only=True) for _ in range(placements if keys else 0)]
     for fig in [true, *nulls]:
         fig.pop("member", None)
         fig.pop("labelled", None)
@@ -202,7 +202,8 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
         first = {int(r): encode_number(tokenizer, int(r))[0] for r in np.unique(results)}
         assert scored.activations is not None
         steered = steer(labels, scored.activations, scored.sides, scored.a, scored.b,
-                        scored.result, results, first, run, rng)
+                        scored.result, results, first, run, rng,
+                        max_heuristics=steer_heuristics)
     return PromptTerms(a=scored.a, b=scored.b, result=scored.result, target=t, shares=shares,
                        n_for=n_for, heuristics_in_80=in80, n_holding=hold.sum(1),
                        n_neurons=n_layers * d_mlp, n_labelled=len(keys),

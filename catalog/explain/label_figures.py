@@ -62,7 +62,7 @@ def reassign(labels: Mapping[tuple[int, int], Sequence[Label]], d_mlp: int,
 
 def knockouts(scored: Scored, labelled: np.ndarray, member: np.ndarray, per_layer: int,
               draws: int, rng: np.random.Generator, top_set: np.ndarray | None,
-              evaluate: Evaluator) -> dict:
+              evaluate: Evaluator, matched_only: bool = False) -> dict:
     """ranking -> set name -> (p (P, draws), top (P, draws), zeroed (P, draws)): every
     prompt's knockout and controls, each draw of each set one evaluation over all
     prompts. The paper's ranking (random from ``top_set``) is left out without one."""
@@ -72,7 +72,7 @@ def knockouts(scored: Scored, labelled: np.ndarray, member: np.ndarray, per_laye
             continue
         masks = knockout_masks(None if ranking == "paper" else scored.scores[ranking],
                                labelled, member, scored.sides, per_layer, draws, rng,
-                               top_set if ranking == "paper" else None)
+                               top_set if ranking == "paper" else None, matched_only)
         out[ranking] = {}
         for name, draws_of in masks.items():
             got = [evaluate(m) for m in draws_of]
@@ -84,7 +84,8 @@ def knockouts(scored: Scored, labelled: np.ndarray, member: np.ndarray, per_laye
 
 def adds(scored: Scored, labels: Mapping[tuple[int, int], Sequence[Label]],
          shape: tuple[int, int], per_layer: int, draws: int, rng: np.random.Generator,
-         top_set: np.ndarray | None, evaluate: Evaluator | None) -> dict:
+         top_set: np.ndarray | None, evaluate: Evaluator | None,
+         matched_only: bool = False) -> dict:
     """Per prompt, what ``labels`` add: {"share": {ranking: {control: (P,)}},
     "knockout": {ranking: {control: (P,)}} (control's mean p minus the knockout's),
     "sets": the knockouts' raw results (``knockouts``), "member": the member bits}."""
@@ -98,7 +99,8 @@ def adds(scored: Scored, labels: Mapping[tuple[int, int], Sequence[Label]],
                  "labelled": labelled}
     if evaluate is None or not labels:
         return out
-    sets = knockouts(scored, labelled, member, per_layer, draws, rng, top_set, evaluate)
+    sets = knockouts(scored, labelled, member, per_layer, draws, rng, top_set, evaluate,
+                     matched_only)
     out["sets"] = sets
     for ranking, by in sets.items():
         p_k = by["knockout"][0][:, 0]

@@ -18,6 +18,7 @@ from catalog.sources import load_model
 from jobs.cli import main
 from schema import store
 from schema.explanations import catalogued_labels
+from schema.store import json_safe
 
 from helpers import SEED_CONFIG, SEED_STEPS
 
@@ -159,9 +160,8 @@ def test_the_summary_stores_the_prompts_explained(seeded, last):
         agg = store.scalar(conn.execute(
             "SELECT s.prompt_explanations FROM checkpoint_summary s JOIN checkpoint c "
             "ON c.id = s.checkpoint_id WHERE c.step = %s", (SEED_STEPS[-1],)))
-        rows, _ = catalogued_labels(conn, model_name=last.info.name,
-                                    step=last.info.checkpoint,
-                                    config_hash=SEED_CONFIG.config_hash(), op="+")
+        rows = catalogued_labels(conn, model_name=last.info.name, step=last.info.checkpoint,
+                                 config_hash=SEED_CONFIG.config_hash(), op="+").rows
     plus = agg["+"]
     assert plus["n_prompts"] > 10 and plus["layers"] == [0, 1]
     assert plus["n_labelled"] == len({(layer, neuron) for layer, neuron, *_ in rows})
@@ -176,3 +176,12 @@ def test_the_summary_stores_the_prompts_explained(seeded, last):
     for part, v in plus["shares"].items():
         assert mine["shares"][part]["median"] == pytest.approx(v["median"], rel=1e-6)
     assert mine["paired"]["higher_when_holds"] == plus["paired"]["higher_when_holds"]
+    # what the label adds and the steering test are stored as the library computes them
+    # (the same seeds, the same prompts)
+    for ranking, k in plus["knockouts"].items():
+        for control, stat in k["label_adds"].items():
+            want = mine["knockouts"][ranking]["label_adds"][control]
+            assert stat["adds"]["mean"] == pytest.approx(want["adds"]["mean"], abs=1e-6)
+            assert stat["verdict"] == want["verdict"]
+    assert set(plus["knockouts"]) == {"direct", "total", "paper"}
+    assert plus["steering"] == json.loads(json.dumps(json_safe(mine["steering"])))
