@@ -102,15 +102,18 @@ def _choose(score: np.ndarray | None, pool: np.ndarray, per_layer: int,
 
 def knockout_masks(score: np.ndarray | None, labelled: np.ndarray, member: np.ndarray,
                    sides: np.ndarray, per_layer: int, draws: int, rng: np.random.Generator,
-                   within: np.ndarray | None = None, matched_only: bool = False
-                   ) -> dict[str, list[np.ndarray]]:
+                   within: np.ndarray | None = None, matched_only: bool = False,
+                   random_pool: np.ndarray | None = None) -> dict[str, list[np.ndarray]]:
     """The sets of the module doc for P prompts at once, each a (P, n_layers, d_mlp) mask:
     "knockout" (one), then each control's draws. ``score`` (P, n_layers, d_mlp) the
     ranking on each prompt (None: the paper's choice, at random), ``labelled``
     (n_layers, d_mlp) the neurons labelled for the operator, ``member`` / ``sides`` the
     bits of ``catalog.explain.holds.member_kinds`` / ``sides``, ``within`` (n_layers,
-    d_mlp) the top set every set is drawn from (None: every neuron); ``matched_only``:
-    the knockout and the two matched controls only (what a null placement needs)."""
+    d_mlp) the top set every set is drawn from (None: every neuron; the paper's draw),
+    ``random_pool`` (n_layers, d_mlp) where the random control alone is drawn from (None:
+    ``within``; a prompt's knockout ranked on the prompt draws its random control from
+    the top set but its other sets from every neuron); ``matched_only``: the knockout
+    and the two matched controls only (what a null placement needs)."""
     within = np.ones_like(labelled) if within is None else within
     lab = np.broadcast_to(labelled & within, member.shape)
     hold = lab & ((member & sides) != 0)
@@ -126,7 +129,8 @@ def knockout_masks(score: np.ndarray | None, labelled: np.ndarray, member: np.nd
         return out
     if score is not None:
         out["same ranking"] = [top_mask(score, np.broadcast_to(within, member.shape), counts)]
-    others = np.broadcast_to(within, member.shape) & ~knock
+    pool = within if random_pool is None else random_pool
+    others = np.broadcast_to(pool, member.shape) & ~knock
     out["random"] = [random_mask(others, counts, rng) for _ in range(draws)]
     return out
 

@@ -360,7 +360,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         score = dec.neurons if ranking == "direct" else totals
         sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
                               config.knockout_neurons, seeds,
-                              np.random.default_rng([config.seed, 47]), top_set)
+                              np.random.default_rng([config.seed, 47]), random_pool=top_set)
         if sets["knockout"][0].any():
             ko = run_knockout(model, p.tokens, p.answer, sets, ranking)
     return Explanation(

@@ -210,3 +210,31 @@ def test_steering_a_result_heuristic_moves_the_answer_above_its_control(bag):
                     (seed, family, direction, row)
                 seen += 1
     assert seen >= 6
+
+
+def test_a_top_set_bounds_the_random_control_only(bag):
+    """explain()'s top_set (the catalog's top neurons, the paper's pool) is where the
+    random control draws from; the knockout and the matched controls still come from
+    every neuron (a top set without the neurons that hold left the Prompt page with no
+    knockout)."""
+    model, planted, config, true, typical, typical_kv = bag
+    width = len(planted) + N_DISTRACT
+    top = np.zeros((1, width), dtype=bool)
+    top[0, width - 5:] = True  # five distractors: none of them holds
+    e = explain(model, builtin_tokenizer(), "2+7=", config, labels=true, typical=typical,
+                typical_kv=typical_kv, seeds=4, top_set=top)
+    ko = e.knockout
+    assert ko is not None and ko.neurons and all(n < LABELLED for _, n in ko.neurons)
+    assert len(ko.controls["random"].p) == 4
+    # the random control's draws are all inside the top set
+    from catalog.explain.controls import knockout_masks
+    from catalog.explain.holds import member_kinds
+    rng = np.random.default_rng(0)
+    member = member_kinds(true, (1, width), np.array([2]), np.array([7]), np.array([9]))
+    lab = np.zeros((1, width), dtype=bool)
+    lab[0, :LABELLED] = True
+    bits = np.full((1, 1, width), 15, dtype=np.int8)
+    masks = knockout_masks(rng.random((1, 1, width)), lab, member, bits, 10, 4, rng,
+                           random_pool=top)
+    assert masks["knockout"][0].any()
+    assert all((m & ~top[None]).sum() == 0 and m.any() for m in masks["random"])
