@@ -145,6 +145,17 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(stats.spearmanr(x, y).statistic)
 
 
+def mean_se(x: np.ndarray) -> dict:
+    """Mean, standard error over the values and normal 95% interval of ``x`` (its finite
+    values), with n: {"mean", "se", "ci", "n"} (NaN SE below two values)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    n = len(x)
+    mean = float(x.mean()) if n else float("nan")
+    se = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+    return {"mean": mean, "se": se, "ci": [mean - 1.96 * se, mean + 1.96 * se], "n": n}
+
+
 def trimmed_mean(x: np.ndarray, prop: float) -> np.ndarray:
     """Mean over the last axis after dropping floor(prop * n) values at each end (NaN for
     an empty axis); the kept values are summed in sorted order (see the module doc)."""

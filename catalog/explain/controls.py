@@ -240,16 +240,6 @@ class ControlDraws:
         return wilson(int(sum(self.top)), len(self.top))
 
 
-def mean_se(x: np.ndarray) -> dict:
-    """Mean, standard error and normal 95% interval of ``x`` (finite values), with n."""
-    x = np.asarray(x, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    n = len(x)
-    mean = float(x.mean()) if n else float("nan")
-    se = float(x.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-    return {"mean": mean, "se": se, "ci": [mean - 1.96 * se, mean + 1.96 * se], "n": n}
-
-
 def verdict(stat: dict) -> str:
     """"adds" when the interval is above 0, "takes away" when below, "nil" when it holds 0
     (or cannot be told: fewer than two prompts)."""

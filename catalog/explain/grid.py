@@ -46,9 +46,9 @@ import numpy as np
 from transformer_lens import HookedTransformer
 
 from catalog.config import ScienceConfig
-from catalog.core.stats import median_ci, wilson
+from catalog.core.stats import mean_se, median_ci, wilson
 from catalog.core.tokens import encode_number
-from catalog.explain.controls import Evaluator, masked_last_position, mean_se
+from catalog.explain.controls import Evaluator, masked_last_position
 from catalog.explain.decompose import decompose_batch
 from catalog.explain.holds import Label, as_labels, kind, sides, typical_arrays
 from catalog.explain.label_figures import Scored, adds, against_null, reassign

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from catalog.explain.controls import MATCHED, Evaluator, knockout_masks, mean_se, verdict
+from catalog.core.stats import mean_se
+from catalog.explain.controls import MATCHED, Evaluator, knockout_masks, verdict
 from catalog.explain.holds import Label, member_kinds
-from catalog.explain.shares import label_excess
+from catalog.explain.shares import label_excess, neuron_mask
 
 KNOCKOUT_RANKINGS = ("direct", "total", "paper")
 
@@ -89,9 +90,7 @@ def adds(scored: Scored, labels: Mapping[tuple[int, int], Sequence[Label]],
     """Per prompt, what ``labels`` add: {"share": {ranking: {control: (P,)}},
     "knockout": {ranking: {control: (P,)}} (control's mean p minus the knockout's),
     "sets": the knockouts' raw results (``knockouts``), "member": the member bits}."""
-    labelled = np.zeros(shape, dtype=bool)
-    for layer, n in labels:
-        labelled[layer, n] = True
+    labelled = neuron_mask(labels, shape)
     member = member_kinds(labels, shape, scored.a, scored.b, scored.result)
     share = {r: label_excess(scored.scores[r], labelled, member, scored.sides, scored.target)
              for r in ("direct", "total")}

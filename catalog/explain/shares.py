@@ -17,6 +17,8 @@ counts per layer) it is 0 in expectation.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 PARTS = ("labelled, heuristic holds", "labelled, heuristic does not hold", "other neurons",
@@ -24,16 +26,19 @@ PARTS = ("labelled, heuristic holds", "labelled, heuristic does not hold", "othe
 RANKINGS = ("direct", "total")
 
 
+def neuron_mask(keys: Iterable[tuple[int, int]], shape: tuple[int, ...]) -> np.ndarray:
+    """(n_layers, d_mlp) bool: True at each (layer, neuron) of ``keys``."""
+    out = np.zeros(shape, dtype=bool)
+    for layer, n in keys:
+        out[layer, n] = True
+    return out
+
+
 def label_masks(shape: tuple[int, int], labelled: set[tuple[int, int]],
                 holds: set[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """((n_layers, d_mlp) labelled, (n_layers, d_mlp) labelled and holding) from keys."""
-    lab = np.zeros(shape, dtype=bool)
-    hold = np.zeros(shape, dtype=bool)
-    for layer, n in labelled:
-        lab[layer, n] = True
-    for layer, n in holds:
-        hold[layer, n] = True
-    return lab, hold & lab
+    lab = neuron_mask(labelled, shape)
+    return lab, neuron_mask(holds, shape) & lab
 
 
 def first_reach(sorted_terms: np.ndarray, target: np.ndarray, frac: float) -> np.ndarray:

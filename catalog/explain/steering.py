@@ -36,6 +36,7 @@ import numpy as np
 from catalog.core.stats import newcombe, wilson
 from catalog.explain.controls import Evaluator
 from catalog.explain.holds import Label, kind
+from catalog.explain.shares import neuron_mask
 from catalog.labels.heuristics import Heuristic
 
 DIRECTIONS = ("into", "out of")
@@ -85,9 +86,7 @@ def steer(labels: Mapping[tuple[int, int], Sequence[Label]], activations: np.nda
                 got = by_h.setdefault(x.heuristic.key, (x.heuristic, [], []))
                 got[1].append(key)
                 got[2].append(kind(x))
-    labelled = np.zeros(shape, dtype=bool)
-    for layer, n in labels:
-        labelled[layer, n] = True
+    labelled = neuron_mask(labels, shape)
     ranked = sorted(by_h.values(), key=lambda x: (-len(x[1]), x[0].key))
     out: list[Steered] = []
     for h, neurons, kinds in ranked:
@@ -107,7 +106,7 @@ def steer(labels: Mapping[tuple[int, int], Sequence[Label]], activations: np.nda
             sets = [list(neurons)] + [_matched(neurons, ~labelled, rng) for _ in range(draws)]
             hits = []
             for chosen in sets:
-                mask = _mask(shape, chosen)
+                mask = neuron_mask(chosen, shape)
                 values = np.where(mask, activations[src].mean(0), 0.0)
                 if direction == "into":  # each set as its labels would have it: held
                     values = _where_held(values, activations, sides, inside, chosen, kinds)
@@ -132,13 +131,6 @@ def _where_held(values: np.ndarray, activations: np.ndarray, sides: np.ndarray,
         if held.any():
             values[layer, n] = activations[held, layer, n].mean()
     return values
-
-
-def _mask(shape: tuple[int, ...], neurons: Sequence[tuple[int, int]]) -> np.ndarray:
-    m = np.zeros(shape, dtype=bool)
-    for layer, n in neurons:
-        m[layer, n] = True
-    return m
 
 
 def _matched(neurons: Sequence[tuple[int, int]], pool: np.ndarray,

@@ -148,3 +148,13 @@ def test_nan_mean_is_numpys_without_the_empty_slice_warning():
     assert np.isnan(whole)
     with pytest.warns(RuntimeWarning, match="Mean of empty slice"):
         np.nanmean(x, axis=1)  # what it replaces does warn
+
+
+def test_mean_se_by_hand():
+    from catalog.core.stats import mean_se
+
+    got = mean_se(np.array([1.0, 2.0, 3.0, 4.0, np.nan]))  # NaN left out
+    se = np.sqrt(((np.arange(1, 5) - 2.5) ** 2).sum() / 3) / 2  # 0.6455
+    assert got["n"] == 4 and got["mean"] == 2.5 and got["se"] == pytest.approx(se)
+    assert got["ci"] == pytest.approx([2.5 - 1.96 * se, 2.5 + 1.96 * se])
+    assert np.isnan(mean_se(np.array([3.0]))["se"])
