@@ -39,6 +39,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=50)
     parser.add_argument("--layers", default=None)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--grid-prompts", type=int, default=None,
+                        help="explain at most this many correct prompts grid-wide (evenly "
+                             "spaced, at least 1; default: all)")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
@@ -89,6 +92,10 @@ def main() -> None:
     idx = table.op_index(args.op)
     assert table.correct is not None and table.is_shot is not None
     correct = idx[table.correct[idx] & ~table.is_shot[idx]]
+    n_correct = len(correct)
+    if args.grid_prompts is not None and args.grid_prompts < len(correct):
+        keep = np.linspace(0, len(correct) - 1, max(args.grid_prompts, 1)).round()
+        correct = correct[np.unique(keep.astype(int))]
     wrong = idx[~table.correct[idx] & ~table.is_shot[idx]]
     t0 = time.perf_counter()
     runner = PrefixRunner(lm.model, table)
@@ -123,7 +130,8 @@ def main() -> None:
     out = {"model": lm.info.name, "config": {"op": args.op, "hi": args.hi,
                                              "shots": args.shots, "pairs": args.pairs},
            "layers": run.layers, "accuracy": summary.accuracy,
-           "n_correct": int(len(correct)), "n_wrong": int(len(wrong)),
+           "n_correct": int(n_correct), "n_grid_prompts": int(len(correct)),
+           "n_wrong": int(len(wrong)),
            "summary_prompt_explanations": summary.prompt_explanations,
            "prompt_knockout": summary.prompt_knockouts,
            "grid_prompt_explanations": grid,

@@ -429,8 +429,8 @@ CREATE TABLE neuron_op (
     kv_fit_result real,
     kv_fit_joint real,
     kv_fit_other real,
-    fit_other_op character(1),
-    kv_fit_other_op character(1),
+    fit_other_op text,
+    kv_fit_other_op text,
     mean_kv real,
     CONSTRAINT neuron_op_pkey PRIMARY KEY (model_id, checkpoint_id, config_id, layer, neuron, op)
 ) PARTITION BY HASH (model_id);
@@ -914,8 +914,9 @@ CREATE VIEW map_explanation AS
     n.kv_fit_other,
     n.kv_fit_other_op,
     n.kv_fit_joint - n.kv_fit_operands AS kv_result_beyond_operands,
+    n.kv_fit_joint - n.kv_fit_other AS kv_result_over_rival,
         CASE
-            WHEN n.kv_fit_other > n.kv_fit_joint THEN 'other operator'::text
+            WHEN n.kv_fit_other > n.kv_fit_joint THEN 'rival'::text
             WHEN (n.kv_fit_joint - n.kv_fit_operands) < 0.01::double precision THEN 'operands'::text
             ELSE 'result'::text
         END AS best_explanation,

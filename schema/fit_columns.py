@@ -1,10 +1,12 @@
-"""The explanation columns of ``neuron_op`` (migration 0025; catalog.labels.operand_fit): a mixin
-of ``schema.tables.NeuronOp``, apart so that the table module stays short. For each map
-the value rule labels, the held-out R^2 of the operands' additive fit (with the prompt's
-token layout), of the result, of both, and of the best other operator's result with the
-operands (and which operator that is), for the K map and the KV map."""
+"""The explanation columns of ``neuron_op`` (migrations 0025 and 0035;
+catalog.labels.operand_fit): a mixin of ``schema.tables.NeuronOp``, apart so that the
+table module stays short. For each map the value rule labels, the held-out R^2 of the
+operands' additive fit (with the prompt's token layout), of the result, of both (the own
+result as it predicts best), and of the best rival with the operands (another operator's
+result or an interaction of the operands, ``catalog.labels.rivals``; its name), for the
+K map and the KV map."""
 
-from sqlalchemy import CHAR, REAL, Column
+from sqlalchemy import REAL, TEXT, Column
 from sqlmodel import Field, SQLModel
 
 
@@ -17,5 +19,5 @@ class FitColumns(SQLModel):
     kv_fit_result: float | None = Field(default=None, sa_column=Column(REAL))
     kv_fit_joint: float | None = Field(default=None, sa_column=Column(REAL))
     kv_fit_other: float | None = Field(default=None, sa_column=Column(REAL))
-    fit_other_op: str | None = Field(default=None, sa_column=Column(CHAR(1)))
-    kv_fit_other_op: str | None = Field(default=None, sa_column=Column(CHAR(1)))
+    fit_other_op: str | None = Field(default=None, sa_column=Column(TEXT))
+    kv_fit_other_op: str | None = Field(default=None, sa_column=Column(TEXT))

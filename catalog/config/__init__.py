@@ -64,7 +64,10 @@ from catalog.core.tokens import NumberTokens
 # 0.10.0: a result label must explain the KV map beyond both operands' additive effects and
 # this operator's result must fit it at least as well as another operator's
 # (result_beyond_operands); the explanations stored per labelled map
-CATALOG_VERSION = "0.10.0"
+# 0.11.0: a result label must also beat its rivals (catalog.labels.rivals: every other
+# operator's result in an order-free form, max and min of the operands), held out and in
+# a nested test; the stored comparison names the rival
+CATALOG_VERSION = "0.11.0"
 
 def _opt(default, help: str, flag: str | None = None, form: bool = False, **extra):
     """A config field with its help text; ``form`` puts it on the explorer's job form."""
@@ -140,8 +143,10 @@ class ScienceConfig:
         True, "a result label must also explain the KV map beyond its least-squares "
               "f(op1) + g(op2) (both operands' main effects; a partial regression test at "
               "the rule's corrected level), and this operator's result must explain the map "
-              "at least as well as another operator's: a map that adds a feature of each "
-              "operand (digit counts, token counts) is not a result heuristic "
+              "at least as well as every rival (another operator's result in a form that "
+              "does not depend on the operands' order, max and min of the operands) and "
+              "beyond each of them: a map that adds a feature of each operand (digit "
+              "counts, token counts) or follows max(op1, op2) is not a result heuristic "
               "(docs/method.md section 7); under label_rule values only; off: the labels "
               "before 0.10.0")
     null_strata: str = _opt(

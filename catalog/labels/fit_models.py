@@ -106,20 +106,37 @@ def held_out_r2(press: torch.Tensor, tss: torch.Tensor) -> torch.Tensor:
 class Explanations:
     """Held-out R^2 (``OperandFit.explain``) of each competing explanation of some maps
     (rows): ``operands`` (f(op1) + g(op2) + the layout), ``result`` (one mean per value of
-    this operator's result),
-    ``joint`` (both), ``other`` (the best other operator's result with the operands) and
-    ``other_op`` (which operator; '' where none was fit). NaN for constant maps."""
+    this operator's result), ``joint`` (both; the own result by value or by bins,
+    whichever predicts better), ``other`` (the best rival with the operands: another
+    operator's result or an interaction of the operands, ``catalog.labels.rivals``) and
+    ``other_op`` (that rival's name; '' where none was fit). NaN for constant maps."""
 
     operands: np.ndarray
     result: np.ndarray
     joint: np.ndarray
     other: np.ndarray
-    other_op: np.ndarray  # str, one character or ''
+    other_op: np.ndarray  # str (object): a rival axis's name, or ''
+    # each rival axis's held-out R^2 (with the operands), by name: not stored, for the
+    # rule's comparison of each label with the rivals that are not its aliases
+    rivals: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, n: int = 0) -> Explanations:
         nan = np.full(n, np.nan)
-        return cls(nan, nan.copy(), nan.copy(), nan.copy(), np.full(n, "", dtype="<U1"))
+        return cls(nan, nan.copy(), nan.copy(), nan.copy(), np.full(n, "", dtype=object))
+
+    def best_rival(self, leave_out: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """Per map, the best rival's held-out R^2 and name, ``leave_out`` left out (NaN
+        and '' where none is left)."""
+        names = [o for o in self.rivals if o not in leave_out]
+        n = len(self.joint)
+        if not names:
+            return np.full(n, np.nan), np.full(n, "", dtype=object)
+        stack = np.stack([np.nan_to_num(self.rivals[o], nan=-np.inf) for o in names])
+        which = stack.argmax(0)
+        best = stack[which, np.arange(n)]
+        return (np.where(np.isinf(best), np.nan, best),
+                np.where(np.isinf(best), "", np.array(names, dtype=object)[which]))
 
 
 @dataclass

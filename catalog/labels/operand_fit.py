@@ -32,16 +32,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from catalog.core.arith import OPERATORS
 from catalog.labels.additive import (
     BLOCK,
     AdditiveOperands,
     WindowScan,
     operand_groups,
-    other_result,
+    partial_tests,
 )
 from catalog.labels.fit_models import (
     TSS,
+    Design,
     Explanations,
     FoldModel,
     fold_model,
@@ -50,6 +50,7 @@ from catalog.labels.fit_models import (
     levels,
     pair_folds,
 )
+from catalog.labels.rivals import FACTOR_BINS, axis_values, nested_levels, rival_axes
 
 # the most cells x sets of an operator's own result sets kept for ``may_label`` (float64;
 # 16M: 128 MB): on larger grids the second pass looks at every map
@@ -75,6 +76,28 @@ def labelable_fits(n_sets: int, n_cells: int) -> bool:
 
 
 @dataclass
+class AxisProjection:
+    """The least-squares fit to maps of one-hot groupings of the cells (the operands and
+    a rival axis's factor): the design and the pseudo-inverse of its normal equations."""
+
+    design: Design
+    pinv: torch.Tensor
+    rank: int
+
+    @classmethod
+    def of(cls, groups: list[np.ndarray], device) -> AxisProjection:
+        design = Design(groups, device)
+        rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
+        pinv = torch.as_tensor(np.linalg.pinv(design.xtx, hermitian=True), device=device)
+        return cls(design, pinv, rank)
+
+    def residual(self, maps: torch.Tensor) -> torch.Tensor:
+        """(n, cells) float64: each map less its fit."""
+        y = maps.double()
+        return y - self.design.on_cells(self.design.sums(y) @ self.pinv, self.design.width)
+
+
+@dataclass
 class OperandFit:
     """What one operator's grid needs for the rule: its additive fit and the competing
     explanations' models."""
@@ -91,6 +114,8 @@ class OperandFit:
     device: str | torch.device
     n_cells: int
     cells: tuple[np.ndarray, np.ndarray, np.ndarray]  # op1, op2, result of each cell
+    # the rival axes' names (``catalog.labels.rivals.rival_axes``)
+    axes: tuple[str, ...] = ()
     # the cell sets of the heuristics tested so far (rows of a bool array) and their keys
     sets: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
     _set_of: dict[str, int] = field(default_factory=dict)
@@ -115,6 +140,7 @@ class OperandFit:
     # taken; ``held_bounds``)
     _held: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
     _models: dict[str, FoldModel] = field(default_factory=dict)
+    _projections: dict[str, AxisProjection] = field(default_factory=dict)
 
     @property
     def models(self) -> dict[str, FoldModel]:
@@ -230,33 +256,46 @@ class OperandFit:
     def of(cls, op: str, a: np.ndarray, b: np.ndarray, result: np.ndarray,
            device: str | torch.device | None = "cpu", rivals: np.ndarray | None = None,
            rival_ops: np.ndarray | None = None, own: np.ndarray | None = None,
-           own_of: dict[str, int] | None = None) -> OperandFit:
+           own_of: dict[str, int] | None = None,
+           moduli: tuple[int, ...] = tuple(range(2, 11))) -> OperandFit:
         """``rivals``: (sets, cells) bool, other operators' result sets on these cells
         (``catalog.labels.operator_labels.operand_fit`` builds them from the config's
-        heuristics), and ``rival_ops`` their operators; without them no label is taken
-        for another operator's result. ``own``: (sets, cells) bool, every result set of
-        this operator that a label may name (``may_label``), and ``own_of`` each such
-        heuristic's row in it by key."""
+        heuristics for every rival axis, ``catalog.labels.rivals``), and ``rival_ops``
+        their axes' names; without them no label is taken for a rival. ``own``: (sets,
+        cells) bool, every result set of this operator that a label may name
+        (``may_label``), and ``own_of`` each such heuristic's row in it by key.
+        ``moduli``: the residues of each rival axis that the held-out comparison fits
+        (the config's ``modulo_bases``)."""
         device = "cpu" if device is None else device
         a, b, result = np.asarray(a), np.asarray(b), np.asarray(result)
         add = AdditiveOperands.of(a, b, device)
         groups = operand_groups(a, b)
         folds = pair_folds(a, b)
-        specs = {"operands": groups, "result": [levels(result)]}
-        for o in OPERATORS:
-            values = result if o == op else other_result(o, a, b)
-            specs["joint:" + o] = [*groups, levels(values)]
-        fit = cls(op, add, specs, folds, device, len(a), (a, b, result))
+        axes = rival_axes(a, b, result)
+        # the own result by bins too (one mean per product value predicts nothing on
+        # products a fold never saw) and every rival axis as the same factors
+        specs = {"operands": groups, "result": [levels(result)],
+                 "joint": [*groups, levels(result)]}
+        for bins in FACTOR_BINS:
+            specs[f"joint/{bins}"] = [*groups, levels(result, bins)]
+            for name, values in axes.items():
+                specs[f"joint:{name}/{bins}"] = [*groups, levels(values, bins)]
+        # and each rival's residues: a family that predicts values no fold holds
+        for name, values in axes.items():
+            for n in moduli:
+                specs[f"joint:{name}%{n}"] = [*groups, levels(np.where(values >= 0,
+                                                                       values % n, -1))]
+        fit = cls(op, add, specs, folds, device, len(a), (a, b, result), tuple(axes))
         if rivals is not None and len(rivals):
             r = torch.as_tensor(np.asarray(rivals), dtype=torch.float64, device=device)
             r = add.residual(r)
             ss = (r * r).sum(1)
             keep = (ss > 1e-12).cpu().numpy()  # an additive set explains nothing beyond
             fit.rivals, fit.rival_ss = r[torch.as_tensor(keep, device=device)], ss[keep]
-            fit.rival_ops = np.asarray(rival_ops)[keep].astype("<U1")
+            fit.rival_ops = np.asarray(rival_ops)[keep].astype(str)
         if rivals is not None:
-            fit.scans = {o: WindowScan.of(result if o == op else other_result(o, a, b), add,
-                                          device) for o in OPERATORS}
+            fit.scans = {op: WindowScan.of(result, add, device),
+                         **{name: WindowScan.of(v, add, device) for name, v in axes.items()}}
         if own is not None and labelable_fits(*np.shape(own)):
             sets = torch.as_tensor(np.asarray(own), dtype=torch.float64, device=device)
             sets = add.residual(sets)
@@ -324,7 +363,7 @@ class OperandFit:
         partial regression's (r_y . r_s)^2 / |r_s|^2), that rival's operator ('' without
         rivals), and the largest that a window of this operator's values explains."""
         n = len(maps)
-        best, which, own = np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
+        best, which, own = np.zeros(n), np.full(n, "", dtype=object), np.zeros(n)
         for s in range(0, n, BLOCK):
             y = maps[s:s + BLOCK].double()
             got = self.rival_beyond_residual(self.additive.residual(y))
@@ -337,8 +376,8 @@ class OperandFit:
         (``own``: the best window of the operator's own values, where already taken)."""
         n = len(r_y)
         if not n or not self.scans:
-            return np.zeros(n), np.full(n, "", dtype="<U1"), np.zeros(n)
-        others = [o for o in OPERATORS if o != self.op]
+            return np.zeros(n), np.full(n, "", dtype=object), np.zeros(n)
+        others = [o for o in self.scans if o != self.op]
         cand = [self.scans[o].best(r_y) for o in others]
         if self.rivals is not None:
             assert self.rival_ss is not None
@@ -347,12 +386,12 @@ class OperandFit:
         stack = torch.stack(cand).cpu().numpy()
         pick = stack.argmax(0)
         best = stack[pick, np.arange(n)]
-        ops = np.array(others + [""])[np.minimum(pick, len(others))]
+        ops = np.array(others + [""], dtype=object)[np.minimum(pick, len(others))]
         if self.rivals is not None:
             at = pick == len(others)
             ops[at] = self.rival_ops[i.cpu().numpy()][at]
         own = self.scans[self.op].best(r_y) if own is None else own
-        return best, ops.astype("<U1"), own.cpu().numpy()
+        return best, ops, own.cpu().numpy()
 
     def rival_bounds(self, r_y: torch.Tensor) -> tuple[np.ndarray, ...]:
         """Bounds on ``rival_beyond_residual``'s first and third values (the best rival,
@@ -364,9 +403,9 @@ class OperandFit:
         if not n or not self.scans:
             return zero, zero, zero, zero
         lo, hi = [], []
-        for o in OPERATORS:
+        for o, scan in self.scans.items():
             if o != self.op:
-                a, b = self.scans[o].bounds(r_y)
+                a, b = scan.bounds(r_y)
                 lo.append(a)
                 hi.append(b)
         if self.rivals is not None:
@@ -377,6 +416,56 @@ class OperandFit:
         w_lo, w_hi = self.own_bounds(r_y)
         return (torch.stack(lo).amax(0).cpu().numpy(), torch.stack(hi).amax(0).cpu().numpy(),
                 w_lo, w_hi)
+
+    def beyond_rivals(self, maps: torch.Tensor, heuristic, bottom: bool) -> np.ndarray:
+        """(maps,) whether ``heuristic``'s set explains each map beyond the operands AND
+        each rival axis (``catalog.labels.rivals``), as a p-value: the partial
+        regression's tests (``partial_tests``: classic and robust, the larger p-value;
+        one-sided, high on the set or, with ``bottom``, low) of the set with op1's,
+        op2's and the layout's effects and the axis's factor (``FACTOR_BINS[0]`` bins)
+        in the model (``nested_levels``), the largest over the axes. A map that is a
+        function of the rival
+        (max(op1, op2) on ``+``), or of both (the sum's parity is |op1 - op2|'s), leaves
+        the set nothing to explain."""
+        a, b, r = self.cells
+        member = torch.as_tensor(np.asarray(heuristic.contains(a, b, r), dtype=np.float64),
+                                 device=maps.device)[None]
+        y = maps.double()
+        p = np.zeros(len(maps))
+        sign = np.full(len(maps), -1.0 if bottom else 1.0)
+        rows = torch.arange(len(maps), device=maps.device)
+        zero = torch.zeros(len(maps), dtype=torch.long, device=maps.device)
+        for name in self.axes:
+            proj = self._projection(name)
+            df = max(self.n_cells - proj.rank - 1, 1)
+            got, _ = partial_tests(proj.residual(y), proj.residual(member), rows, zero,
+                                   sign, df)
+            p = np.fmax(p, got)
+        return p
+
+    def _projection(self, name: str) -> AxisProjection:
+        """The least-squares fit of the operands with rival axis ``name``'s factor,
+        built once per axis."""
+        if name not in self._projections:
+            a, b, _ = self.cells
+            groups = [*self.specs["operands"], nested_levels(axis_values(name, a, b))]
+            self._projections[name] = AxisProjection.of(groups, self.device)
+        return self._projections[name]
+
+    def explain_set(self, maps: torch.Tensor, heuristic) -> np.ndarray:
+        """(maps,) the held-out R^2 of the operands with ``heuristic``'s set (one column:
+        it predicts a result value no training fold holds as well as any other; the
+        own result's factor does not, on ``*``'s many products), as ``explain`` judges
+        every explanation."""
+        a, b, r = self.cells
+        member = np.asarray(heuristic.contains(a, b, r), dtype=np.int64)
+        model = fold_model([*self.specs["operands"], member], self.folds, self.device)
+        out = []
+        step = max(BLOCK, EXPLAIN_VALUES // max(self.n_cells, 1))
+        for s in range(0, len(maps), step):
+            got = held_out_all({"set": model}, maps[s:s + step])
+            out.append(held_out_r2(got["set"], got[TSS]))
+        return torch.cat(out).cpu().numpy() if out else np.zeros(0)
 
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The held-out R^2 of every explanation of each map: each model fit on four
@@ -389,7 +478,7 @@ class OperandFit:
         out = Explanations.empty(n)
         if not n:
             return out
-        keys = ["operands", "result"] + ["joint:" + o for o in OPERATORS]
+        keys = list(self.specs)
         cols: dict[str, list] = {k: [] for k in keys}
         step = max(BLOCK, EXPLAIN_VALUES // max(self.n_cells, 1))
         for s in range(0, n, step):
@@ -398,14 +487,20 @@ class OperandFit:
                 cols[k].append(held_out_r2(got[k], got[TSS]))
         adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}
         out.operands, out.result = adj["operands"], adj["result"]
-        out.joint = adj["joint:" + self.op]
-        others = [o for o in OPERATORS if o != self.op]
-        stack = np.stack([np.nan_to_num(adj["joint:" + o], nan=-np.inf) for o in others])
-        which = stack.argmax(0)
-        best = stack[which, np.arange(n)]
-        out.other = np.where(np.isinf(best), np.nan, best)
-        out.other_op = np.array(others)[which].astype("<U1")
+        # the own result and each rival as it predicts best: by value or by bins
+        out.joint = _best([adj["joint"], *(adj[f"joint/{b}"] for b in FACTOR_BINS)])
+        out.rivals = {o: _best([adj[k] for k in keys if k.startswith(f"joint:{o}/")
+                                or k.startswith(f"joint:{o}%")]) for o in self.axes}
+        out.other, out.other_op = out.best_rival()
         return out
+        return out
+
+
+def _best(r2: list[np.ndarray]) -> np.ndarray:
+    """Per map, the largest of several models' held-out R^2 (NaN where all are)."""
+    stack = np.stack([np.nan_to_num(x, nan=-np.inf) for x in r2])
+    best = stack.max(0)
+    return np.where(np.isinf(best), np.nan, best)
 
 
 def screen_t_test(r: torch.Tensor, sets32: torch.Tensor, sets_ss: torch.Tensor, df: int,

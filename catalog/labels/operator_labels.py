@@ -7,8 +7,9 @@ the label-rule tests.
 2. the config's label rule (``catalog.labels.value_null.label``);
 3. with ``result_beyond_operands``, the gate (``catalog.labels.gate.gate``): a result
    label must also explain the KV map beyond both operands' additive effects, and no
-   other operator's result set (``operand_fit``: the config's result heuristics of every
-   other operator, on these cells) may explain it clearly better;
+   rival's set (``operand_fit``: the config's residue and digit-pattern heuristics of
+   every rival axis, ``catalog.labels.rivals``, on these cells) or window of a rival's
+   values may explain it clearly better;
 4. with the gate, the maps left without a result label that FITS (its set explains the
    map beyond the operands within 10% of the best window of the operator's values) are
    scored again beyond the operands (``rescued``): each result set on the KV map less
@@ -16,7 +17,14 @@ the label-rule tests.
    set with a smooth operand trend of its own size mixed in loses its top cells to the
    trend (the first pass labels a wide window around it, or nothing), and that map gives
    them back. A result row found so passes steps 2 and 3 as every row does, and must
-   fit. The explanations of every labelled map (K and KV) are kept for the store.
+   fit;
+5. (catalog 0.11.0, ``beaten``) held out, no rival predicts the KV map better than the
+   operator's own result (the comparison stored for the map), and
+6. the label's set explains the KV map beyond the operands and each rival axis's factor
+   (a nested test at the corrected level): a map that is a function of a rival, or of
+   both the result and a rival, keeps no result label.
+
+The explanations of every labelled map (K and KV) are kept for the store.
 """
 
 from __future__ import annotations
@@ -29,7 +37,6 @@ import numpy as np
 import torch
 
 from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
-from catalog.core.arith import OPERATORS, is_valid
 from catalog.core.digest import array_digest
 from catalog.labels import value_null
 from catalog.labels.additive import BLOCK, with_set
@@ -46,9 +53,8 @@ from catalog.labels.operand_fit import (
     Explanations,
     OperandFit,
     labelable_fits,
-    other_result,
 )
-from catalog.measuring.prompts import UNLIMITED
+from catalog.labels.rivals import AXIS_OP, rival_axes
 
 
 def gated(config) -> bool:
@@ -146,19 +152,17 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
     (``catalog.labels.additive.WindowScan``)."""
     rivals: list[np.ndarray] = []
     ops: list[str] = []
-    for o in OPERATORS:
-        if o == cells.op:
-            continue
-        valid = is_valid(o, cells.a, cells.b, UNLIMITED)
+    for name, r in rival_axes(cells.a, cells.b, cells.result).items():
+        valid = r >= 0
         if valid.sum() < 2:
             continue
-        r = other_result(o, cells.a, cells.b)
-        sub = Cells(o, cells.a[valid], cells.b[valid], r[valid], cells.lo, cells.hi)
+        sub = Cells(AXIS_OP.get(name, "+"), cells.a[valid], cells.b[valid], r[valid],
+                    cells.lo, cells.hi)
         for part in partitions_for(sub, config):
             for h in part.heuristics:
                 if h.target == "result" and h.family in RIVAL_FAMILIES:
                     rivals.append(np.asarray(h.contains(cells.a, cells.b, r), bool) & valid)
-                    ops.append(o)
+                    ops.append(name)
     sets, first = (unique_rows(np.stack(rivals)) if rivals
                    else (np.zeros((0, len(cells.a)), bool), np.zeros(0, np.int64)))
     # the sets the second pass may label: every partition it scores (result_partitions),
@@ -169,7 +173,7 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
         for i, h in enumerate(p.heuristics):
             packed.append(np.packbits(p.labels == i))
             keys.append(h.key)
-    rival_ops = np.array(ops, dtype="<U1")[first]
+    rival_ops = np.array(ops, dtype=object)[first]
     if packed:
         stacked = np.stack(packed)
         first_own, row = unique_packed(stacked, inverse=True)
@@ -177,10 +181,11 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
             uniq = unpacked(stacked[first_own], len(cells.a))
             return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device,
                                  rivals=sets, rival_ops=rival_ops, own=uniq,
-                                 own_of=dict(zip(keys, row.tolist(), strict=True)))
+                                 own_of=dict(zip(keys, row.tolist(), strict=True)),
+                                 moduli=config.modulo_bases())
     # none, or too many to screen (``OperandFit.may_label``: every set scored instead)
     return OperandFit.of(cells.op, cells.a, cells.b, cells.result, device, rivals=sets,
-                         rival_ops=rival_ops)
+                         rival_ops=rival_ops, moduli=config.modulo_bases())
 
 
 def unique_rows(rows: np.ndarray, inverse: bool = False) -> tuple:
@@ -257,17 +262,75 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
         r, _ = run("significance", gate, r, fit, kv, k_map, reach, True)
     finally:
         fit.release()
-    # the maps the value rule labels in the first pass (whether or not the gate keeps
-    # the label: their explanations say why), and those the second pass labels
-    labelled = np.union1d(value_labelled, r.neuron[r.implements])
     m = merged(m, r)
-    if not explain:
-        labelled = np.zeros(0, np.int64)
-    # descriptive, no label depends on them: a phase of their own, which the planner costs
-    # apart, so the rule's phases hold only what decides labels
+    # the held-out comparison decides too (``beaten``): every map with a result label
+    # still standing is explained, and so are, for the store, the maps the value rule
+    # labels in the first pass (whether or not the gate keeps the label: their
+    # explanations say why) and those the second pass labels
+    standing = np.unique(m.neuron[m.implements & _result_rows(m)])
+    labelled = (np.union1d(np.union1d(value_labelled, r.neuron[r.implements]), standing)
+                if explain else standing)
     ex_k, ex_kv = run("explanations", explain_maps, fit, k_map, kv, labelled)
+    m = beaten(m, fit, kv, labelled, ex_kv, reach)
+    if not explain:
+        labelled, ex_k, ex_kv = np.zeros(0, np.int64), Explanations.empty(), Explanations.empty()
     # a row the gate unlabels is kept only where it is among its family's best
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
+
+
+def beaten(m: Matches, fit: OperandFit, kv: torch.Tensor, maps: np.ndarray,
+           ex_kv: Explanations, reach: float) -> Matches:
+    """``m`` with no result label that a rival explains as well (steps 5 and 6 of the
+    module doc), on the KV map:
+
+    - held out: a rival with the operands (``Explanations.rivals``: another operator's
+      result or an interaction of the operands, each a factor of its values by bins and
+      by residues, so that it predicts values no training fold held) predicts the map
+      better than the own result with the operands (``joint``: its factor by value or by
+      bins, or the label's set, ``OperandFit.explain_set``; ``rival_wins``);
+    - nested: the label's set explains the map beyond the operands AND each rival axis's
+      factor no better than chance at ``reach`` (``OperandFit.beyond_rivals``; the row's
+      p-value is raised to it). A map that is a function of the rival on these cells
+      (min(op1, op2) on ``+``), or of both (the sum's parity is |op1 - op2|'s), leaves
+      the set nothing: a tie names neither.
+
+    ``maps``: the maps ``ex_kv`` explains (indices, sorted); their ``joint`` becomes the
+    own result as it predicts best by any label that stands, which is what is stored:
+    the label and the comparison stored beside it never disagree."""
+    rows = np.nonzero(m.implements & _result_rows(m))[0]
+    if not len(maps) or not len(rows):
+        return m
+    at = np.searchsorted(maps, m.neuron[rows])
+    assert np.all(maps[at] == m.neuron[rows]), "a map with a result label was not explained"
+    lost = np.zeros(len(rows), dtype=bool)
+    for h in np.unique(m.heuristic[rows]):
+        sel = np.nonzero(m.heuristic[rows] == h)[0]
+        where = np.unique(at[sel])
+        y = kv.index_select(0, torch.as_tensor(maps[where], device=kv.device))
+        # the own result as it predicts best: its factor (``joint``) or the label's set
+        own = np.fmax(ex_kv.joint[where], fit.explain_set(y, m.heuristics[h]))
+        won = rival_wins(own, ex_kv.other[where])
+        lost[sel] = won[np.searchsorted(where, at[sel])]
+        for side in (False, True):
+            on = sel[m.bottom[rows[sel]] == side]
+            if len(on):
+                i = np.searchsorted(where, at[on])
+                p = fit.beyond_rivals(y[torch.as_tensor(i, device=y.device)],
+                                      m.heuristics[h], side)
+                lost[on] |= p > reach
+                m.p_value[rows[on]] = np.fmax(m.p_value[rows[on]], p)
+        # what is stored: the own result as it predicts best, by any label that stands
+        ex_kv.joint[where[~won]] = own[~won]
+    m.implements[rows[lost]] = False
+    return m
+
+
+def rival_wins(own: np.ndarray, rival: np.ndarray) -> np.ndarray:
+    """Whether a rival takes a result label away: it predicts the map better than the own
+    result, held out (compared as they are stored, in float32: the label and the stored
+    comparison never disagree)."""
+    return (np.nan_to_num(rival, nan=-np.inf).astype(np.float32)
+            > np.nan_to_num(own, nan=-np.inf).astype(np.float32))
 
 
 def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,
@@ -397,7 +460,7 @@ def fit_columns(d_mlp: int, n_ops: int) -> dict[str, np.ndarray]:
     """Empty explanation columns of one layer (NaN / '': not computed)."""
     cols: dict[str, np.ndarray] = {c: np.full((d_mlp, n_ops), np.nan, np.float32)
                                    for c in FIT_COLS}
-    cols.update({c: np.full((d_mlp, n_ops), "", dtype="<U1") for c in FIT_OP_COLS})
+    cols.update({c: np.full((d_mlp, n_ops), "", dtype=object) for c in FIT_OP_COLS})
     return cols
 
 
