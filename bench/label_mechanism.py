@@ -103,7 +103,8 @@ def main() -> None:  # noqa: C901
     # "rule": each run of the new rule less its explanations (a phase of their own)
     timing: dict[str, list] = {"new": [], "old": [], "rule": []}
     step_timing: dict[str, dict[str, float]] = {"new": {}, "old": {}}
-    best_explanation = {"operands": 0, "result": 0, "other operator": 0}
+    best_explanation = {"operands": 0, "result": 0, "rival": 0}
+    agreement = {"labelled": 0, "agree": 0}
     explained_flops = 0.0  # the explanations' matrix products on the timed layers (one run)
     for layer in run.layers:
         res = run.run_layer(layer)
@@ -159,6 +160,18 @@ def main() -> None:  # noqa: C901
                     step_timing[name][k] = step_timing[name].get(k, 0.0) + statistics.median(v)
             ex_runs = per_step["new"].get("explanations", [0.0] * len(per["new"]))
             timing["rule"].append([t - e for t, e in zip(per["new"], ex_runs, strict=True)])
+        # the label against the comparison stored beside it (issue 78): every map with a
+        # result label must have no rival that predicts it better, held out
+        out = outs["new"]
+        m = out.matches
+        is_r = np.array([h.target == "result" for h in m.heuristics] or [False])[m.heuristic]
+        standing = np.unique(m.neuron[m.implements & is_r])
+        at = np.searchsorted(out.labelled, standing)
+        assert np.all(out.labelled[at] == standing)
+        ok = (np.nan_to_num(out.kv.other[at], nan=-np.inf).astype(np.float32)
+              <= np.nan_to_num(out.kv.joint[at], nan=-np.inf).astype(np.float32))
+        agreement["labelled"] += int(len(standing))
+        agreement["agree"] += int(ok.sum())
         masks = {}
         for name, out in outs.items():
             m = out.matches
@@ -180,7 +193,7 @@ def main() -> None:  # noqa: C901
         moved["operand_only"] += int((old_r & ~new_r & new_any).sum())
         moved["none"] += int((old_r & ~new_any).sum())
         ex = outs["new"].kv  # descriptive: the held-out R^2 of each explanation
-        best = np.where(np.nan_to_num(ex.other, nan=-np.inf) > ex.joint, "other operator",
+        best = np.where(np.nan_to_num(ex.other, nan=-np.inf) > ex.joint, "rival",
                         np.where(ex.joint - ex.operands < 0.01, "operands", "result"))
         for k in best_explanation:
             best_explanation[k] += int((best == k).sum())
@@ -212,6 +225,7 @@ def main() -> None:  # noqa: C901
                           for name, rows in tables.items()},
         "old_result_labels_moved": moved,
         "new_rule_kv_best_held_out_explanation_of_value_labelled_maps": best_explanation,
+        "new_rule_label_agrees_with_stored_comparison": agreement,
         "controls_new_rule": control,
         "labelling_seconds": {"new_median_sum": round(new_s, 2),
                               "old_median_sum": round(old_s, 2),

@@ -21,6 +21,9 @@ PAPER_F_AT = "200 neurons per late layer (about 1.5% of 14,336) on Llama3-8B"
 # a prompt whose metric moves less than this share of the median prompt's between the
 # model and the empty circuit carries a ratio ten times the others' (faithfulness.SMALL)
 SMALL = 0.1
+# each prompt's terms of the headline ratio of means are clipped to this many median
+# denominators (faithfulness.CLIP)
+CLIP = 3.0
 
 
 
@@ -66,6 +69,16 @@ def warnings(d: CircuitData, s: dict) -> list[str]:
                    "median prompt's: their per-prompt ratios are ten times the others', and "
                    "the paper's mean of ratios follows them. The headline is the ratio of "
                    "means.")
+    heavy = [p for p in d.curve(op, protocol, "ranked", "nl") if p.get("n_clipped")]
+    if heavy:
+        worst = max(heavy, key=lambda p: p.get("max_influence") or 0.0)
+        out.append(f"At {len(heavy)} circuit size(s) some prompts' normalised-logit terms "
+                   f"were clipped to {CLIP:g} median denominators (up to {worst['n_clipped']} "
+                   f"of {worst['n']} prompts at k = {worst['k']}: a circuit value far out, or "
+                   "a largest number logit near 0, NL's own denominator). The headline ratio "
+                   "of means bounds each prompt's influence: there one prompt moves it by at "
+                   f"most {_f(worst.get('influence_bound'))}, and leaving one out moves it by "
+                   f"up to {_f(worst.get('max_influence'))}.")
     lp = s["baselines"].get("logprob", {})
     if lp and lp.get("empty") is not None and lp["empty"] > math.log(0.2):
         out.append(f"The empty circuit already gives the answer a mean log-probability of "

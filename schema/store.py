@@ -376,7 +376,7 @@ def write_summary(conn: psycopg.Connection, *, checkpoint_id: int, config_id: in
 
 _POINT_COLS = ("circuit", "metric", "k", "fraction", "mib", "paper", "mean_ratio",
                "mean_ratio_se", "ratio_of_means", "ratio_of_means_se", "median_ratio", "n",
-               "n_small")
+               "n_small", "n_clipped", "max_influence", "influence_bound")
 
 
 _CURVE_COLS = ("late_from", "late_source", "pruned", "whole", "heads", "n_heads_kept",
@@ -420,7 +420,7 @@ def write_circuits(conn: psycopg.Connection, *, checkpoint_id: int, config_id: i
                 f"INSERT INTO circuit_point ({', '.join(base + ('protocol',) + _POINT_COLS)}) "
                 f"VALUES ({', '.join(['%s'] * (len(base) + 1 + len(_POINT_COLS)))})",
                 [(model_id, checkpoint_id, config_id, c["op"], c["protocol"])
-                 + tuple(pt[k] for k in _POINT_COLS) for pt in c["points"]])
+                 + tuple(pt.get(k) for k in _POINT_COLS) for pt in c["points"]])
 
 
 def refresh_views(conn: psycopg.Connection, model_id: int | None = None,

@@ -17,7 +17,16 @@ answer's, as the MIB benchmark does):
 - ``mean_ratio``: the paper's mean of per-prompt ratios (prompts with a zero
   denominator left out), with its standard error over prompts;
 - ``ratio_of_means``: (mean m(c) - mean m(empty)) / (mean m(model) - mean m(empty)), the
-  MIB benchmark's normalisation, robust to small denominators;
+  MIB benchmark's normalisation, robust to small denominators, with each prompt's
+  influence bounded (catalog 0.11.0): each prompt's numerator term m(c) - m(empty) and
+  denominator term m(model) - m(empty) are clipped to +-``CLIP`` times the median
+  |denominator| over the point's prompts, so that no prompt moves the statistic by more
+  than ``influence_bound`` (about 2 CLIP (1 + |F|) / n where denominators are typical),
+  whatever its circuit value or its denominator. Unclipped, one prompt whose circuit
+  value is 10 moved it by ten prompts' shares, and a prompt whose circuit run leaves its
+  largest number logit near 0 (NL's own denominator) took it from 0.66 to -8.7;
+  ``n_clipped`` counts the prompts clipped and ``max_influence`` is the most that leaving
+  one prompt out moves the statistic shown: the conditioning of what is shown;
 - ``median_ratio``; ``n_small``: prompts whose denominator is under ``SMALL`` (a tenth)
   of the median |denominator| over the point's prompts: their ratios are ten times the
   others' and more, and the mean of ratios follows them. Relative, so a constant shift
@@ -52,6 +61,8 @@ METRICS = ("nl", "logprob", "logit_diff")
 # ratio is ten times the typical one, and the mean of ratios follows it
 SMALL = 0.1
 BOOTSTRAP = 200
+# each prompt's terms of the ratio of means are clipped to this many median |denominators|
+CLIP = 3.0
 
 
 def prompt_metrics(logits: Float[torch.Tensor, "batch d_vocab"], answer: torch.Tensor,
@@ -83,6 +94,11 @@ class PointStats:
     median_ratio: float
     n: int
     n_small: int
+    # the ratio of means' conditioning: prompts whose terms were clipped, the most that
+    # leaving one prompt out moves it, and the bound on what one prompt can move it by
+    n_clipped: int = 0
+    max_influence: float = float("nan")
+    influence_bound: float = float("nan")
 
     def as_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -96,12 +112,48 @@ def _ratios(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:
         return np.where(den != 0, (c - e) / np.where(den != 0, den, 1.0), np.nan)
 
 
+def _clipped(c: np.ndarray, e: np.ndarray, m: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(numerator terms, denominator terms, the limit) of the ratio of means along the last
+    axis, each term clipped to +-``CLIP`` times the median |denominator| (the limit)."""
+    den, num = m - e, c - e
+    lim = CLIP * np.median(np.abs(den), axis=-1, keepdims=True)
+    return np.clip(num, -lim, lim), np.clip(den, -lim, lim), lim
+
+
 def _rom(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Ratio of means along the last axis."""
-    den = m.mean(-1) - e.mean(-1)
+    """Ratio of means along the last axis, each prompt's terms clipped (``_clipped``)."""
+    if c.shape[-1] == 0:
+        return np.full(c.shape[:-1], np.nan)
+    num, den, _ = _clipped(c, e, m)
+    d = den.mean(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den != 0, (c.mean(-1) - e.mean(-1)) / np.where(den != 0, den, 1.0),
-                        np.nan)
+        return np.where(d != 0, num.mean(-1) / np.where(d != 0, d, 1.0), np.nan)
+
+
+def influence(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> tuple[int, float, float]:
+    """The ratio of means' conditioning over prompts (1-D arrays): (prompts with a clipped
+    term, the largest change leaving one prompt out makes, the bound on the change one
+    prompt can make whatever its values). The bound: one prompt moves the clipped sums by
+    at most 2 L each (L the limit, taken at the order statistic above the median, where
+    one prompt can push the median), so the ratio N / D by at most
+    2 L (1 + |F|) / (|D| - 2 L), D and N the sums over the prompts."""
+    n = len(c)
+    if n < 2:
+        return 0, float("nan"), float("nan")
+    num, den, lim = _clipped(c, e, m)
+    raw_num, raw_den = c - e, m - e
+    clipped = int(((num != raw_num) | (den != raw_den)).sum())
+    big_n, big_d = num.sum(), den.sum()
+    f = big_n / big_d if big_d != 0 else float("nan")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loo = (big_n - num) / (big_d - den)
+    most = float(np.nanmax(np.abs(loo - f))) if np.isfinite(loo).any() else float("nan")
+    d_abs = np.sort(np.abs(raw_den))
+    upper = CLIP * float(d_abs[min(n // 2 + 1, n - 1)])
+    room = abs(big_d) - 2 * upper
+    bound = 2 * upper * (1 + abs(f)) / room if room > 0 else float("inf")
+    return clipped, most, bound
 
 
 def small_denominators(model: np.ndarray, empty: np.ndarray) -> int:
@@ -134,11 +186,13 @@ def point_stats(circuit: np.ndarray, empty: np.ndarray, model: np.ndarray,
     rom = float(_rom(circuit, empty, model))
     rom_b = _rom(circuit[boot], empty[boot], model[boot])
     rom_b = rom_b[np.isfinite(rom_b)]
+    clipped, most, bound = influence(circuit, empty, model)
     return PointStats(mean_ratio=mean, mean_ratio_se=se, ratio_of_means=rom,
                       ratio_of_means_se=float(rom_b.std(ddof=1)) if len(rom_b) > 1
                       else float("nan"),
                       median_ratio=float(np.median(r[ok])) if ok.any() else float("nan"),
-                      n=n, n_small=small_denominators(model, empty))
+                      n=n, n_small=small_denominators(model, empty), n_clipped=clipped,
+                      max_influence=most, influence_bound=bound)
 
 
 def areas(fractions: np.ndarray, curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

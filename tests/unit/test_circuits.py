@@ -437,3 +437,51 @@ def test_a_curve_with_no_defined_ratio_is_empty_and_silent():
         out = fa.area_stats(fractions, circuits, empty, model, fa.resamples(40, 0))
     assert out["mean_ratio"] == {"cpr": None, "cmd": None, "cpr_se": None, "cmd_se": None}
     assert out["ratio_of_means"]["cpr"] is None
+
+
+@pytest.mark.parametrize("kind", ["circuit value of 10", "NL denominator near 0"])
+def test_one_prompt_moves_the_headline_by_no_more_than_its_stated_bound(kind):
+    """Whatever one prompt's circuit value or its NL denominator, the headline (the ratio
+    of means, each prompt's terms clipped to three median denominators) moves by no more
+    than its stated bound, and the conditioning the report reads fires. Unclipped, the
+    same prompt moves it by far more (the control that the case is a hard one)."""
+    from reports.circuits import warnings
+
+    rng = np.random.default_rng(8)
+    n, vocab = 150, 30
+    answer = torch.as_tensor(rng.integers(10, 30, n + 1))
+    cf = torch.as_tensor(rng.integers(10, 30, n + 1))
+    runs = {}
+    for name, boost in (("model", 6.0), ("circuit", 4.0), ("empty", 0.5)):
+        x = torch.as_tensor(rng.standard_normal((n + 1, vocab))) + 20.0
+        x[torch.arange(n + 1), answer] += boost
+        runs[name] = x
+    if kind == "NL denominator near 0":  # the circuit's largest number logit near 0
+        runs["circuit"][n] -= runs["circuit"][n].max() - 1e-3
+        runs["circuit"][n, answer[n]] = 1e-3 - 2.0
+    nl = {k: faithfulness.prompt_metrics(v, answer, cf)[:, 0].copy() for k, v in runs.items()}
+    if kind == "circuit value of 10":
+        nl["circuit"][n] = 10.0
+    boot = faithfulness.resamples(n + 1, 0)
+    typical = faithfulness.point_stats(nl["circuit"][:n], nl["empty"][:n], nl["model"][:n],
+                                       faithfulness.resamples(n, 0))
+    got = faithfulness.point_stats(nl["circuit"], nl["empty"], nl["model"], boot)
+    moved = abs(got.ratio_of_means - typical.ratio_of_means)
+    assert moved <= got.influence_bound < 0.15, (moved, got.influence_bound)
+    assert got.n_clipped >= 1 and typical.n_clipped == 0
+    assert got.max_influence >= moved * 0.5
+    # unclipped, the ratio of means follows the one prompt
+    num = nl["circuit"] - nl["empty"]
+    raw = num.mean() / (nl["model"] - nl["empty"]).mean()
+    assert abs(raw - typical.ratio_of_means) > 3 * got.influence_bound
+    # the report's warnings read the point's conditioning
+    point = {"k": 1, "n": got.n, **got.as_dict(), "metric": "nl", "circuit": "ranked",
+             "mib": False}
+
+    class Data:
+        def curve(self, op, protocol, circuit, metric):
+            return [point] if (circuit, metric) == ("ranked", "nl") else []
+
+    said = warnings(Data(), {"op": "+", "protocol": "paper", "n_prompts": n + 1,
+                             "baselines": {}, "areas": {}})
+    assert any("clipped" in w and "at most" in w for w in said), said

@@ -64,7 +64,9 @@ def render() -> None:
                 rows.append({"circuit": circuit, "k": p["k"], "share": p["fraction"],
                              **{label: p[stat] for label, stat in STATS.items()},
                              "± SE (ratio of means)": p["ratio_of_means_se"],
-                             "median": p["median_ratio"], "small denominators": p["n_small"]})
+                             "median": p["median_ratio"], "small denominators": p["n_small"],
+                             "prompts clipped": p.get("n_clipped"),
+                             "one prompt moves it by at most": p.get("influence_bound")})
         st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                      key=f"points-{protocol}")
         areas = s["areas"]
