@@ -282,7 +282,9 @@ def neuron_ops(conn, model_id, checkpoint_id, config_id, layer, neuron) -> pd.Da
         "SELECT n.op, n.rank_value AS effect, n.is_exact, n.effect_trimmed, n.effect_median, "
         "n.effect_log, n.moved_share, n.effect_exact, n.effect_attr, n.rank, n.max_act, "
         "n.mean_act, n.density, n.constant, h.label AS best_heuristic, n.best_score, "
-        "n.best_bottom, n.labelled FROM neuron_op n "
+        "n.best_bottom, n.labelled, n.kv_fit_operands, n.kv_fit_joint, n.kv_fit_other, "
+        "n.kv_fit_other_op, n.kv_fit_joint - n.kv_fit_other AS kv_result_over_rival "
+        "FROM neuron_op n "
         "LEFT JOIN heuristic h ON h.id = n.best_heuristic_id WHERE n.model_id = :m "
         "AND n.checkpoint_id = :c AND n.config_id = :g AND n.layer = :l AND n.neuron = :n "
         "ORDER BY n.op", m=model_id, c=checkpoint_id, g=config_id, l=layer, n=neuron)

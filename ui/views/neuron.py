@@ -38,6 +38,11 @@ FACTS = [
     ("best_score", "best score", "share of its cells among the neuron's top-k cells"),
     ("best_bottom", "from the bottom cells", "yes: scored on the most negative cells"),
     ("labelled", "labelled", "yes: the best heuristic passes the label rule"),
+    ("kv_fit_operands", "operands explain (held out)", "R^2 of f(op1) + g(op2) on the KV map"),
+    ("kv_fit_joint", "with the result (held out)", "operands + this operator's result (R^2)"),
+    ("kv_fit_other_op", "best rival", "another op's result (order-free), max or min"),
+    ("kv_fit_other", "with the rival (held out)", "operands + the best rival (R^2)"),
+    ("kv_result_over_rival", "result over rival", "> 0: result fits better; else no result label"),
 ]
 
 
