@@ -50,7 +50,13 @@ from catalog.labels.fit_models import (
     levels,
     pair_folds,
 )
-from catalog.labels.rivals import FACTOR_BINS, axis_values, nested_levels, rival_axes
+from catalog.labels.rivals import (
+    FACTOR_BINS,
+    axis_values,
+    nested_levels,
+    rival_axes,
+    width_levels,
+)
 
 # the most cells x sets of an operator's own result sets kept for ``may_label`` (float64;
 # 16M: 128 MB): on larger grids the second pass looks at every map
@@ -276,12 +282,16 @@ class OperandFit:
         # products a fold never saw) and every rival axis as the same factors
         specs = {"operands": groups, "result": [levels(result)],
                  "joint": [*groups, levels(result)]}
+        specs["joint/width"] = [*groups, width_levels(result, FACTOR_BINS[-1])]
         for bins in FACTOR_BINS:
             specs[f"joint/{bins}"] = [*groups, levels(result, bins)]
             for name, values in axes.items():
                 specs[f"joint:{name}/{bins}"] = [*groups, levels(values, bins)]
-        # and each rival's residues: a family that predicts values no fold holds
+        # and each rival by equal-width bins of its values (smooth in the value where the
+        # values are spread unevenly, as products are) and by its residues: families
+        # that predict values no fold holds
         for name, values in axes.items():
+            specs[f"joint:{name}/width"] = [*groups, width_levels(values, FACTOR_BINS[-1])]
             for n in moduli:
                 specs[f"joint:{name}%{n}"] = [*groups, levels(np.where(values >= 0,
                                                                        values % n, -1))]
@@ -417,29 +427,31 @@ class OperandFit:
         return (torch.stack(lo).amax(0).cpu().numpy(), torch.stack(hi).amax(0).cpu().numpy(),
                 w_lo, w_hi)
 
-    def beyond_rivals(self, maps: torch.Tensor, heuristic, bottom: bool) -> np.ndarray:
-        """(maps,) whether ``heuristic``'s set explains each map beyond the operands AND
-        each rival axis (``catalog.labels.rivals``), as a p-value: the partial
-        regression's tests (``partial_tests``: classic and robust, the larger p-value;
-        one-sided, high on the set or, with ``bottom``, low) of the set with op1's,
-        op2's and the layout's effects and the axis's factor (``FACTOR_BINS[0]`` bins)
-        in the model (``nested_levels``), the largest over the axes. A map that is a
-        function of the rival
-        (max(op1, op2) on ``+``), or of both (the sum's parity is |op1 - op2|'s), leaves
-        the set nothing to explain."""
+    def beyond_rivals(self, maps: torch.Tensor, ni: np.ndarray, heuristics: list,
+                      si: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+        """Per row (``ni``: its map among ``maps``; ``si``: its heuristic among
+        ``heuristics``; ``bottom``: low on the set, else high), whether the heuristic's set
+        explains the map beyond the operands AND each rival axis (``catalog.labels.
+        rivals``), as a p-value: the partial regression's tests (``partial_tests``:
+        classic and robust, the larger p-value; one-sided on the row's side) of the set
+        with op1's, op2's and the layout's effects and the axis's factor in the model
+        (``nested_levels``), the largest over the axes. Each map's and set's residual is
+        taken once per axis. A map that is a function of the rival (min(op1, op2) on
+        ``+``), or of both (the sum's parity is |op1 - op2|'s), leaves the set nothing
+        to explain."""
         a, b, r = self.cells
-        member = torch.as_tensor(np.asarray(heuristic.contains(a, b, r), dtype=np.float64),
-                                 device=maps.device)[None]
+        dev = maps.device
+        sets = torch.as_tensor(np.stack([np.asarray(h.contains(a, b, r), dtype=np.float64)
+                                         for h in heuristics]), device=dev)
         y = maps.double()
-        p = np.zeros(len(maps))
-        sign = np.full(len(maps), -1.0 if bottom else 1.0)
-        rows = torch.arange(len(maps), device=maps.device)
-        zero = torch.zeros(len(maps), dtype=torch.long, device=maps.device)
+        p = np.zeros(len(ni))
+        sign = np.where(bottom, -1.0, 1.0)
+        ni_t, si_t = torch.as_tensor(ni, device=dev), torch.as_tensor(si, device=dev)
         for name in self.axes:
             proj = self._projection(name)
             df = max(self.n_cells - proj.rank - 1, 1)
-            got, _ = partial_tests(proj.residual(y), proj.residual(member), rows, zero,
-                                   sign, df)
+            got, _ = partial_tests(proj.residual(y), proj.residual(sets), ni_t, si_t, sign,
+                                   df)
             p = np.fmax(p, got)
         return p
 
@@ -488,7 +500,8 @@ class OperandFit:
         adj = {k: torch.cat(v).cpu().numpy() for k, v in cols.items()}
         out.operands, out.result = adj["operands"], adj["result"]
         # the own result and each rival as it predicts best: by value or by bins
-        out.joint = _best([adj["joint"], *(adj[f"joint/{b}"] for b in FACTOR_BINS)])
+        out.joint = _best([adj["joint"], adj["joint/width"],
+                           *(adj[f"joint/{b}"] for b in FACTOR_BINS)])
         out.rivals = {o: _best([adj[k] for k in keys if k.startswith(f"joint:{o}/")
                                 or k.startswith(f"joint:{o}%")]) for o in self.axes}
         out.other, out.other_op = out.best_rival()

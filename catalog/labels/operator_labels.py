@@ -311,16 +311,18 @@ def beaten(m: Matches, fit: OperandFit, kv: torch.Tensor, maps: np.ndarray,
         own = np.fmax(ex_kv.joint[where], fit.explain_set(y, m.heuristics[h]))
         won = rival_wins(own, ex_kv.other[where])
         lost[sel] = won[np.searchsorted(where, at[sel])]
-        for side in (False, True):
-            on = sel[m.bottom[rows[sel]] == side]
-            if len(on):
-                i = np.searchsorted(where, at[on])
-                p = fit.beyond_rivals(y[torch.as_tensor(i, device=y.device)],
-                                      m.heuristics[h], side)
-                lost[on] |= p > reach
-                m.p_value[rows[on]] = np.fmax(m.p_value[rows[on]], p)
         # what is stored: the own result as it predicts best, by any label that stands
         ex_kv.joint[where[~won]] = own[~won]
+    # the nested test of the rows the held-out comparison leaves, all at once
+    live = np.nonzero(~lost)[0]
+    if len(live):
+        where, ni = np.unique(at[live], return_inverse=True)
+        hs, si = np.unique(m.heuristic[rows[live]], return_inverse=True)
+        y = kv.index_select(0, torch.as_tensor(maps[where], device=kv.device))
+        p = fit.beyond_rivals(y, ni.reshape(-1), [m.heuristics[h] for h in hs],
+                              si.reshape(-1), m.bottom[rows[live]])
+        lost[live] |= p > reach
+        m.p_value[rows[live]] = np.fmax(m.p_value[rows[live]], p)
     m.implements[rows[lost]] = False
     return m
 

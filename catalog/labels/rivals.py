@@ -62,6 +62,19 @@ def nested_levels(values: np.ndarray) -> np.ndarray:
     return g
 
 
+def width_levels(values: np.ndarray, bins: int) -> np.ndarray:
+    """Each cell's bin of ``bins`` equal-width bins of the defined (non-negative) values; one
+    level of its own for the undefined ones."""
+    v = np.asarray(values, dtype=np.float64)
+    ok = v >= 0
+    out = np.full(len(v), bins, dtype=np.int64)
+    if ok.any():
+        lo, hi = v[ok].min(), v[ok].max()
+        span = max(hi - lo, 1e-12)
+        out[ok] = np.minimum(((v[ok] - lo) / span * bins).astype(np.int64), bins - 1)
+    return np.unique(out, return_inverse=True)[1].reshape(-1)
+
+
 def axis_values(name: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """One axis's value on each cell (int64; -1 where it is undefined)."""
     a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)

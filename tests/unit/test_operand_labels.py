@@ -157,7 +157,7 @@ def test_explanation_models_are_built_when_first_used_and_shared_between_fits():
     shared = {k for k in both if f_times.models[k] is f_plus.models[k]}
     # all but the own result's models (by value and by bins): the operands and the rival
     # axes both have (|op1 - op2|, max // min, max and min, with their residues)
-    own = {"result", "joint", *(f"joint/{b}" for b in FACTOR_BINS)}
+    own = {"result", "joint", "joint/width", *(f"joint/{b}" for b in FACTOR_BINS)}
     assert shared == both - own and len(shared) > 20
     fresh = {k: FoldModel.of(g, f_plus.folds, "cpu") for k, g in f_plus.specs.items()}
     got = held_out_all(fresh, torch.as_tensor(maps))
