@@ -15,7 +15,7 @@ tests of test_operand_labels)."""
 import numpy as np
 import pytest
 import torch
-from labelling import cells_of, labelled_with_fit, noise_maps, product_window_maps
+from labelling import cells_of, labelled_with_fit, noise_maps, product_window_maps, rival_maps
 
 from catalog.config import ScienceConfig
 from catalog.core.stats import wilson
@@ -24,36 +24,6 @@ from catalog.labels.operator_labels import operand_fit
 from catalog.labels.rivals import axis_values, rival_axes
 
 N = 40  # maps per family and grid
-
-
-def _z(x: np.ndarray) -> np.ndarray:
-    return (x - x.mean()) / x.std()
-
-
-def rival_maps(cells, n: int, rng) -> dict[str, np.ndarray]:
-    """Maps that follow an interaction of the operands that is not this operator's result
-    (each z-scored, noise of 0.3)."""
-    a, b = cells.a.astype(float), cells.b.astype(float)
-    hi, lo = np.maximum(cells.a, cells.b), np.minimum(cells.a, cells.b)
-    p = a * b
-    out = {"max": _z(hi.astype(float)), "min": _z(lo.astype(float)),
-           "|op1 - op2|": _z(np.abs(a - b))}
-    if cells.op != "*":  # on * these ARE functions of the result
-        out["sqrt(op1 * op2)"] = _z(np.sqrt(p))
-        c = np.quantile(p, rng.uniform(0.3, 0.9, n))[:, None]
-        w = rng.uniform(0.05, 0.2, n)[:, None] * p.max()
-        out["smooth bump of op1 * op2"] = np.exp(-((p[None] - c) / w) ** 2) / 0.5
-    else:
-        out["parity XOR"] = ((cells.a % 2) ^ (cells.b % 2)).astype(float)
-    out["random f(max)"] = rng.standard_normal((n, cells.hi))[:, hi]
-    out["random f(min)"] = rng.standard_normal((n, cells.hi))[:, lo]
-    d = np.abs(cells.a - cells.b)
-    t = rng.integers(2, cells.hi // 2, n)[:, None]
-    out["window of |op1 - op2|"] = ((d[None] >= t) & (d[None] < 2 * t)).astype(float)
-    q = axis_values("max // min", cells.a, cells.b)
-    out["step of max // min"] = (q[None] >= rng.integers(2, 4, n)[:, None]).astype(float)
-    return {k: np.broadcast_to(v, (n, len(a))) + noise_maps(cells, n, rng)
-            for k, v in out.items()}
 
 
 def _result_labelled(op, cells, maps):
