@@ -41,8 +41,11 @@ def beside_paper(pooled: list[dict], pct: str) -> list[str]:
             "this rule needs a p-value against relabelled values at a family-wise corrected "
             "level, and a result label must also explain the map beyond both operands' "
             "additive effects and the prompt's token layout, on the activation too, and "
-            "better than any other operator's result. The random set's share is the base "
-            "rate a count without such tests would carry.",
+            "beat every rival that is not the result (another operator's result, max or "
+            "min of the operands), held out and beyond each: a map that is a function of "
+            "both the result and a rival (the sum's parity is |op1 - op2|'s) is a tie and "
+            "keeps no result label. The random set's share is the base rate a count "
+            "without such tests would carry.",
             f"- The paper's top set is 200 neurons per layer of Llama3-8B (about 1.4% of a "
             f"14,336-wide MLP) over all four operators and operands up to 300; here it is "
             f"the {pct} of each measured layer, on this run's operators and grid."]

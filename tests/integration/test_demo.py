@@ -37,6 +37,10 @@ def test_demo_catalogs_every_checkpoint_then_reuses_everything(db, redis_url, ti
         assert one("SELECT max(share) FROM checkpoint_overlap") == 1
         assert one("SELECT count(*) FROM heuristic_census") > 0
         assert one("SELECT count(*) FROM heuristic_emergence") > 0
+        # issue 78: a result label and the comparison stored beside it never disagree
+        assert one("SELECT count(*) FROM map_explanation") > 0
+        assert one("SELECT count(*) FROM map_explanation WHERE result_label "
+                   "AND best_explanation = 'rival'") == 0
     t0 = time.perf_counter()
     again = catalog_all(model_name(TINY), config, progress=False)
     assert again["jobs"] == len(steps) and time.perf_counter() - t0 < 15
