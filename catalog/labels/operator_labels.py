@@ -302,12 +302,15 @@ def beaten(m: Matches, fit: OperandFit, kv: torch.Tensor, maps: np.ndarray,
         return m
     at = np.searchsorted(maps, m.neuron[rows])
     assert np.all(maps[at] == m.neuron[rows]), "a map with a result label was not explained"
-    lost = np.zeros(len(rows), dtype=bool)
-    for h in np.unique(m.heuristic[rows]):
-        sel = np.nonzero(m.heuristic[rows] == h)[0]
+    # the own result's factor already predicts most maps better than their best rival;
+    # the label's set (one column: it predicts result values no fold held, as the
+    # factor of *'s many products does not) is fit only where it does not
+    doubt = rival_wins(ex_kv.joint, ex_kv.other)
+    lost = doubt[at]
+    for h in np.unique(m.heuristic[rows[lost]]):
+        sel = np.nonzero((m.heuristic[rows] == h) & lost)[0]
         where = np.unique(at[sel])
         y = kv.index_select(0, torch.as_tensor(maps[where], device=kv.device))
-        # the own result as it predicts best: its factor (``joint``) or the label's set
         own = np.fmax(ex_kv.joint[where], fit.explain_set(y, m.heuristics[h]))
         won = rival_wins(own, ex_kv.other[where])
         lost[sel] = won[np.searchsorted(where, at[sel])]
