@@ -40,7 +40,8 @@ SIGMAS = (0.25, 0.3, 0.5, 0.6, 1.0, 1.5, 2.0)
 def main() -> None:  # noqa: C901
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--maps", type=int, default=60)
-    parser.add_argument("--part", choices=("all", "recall", "false"), default="all")
+    parser.add_argument("--part", choices=("all", "recall", "false", "comparison"),
+                        default="all")
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--record-to", default="cpu_label_power.json")
     args = parser.parse_args()
@@ -129,8 +130,13 @@ def main() -> None:  # noqa: C901
                    **rates(op, cells, maps)}
             false.append(row)
             print(row, flush=True)
+    comparison = []
+    for op, hi in grids if args.part in ("all", "comparison") else []:
+        comparison.append(_comparison(op, hi, n))
+        print(comparison[-1], flush=True)
     out = {"maps_per_point": n, "sigmas": SIGMAS, "level": 0.05, "recall": recall,
-           "false_labels": false, "seconds": round(time.perf_counter() - t0, 1),
+           "false_labels": false, "comparison": comparison,
+           "seconds": round(time.perf_counter() - t0, 1),
            "config": dataclasses.asdict(ScienceConfig())["label_rule"]}
     import subprocess
     out["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
@@ -140,6 +146,33 @@ def main() -> None:  # noqa: C901
         path = ROOT / "bench" / "recorded" / args.record_to
         path.write_text(json.dumps(out, indent=1) + "\n")
         print(f"recorded {path.relative_to(ROOT)}")
+
+
+def _comparison(op: str, hi: int, n: int) -> dict:
+    """Windows of another operator's result (op1 * op2 on + prompts, op1 + op2 on *): the
+    share of maps whose stored comparison names that operator's result as the best rival,
+    and the share where it predicts the map better than this operator's result."""
+    import torch
+    from labelling import cells_of, noise_maps, product_window_maps
+
+    from catalog.config import ScienceConfig
+    from catalog.labels.operator_labels import operand_fit
+
+    cells = cells_of(op, hi)
+    rng = np.random.default_rng([hi, ord(op), 5])
+    if op == "+":
+        maps, want = product_window_maps(cells, n, rng), "op1 * op2"
+    else:
+        s = (cells.a + cells.b).astype(float)
+        q = np.quantile(s, rng.uniform(0.2, 0.8, n))[:, None]
+        w = rng.uniform(0.1, 0.3, n)[:, None] * s.max()
+        maps = ((s[None] >= q) & (s[None] < q + w)) + noise_maps(cells, n, rng)
+        want = "op1 + op2"
+    fit = operand_fit(ScienceConfig(operand_hi=hi), cells)
+    ex = fit.explain(torch.as_tensor(maps))
+    return {"op": op, "hi": hi, "windows_of": want, "n": n,
+            "named": float((ex.other_op == want).mean()),
+            "better": float(((ex.other_op == want) & (ex.other > ex.joint)).mean())}
 
 
 if __name__ == "__main__":

@@ -101,8 +101,91 @@ def qwen(name: str = "cpu_qwen2.5_label_mechanism.json") -> list[str]:
     return out
 
 
+def rivals() -> list[str]:
+    """Catalog 0.11.0's tables (docs/labels.md): the rival maps' false labels under the
+    three rules, recall under 0.10.0 and 0.11.0, the stored comparison of windows of
+    another operator's result, and Qwen2.5-Coder-0.5B's enrichment under both."""
+    new = json.loads((RECORDED / "cpu_label_power_rivals.json").read_text())
+    old = json.loads((RECORDED / "cpu_label_power_0.10.0.json").read_text())
+    old_false = {(r["op"], r["hi"], r["maps"]): r for r in old["false_labels"]}
+    out = ["False labels on maps that follow an interaction of the operands (not the "
+           "operator's result), the share given a result label (any label in brackets), "
+           f"{new['maps_per_point']} maps per row ([0, 100): 20), Wilson 95% intervals:", "",
+           "| op | grid | maps | before 0.10.0 | 0.10.0 | 0.11.0 |", "|---|---|---|---|---|---|"]
+    pooled: dict[str, list[int]] = {}
+    for r in new["false_labels"]:
+        if not r["maps"].startswith("rival: "):
+            continue
+        o = old_false.get((r["op"], r["hi"], r["maps"]), {}).get("after")
+        b, a = r["before"], r["after"]
+        ten = f"{rate(o['result'], r['n'])} (any {o['any']:.2f})" if o else "n/a"
+        out.append(f"| `{r['op']}` | [0, {r['hi']}) | {r['maps'][7:]} | "
+                   f"{rate(b['result'], r['n'])} (any {b['any']:.2f}) | {ten} | "
+                   f"{rate(a['result'], r['n'])} (any {a['any']:.2f}) |")
+        got = pooled.setdefault(f"`{r['op']}` [0, {r['hi']})", [0, 0])
+        got[0] += round(a["result"] * r["n"])
+        got[1] += r["n"]
+    k = sum(v[0] for v in pooled.values())
+    n = sum(v[1] for v in pooled.values())
+    out += ["", "Pooled under 0.11.0: " + "; ".join(f"{g} {rate(v[0] / v[1], v[1])}"
+                                                     for g, v in pooled.items())
+            + f"; all {rate(k / n, n)}.", ""]
+    sig = [f"sigma={x}" for x in new["sigmas"]]
+    old_recall = {(r["op"], r["heuristic"], r["mixed_operands"]): r for r in old["recall"]}
+    out += ["Recall: planted sets plus Gaussian noise of standard deviation sigma (signal to "
+            "noise 1 / sigma), the share labelled with the planted heuristic, 0.10.0 / "
+            "0.11.0 on the same maps:", "",
+            "| op | grid | heuristic | " + " | ".join(x.replace("sigma=", "sigma ")
+                                                      for x in sig) + " |",
+            "|---|---|---|" + "---|" * len(sig)]
+    for r in new["recall"]:
+        o = old_recall[(r["op"], r["heuristic"], r["mixed_operands"])]
+        name = r["heuristic"] + (", mixed" if r["mixed_operands"] else "")
+        out.append(f"| `{r['op']}` | [0, {r['hi']}) | {name} | " + " | ".join(
+            f"{o[x]['after']:.2f} / {r[x]['after']:.2f}" for x in sig) + " |")
+    cmp_ = json.loads((RECORDED / "cpu_label_comparison.json").read_text())["comparison"]
+    out += ["", "Windows of another operator's result: the share of maps whose stored "
+            "comparison names that result as the best rival, and finds it better than this "
+            "operator's own (held out):", "",
+            "| op | grid | windows of | named | better |", "|---|---|---|---|---|"]
+    for r in cmp_:
+        out.append(f"| `{r['op']}` | [0, {r['hi']}) | {r['windows_of']} | "
+                   f"{rate(r['named'], r['n'])} | {rate(r['better'], r['n'])} |")
+    ten = json.loads((RECORDED / "cpu_qwen2.5_label_mechanism.json").read_text())
+    elf = json.loads((RECORDED / "cpu_qwen2.5_label_rivals.json").read_text())
+    out += ["", "Qwen2.5-Coder-0.5B, `+` on [0, 30), 3 shots, layers 12-23, top 5% of each "
+            "layer against as many random neurons of the same layers (n = 2,928 each):", "",
+            "| labels | rule | top set | random set | whole layers | top - random | p |",
+            "|---|---|---|---|---|---|---|"]
+    for fam in ("any", "result target", "operand target", "range", "modulo"):
+        for rule, d in (("0.10.0", ten), ("0.11.0", elf)):
+            r = next(x for x in d["pooled"]["new"] if x["family"] == fam)
+            lo, hi = r["ci_difference"]
+            out.append(f"| {fam} | {rule} | {share(r['labelled_top'], r['n_top'])} | "
+                       f"{share(r['labelled_random'], r['n_random'])} | "
+                       f"{share(r['labelled_layer'], r['n_layer'])} | "
+                       f"{r['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+                       f"{r['fisher_p']:.2g} |")
+    mv, ag = elf["old_result_labels_moved"], elf["new_rule_label_agrees_with_stored_comparison"]
+    n = mv["old_result"]
+    out += ["", f"Of the {n:,} result labels before 0.10.0, under 0.11.0 "
+            f"{share(mv['keeps_result'], n)} keep a result label (0.10.0: "
+            f"{share(ten['old_result_labels_moved']['keeps_result'], n)}), "
+            f"{share(mv['none'], n)} lose every label. The label agrees with the stored "
+            f"comparison on {share(ag['agree'], ag['labelled'])} maps with a result label."]
+    c = elf["controls_new_rule"]
+    out += ["", f"Controls under 0.11.0: relabelled values {share(c['labelled'], c['n'])}; "
+            f"token-format maps {share(c['format_result'], c['format_n'])} with a result "
+            "label."]
+    return out
+
+
 if __name__ == "__main__":
     import sys
 
-    # a file under bench/recorded: that Qwen run's tables alone (the whole model's, say)
-    print("\n".join(qwen(sys.argv[1]) if len(sys.argv) > 1 else power() + [""] + qwen()))
+    # a file under bench/recorded: that Qwen run's tables alone (the whole model's, say);
+    # "rivals": catalog 0.11.0's tables
+    if len(sys.argv) > 1 and sys.argv[1] == "rivals":
+        print("\n".join(rivals()))
+    else:
+        print("\n".join(qwen(sys.argv[1]) if len(sys.argv) > 1 else power() + [""] + qwen()))
