@@ -1,4 +1,5 @@
-"""``ncat explain``: one prompt of one checkpoint, explained (catalog.explain.prompt)."""
+"""``ncat explain``: prompts of one checkpoint, explained (catalog.explain.prompt); several
+prompts (arguments, or a file with one per line) share one model load."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ def add_commands(sub) -> None:
     s = sub.add_parser("explain", help="which neurons and heads carry one prompt's answer, "
                                        "with their labels where the checkpoint is catalogued")
     s.add_argument("model", help=MODEL_HELP)
-    s.add_argument("prompt", help="the arithmetic, e.g. '21+17=' (written under the config's "
-                                  "template and few-shot prefix, as the catalog measures it)")
+    s.add_argument("prompt", nargs="*",
+                   help="the arithmetic, e.g. '21+17=' (written under the config's template "
+                        "and few-shot prefix, as the catalog measures it); several share "
+                        "one model load")
+    s.add_argument("--prompts-file", default=None,
+                   help="a file with one prompt per line (blank lines and lines starting "
+                        "with # skipped), explained after the prompts given as arguments")
     s.add_argument("--checkpoint", type=int, default=None, help="training step")
     s.add_argument("--json", action="store_true", help="the explanation as JSON")
     s.add_argument("--top", type=int, default=10, help="neurons shown each way (default 10)")
@@ -70,6 +76,23 @@ def _store(args, lm, config, explanation: dict) -> str:
             f"config {ids.config_id})")
 
 
+def prompts_of(args) -> list[str]:
+    """The prompts asked for: the arguments, then the file's lines (ValueError naming
+    what is missing)."""
+    out = list(args.prompt)
+    if args.prompts_file:
+        from pathlib import Path
+
+        path = Path(args.prompts_file)
+        if not path.is_file():
+            raise ValueError(f"--prompts-file {args.prompts_file}: no such file")
+        out += [x.strip() for x in path.read_text().splitlines()
+                if x.strip() and not x.strip().startswith("#")]
+    if not out:
+        raise ValueError("no prompt given: name one (e.g. '21+17=') or --prompts-file")
+    return out
+
+
 def cmd_explain(args) -> int:
     from catalog.explain.holds import catalog_context
     from catalog.explain.prompt import PromptError, explain, parse
@@ -79,23 +102,35 @@ def cmd_explain(args) -> int:
         return fail("--top must be at least 1 and --seeds at least 0")
     try:
         config = science_from(args)
-        _, op, _ = parse(args.prompt, config)
+        prompts = prompts_of(args)
+        ops = {}
+        for prompt in prompts:  # every prompt checked before the model loads
+            try:
+                ops[prompt] = parse(prompt, config)[1]
+            except PromptError as exc:
+                raise PromptError(f"{exc}" if len(prompts) == 1 else f"{prompt!r}: {exc}") \
+                    from None
         lm = load_model(args.model, args.checkpoint, dtype=config.torch_dtype(),
                         progress=not args.quiet)
-        labels, got, note = _labels(args, lm, config, op)
-        e = explain(lm.model, lm.tokenizer, args.prompt, config, labels=labels,
-                    top=args.top, seeds=args.seeds, ranking=args.ranking,
-                    **catalog_context(got, lm.model, config))
+        labelled = {}  # the catalog's labels, read once per operator
+        for prompt in prompts:
+            op = ops[prompt]
+            if op not in labelled:
+                labelled[op] = _labels(args, lm, config, op)
+            labels, got, note = labelled[op]
+            e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels,
+                        top=args.top, seeds=args.seeds, ranking=args.ranking,
+                        **catalog_context(got, lm.model, config))
+            if args.store:
+                note = f"{note}; stored as {_store(args, lm, config, e.to_dict())}"
+            if args.json:  # one JSON object per prompt, one per line
+                print(json.dumps({"model": lm.info.name, "checkpoint": lm.info.checkpoint,
+                                  "labels": note, **e.to_dict()}, default=float))
+            else:
+                print(render(e, f"{lm.info.name} step {lm.info.checkpoint}", note)
+                      + ("\n" if len(prompts) > 1 else ""))
     except (PromptError, ModelSourceError, ValueError) as exc:
         return fail(str(exc))
-    if args.store:
-        where = _store(args, lm, config, e.to_dict())
-        note += f"; stored as {where}"
-    if args.json:
-        print(json.dumps({"model": lm.info.name, "checkpoint": lm.info.checkpoint,
-                          "labels": note, **e.to_dict()}, default=float))
-    else:
-        print(render(e, f"{lm.info.name} step {lm.info.checkpoint}", note))
     return 0
 
 

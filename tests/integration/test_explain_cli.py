@@ -93,6 +93,39 @@ def test_the_command_prints_the_decomposition_as_json(capsys, seeded):
     assert d["toward"] and all(r["contribution"] > 0 for r in d["toward"])
 
 
+@pytest.mark.slow
+def test_several_prompts_share_one_model_load(capsys, monkeypatch, tmp_path, seeded):
+    """Prompts as arguments and from a file (comments and blank lines skipped) are
+    explained after one model load, one JSON object per line, each equal to the
+    explanation of the same prompt asked alone; a bad prompt among them is refused
+    before the model loads, named."""
+    from catalog import builtin, sources
+
+    builtin.train(builtin.TrainConfig(), progress=False)  # the default model (cached)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return load_model(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "load_model", counting)
+    listed = tmp_path / "prompts.txt"
+    listed.write_text("# two more\n3+4=\n\n9*9=\n")
+    flags = ["--hi", "100", "--json", "--quiet", "--seeds", "0", "--database-url", seeded]
+    assert main(["explain", "builtin", "21+17=", "--prompts-file", str(listed), *flags]) == 0
+    got = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.strip()]
+    assert [d["prompt"] for d in got] == ["21+17=", "3+4=", "9*9="] and len(calls) == 1
+    assert [d["result"] for d in got] == [38, 7, 81]
+    assert main(["explain", "builtin", "3+4=", *flags]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["target"] == got[1]["target"] and alone["toward"] == got[1]["toward"]
+    calls.clear()
+    assert main(["explain", "builtin", "3+4=", "what is 2+2", *flags]) == 2
+    assert "'what is 2+2'" in capsys.readouterr().err and not calls
+    assert main(["explain", "builtin", "--quiet"]) == 2
+    assert "no prompt given" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("prompt, message", [("what is 2+2", "not an arithmetic prompt"),
                                              ("350+3=", "range \\[0, 300\\)")])
 def test_a_bad_prompt_exits_2_with_the_reason(capsys, prompt, message):
