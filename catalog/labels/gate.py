@@ -63,7 +63,8 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     raised to its tests beyond f(op1) + g(op2) on the KV map (one-sided, the side scored)
     and on the K map (two-sided: the activation must carry the set, not only the lens;
     ``partial_p``), and keeps its label only where that p-value is at most
-    ``reach`` (the corrected level) and no other operator's result set explains the KV
+    ``reach`` (the corrected level) and no rival's set or window
+    (``catalog.labels.rivals``) explains the KV
     map beyond the operands by more than ``RIVAL_MARGIN`` over the label's own set
     (``OperandFit.rival_beyond``: one set against one set, so a factor with many levels
     gains nothing; a set that both operators' results name, parity under + and -, ties
