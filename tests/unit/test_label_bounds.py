@@ -141,7 +141,7 @@ def test_each_held_map_is_scanned_once(monkeypatch):
     (``rival_bounds``; to float64 rounding across blocks of other sizes), taken the first
     time they are asked for; asked again (the second pass's screen, its gate) nothing is
     scanned and the same values come back; the own operator's window alone first, then
-    all four, scans every map for the other operators."""
+    all, scans every map for every rival axis."""
     cells = cells_of("+", 30)
     maps = torch.from_numpy(_maps("+", 30))
     fit = ol.operand_fit(ScienceConfig(operand_hi=30, significance_level=LEVEL), cells)
@@ -167,7 +167,8 @@ def test_each_held_map_is_scanned_once(monkeypatch):
         want = fit.rival_bounds(r_all)
         scanned.clear()
         got = fit.held_bounds(maps, every, r_all)
-        assert scanned == [len(maps)] * 4  # every map lacked the other operators' bounds
+        # every map lacked the rivals' bounds: one scan per rival axis and its own
+        assert scanned == [len(maps)] * len(fit.scans) and len(fit.scans) == 6
         for a, b in zip(got, want, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
         scanned.clear()

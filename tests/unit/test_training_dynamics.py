@@ -26,8 +26,13 @@ from catalog.core.dynamics import birth_step, seed_orders, sign_test
 from catalog.run.checkpoint import CheckpointRun
 from catalog.sources import load_model
 
+# labels of the rule before 0.10.0 (result_beyond_operands off): these tests are of the
+# births and the summary's shares, not of the label rule, and the tiny model's last layer
+# keeps 6 labelled neurons for `+` under catalog 0.11.0 (most of its result labels are
+# parity, a tie with |op1 - op2|, or follow max / min), fewer than the 16 the birth test
+# needs to tell a group from 0
 CONFIG = ScienceConfig(operators=("+",), operand_hi=20, faithfulness_prompts=40,
-                       faithfulness_seeds=2, spectra=False)
+                       faithfulness_seeds=2, spectra=False, result_beyond_operands=False)
 
 
 @pytest.fixture(scope="module")
