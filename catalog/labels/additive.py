@@ -306,3 +306,27 @@ def with_set(r_y: torch.Tensor, r_s: torch.Tensor, ss: torch.Tensor,
     of the band too (its top cells sink into the noise); this leaves the band whole."""
     beta = (r_y * r_s).sum(1) / ss.clamp(min=1e-300)
     return r_y + beta[:, None] * (s - r_s)
+
+
+def screen_t_test(r: torch.Tensor, sets32: torch.Tensor, sets_ss: torch.Tensor, df: int,
+                  t2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second pass's screen of residual maps ``r`` (float64) against residual sets
+    ``sets32`` (float32; ``sets_ss``: their float64 sums of squares): (at least what each
+    set explains of each map, whether the classic test may pass). The test passes where
+    dot^2 (df + t^2) >= t^2 |r|^2 |s|^2 (dot = r . s); here the products run in float32,
+    |dot| raised and |r|^2 lowered by their largest error (``_float32_slack``), so that no
+    pair the float64 test passes is screened out."""
+    slack = _float32_slack(r.shape[1])
+    r32 = r.float()
+    rr = (r32 * r32).sum(1, keepdim=True).double()
+    dot = (r32 @ sets32.T).double().abs()
+    dot = dot + slack * torch.sqrt(rr * (1 + slack) * sets_ss)
+    return dot * dot / sets_ss, dot * dot * (df + t2) >= t2 * rr * (1 - slack) * sets_ss
+
+
+def _float32_slack(n_cells: int) -> float:
+    """A bound on the relative error of float32 dot products and sums of squares over
+    ``n_cells`` float64 values rounded to float32: |fl(r . s) - r . s| <= slack |r| |s|
+    whatever the order of summation ((n + 2) u / (1 - (n + 2) u), u = 2^-24, doubled)."""
+    nu = (n_cells + 2) * 2.0 ** -24
+    return 2 * nu / max(1 - nu, 1e-3)

@@ -37,11 +37,10 @@ from catalog.labels.additive import (
     AdditiveOperands,
     WindowScan,
     operand_groups,
-    partial_tests,
+    screen_t_test,
 )
 from catalog.labels.fit_models import (
     TSS,
-    Design,
     Explanations,
     FoldModel,
     fold_model,
@@ -52,8 +51,6 @@ from catalog.labels.fit_models import (
 )
 from catalog.labels.rivals import (
     FACTOR_BINS,
-    axis_values,
-    nested_levels,
     rival_axes,
     width_levels,
 )
@@ -79,28 +76,6 @@ def labelable_fits(n_sets: int, n_cells: int) -> bool:
     """Whether ``n_sets`` result sets over ``n_cells`` cells are kept for the second
     pass's screen (``OperandFit.labelable``), under ``LABELABLE_LIMIT``."""
     return n_sets * n_cells <= LABELABLE_LIMIT
-
-
-@dataclass
-class AxisProjection:
-    """The least-squares fit to maps of one-hot groupings of the cells (the operands and
-    a rival axis's factor): the design and the pseudo-inverse of its normal equations."""
-
-    design: Design
-    pinv: torch.Tensor
-    rank: int
-
-    @classmethod
-    def of(cls, groups: list[np.ndarray], device) -> AxisProjection:
-        design = Design(groups, device)
-        rank = int(np.linalg.matrix_rank(design.xtx, hermitian=True))
-        pinv = torch.as_tensor(np.linalg.pinv(design.xtx, hermitian=True), device=device)
-        return cls(design, pinv, rank)
-
-    def residual(self, maps: torch.Tensor) -> torch.Tensor:
-        """(n, cells) float64: each map less its fit."""
-        y = maps.double()
-        return y - self.design.on_cells(self.design.sums(y) @ self.pinv, self.design.width)
 
 
 @dataclass
@@ -146,7 +121,8 @@ class OperandFit:
     # taken; ``held_bounds``)
     _held: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
     _models: dict[str, FoldModel] = field(default_factory=dict)
-    _projections: dict[str, AxisProjection] = field(default_factory=dict)
+    # each rival axis's fit with the operands (``rival_rule.projection``), built once
+    _projections: dict = field(default_factory=dict)
 
     @property
     def models(self) -> dict[str, FoldModel]:
@@ -427,58 +403,6 @@ class OperandFit:
         return (torch.stack(lo).amax(0).cpu().numpy(), torch.stack(hi).amax(0).cpu().numpy(),
                 w_lo, w_hi)
 
-    def beyond_rivals(self, maps: torch.Tensor, ni: np.ndarray, heuristics: list,
-                      si: np.ndarray, bottom: np.ndarray) -> np.ndarray:
-        """Per row (``ni``: its map among ``maps``; ``si``: its heuristic among
-        ``heuristics``; ``bottom``: low on the set, else high), whether the heuristic's set
-        explains the map beyond the operands AND each rival axis (``catalog.labels.
-        rivals``), as a p-value: the partial regression's tests (``partial_tests``:
-        classic and robust, the larger p-value; one-sided on the row's side) of the set
-        with op1's, op2's and the layout's effects and the axis's factor in the model
-        (``nested_levels``), the largest over the axes. Each map's and set's residual is
-        taken once per axis. A map that is a function of the rival (min(op1, op2) on
-        ``+``), or of both (the sum's parity is |op1 - op2|'s), leaves the set nothing
-        to explain."""
-        a, b, r = self.cells
-        dev = maps.device
-        sets = torch.as_tensor(np.stack([np.asarray(h.contains(a, b, r), dtype=np.float64)
-                                         for h in heuristics]), device=dev)
-        y = maps.double()
-        p = np.zeros(len(ni))
-        sign = np.where(bottom, -1.0, 1.0)
-        ni_t, si_t = torch.as_tensor(ni, device=dev), torch.as_tensor(si, device=dev)
-        for name in self.axes:
-            proj = self._projection(name)
-            df = max(self.n_cells - proj.rank - 1, 1)
-            got, _ = partial_tests(proj.residual(y), proj.residual(sets), ni_t, si_t, sign,
-                                   df)
-            p = np.fmax(p, got)
-        return p
-
-    def _projection(self, name: str) -> AxisProjection:
-        """The least-squares fit of the operands with rival axis ``name``'s factor,
-        built once per axis."""
-        if name not in self._projections:
-            a, b, _ = self.cells
-            groups = [*self.specs["operands"], nested_levels(axis_values(name, a, b))]
-            self._projections[name] = AxisProjection.of(groups, self.device)
-        return self._projections[name]
-
-    def explain_set(self, maps: torch.Tensor, heuristic) -> np.ndarray:
-        """(maps,) the held-out R^2 of the operands with ``heuristic``'s set (one column:
-        it predicts a result value no training fold holds as well as any other; the
-        own result's factor does not, on ``*``'s many products), as ``explain`` judges
-        every explanation."""
-        a, b, r = self.cells
-        member = np.asarray(heuristic.contains(a, b, r), dtype=np.int64)
-        model = fold_model([*self.specs["operands"], member], self.folds, self.device)
-        out = []
-        step = max(BLOCK, EXPLAIN_VALUES // max(self.n_cells, 1))
-        for s in range(0, len(maps), step):
-            got = held_out_all({"set": model}, maps[s:s + step])
-            out.append(held_out_r2(got["set"], got[TSS]))
-        return torch.cat(out).cpu().numpy() if out else np.zeros(0)
-
     def explain(self, maps: torch.Tensor) -> Explanations:
         """The held-out R^2 of every explanation of each map: each model fit on four
         fifths of the cells and judged on the fifth it did not see (``pair_folds``), so a
@@ -514,27 +438,3 @@ def _best(r2: list[np.ndarray]) -> np.ndarray:
     stack = np.stack([np.nan_to_num(x, nan=-np.inf) for x in r2])
     best = stack.max(0)
     return np.where(np.isinf(best), np.nan, best)
-
-
-def screen_t_test(r: torch.Tensor, sets32: torch.Tensor, sets_ss: torch.Tensor, df: int,
-                  t2: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The second pass's screen of residual maps ``r`` (float64) against residual sets
-    ``sets32`` (float32; ``sets_ss``: their float64 sums of squares): (at least what each
-    set explains of each map, whether the classic test may pass). The test passes where
-    dot^2 (df + t^2) >= t^2 |r|^2 |s|^2 (dot = r . s); here the products run in float32,
-    |dot| raised and |r|^2 lowered by their largest error (``_float32_slack``), so that no
-    pair the float64 test passes is screened out."""
-    slack = _float32_slack(r.shape[1])
-    r32 = r.float()
-    rr = (r32 * r32).sum(1, keepdim=True).double()
-    dot = (r32 @ sets32.T).double().abs()
-    dot = dot + slack * torch.sqrt(rr * (1 + slack) * sets_ss)
-    return dot * dot / sets_ss, dot * dot * (df + t2) >= t2 * rr * (1 - slack) * sets_ss
-
-
-def _float32_slack(n_cells: int) -> float:
-    """A bound on the relative error of float32 dot products and sums of squares over
-    ``n_cells`` float64 values rounded to float32: |fl(r . s) - r . s| <= slack |r| |s|
-    whatever the order of summation ((n + 2) u / (1 - (n + 2) u), u = 2^-24, doubled)."""
-    nu = (n_cells + 2) * 2.0 ** -24
-    return 2 * nu / max(1 - nu, 1e-3)

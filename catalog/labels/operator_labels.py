@@ -54,6 +54,7 @@ from catalog.labels.operand_fit import (
     OperandFit,
     labelable_fits,
 )
+from catalog.labels.rival_rule import beaten
 from catalog.labels.rivals import AXIS_OP, rival_axes
 
 
@@ -276,66 +277,6 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
         labelled, ex_k, ex_kv = np.zeros(0, np.int64), Explanations.empty(), Explanations.empty()
     # a row the gate unlabels is kept only where it is among its family's best
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
-
-
-def beaten(m: Matches, fit: OperandFit, kv: torch.Tensor, maps: np.ndarray,
-           ex_kv: Explanations, reach: float) -> Matches:
-    """``m`` with no result label that a rival explains as well (steps 5 and 6 of the
-    module doc), on the KV map:
-
-    - held out: a rival with the operands (``Explanations.rivals``: another operator's
-      result or an interaction of the operands, each a factor of its values by bins and
-      by residues, so that it predicts values no training fold held) predicts the map
-      better than the own result with the operands (``joint``: its factor by value or by
-      bins, or the label's set, ``OperandFit.explain_set``; ``rival_wins``);
-    - nested: the label's set explains the map beyond the operands AND each rival axis's
-      factor no better than chance at ``reach`` (``OperandFit.beyond_rivals``; the row's
-      p-value is raised to it). A map that is a function of the rival on these cells
-      (min(op1, op2) on ``+``), or of both (the sum's parity is |op1 - op2|'s), leaves
-      the set nothing: a tie names neither.
-
-    ``maps``: the maps ``ex_kv`` explains (indices, sorted); their ``joint`` becomes the
-    own result as it predicts best by any label that stands, which is what is stored:
-    the label and the comparison stored beside it never disagree."""
-    rows = np.nonzero(m.implements & _result_rows(m))[0]
-    if not len(maps) or not len(rows):
-        return m
-    at = np.searchsorted(maps, m.neuron[rows])
-    assert np.all(maps[at] == m.neuron[rows]), "a map with a result label was not explained"
-    # the own result's factor already predicts most maps better than their best rival;
-    # the label's set (one column: it predicts result values no fold held, as the
-    # factor of *'s many products does not) is fit only where it does not
-    doubt = rival_wins(ex_kv.joint, ex_kv.other)
-    lost = doubt[at]
-    for h in np.unique(m.heuristic[rows[lost]]):
-        sel = np.nonzero((m.heuristic[rows] == h) & lost)[0]
-        where = np.unique(at[sel])
-        y = kv.index_select(0, torch.as_tensor(maps[where], device=kv.device))
-        own = np.fmax(ex_kv.joint[where], fit.explain_set(y, m.heuristics[h]))
-        won = rival_wins(own, ex_kv.other[where])
-        lost[sel] = won[np.searchsorted(where, at[sel])]
-        # what is stored: the own result as it predicts best, by any label that stands
-        ex_kv.joint[where[~won]] = own[~won]
-    # the nested test of the rows the held-out comparison leaves, all at once
-    live = np.nonzero(~lost)[0]
-    if len(live):
-        where, ni = np.unique(at[live], return_inverse=True)
-        hs, si = np.unique(m.heuristic[rows[live]], return_inverse=True)
-        y = kv.index_select(0, torch.as_tensor(maps[where], device=kv.device))
-        p = fit.beyond_rivals(y, ni.reshape(-1), [m.heuristics[h] for h in hs],
-                              si.reshape(-1), m.bottom[rows[live]])
-        lost[live] |= p > reach
-        m.p_value[rows[live]] = np.fmax(m.p_value[rows[live]], p)
-    m.implements[rows[lost]] = False
-    return m
-
-
-def rival_wins(own: np.ndarray, rival: np.ndarray) -> np.ndarray:
-    """Whether a rival takes a result label away: it predicts the map better than the own
-    result, held out (compared as they are stored, in float32: the label and the stored
-    comparison never disagree)."""
-    return (np.nan_to_num(rival, nan=-np.inf).astype(np.float32)
-            > np.nan_to_num(own, nan=-np.inf).astype(np.float32))
 
 
 def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,

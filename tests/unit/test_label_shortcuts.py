@@ -370,7 +370,7 @@ def test_the_float32_screen_keeps_every_pair_the_float64_test_passes():
     own_t, rel_of = torch.as_tensor(own), np.array(rel_of)
     dot = (r @ torch.as_tensor(sets).T)
     exact = dot * dot * (df + t2) >= t2 * (r * r).sum(1, keepdim=True) * torch.as_tensor(sets_ss)
-    _, got = operand_fit.screen_t_test(r, torch.as_tensor(sets).float(),
+    _, got = additive.screen_t_test(r, torch.as_tensor(sets).float(),
                                        torch.as_tensor(sets_ss), df, t2)
     assert exact.any() and not (exact & ~got).any()
     mine = got[torch.arange(len(r)), own_t].numpy()
