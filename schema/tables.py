@@ -299,6 +299,10 @@ class FinalCircuitPoint(_CheckpointOpKey, table=True):
     median_ratio: float | None = Field(default=None, sa_column=Column(REAL))
     n: int = Field(sa_column=Column(Integer, nullable=False))
     n_small: int = Field(sa_column=Column(Integer, nullable=False))
+    # the ratio of means' conditioning (migration 0036; NULL in rows written before)
+    n_clipped: int | None = Field(default=None, sa_column=Column(Integer))
+    max_influence: float | None = Field(default=None, sa_column=Column(REAL))
+    influence_bound: float | None = Field(default=None, sa_column=Column(REAL))
 
 
 class _NeuronKey(SQLModel):

@@ -66,7 +66,7 @@ def write_final_curves(conn: psycopg.Connection, *, checkpoint_id: int, config_i
                 f"INSERT INTO final_circuit_point ({', '.join(base + _FINAL_COLS)}) "
                 f"VALUES ({', '.join(['%s'] * (len(base) + len(_FINAL_COLS)))})",
                 [(model_id, checkpoint_id, config_id, c["op"], final_checkpoint_id)
-                 + tuple(pt[k] for k in _POINT_COLS) for pt in c["points"]])
+                 + tuple(pt.get(k) for k in _POINT_COLS) for pt in c["points"]])
 
 
 def lacking_final(conn: psycopg.Connection, *, model_id: int, config_id: int,

@@ -1,6 +1,6 @@
 """The headline faithfulness's conditioning per circuit point (issue 78, catalog 0.11.0;
-catalog.circuits.faithfulness): ``circuit_point.n_clipped``, ``max_influence`` and
-``influence_bound``.
+catalog.circuits.faithfulness): ``n_clipped``, ``max_influence`` and ``influence_bound``
+of ``circuit_point`` and ``final_circuit_point``.
 
 ``ratio_of_means`` now clips each prompt's numerator and denominator terms to three
 median |denominators|, so that no single prompt moves it by more than
@@ -21,11 +21,16 @@ branch_labels = None
 depends_on = None
 
 
+TABLES = ("circuit_point", "final_circuit_point")
+
+
 def upgrade() -> None:
-    op.execute("ALTER TABLE circuit_point ADD COLUMN n_clipped INTEGER, "
-               "ADD COLUMN max_influence REAL, ADD COLUMN influence_bound REAL")
+    for table in TABLES:
+        op.execute(f"ALTER TABLE {table} ADD COLUMN n_clipped INTEGER, "
+                   "ADD COLUMN max_influence REAL, ADD COLUMN influence_bound REAL")
 
 
 def downgrade() -> None:
-    op.execute("ALTER TABLE circuit_point DROP COLUMN n_clipped, DROP COLUMN max_influence, "
-               "DROP COLUMN influence_bound")
+    for table in TABLES:
+        op.execute(f"ALTER TABLE {table} DROP COLUMN n_clipped, "
+                   "DROP COLUMN max_influence, DROP COLUMN influence_bound")
