@@ -153,7 +153,7 @@ def _comparison(op: str, hi: int, n: int) -> dict:
     share of maps whose stored comparison names that operator's result as the best rival,
     and the share where it predicts the map better than this operator's result."""
     import torch
-    from labelling import cells_of, noise_maps, product_window_maps
+    from labelling import cells_of, product_window_maps, sum_window_maps
 
     from catalog.config import ScienceConfig
     from catalog.labels.operator_labels import operand_fit
@@ -163,11 +163,7 @@ def _comparison(op: str, hi: int, n: int) -> dict:
     if op == "+":
         maps, want = product_window_maps(cells, n, rng), "op1 * op2"
     else:
-        s = (cells.a + cells.b).astype(float)
-        q = np.quantile(s, rng.uniform(0.2, 0.8, n))[:, None]
-        w = rng.uniform(0.1, 0.3, n)[:, None] * s.max()
-        maps = ((s[None] >= q) & (s[None] < q + w)) + noise_maps(cells, n, rng)
-        want = "op1 + op2"
+        maps, want = sum_window_maps(cells, n, rng), "op1 + op2"
     fit = operand_fit(ScienceConfig(operand_hi=hi), cells)
     ex = fit.explain(torch.as_tensor(maps))
     return {"op": op, "hi": hi, "windows_of": want, "n": n,

@@ -114,6 +114,15 @@ def additive_maps(kind: str, cells: Cells, n: int, rng) -> np.ndarray:
     raise ValueError(kind)
 
 
+def sum_window_maps(cells: Cells, n: int, rng) -> np.ndarray:
+    """A window of op1 + op2 (another operator's result on ``*`` prompts), at a random place
+    and width."""
+    s = (cells.a + cells.b).astype(float)
+    q = np.quantile(s, rng.uniform(0.2, 0.8, n))[:, None]
+    w = rng.uniform(0.1, 0.3, n)[:, None] * s.max()
+    return ((s[None] >= q) & (s[None] < q + w)) + noise_maps(cells, n, rng)
+
+
 def product_window_maps(cells: Cells, n: int, rng) -> np.ndarray:
     """A window of op1 * op2 (another operator's result), at a random place and width."""
     p = cells.a * cells.b

@@ -54,7 +54,7 @@ from catalog.labels.operand_fit import (
     OperandFit,
     labelable_fits,
 )
-from catalog.labels.rival_rule import beaten
+from catalog.labels.rival_rule import beaten, result_rows
 from catalog.labels.rivals import AXIS_OP, rival_axes
 
 
@@ -268,7 +268,7 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     # still standing is explained, and so are, for the store, the maps the value rule
     # labels in the first pass (whether or not the gate keeps the label: their
     # explanations say why) and those the second pass labels
-    standing = np.unique(m.neuron[m.implements & _result_rows(m)])
+    standing = np.unique(m.neuron[m.implements & result_rows(m)])
     labelled = (np.union1d(np.union1d(value_labelled, r.neuron[r.implements]), standing)
                 if explain else standing)
     ex_k, ex_kv = run("explanations", explain_maps, fit, k_map, kv, labelled)
@@ -290,12 +290,6 @@ def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,
 
 # a residual below this share of its map's norm is the float32 rounding of the fit
 RESIDUAL_FLOOR = 1e-5
-
-
-def _result_rows(m: Matches) -> np.ndarray:
-    """Whether each row's heuristic is a result heuristic of one value set."""
-    return np.array([h.target == "result" and h.family != "multi_result"
-                     for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
 
 
 def rescued(fitting: np.ndarray, config, kv: torch.Tensor, k_map: torch.Tensor,
@@ -370,7 +364,7 @@ def _rescue_rows(config, k_map: torch.Tensor, y: torch.Tensor, maps: np.ndarray,
                                                   dtype=torch.long))
     orders: dict = {}
     r = score(k_sub, y, orders, rescue)
-    r = r._select(_result_rows(r))
+    r = r._select(result_rows(r))
     if sets is not None:
         r = r._select(_pair_allowed(r, *sets))
     r = value_null.label(r, config, n_tests, null, k_sub, y, orders)

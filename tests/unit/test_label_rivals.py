@@ -15,7 +15,14 @@ tests of test_operand_labels)."""
 import numpy as np
 import pytest
 import torch
-from labelling import cells_of, labelled_with_fit, noise_maps, product_window_maps, rival_maps
+from labelling import (
+    cells_of,
+    labelled_with_fit,
+    noise_maps,
+    product_window_maps,
+    rival_maps,
+    sum_window_maps,
+)
 
 from catalog.config import ScienceConfig
 from catalog.core.stats import wilson
@@ -89,11 +96,7 @@ def test_the_stored_comparison_names_the_other_operator_of_its_windows(op, hi):
     if op == "+":
         maps, want = product_window_maps(cells, N, rng), "op1 * op2"
     else:
-        s = (cells.a + cells.b).astype(float)
-        q = np.quantile(s, rng.uniform(0.2, 0.8, N))[:, None]
-        w = rng.uniform(0.1, 0.3, N)[:, None] * s.max()
-        maps = ((s[None] >= q) & (s[None] < q + w)) + noise_maps(cells, N, rng)
-        want = "op1 + op2"
+        maps, want = sum_window_maps(cells, N, rng), "op1 + op2"
     ex = operand_fit(ScienceConfig(operand_hi=hi), cells).explain(torch.as_tensor(maps))
     assert (ex.other_op == want).mean() >= 0.9
     assert (ex.other > ex.joint).mean() >= 0.9, (ex.other > ex.joint).mean()
