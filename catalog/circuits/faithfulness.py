@@ -20,7 +20,7 @@ answer's, as the MIB benchmark does):
   MIB benchmark's normalisation, robust to small denominators, with each prompt's
   influence bounded (catalog 0.11.0): each prompt's numerator term m(c) - m(empty) and
   denominator term m(model) - m(empty) are clipped to +-``CLIP`` times the median
-  |denominator| over the point's prompts, so that no prompt moves the statistic by more
+  |denominator| over the point's prompts whose denominator is not 0, so that no prompt moves the statistic by more
   than ``influence_bound`` (about 2 CLIP (1 + |F|) / n where denominators are typical),
   whatever its circuit value or its denominator. Unclipped, one prompt whose circuit
   value is 10 moved it by ten prompts' shares, and a prompt whose circuit run leaves its
@@ -48,6 +48,7 @@ higher is better) and CMD, the area between the curve and 1 (lower is better).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,8 +118,20 @@ def _clipped(c: np.ndarray, e: np.ndarray, m: np.ndarray
     """(numerator terms, denominator terms, the limit) of the ratio of means along the last
     axis, each term clipped to +-``CLIP`` times the median |denominator| (the limit)."""
     den, num = m - e, c - e
-    lim = CLIP * np.median(np.abs(den), axis=-1, keepdims=True)
+    lim = CLIP * _scale(den)
     return np.clip(num, -lim, lim), np.clip(den, -lim, lim), lim
+
+
+def _scale(den: np.ndarray) -> np.ndarray:
+    """The median |denominator| along the last axis over the prompts whose denominator is
+    not 0 (kept dims; 0 where every one is 0). Prompts the empty circuit already answers as
+    the model does (a denominator of exactly 0, common for NL when both put the answer on
+    top) carry no ratio; counted in, they made the median 0 and the statistic undefined."""
+    a = np.where(den != 0, np.abs(den), np.nan)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(a, axis=-1, keepdims=True)
+    return np.nan_to_num(med, nan=0.0)
 
 
 def _rom(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -149,8 +162,10 @@ def influence(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> tuple[int, float, 
     with np.errstate(divide="ignore", invalid="ignore"):
         loo = (big_n - num) / (big_d - den)
     most = float(np.nanmax(np.abs(loo - f))) if np.isfinite(loo).any() else float("nan")
-    d_abs = np.sort(np.abs(raw_den))
-    upper = CLIP * float(d_abs[min(n // 2 + 1, n - 1)])
+    d_abs = np.sort(np.abs(raw_den[raw_den != 0]))
+    if not len(d_abs):
+        return clipped, most, float("nan")
+    upper = CLIP * float(d_abs[min(len(d_abs) // 2 + 1, len(d_abs) - 1)])
     room = abs(big_d) - 2 * upper
     bound = 2 * upper * (1 + abs(f)) / room if room > 0 else float("inf")
     return clipped, most, bound

@@ -439,6 +439,25 @@ def test_a_curve_with_no_defined_ratio_is_empty_and_silent():
     assert out["ratio_of_means"]["cpr"] is None
 
 
+def test_a_majority_of_zero_denominators_leaves_the_headline_defined():
+    """NL is 1 on the model and on the empty circuit wherever both put the answer on top:
+    a denominator of exactly 0. When most prompts are such, the clip's scale comes from the
+    prompts that carry a ratio, so the headline equals the plain ratio of means where no
+    prompt is extreme (it was undefined: a limit of 0 clipped every term to 0)."""
+    rng = np.random.default_rng(3)
+    n, zero = 120, 80
+    model = np.ones(n)
+    empty = np.ones(n)
+    empty[zero:] = rng.uniform(0.3, 0.6, n - zero)
+    circuit = empty + 0.7 * (model - empty) + rng.normal(0, 0.01, n) * (model != empty)
+    got = faithfulness.point_stats(circuit, empty, model, faithfulness.resamples(n, 0))
+    plain = (circuit - empty).mean() / (model - empty).mean()
+    assert got.ratio_of_means == pytest.approx(plain, rel=1e-12)
+    assert got.ratio_of_means == pytest.approx(0.7, abs=0.02)
+    assert got.n_clipped == 0 and got.ratio_of_means_se is not None
+    assert math.isfinite(got.ratio_of_means_se) and 0 < got.influence_bound < 1
+
+
 @pytest.mark.parametrize("kind", ["circuit value of 10", "NL denominator near 0"])
 def test_one_prompt_moves_the_headline_by_no_more_than_its_stated_bound(kind):
     """Whatever one prompt's circuit value or its NL denominator, the headline (the ratio
