@@ -20,13 +20,14 @@ answer's, as the MIB benchmark does):
   MIB benchmark's normalisation, robust to small denominators, with each prompt's
   influence bounded (catalog 0.11.0): each prompt's numerator term m(c) - m(empty) and
   denominator term m(model) - m(empty) are clipped to +-``CLIP`` times the median
-  |denominator| over the point's prompts whose denominator is not 0, so that no prompt moves the statistic by more
-  than ``influence_bound`` (about 2 CLIP (1 + |F|) / n where denominators are typical),
-  whatever its circuit value or its denominator. Unclipped, one prompt whose circuit
-  value is 10 moved it by ten prompts' shares, and a prompt whose circuit run leaves its
-  largest number logit near 0 (NL's own denominator) took it from 0.66 to -8.7;
-  ``n_clipped`` counts the prompts clipped and ``max_influence`` is the most that leaving
-  one prompt out moves the statistic shown: the conditioning of what is shown;
+  |denominator| over the point's prompts whose denominator is not 0, so that no prompt
+  moves the statistic by more than ``influence_bound`` (about 2 CLIP (1 + |F|) / n where
+  denominators are typical), whatever its circuit value or its denominator. Unclipped, one
+  prompt whose circuit value is 10 moved it by ten prompts' shares, and a prompt whose
+  circuit run leaves its largest number logit near 0 (NL's own denominator) took it from
+  0.66 to -8.7; ``n_clipped`` counts the prompts clipped and ``max_influence`` is the most
+  that leaving one prompt out moves the statistic shown: the conditioning of what is
+  shown;
 - ``median_ratio``; ``n_small``: prompts whose denominator is under ``SMALL`` (a tenth)
   of the median |denominator| over the point's prompts: their ratios are ten times the
   others' and more, and the mean of ratios follows them. Relative, so a constant shift

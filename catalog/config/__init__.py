@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 
 from catalog.config.checks import check_science
@@ -369,6 +370,10 @@ class ScienceConfig:
         return tuple(range(2, 11))
 
 
+# the device types torch names, with an optional index (cuda:1)
+DEVICE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|npu)(:\d+)?$")
+
+
 @dataclass(frozen=True)
 class ExecutionConfig:
     """How the work runs. Never hashed: each changes speed and memory, not the numbers."""
@@ -397,3 +402,6 @@ class ExecutionConfig:
             raise ValueError(f"memory_budget must be >= 0, got {self.memory_budget}")
         if not self.device:
             raise ValueError("device is empty; use cpu, cuda or cuda:N")
+        if not DEVICE.match(self.device):  # torch.device raised a RuntimeError (a traceback)
+            raise ValueError(f"device {self.device!r} is not a torch device; use cpu, cuda, "
+                             "cuda:N, mps or xpu")

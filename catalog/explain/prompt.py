@@ -34,7 +34,6 @@ returns an ``Explanation``:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -61,17 +60,12 @@ from catalog.explain.holds import (  # noqa: F401  (the label loaders, re-export
     typical_arrays,
 )
 from catalog.explain.shares import RANKINGS, label_excess, label_masks, split
+from catalog.explain.syntax import PROMPT, PromptError, parse  # noqa: F401  (re-exported)
 from catalog.explain.total import total_effects
 from catalog.labels.heuristics import Heuristic
 from catalog.measuring.grids import final_logits, w_out
 from catalog.measuring.lens import lens_at
 from catalog.measuring.prompts import UNLIMITED, operator_prefix, tokenize_prompts
-
-PROMPT = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=?\s*$")
-
-
-class PromptError(ValueError):
-    """A prompt the catalog cannot explain under the config (the message says why)."""
 
 
 @dataclass
@@ -87,23 +81,6 @@ class Prompt:
     answer: int  # the result's first token
     result_tokens: list[int]
     competitors: np.ndarray  # first tokens of the operator's other results on the grid
-
-
-def parse(text: str, config: ScienceConfig) -> tuple[int, str, int]:
-    """(a, op, b) of "a op b =" (the "=" optional), checked against the config."""
-    m = PROMPT.match(text)
-    if m is None:
-        raise PromptError(f"{text!r} is not an arithmetic prompt: write it as "
-                          "'a op b =' with non-negative integers and one of + - * /, "
-                          "e.g. '21+17='")
-    a, op, b = int(m[1]), m[2], int(m[3])
-    if op not in config.operators:
-        raise PromptError(f"operator {op!r} is not measured by this config (operators "
-                          f"{''.join(config.operators)})")
-    lo, hi = config.operand_lo, config.operand_hi
-    if not (lo <= a < hi and lo <= b < hi):
-        raise PromptError(f"operands {a} and {b} must be in the config's range [{lo}, {hi})")
-    return a, op, b
 
 
 def grid_cells(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from transformer_lens import HookedTransformer
 
 from catalog.core.tokens import detect_number_tokens
+from catalog.sources.names import ModelSourceError as ModelSourceError  # re-exported
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,6 @@ class LoadedModel:
     model: HookedTransformer
     tokenizer: object
     info: ModelInfo
-
-
-class ModelSourceError(ValueError):
-    """A model, path or checkpoint that cannot be loaded, with what exists instead."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import logging
 import sys
 
 from jobs.cli import explaining, measuring, queue, serving
-from jobs.cli.common import service_error
+from jobs.cli.common import early_refusal, fail, service_error
 from jobs.cli.measuring import print_result
 
 __all__ = ["build_parser", "main", "print_result"]
@@ -38,6 +38,9 @@ UNREACHABLE = 3  # exit code when the database or the broker cannot be reached
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    refused = early_refusal(args)  # before any command imports the science
+    if refused is not None:
+        return fail(refused)
     try:
         return args.fn(args)
     except Exception as exc:

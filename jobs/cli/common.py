@@ -47,6 +47,7 @@ def science_options(s: argparse.ArgumentParser, base: ScienceConfig | None = Non
     layer_option(s)
     add_arguments(s, ScienceConfig, base)
     s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(science_base=base or ScienceConfig())  # for early_refusal
 
 
 def execution_options(s: argparse.ArgumentParser, device_only: bool = False) -> None:
@@ -55,6 +56,63 @@ def execution_options(s: argparse.ArgumentParser, device_only: bool = False) -> 
                        help="torch device the workers run this job on (default cpu)")
         return
     add_arguments(s, ExecutionConfig)
+    s.set_defaults(execution_flags=True)  # for early_refusal
+
+
+def loads_model(s: argparse.ArgumentParser) -> None:
+    """Marks a command whose ``model`` argument names a model to load or inspect (not a
+    catalogued name): early_refusal checks it (catalog.sources.names)."""
+    s.set_defaults(loads_model=True)
+
+
+def early_refusal(args) -> str | None:
+    """What is wrong with a request that needs no model, no database and no heavy import,
+    or None: the science and execution flags, the layers, the checkpoint list's syntax, a
+    model path that does not exist, the database URL. ``main`` asks it before running any
+    command, so such input is refused before torch is imported (issue 79; the commands
+    check the same things again where they run alone)."""
+    try:
+        if getattr(args, "science_base", None) is not None:
+            from_args(ScienceConfig, args, args.science_base)
+        if getattr(args, "execution_flags", False):
+            execution_from(args)
+        parse_layers(getattr(args, "layers", None))
+        if getattr(args, "loads_model", False):
+            from catalog.sources.names import check_model_name
+
+            check_model_name(args.model)
+        step = getattr(args, "checkpoint", None)
+        if isinstance(step, int) and step < 0:
+            raise ValueError(f"--checkpoint must be a training step >= 0, got {step}")
+        spec = getattr(args, "checkpoints", None)
+        if getattr(args, "loads_model", False) and spec not in (None, "all"):
+            from jobs.enqueue import parse_checkpoints
+
+            parse_checkpoints(args.model, spec)
+        if getattr(args, "database_url", None):
+            check_database_url(args.database_url)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def check_database_url(url: str) -> str:
+    """``url`` if it is a PostgreSQL URL SQLAlchemy can read; ValueError naming it (the
+    password hidden) otherwise."""
+    from sqlalchemy.engine import make_url
+
+    from schema.database import with_driver
+
+    try:
+        parsed = make_url(with_driver(url))
+    except Exception:  # noqa: BLE001 - any parse failure is the same refusal
+        raise ValueError("--database-url is not a database URL; write it as "
+                         "postgresql://USER@HOST:PORT/DATABASE") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(f"--database-url {hide_password(url)} is not a PostgreSQL URL (the "
+                         "catalog lives in PostgreSQL): write it as "
+                         "postgresql://USER@HOST:PORT/DATABASE")
+    return url
 
 
 def science_from(args, base: ScienceConfig | None = None) -> ScienceConfig:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 
-from jobs.cli.common import database_option, fail, science_from, science_options
+from jobs.cli.common import (
+    database_option,
+    fail,
+    loads_model,
+    science_from,
+    science_options,
+)
 from jobs.cli.measuring import MODEL_HELP
 
 
@@ -35,6 +41,7 @@ def add_commands(sub) -> None:
                         "this checkpoint and config)")
     database_option(s)
     science_options(s)
+    loads_model(s)
     s.set_defaults(fn=cmd_explain)
 
 
@@ -94,9 +101,8 @@ def prompts_of(args) -> list[str]:
 
 
 def cmd_explain(args) -> int:
-    from catalog.explain.holds import catalog_context
-    from catalog.explain.prompt import PromptError, explain, parse
-    from catalog.sources import ModelSourceError, load_model
+    from catalog.explain.syntax import PromptError, parse  # no torch: refusals come first
+    from catalog.sources.names import ModelSourceError
 
     if args.top < 1 or args.seeds < 0:
         return fail("--top must be at least 1 and --seeds at least 0")
@@ -110,6 +116,10 @@ def cmd_explain(args) -> int:
             except PromptError as exc:
                 raise PromptError(f"{exc}" if len(prompts) == 1 else f"{prompt!r}: {exc}") \
                     from None
+        from catalog.explain.holds import catalog_context
+        from catalog.explain.prompt import explain
+        from catalog.sources import load_model
+
         lm = load_model(args.model, args.checkpoint, dtype=config.torch_dtype(),
                         progress=not args.quiet)
         labelled = {}  # the catalog's labels, read once per operator

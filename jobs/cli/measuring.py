@@ -15,6 +15,7 @@ from jobs.cli.common import (
     execution_from,
     execution_options,
     fail,
+    loads_model,
     parse_layers,
     science_from,
     science_options,
@@ -86,12 +87,14 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def cmd_train_builtin(args) -> int:
-    from catalog import builtin
-
     try:
         seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
+        if args.steps is not None and args.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {args.steps}")
     except ValueError as exc:
         return fail(str(exc))
+    from catalog import builtin
+
     for seed in seeds:
         cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=seed)
         if args.reuse_from and builtin.adopt(cfg, Path(args.reuse_from).expanduser() / "builtin"):
@@ -300,6 +303,7 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("checkpoints", help="list a model's training checkpoints")
     s.add_argument("model", help=MODEL_HELP)
+    loads_model(s)
     s.set_defaults(fn=cmd_checkpoints)
 
     s = sub.add_parser("measure", help="measure every neuron of one checkpoint, no database")
@@ -307,6 +311,7 @@ def add_commands(sub) -> None:
     s.add_argument("--checkpoint", type=int, default=None, help="training step")
     science_options(s)
     execution_options(s)
+    loads_model(s)
     s.set_defaults(fn=cmd_measure)
 
     s = sub.add_parser("catalog", help="measure checkpoints and store them (no queue)")
@@ -317,4 +322,5 @@ def add_commands(sub) -> None:
     database_option(s)
     science_options(s)
     execution_options(s)
+    loads_model(s)
     s.set_defaults(fn=cmd_catalog)

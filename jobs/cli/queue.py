@@ -13,6 +13,7 @@ from jobs.cli.common import (
     execution_from,
     execution_options,
     fail,
+    loads_model,
     parse_layers,
     science_from,
     science_options,
@@ -223,6 +224,7 @@ def add_commands(sub) -> None:
     database_option(s)
     science_options(s)
     execution_options(s, device_only=True)
+    loads_model(s)
     s.set_defaults(fn=cmd_enqueue)
 
     s = sub.add_parser("plan", help="estimate the time and storage of a request before "
@@ -234,6 +236,7 @@ def add_commands(sub) -> None:
     database_option(s)
     science_options(s)
     execution_options(s)
+    loads_model(s)
     s.set_defaults(fn=cmd_plan)
 
     s = sub.add_parser("worker", help="run a worker (one process; start one per GPU)")
