@@ -49,7 +49,6 @@ higher is better) and CMD, the area between the curve and 1 (lower is better).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,11 +127,13 @@ def _scale(den: np.ndarray) -> np.ndarray:
     not 0 (kept dims; 0 where every one is 0). Prompts the empty circuit already answers as
     the model does (a denominator of exactly 0, common for NL when both put the answer on
     top) carry no ratio; counted in, they made the median 0 and the statistic undefined."""
-    a = np.where(den != 0, np.abs(den), np.nan)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        med = np.nanmedian(a, axis=-1, keepdims=True)
-    return np.nan_to_num(med, nan=0.0)
+    if den.shape[-1] == 0:
+        return np.zeros(den.shape[:-1] + (1,))
+    a = np.sort(np.where(den != 0, np.abs(den), np.inf), axis=-1)  # zeros sorted last
+    k = (den != 0).sum(axis=-1, keepdims=True)
+    lo = np.take_along_axis(a, np.maximum(k - 1, 0) // 2, axis=-1)
+    hi = np.take_along_axis(a, np.minimum(k // 2, a.shape[-1] - 1), axis=-1)
+    return np.where(k > 0, (lo + hi) / 2, 0.0)
 
 
 def _rom(c: np.ndarray, e: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -439,6 +439,23 @@ def test_a_curve_with_no_defined_ratio_is_empty_and_silent():
     assert out["ratio_of_means"]["cpr"] is None
 
 
+def test_the_clip_scale_is_the_median_of_the_nonzero_denominators():
+    """The vectorised scale (sorted, zeros last) equals numpy's nanmedian over the nonzero
+    |denominators|, 0 where every one is 0, on every shape the bootstrap gives it."""
+    import warnings
+
+    rng = np.random.default_rng(5)
+    for shape in [(7, 200), (200,), (3, 5, 11), (4, 1), (2, 0)]:
+        for _ in range(50):
+            d = rng.normal(size=shape) * (rng.random(shape) < rng.random())
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                want = np.nanmedian(np.where(d != 0, np.abs(d), np.nan), axis=-1,
+                                    keepdims=True)
+            got = faithfulness._scale(d)
+            np.testing.assert_allclose(got, np.nan_to_num(want, nan=0.0), rtol=1e-12)
+
+
 def test_a_majority_of_zero_denominators_leaves_the_headline_defined():
     """NL is 1 on the model and on the empty circuit wherever both put the answer on top:
     a denominator of exactly 0. When most prompts are such, the clip's scale comes from the
