@@ -18,7 +18,7 @@ def _import_the_science(**_) -> None:
     task (several seconds). The parent process never imports them, so CUDA is never
     initialised there."""
     import catalog.run.measurement  # noqa: F401
-    import catalog.sources  # noqa: F401
+    import catalog.sources.loading  # noqa: F401  (the package alone is light)
     import jobs.runner  # noqa: F401
 
 
