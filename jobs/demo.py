@@ -25,10 +25,34 @@ DEMO_CONFIG = ScienceConfig(operand_hi=100)
 
 
 def _start_worker(log: Path, settings: Settings) -> subprocess.Popen:
+    n = demo_processes()
     return subprocess.Popen([sys.executable, "-m", "jobs.cli", "worker", "--loglevel", "warning",
-                             "--hostname", "demo@%h"], cwd=ROOT, env=child_env(settings),
+                             "--hostname", "demo@%h", "--concurrency", str(n)],
+                            cwd=ROOT, env={**child_env(settings), **math_threads(n)},
                             stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+
+
+# pool processes of the demo's worker at most: each holds its operators' fits (about
+# 3 GB resident on the demo's grid)
+DEMO_PROCESSES = 4
+
+
+def demo_processes() -> int:
+    """The demo worker's pool processes: one per core, up to ``DEMO_PROCESSES``. The
+    built-in model's layers are small work each (a thread's share of a matrix product is
+    too small to pay for itself); one process per core with one torch thread each ran
+    the checkpoints about twice as fast as one process with two threads (docs/tests.md)."""
+    return max(1, min(DEMO_PROCESSES, len(os.sched_getaffinity(0))))
+
+
+def math_threads(processes: int) -> dict[str, str]:
+    """The math libraries' thread counts for a worker of ``processes`` pool processes,
+    each its share of the cores: numpy's BLAS reads them when it loads, before any pool
+    process starts (a count the caller set already is kept)."""
+    share = str(max(1, len(os.sched_getaffinity(0)) // processes))
+    return {k: os.environ.get(k, share)
+            for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
 
 def demo_settings(settings: Settings | None = None) -> Settings:

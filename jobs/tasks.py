@@ -16,10 +16,29 @@ log = logging.getLogger(__name__)
 def _import_the_science(**_) -> None:
     """Import torch and the catalog in each pool process as it starts, not on its first
     task (several seconds). The parent process never imports them, so CUDA is never
-    initialised there."""
+    initialised there. With several pool processes (``ncat worker --concurrency N``),
+    each takes its share of the cores for torch's threads (``pool_threads``): N processes
+    of the default thread count each fought over the same cores."""
+    threads = pool_threads()
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     import catalog.run.measurement  # noqa: F401
     import catalog.sources.loading  # noqa: F401  (the package alone is light)
     import jobs.runner  # noqa: F401
+
+
+def pool_threads() -> int | None:
+    """torch threads for one of NCAT_POOL_PROCESSES pool processes (set by ``ncat
+    worker``): the cores this process may use, shared out; None with one process (torch's
+    own default)."""
+    import os
+
+    n = int(os.environ.get("NCAT_POOL_PROCESSES", "1") or 1)
+    if n <= 1:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // n)
 
 
 @worker_ready.connect

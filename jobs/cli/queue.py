@@ -130,10 +130,14 @@ def cmd_plan(args) -> int:
 
 
 def cmd_worker(args) -> int:
+    import os
+
     from jobs.celery_app import app, queue_name
 
     argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency),
             "--queues", queue_name(), "--pool", args.pool]
+    if args.pool == "prefork":  # each pool process takes its share of the cores (jobs.tasks)
+        os.environ["NCAT_POOL_PROCESSES"] = str(max(1, args.concurrency))
     if args.hostname:
         argv += ["--hostname", args.hostname]
     app.worker_main(argv)
