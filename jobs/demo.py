@@ -41,8 +41,9 @@ DEMO_PROCESSES = 4
 def demo_processes() -> int:
     """The demo worker's pool processes: one per core, up to ``DEMO_PROCESSES``. The
     built-in model's layers are small work each (a thread's share of a matrix product is
-    too small to pay for itself); one process per core with one torch thread each ran
-    the checkpoints about twice as fast as one process with two threads (docs/tests.md)."""
+    too small to pay for itself); one process per core with one torch thread each
+    catalogued 1.51x the checkpoints per minute of one process with two threads
+    (``bench/demo_checkpoint.py``, docs/tests.md)."""
     return max(1, min(DEMO_PROCESSES, len(os.sched_getaffinity(0))))
 
 

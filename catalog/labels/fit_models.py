@@ -102,6 +102,10 @@ def held_out_r2(press: torch.Tensor, tss: torch.Tensor) -> torch.Tensor:
     return torch.where(tss > 1e-24, out, torch.full_like(out, float("nan")))
 
 
+# held-out R^2 within this of the best rival's is a tie (``Explanations.best_rival``)
+RIVAL_TIE = 1e-6
+
+
 @dataclass
 class Explanations:
     """Held-out R^2 (``OperandFit.explain``) of each competing explanation of some maps
@@ -133,8 +137,11 @@ class Explanations:
         if not names:
             return np.full(n, np.nan), np.full(n, "", dtype=object)
         stack = np.stack([np.nan_to_num(self.rivals[o], nan=-np.inf) for o in names])
-        which = stack.argmax(0)
-        best = stack[which, np.arange(n)]
+        best = stack.max(0)
+        # rivals within RIVAL_TIE of the best are one tie, named by the first in the fixed
+        # order: max and min fit some maps equally (equal in exact arithmetic), and which
+        # of the two came out ahead by a rounding followed the thread count
+        which = (stack >= best - RIVAL_TIE).argmax(0)
         return (np.where(np.isinf(best), np.nan, best),
                 np.where(np.isinf(best), "", np.array(names, dtype=object)[which]))
 

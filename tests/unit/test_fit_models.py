@@ -92,3 +92,20 @@ def test_float32_maps_are_fit_as_their_float64_values():
     for k in want:
         assert got[k].dtype == torch.float64
         assert torch.equal(got[k], want[k]), k
+
+
+def test_rivals_tied_to_rounding_are_named_by_the_fixed_order():
+    """max and min can fit a map equally (equal in exact arithmetic): whichever a rounding
+    puts ahead, the name is the first of the tie in the rivals' order, so the stored name
+    does not follow the thread count; a real lead still wins."""
+    from catalog.labels.fit_models import RIVAL_TIE, Explanations
+
+    ex = Explanations.empty(4)
+    ex.rivals = {"op1 + op2": np.array([0.2, 0.2, 0.2, 0.9]),
+                 "max(op1, op2)": np.array([0.5, 0.5 + RIVAL_TIE / 10, 0.5, 0.5]),
+                 "min(op1, op2)": np.array([0.5 + RIVAL_TIE / 10, 0.5, 0.5 + 10 * RIVAL_TIE,
+                                            np.nan])}
+    best, name = ex.best_rival()
+    assert list(name) == ["max(op1, op2)", "max(op1, op2)", "min(op1, op2)", "op1 + op2"]
+    np.testing.assert_allclose(best, [0.5 + RIVAL_TIE / 10, 0.5 + RIVAL_TIE / 10,
+                                      0.5 + 10 * RIVAL_TIE, 0.9])
