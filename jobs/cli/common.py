@@ -108,9 +108,10 @@ def check_database_url(url: str) -> str:
     except Exception:  # noqa: BLE001 - any parse failure is the same refusal
         raise ValueError("--database-url is not a database URL; write it as "
                          "postgresql://USER@HOST:PORT/DATABASE") from None
-    if parsed.get_backend_name() != "postgresql":
-        raise ValueError(f"--database-url {hide_password(url)} is not a PostgreSQL URL (the "
-                         "catalog lives in PostgreSQL): write it as "
+    if parsed.get_backend_name() != "postgresql":  # the URL itself is not shown: a
+        # password may sit in its query string, where hiding the password part misses it
+        raise ValueError(f"--database-url names the {parsed.get_backend_name()!r} backend, "
+                         "not PostgreSQL (the catalog lives in PostgreSQL): write it as "
                          "postgresql://USER@HOST:PORT/DATABASE")
     return url
 
