@@ -4,6 +4,7 @@ database URL, and turning bad input into one-line errors with exit code 2."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from catalog.config import ExecutionConfig, ScienceConfig
@@ -91,14 +92,18 @@ def early_refusal(args) -> str | None:
             parse_checkpoints(args.model, spec)
         if getattr(args, "database_url", None):
             check_database_url(args.database_url)
+        elif hasattr(args, "database_url") and os.environ.get("DATABASE_URL"):
+            # the command takes one: the environment's too (read as is: the settings'
+            # own errors, a bad port of the explorer, are each command's to report)
+            check_database_url(os.environ["DATABASE_URL"], "DATABASE_URL")
     except ValueError as exc:
         return str(exc)
     return None
 
 
-def check_database_url(url: str) -> str:
-    """``url`` if it is a PostgreSQL URL SQLAlchemy can read; ValueError naming it (the
-    password hidden) otherwise."""
+def check_database_url(url: str, name: str = "--database-url") -> str:
+    """``url`` if it is a PostgreSQL URL SQLAlchemy can read; ValueError naming where it
+    came from (``name``) otherwise, never the URL itself."""
     from sqlalchemy.engine import make_url
 
     from schema.database import with_driver
@@ -106,11 +111,11 @@ def check_database_url(url: str) -> str:
     try:
         parsed = make_url(with_driver(url))
     except Exception:  # noqa: BLE001 - any parse failure is the same refusal
-        raise ValueError("--database-url is not a database URL; write it as "
-                         "postgresql://USER@HOST:PORT/DATABASE") from None
+        raise ValueError(f"{name} is not a database URL (a port must be a number); write "
+                         "it as postgresql://USER@HOST:PORT/DATABASE") from None
     if parsed.get_backend_name() != "postgresql":  # the URL itself is not shown: a
         # password may sit in its query string, where hiding the password part misses it
-        raise ValueError(f"--database-url names the {parsed.get_backend_name()!r} backend, "
+        raise ValueError(f"{name} names the {parsed.get_backend_name()!r} backend, "
                          "not PostgreSQL (the catalog lives in PostgreSQL): write it as "
                          "postgresql://USER@HOST:PORT/DATABASE")
     return url

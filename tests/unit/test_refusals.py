@@ -29,6 +29,8 @@ CASES = [
     (["enqueue", "./no-such.gguf"], "does not exist"),
     (["enqueue", "builtin", "--checkpoints=-1,5"], "checkpoint steps must be >= 0"),
     (["enqueue", "builtin", "--database-url", ":::"], "is not a database URL"),
+    (["migrate", "--database-url", "postgresql://u@localhost:notaport/db"],
+     "--database-url is not a database URL"),
     (["explain", "builtin", "2+"], "'2+' is not an arithmetic prompt"),
     (["explain", "builtin", "7%3="], "is not an arithmetic prompt"),
     (["explain", "builtin", "500+1="], "must be in the config's range"),
@@ -81,3 +83,17 @@ def test_every_refusal_comes_before_torch_is_imported(tmp_path):
     control = got[-1]
     assert control["rc"] == 2 and CONTROL[1] in control["err"], control
     assert "torch" in control["heavy"], control  # the probe sees an import that happens
+
+
+def test_a_bad_database_url_in_the_environment_is_refused_without_showing_it(tmp_path):
+    """DATABASE_URL is checked as --database-url is, before any heavy import; the refusal
+    names the setting, never the URL (its query string may hold a password)."""
+    env = {**os.environ, "NCAT_HOME": str(tmp_path / "home"),
+           "DATABASE_URL": "postgresql://u@localhost:notaport/db?password=hush"}
+    run = subprocess.run([sys.executable, "-c", PROBE, json.dumps([["status"], ["migrate"]]),
+                          *HEAVY], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    for r in json.loads(run.stdout.strip().splitlines()[-1]):
+        assert r["rc"] == 2 and r["heavy"] == [], r
+        assert "error: DATABASE_URL is not a database URL" in r["err"], r
+        assert "hush" not in r["err"], r
