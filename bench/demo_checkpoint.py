@@ -37,20 +37,16 @@ def _child(threads: int, step: int) -> None:
     from catalog import load_model, measure
     from jobs.demo import DEMO_CONFIG
 
-    measure(*_loaded(load_model, None), DEMO_CONFIG, progress=False)  # fits built
-    lm = _loaded(load_model, step)
+    last = load_model("builtin")
+    measure(last.model, last.tokenizer, DEMO_CONFIG, progress=False)  # fits built
+    lm = load_model("builtin", step)
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "go":
             break
         t0 = time.perf_counter()
-        measure(*lm, DEMO_CONFIG, progress=False)
+        measure(lm.model, lm.tokenizer, DEMO_CONFIG, progress=False)
         print(f"{time.perf_counter() - t0:.3f}", flush=True)
-
-
-def _loaded(load_model, step):
-    lm = load_model("builtin", step)
-    return lm.model, lm.tokenizer
 
 
 def _start(threads: int, step: int) -> subprocess.Popen:

@@ -78,18 +78,16 @@ def early_refusal(args) -> str | None:
         if getattr(args, "execution_flags", False):
             execution_from(args)
         parse_layers(getattr(args, "layers", None))
-        if getattr(args, "loads_model", False):
-            from catalog.sources.names import check_model_name
-
-            check_model_name(args.model)
         step = getattr(args, "checkpoint", None)
         if isinstance(step, int) and step < 0:
             raise ValueError(f"--checkpoint must be a training step >= 0, got {step}")
-        spec = getattr(args, "checkpoints", None)
-        if getattr(args, "loads_model", False) and spec not in (None, "all"):
+        if getattr(args, "loads_model", False):
+            from catalog.sources.names import check_model_name
             from jobs.enqueue import parse_checkpoints
 
-            parse_checkpoints(args.model, spec)
+            check_model_name(args.model)
+            if getattr(args, "checkpoints", None) not in (None, "all"):  # 'all' lists them
+                parse_checkpoints(args.model, args.checkpoints)
         if getattr(args, "database_url", None):
             check_database_url(args.database_url)
         elif hasattr(args, "database_url") and os.environ.get("DATABASE_URL"):
@@ -111,8 +109,8 @@ def check_database_url(url: str, name: str = "--database-url") -> str:
     try:
         parsed = make_url(with_driver(url))
     except Exception:  # noqa: BLE001 - any parse failure is the same refusal
-        raise ValueError(f"{name} is not a database URL (a port must be a number); write "
-                         "it as postgresql://USER@HOST:PORT/DATABASE") from None
+        raise ValueError(f"{name} cannot be read as a database URL (is its port a "
+                         "number?); write it as postgresql://USER@HOST:PORT/DATABASE") from None
     if parsed.get_backend_name() != "postgresql":  # the URL itself is not shown: a
         # password may sit in its query string, where hiding the password part misses it
         raise ValueError(f"{name} names the {parsed.get_backend_name()!r} backend, "

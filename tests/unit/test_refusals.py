@@ -28,9 +28,9 @@ CASES = [
     (["catalog", "builtin", "--database-url", "mysql://u@h/db"], "not PostgreSQL"),
     (["enqueue", "./no-such.gguf"], "does not exist"),
     (["enqueue", "builtin", "--checkpoints=-1,5"], "checkpoint steps must be >= 0"),
-    (["enqueue", "builtin", "--database-url", ":::"], "is not a database URL"),
+    (["enqueue", "builtin", "--database-url", ":::"], "cannot be read as a database URL"),
     (["migrate", "--database-url", "postgresql://u@localhost:notaport/db"],
-     "--database-url is not a database URL"),
+     "--database-url cannot be read as a database URL"),
     (["explain", "builtin", "2+"], "'2+' is not an arithmetic prompt"),
     (["explain", "builtin", "7%3="], "is not an arithmetic prompt"),
     (["explain", "builtin", "500+1="], "must be in the config's range"),
@@ -95,5 +95,5 @@ def test_a_bad_database_url_in_the_environment_is_refused_without_showing_it(tmp
                          check=True)
     for r in json.loads(run.stdout.strip().splitlines()[-1]):
         assert r["rc"] == 2 and r["heavy"] == [], r
-        assert "error: DATABASE_URL is not a database URL" in r["err"], r
+        assert "error: DATABASE_URL cannot be read as a database URL" in r["err"], r
         assert "hush" not in r["err"], r
