@@ -6,6 +6,15 @@ CREATE TABLE alembic_version (
     CONSTRAINT alembic_version_pkc PRIMARY KEY (version_num)
 );
 -- grants on alembic_version: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE catalog_identity (
+    one boolean DEFAULT true NOT NULL,
+    id uuid NOT NULL,
+    db_oid oid NOT NULL,
+    minted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT catalog_identity_one_check CHECK (one),
+    CONSTRAINT catalog_identity_pkey PRIMARY KEY (one)
+);
+-- grants on catalog_identity: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 CREATE TABLE catalog_setting (
     key character varying(64) NOT NULL,
     value double precision NOT NULL,
@@ -294,6 +303,7 @@ CREATE TABLE job_layer (
     sent_at timestamp with time zone,
     resends integer DEFAULT 0 NOT NULL,
     sends integer DEFAULT 0 NOT NULL,
+    loss_kinds text[] DEFAULT '{}'::text[] NOT NULL,
     CONSTRAINT job_layer_job_id_fkey FOREIGN KEY (job_id) REFERENCES job(id) ON DELETE CASCADE,
     CONSTRAINT job_layer_pkey PRIMARY KEY (job_id, layer)
 );
@@ -507,6 +517,7 @@ CREATE TABLE reconcile_event (
 
 -- indexes
 CREATE UNIQUE INDEX alembic_version_pkc ON public.alembic_version USING btree (version_num);
+CREATE UNIQUE INDEX catalog_identity_pkey ON public.catalog_identity USING btree (one);
 CREATE UNIQUE INDEX catalog_setting_pkey ON public.catalog_setting USING btree (key);
 CREATE UNIQUE INDEX checkpoint_pkey ON public.checkpoint USING btree (id);
 CREATE INDEX ix_checkpoint_model_id ON public.checkpoint USING btree (model_id);

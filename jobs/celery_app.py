@@ -21,14 +21,19 @@ from catalog.config.settings import Settings, get_settings
 from jobs.broker import EXPLAIN_PROMPT, RUN_LAYER, resolve_redis_url
 
 
-def send_layer(app: Celery, job_id: int, layer: int, queue: str | None = None) -> None:
-    """Send the run-layer task of (job, layer): every sender of a layer goes through here."""
-    app.send_task(RUN_LAYER, args=[job_id, layer], queue=queue or queue_name())
+def send_layer(app: Celery, job_id: int, layer: int, queue: str | None = None, *,
+               catalog: str) -> None:
+    """Send the run-layer task of (job, layer) of the catalog whose identity is
+    ``catalog`` (schema.identity): every sender of a layer goes through here."""
+    app.send_task(RUN_LAYER, args=[job_id, layer], kwargs={"catalog": catalog},
+                  queue=queue or queue_name())
 
 
-def send_explanation(app: Celery, request_id: int, queue: str | None = None) -> None:
-    """Send the explain-prompt task of a request (jobs.explain_jobs)."""
-    app.send_task(EXPLAIN_PROMPT, args=[request_id], queue=queue or queue_name())
+def send_explanation(app: Celery, request_id: int, queue: str | None = None, *,
+                     catalog: str) -> None:
+    """Send the explain-prompt task of a request (jobs.explain_jobs) of ``catalog``."""
+    app.send_task(EXPLAIN_PROMPT, args=[request_id], kwargs={"catalog": catalog},
+                  queue=queue or queue_name())
 
 
 def queue_name() -> str:

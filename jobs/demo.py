@@ -80,15 +80,13 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
 
     s = demo_settings(settings)
     if progress:
-        from sqlalchemy.engine import make_url
+        from schema.database import psql_url, shown_url
 
-        from schema.database import psql_url
-
-        broker = make_url(s.redis_url).render_as_string(hide_password=True)
+        broker = shown_url(s.redis_url)
         print(f"demo: catalog database {psql_url(s.database_url)}; job broker {broker}; "
               f"home {s.ncat_home}", flush=True)
     url = migrate(s.database_url)
-    send = celery_sender(s)
+    send = celery_sender(s, url)
     if model in ("builtin", builtin.BUILTIN_NAME):
         builtin.train(builtin.TrainConfig(), root=s.builtin_root, progress=progress)
     jobs = enqueue(url, model, "all", config, send=send)

@@ -158,7 +158,7 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
     """
     config = config or ScienceConfig()
     planned = validate_request(model, checkpoints, config, layers)
-    send = send or _broker_send()
+    send = send or _broker_send(url)
     results, to_send = [], []
     with store.connect(url) as conn, conn.transaction():
         config_id = store.upsert_config(conn, config=config.as_dict(),
@@ -204,7 +204,7 @@ def enqueue_full_grid(url: str, model: str, step: int | None, config: ScienceCon
         model = canonical_name(model)
     except (ModelSourceError, ValueError) as exc:
         raise EnqueueError(str(exc)) from None
-    send = send or _broker_send()
+    send = send or _broker_send(url)
     config_hash = config.config_hash()
     where = f"{model} step {step}" if step is not None else model
     with store.connect(url) as conn, conn.transaction():
@@ -246,15 +246,17 @@ class _BrokerSend:
     otherwise); ``verify`` after the last message raises ``BrokerRestarted`` if the broker
     restarted meanwhile (a restarted Redis without persistence has lost what it held)."""
 
-    def __init__(self) -> None:
+    def __init__(self, database_url: str) -> None:
         from catalog.config.settings import get_settings
         from jobs.broker import check_broker, resolve_redis_url
+        from schema.identity import identity_of
 
         self.url = resolve_redis_url(get_settings())
         self.run_id = check_broker(self.url)
+        self.catalog = identity_of(database_url)  # every message names its catalog
 
     def __call__(self, job_id: int, layer: int) -> None:
-        _celery_send(job_id, layer)
+        _celery_send(job_id, layer, self.catalog)
 
     def verify(self) -> None:
         from jobs.broker import BrokerRestarted, check_broker
@@ -263,8 +265,8 @@ class _BrokerSend:
             raise BrokerRestarted()
 
 
-def _broker_send():
-    return _BrokerSend()
+def _broker_send(database_url: str):
+    return _BrokerSend(database_url)
 
 
 BROKER_ERRORS = ("redis", "kombu", "amqp", "celery")
@@ -290,20 +292,23 @@ def _send_all(send, pairs: list[tuple[int, int]], results: list) -> None:
         raise
 
 
-def _celery_send(job_id: int, layer: int) -> None:
+def _celery_send(job_id: int, layer: int, catalog: str) -> None:
     from jobs.celery_app import send_layer
 
-    send_layer(_app(), job_id, layer)
+    send_layer(_app(), job_id, layer, catalog=catalog)
 
 
-def celery_sender(settings):
-    """A ``send(job_id, layer)`` through the broker and queue of ``settings``."""
+def celery_sender(settings, database_url: str):
+    """A ``send(job_id, layer)`` through the broker and queue of ``settings``, for the
+    catalog at ``database_url``."""
     from jobs.celery_app import make_app, send_layer
+    from schema.identity import identity_of
 
     app = make_app(settings)
+    catalog = identity_of(database_url)
 
     def send(job_id: int, layer: int) -> None:
-        send_layer(app, job_id, layer, settings.ncat_queue)
+        send_layer(app, job_id, layer, settings.ncat_queue, catalog=catalog)
 
     return send
 
@@ -340,7 +345,7 @@ def retry(url: str, job_id: int, send=None) -> list[int]:
     already, one message goes out for the job's first layer: the worker finds it done
     and runs the missing final step (summary, view refresh).
     """
-    send = send or _broker_send()
+    send = send or _broker_send(url)
     with store.connect(url) as conn, conn.transaction():
         status = jobdb.job_status(conn, job_id)
         if status is None:

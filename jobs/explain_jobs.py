@@ -4,8 +4,9 @@
 against the checkpoint's config (the arithmetic, the operator, the range: the errors
 ``ncat explain`` gives, before anything is queued), records a request
 (``schema.explain_requests``; a prompt already queued or running is joined, not queued
-again) and sends the ``ncat.explain_prompt`` task; ``resend`` sends an open request's
-task again (its message lost with a restarted broker). A worker runs ``process``: it
+again) and sends the ``ncat.explain_prompt`` task, naming its catalog (schema.identity);
+``resend`` sends an open request's task again (its message lost with a restarted
+broker). A worker runs ``process``: it
 claims the request, loads the model on its GPU when it has one (the model of the layer
 job it last ran is reused when it is the same checkpoint), explains the prompt with the
 catalog's labels of its operator and writes the explanation and the request's end in one
@@ -63,7 +64,7 @@ def request(url: str, *, model_id: int, checkpoint_id: int, config_id: int, prom
                                            config_id=config_id, prompt=text, seeds=seeds)
     if created:
         try:
-            (send or _send)(got.id)
+            (send or _sender(url))(got.id)
         except Exception as exc:
             if broker_failed(exc):
                 raise NotSent(got, exc) from exc
@@ -82,16 +83,23 @@ class NotSent(RuntimeError):
         self.request = req
 
 
-def resend(request_id: int, send=None) -> None:
+def resend(url: str, request_id: int, send=None) -> None:
     """Send an open request's task again (a worker drops a message whose request is
     already done or failed, so a duplicate costs nothing)."""
-    (send or _send)(request_id)
+    (send or _sender(url))(request_id)
 
 
-def _send(request_id: int) -> None:
+def _sender(url: str):
+    """``send(request_id)`` through the broker, naming the catalog at ``url``."""
     from jobs.celery_app import app, send_explanation
+    from schema.identity import identity_of
 
-    send_explanation(app, request_id)
+    catalog = identity_of(url)
+
+    def send(request_id: int) -> None:
+        send_explanation(app, request_id, catalog=catalog)
+
+    return send
 
 
 def _model(name: str, step: int | None, config: ScienceConfig):

@@ -41,6 +41,7 @@ from jobs.locks import LOCK_NAMESPACE, RECONCILE_KEY, SUMMARY_SLOT, layer_lock_k
 from schema import jobs as jobdb
 from schema import store
 from schema.console import cancel_overdue_readers
+from schema.identity import identity_of
 from schema.jobs import Status, active_layers
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,12 @@ class Action:
     detail: dict
 
 
-def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
-    """(job, layer) of the run_layer messages waiting in ``queue`` (not yet delivered);
-    None when the broker cannot be read (then nothing is judged lost)."""
+def broker_pending(redis_url: str, queue: str,
+                   catalog: str | None = None) -> set[tuple[int, int]] | None:
+    """(job, layer) of the run_layer messages of ``catalog`` (schema.identity; and those
+    that name none, sent by catalog 0.11.0 or before) waiting in ``queue`` (not yet
+    delivered); another catalog's job 3 on the same queue is not this one's. None when
+    the broker cannot be read (then nothing is judged lost)."""
     import redis
 
     try:
@@ -76,8 +80,10 @@ def broker_pending(redis_url: str, queue: str) -> set[tuple[int, int]] | None:
             body = msg["body"]
             if msg.get("properties", {}).get("body_encoding") == "base64":
                 body = base64.b64decode(body)
-            args = json.loads(body)[0]
-            if msg.get("headers", {}).get("task") == RUN_LAYER and len(args) == 2:
+            args, kwargs = json.loads(body)[:2]
+            named = (kwargs or {}).get("catalog")
+            if msg.get("headers", {}).get("task") == RUN_LAYER and len(args) == 2 and (
+                    catalog is None or named is None or named == catalog):
                 out.add((int(args[0]), int(args[1])))
         except (ValueError, KeyError, IndexError, TypeError):
             continue
@@ -110,7 +116,8 @@ def reconcile(url: str, send: Send, pending: set[tuple[int, int]] | None,
                 cause = (f"no heartbeat for {quiet_s} s (last on {worker}); the reconciler "
                          "judged it lost")
                 if jobdb.lose_layer(conn, job_id, layer, resends=resends,
-                                    limit=s.ncat_max_attempts, cause=cause, then="resend"):
+                                    limit=s.ncat_max_attempts, cause=cause, then="resend",
+                                    kind="no heartbeat"):
                     failed_jobs.add(job_id)
                     actions.append(Action(job_id, layer, "failed", {"lost": resends + 1,
                                                                     "started": attempts}))
@@ -174,8 +181,8 @@ class Reconciler(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                reconcile(self.url, self.send, broker_pending(self.redis_url, self.queue),
-                          self.settings)
+                pending = broker_pending(self.redis_url, self.queue, identity_of(self.url))
+                reconcile(self.url, self.send, pending, self.settings)
             except Exception:  # noqa: BLE001 - a pass that fails is tried again next time
                 log.exception("reconciler pass failed; trying again in %.0f s",
                               self.settings.ncat_reconcile_seconds)

@@ -117,11 +117,14 @@ class Outcome(StrEnum):
 
 
 class Transient(Exception):
-    """The layer hit a dropped database connection; it is queued again (``retry_in``)."""
+    """The layer hit a dropped database connection; it is queued again (``retry_in``).
+    ``unrecorded``: the loss the database could not be told about (it was unreachable),
+    for the next delivery to count ({"attempt": the start that lost it, "cause": ...})."""
 
-    def __init__(self, message: str, retry_in: float) -> None:
+    def __init__(self, message: str, retry_in: float, unrecorded: dict | None = None) -> None:
         super().__init__(message)
         self.retry_in = retry_in
+        self.unrecorded = unrecorded
 
 
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
@@ -152,22 +155,27 @@ class Heartbeat(threading.Thread):
         self.stopped.set()
 
 
-def process_layer(url: str, job_id: int, layer: int, worker: str) -> Outcome:
+def process_layer(url: str, job_id: int, layer: int, worker: str,
+                  lost: dict | None = None) -> Outcome:
     """Compute and store one layer of a job; returns what happened.
 
     Raises Transient when the database connection dropped: the layer was put back in the
-    queue through a fresh connection (or will be by the reconciler if the database is
-    still away), and the task should be sent again after ``retry_in`` seconds.
+    queue through a fresh connection (or, when the database is still away, the loss rides
+    on the task sent again: ``Transient.unrecorded``, given back here as ``lost``), and the
+    task should be sent again after ``retry_in`` seconds.
     """
+    started: dict = {}  # the start (attempt number) this delivery made, once it made one
     try:
-        return _process(url, job_id, layer, worker)
+        return _process(url, job_id, layer, worker, lost, started)
     except TRANSIENT as exc:
         message = f"{type(exc).__name__}: {exc}".strip()
         log.warning("job %s layer %s: database connection lost (%s)", job_id, layer, message)
-        return _after_lost_connection(url, job_id, layer, message)
+        return _after_lost_connection(url, job_id, layer, message, started.get("attempt"),
+                                      carried=lost)
 
 
-def _process(url: str, job_id: int, layer: int, worker: str) -> Outcome:
+def _process(url: str, job_id: int, layer: int, worker: str, lost: dict | None,
+             started: dict) -> Outcome:
     with store.connect(url, autocommit=True) as conn:
         job = jobdb.load_job(conn, job_id)
         if job is None:
@@ -180,16 +188,24 @@ def _process(url: str, job_id: int, layer: int, worker: str) -> Outcome:
             return Outcome.BUSY  # another session holds the layer: the task is sent again later
         try:
             with Heartbeat(url, job_id, layer, get_settings().ncat_heartbeat_seconds):
-                return _process_locked(conn, url, job, layer, worker)
+                return _process_locked(conn, url, job, layer, worker, lost, started)
         finally:
             if not conn.closed and not conn.broken:
                 jobdb.unlock(conn, key)
 
 
-def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> Outcome:
+def _after_lost_connection(url: str, job_id: int, layer: int, message: str,
+                           attempt: int | None, carried: dict | None = None) -> Outcome:
     """Through a fresh connection: the layer back to queued, or its job failed once the
-    layer has used up its attempts. Raises Transient to have the task sent again."""
+    layer has used up its attempts. Raises Transient to have the task sent again; when
+    the database cannot be reached to record the loss, the loss of start ``attempt``
+    rides on that task (``Transient.unrecorded``), so that the next delivery counts it as
+    what it was instead of as a process that died; a delivery that lost the database
+    before starting the layer (it may be another worker's to run) passes on the loss it
+    was ``carried`` and touches nothing."""
     s = get_settings()
+    if attempt is None:
+        raise Transient(message, retry_in=5.0, unrecorded=carried)
     try:
         with store.connect(url, autocommit=True, connect_timeout=10) as conn:
             status, resends = jobdb.layer_losses(conn, job_id, layer)
@@ -198,24 +214,32 @@ def _after_lost_connection(url: str, job_id: int, layer: int, message: str) -> O
                 raise Transient(message, retry_in=5.0)
             if jobdb.lose_layer(conn, job_id, layer, resends=resends,
                                 limit=s.ncat_max_attempts, then="resend",
-                                cause=f"its database connection was lost ({message})"):
+                                cause=f"its database connection was lost ({message})",
+                                kind="database unreachable"):
                 return Outcome.FAILED
     except psycopg.Error as exc:
-        log.warning("job %s layer %s: database still unreachable (%s); the reconciler will "
-                    "send the layer again", job_id, layer, exc)
-        lost = 1
+        log.warning("job %s layer %s: database still unreachable (%s); the layer is sent "
+                    "again with its loss, to be counted once the database answers",
+                    job_id, layer, exc)
+        unrecorded = {
+            "attempt": attempt,
+            "cause": f"its database connection was lost ({message}) and the database "
+                     f"could not be reached to record it ({type(exc).__name__})"}
+        raise Transient(message, retry_in=5.0, unrecorded=unrecorded) from None
     raise Transient(message, retry_in=min(5.0 * 2 ** max(lost - 1, 0), 300.0))
 
 
-def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> Outcome:
+def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str,
+                    lost: dict | None, started: dict) -> Outcome:
     state = jobdb.layer_state(conn, job.id, layer)
     if state is not None and state.status == Status.DONE:
         finalize_if_complete(conn, url, job.id)  # a retried job whose final step never ran
         return Outcome.ALREADY_DONE
-    if state is not None and state.status == Status.RUNNING and poisoned(conn, job.id, layer,
-                                                                          state):
+    if state is not None and state.status == Status.RUNNING and _lost_before(conn, job.id,
+                                                                             layer, state,
+                                                                             lost):
         return Outcome.FAILED
-    jobdb.start_layer(conn, job.id, layer, worker)
+    started["attempt"] = jobdb.start_layer(conn, job.id, layer, worker)
     try:
         here = _loaded(conn, job)
         jobdb.set_checkpoint(conn, job.id, here.ids.checkpoint_id)
@@ -244,6 +268,21 @@ def _process_locked(conn, url: str, job: JobRow, layer: int, worker: str) -> Out
     return outcome
 
 
+def _lost_before(conn, job_id: int, layer: int, state: jobdb.LayerState,
+                 lost: dict | None) -> bool:
+    """The layer is marked running, yet this delivery holds its lock: its last start was
+    lost. If this task was sent again by the start that lost its database connection
+    (``lost`` names that start, and no start came after it), the loss is counted as that;
+    otherwise the start died without a word (``poisoned``). True if the layer failed."""
+    if lost is not None and lost.get("attempt") == state.attempts:
+        log.warning("job %s: layer %s lost (%s)", job_id, layer, lost["cause"])
+        return jobdb.lose_layer(conn, job_id, layer, resends=state.resends,
+                                limit=get_settings().ncat_max_attempts,
+                                cause=str(lost["cause"]), then="count",
+                                kind="database unreachable")
+    return poisoned(conn, job_id, layer, state)
+
+
 def poisoned(conn, job_id: int, layer: int, state: jobdb.LayerState) -> bool:
     """This delivery holds the layer's lock, yet the layer is still marked running: the
     start before it died without a word (its process killed, out of memory, a crash in a
@@ -254,7 +293,8 @@ def poisoned(conn, job_id: int, layer: int, state: jobdb.LayerState) -> bool:
              f"an error (killed, out of memory or a crash), after {state.attempts} start(s)")
     log.warning("job %s: layer %s lost (%s)", job_id, layer, cause)
     return jobdb.lose_layer(conn, job_id, layer, resends=state.resends,
-                            limit=get_settings().ncat_max_attempts, cause=cause, then="count")
+                            limit=get_settings().ncat_max_attempts, cause=cause, then="count",
+                            kind="process died")
 
 
 def _fill_full_grids(conn, here: _Loaded, job: JobRow, layer: int,

@@ -7,7 +7,7 @@ import logging
 from celery.signals import worker_process_init, worker_ready
 
 from jobs.broker import EXPLAIN_PROMPT, RUN_LAYER
-from jobs.celery_app import app, send_layer
+from jobs.celery_app import app, queue_name, send_layer
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,9 @@ def _start_reconciler(sender=None, **_) -> None:
     settings = get_settings()
 
     def send(job_id: int, layer: int) -> None:
-        send_layer(app, job_id, layer)
+        from schema.identity import identity_of
+
+        send_layer(app, job_id, layer, catalog=identity_of(_db_url()))
 
     global _RECONCILER
     _RECONCILER = Reconciler(_db_url(), send, resolve_redis_url(settings), queue_name(),
@@ -72,21 +74,51 @@ def _db_url() -> str:
     return resolve_database_url()
 
 
+def _others(task, catalog: str | None) -> bool:
+    """Whether the message names another catalog than this worker's (schema.identity).
+    Then it is sent again to the same queue, unchanged, for a worker of its own catalog
+    to take (after a pause, so that a queue no owner serves is not spun through), and
+    this delivery is acknowledged: never run here, never dropped. A message without a
+    catalog (sent by catalog 0.11.0 or before) is taken as this catalog's."""
+    import time
+
+    from catalog.config.settings import get_settings
+    from schema.identity import identity_of
+
+    if catalog is None or catalog == identity_of(_db_url()):
+        return False
+    log.info("%s %s: a message of catalog %s, not this worker's (%s); left in the queue "
+             "for its own workers", task.name, list(task.request.args), catalog,
+             identity_of(_db_url()))
+    time.sleep(get_settings().ncat_busy_retry_seconds)
+    app.send_task(task.name, args=list(task.request.args),
+                  kwargs=dict(task.request.kwargs or {}),
+                  queue=(task.request.delivery_info or {}).get("routing_key") or queue_name())
+    return True
+
+
 @app.task(name=RUN_LAYER, bind=True, max_retries=None)
-def run_layer(self, job_id: int, layer: int) -> str:
+def run_layer(self, job_id: int, layer: int, catalog: str | None = None,
+              lost: dict | None = None) -> str:
     """Compute and store one layer of one job (and, if it is the last, the summary).
 
     A layer whose lock another session holds is sent again after
     NCAT_BUSY_RETRY_SECONDS, never dropped: if that session dies, the layer still runs.
+    ``catalog``: the identity of the catalog the job is in (another catalog's message is
+    left for its workers); ``lost``: a loss of the layer that the database could not be
+    told about when it happened (jobs.runner), counted by this delivery.
     """
     from catalog.config.settings import get_settings
     from jobs.runner import Outcome, Transient, process_layer
 
+    if _others(self, catalog):
+        return "another catalog's"
     try:
         outcome = process_layer(_db_url(), job_id, layer,
-                                worker=self.request.hostname or "worker")
+                                worker=self.request.hostname or "worker", lost=lost)
     except Transient as exc:  # the database connection dropped: the layer is queued again
-        raise self.retry(countdown=exc.retry_in) from None
+        raise self.retry(countdown=exc.retry_in,
+                         kwargs={"catalog": catalog, "lost": exc.unrecorded}) from None
     log.info("job %s layer %s: %s", job_id, layer, outcome)
     if outcome is Outcome.BUSY:
         raise self.retry(countdown=get_settings().ncat_busy_retry_seconds)
@@ -94,10 +126,13 @@ def run_layer(self, job_id: int, layer: int) -> str:
 
 
 @app.task(name=EXPLAIN_PROMPT, bind=True)
-def explain_prompt(self, request_id: int) -> str:
-    """Explain one requested prompt and store it (jobs.explain_jobs.process)."""
+def explain_prompt(self, request_id: int, catalog: str | None = None) -> str:
+    """Explain one requested prompt and store it (jobs.explain_jobs.process), if the
+    message is this worker's catalog's."""
     from jobs.explain_jobs import process
 
+    if _others(self, catalog):
+        return "another catalog's"
     outcome = process(_db_url(), request_id, worker=self.request.hostname or "worker")
     log.info("explain request %s: %s", request_id, outcome)
     return outcome

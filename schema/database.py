@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -112,12 +113,59 @@ __all__ = ["Settings", "embedded_running", "port_open", "psql_url", "resolve_dat
 
 
 def psql_url(url: str) -> str:
-    """A database URL as psql and libpq take it: no SQLAlchemy driver suffix
-    (``postgresql+psycopg://`` -> ``postgresql://``), the password hidden."""
-    from sqlalchemy.engine import make_url
+    """A database URL as psql and libpq take it, safe to show: no SQLAlchemy driver
+    suffix (``postgresql+psycopg://`` -> ``postgresql://``), no secret (``shown_url``)."""
+    return shown_url(url, driver=False)
 
-    try:
-        u = make_url(url)
-        return u.set(drivername=u.get_backend_name()).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy knows: show no part of it
-        return "the configured URL"
+
+_HOST = r"(?:[A-Za-z0-9._%-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?"
+_SHOWABLE = re.compile(
+    r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://"
+    r"(?:(?P<user>[A-Za-z0-9._~%-]*)(?P<password>:[^@/?#]*)?@)?"
+    rf"(?P<hosts>{_HOST}(?:,{_HOST})*)"
+    r"(?:/(?P<database>[^/?#@]*))?(?:\?(?P<query>[^#@]*))?$")
+# query parameters that are shown (every other one, a password among them, is not)
+_PLAIN_PARAMS = ("user", "host", "hostaddr", "port", "dbname", "sslmode", "connect_timeout",
+                 "application_name", "target_session_attrs", "gssencmode")
+
+
+def url_is_clean(url: str) -> bool:
+    """Whether where a URL's password ends is certain: at most one ``@``, and none after
+    a ``/``, ``?`` or ``#`` of the part after ``scheme://`` (libpq ends the user part at
+    the first ``@``; a password with an unencoded ``@``, ``/`` or ``?`` puts its tail in
+    the host, which libpq's own errors then print). Percent-encode them (``@`` is %40)."""
+    rest = url.strip().split("://", 1)[-1]
+    if rest.count("@") > 1:
+        return False
+    at = rest.find("@")
+    return at < 0 or not any(c in rest[:at] for c in "/?#")
+
+
+def shown_url(url: str, driver: bool = True) -> str:
+    """A database or broker URL as every command shows it: scheme, user, host, port and
+    database, with ``***`` where a password was (in the user part or the query string)
+    and only the harmless query parameters. A URL that does not parse cleanly (an
+    unencoded ``@``, ``/`` or ``?`` in its password makes where the host begins a guess)
+    shows its scheme only: a guess could print the password's tail as the host."""
+    from urllib.parse import parse_qsl
+
+    m = _SHOWABLE.match(url.strip()) if url_is_clean(url) else None
+    if m is None:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        ok = re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme)
+        return (f"a {scheme.split('+')[0]} URL (not shown: it does not parse cleanly; "
+                "percent-encode reserved characters such as @ in a password)") if ok \
+            else "the configured URL"
+    g = m.groupdict()
+    scheme = g["scheme"] if driver else g["scheme"].split("+")[0]
+    params = parse_qsl(g["query"] or "", keep_blank_values=True)
+    user = g["user"] or ""
+    auth = (f"{user}:***@" if g["password"] is not None else f"{user}@") if (
+        user or g["password"] is not None) else ""
+    out = f"{scheme}://{auth}{g['hosts']}" + (
+        f"/{g['database']}" if g["database"] is not None else "")
+    kept = [f"{k}={v}" if k in _PLAIN_PARAMS else f"{k}=***" for k, v in params
+            if k in _PLAIN_PARAMS or "pass" in k.lower()]
+    if len(kept) < len(params):
+        kept.append("...")  # parameters not shown (an sslkey path, options)
+    return out + ("?" + "&".join(kept) if kept else "")

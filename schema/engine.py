@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from schema.database import resolve_database_url
+from schema.database import resolve_database_url, shown_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def wait_for(url: str, timeout: float = 30.0) -> None:
             time.sleep(0.5)
     first = (str(last).strip().splitlines() or [type(last).__name__])[0]
     raise DatabaseUnreachable(
-        f"PostgreSQL at {make_url(url).render_as_string(hide_password=True)} did not answer "
+        f"PostgreSQL at {shown_url(url)} did not answer "
         f"within {timeout:.0f} s: {first}")
 
 
@@ -197,7 +197,7 @@ def _unreachable(exc: BaseException) -> bool:
 def require_current(url: str) -> str:
     """The URL, if its database is migrated to this code's head; else SchemaBehind saying
     to run ``ncat migrate`` (commands that write never migrate on their own)."""
-    shown = make_url(url).render_as_string(hide_password=True)
+    shown = shown_url(url)
     try:
         have = current_revision(url)
     except Exception as exc:

@@ -1,13 +1,16 @@
-"""The job tables (``job``, ``job_layer``, ``reconcile_event``, ``explain_request``): what
+"""The job tables (``job``, ``job_layer``, ``reconcile_event``, ``explain_request``,
+``catalog_identity``): what
 the queue's durable state is made of (docs/jobs.md), apart so that ``schema.tables`` stays short; it
 re-exports them, so that importing it registers every table."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -18,7 +21,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, OID, UUID
 from sqlmodel import Field, SQLModel
 
 from schema.columns import _fk, _now, _ts
@@ -78,6 +81,21 @@ class JobLayer(SQLModel, table=True):
                                                                     nullable=True))
     resends: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     sends: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    # what each of those losses was: 'process died', 'database unreachable', ... (0037)
+    loss_kinds: list[str] = Field(default_factory=list, sa_column=Column(
+        ARRAY(Text), nullable=False, server_default="{}"))
+
+
+class CatalogIdentity(SQLModel, table=True):
+    """The catalog's identity (one row, migration 0037; schema.identity): every queue
+    message names it, so a worker never runs or drops another catalog's message."""
+
+    __tablename__ = "catalog_identity"
+    one: bool = Field(default=True, sa_column=Column(Boolean, primary_key=True,
+                                                     server_default=text("true")))
+    id: uuid.UUID = Field(sa_column=Column(UUID(as_uuid=True), nullable=False))
+    db_oid: int = Field(sa_column=Column(OID, nullable=False))
+    minted_at: datetime = Field(default_factory=_now, sa_column=_ts())
 
 
 class ReconcileEvent(SQLModel, table=True):

@@ -86,46 +86,69 @@ def layer_state(conn: psycopg.Connection, job_id: int, layer: int) -> LayerState
     return LayerState(*row) if row else None
 
 
-def count_loss(conn: psycopg.Connection, job_id: int, layer: int, cause: str) -> None:
-    """One more loss of the layer (``resends``), with its cause, without queueing it: the
-    caller is about to start it again."""
-    conn.execute("UPDATE job_layer SET resends = resends + 1, error = %s "
-                 "WHERE job_id = %s AND layer = %s", (cause[:ERROR_CHARS], job_id, layer))
+def count_loss(conn: psycopg.Connection, job_id: int, layer: int, cause: str,
+               kind: str) -> None:
+    """One more loss of the layer (``resends``, ``loss_kinds``), with its cause, without
+    queueing it: the caller is about to start it again."""
+    conn.execute("UPDATE job_layer SET resends = resends + 1, error = %s, "
+                 "loss_kinds = loss_kinds || %s::text WHERE job_id = %s AND layer = %s",
+                 (cause[:ERROR_CHARS], kind, job_id, layer))
+
+
+LOSS_KINDS = ("process died", "database unreachable", "no heartbeat")
+
+
+def tally(kinds: list[str]) -> str:
+    """'database unreachable 3 times' or 'process died 2 times, no heartbeat once': what
+    a layer's losses were, in the order each kind first happened."""
+    counts: dict[str, int] = {}
+    for k in kinds:
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{k} {'once' if n == 1 else f'{n} times'}" for k, n in counts.items())
 
 
 def lose_layer(conn: psycopg.Connection, job_id: int, layer: int, *, resends: int,
-               limit: int, cause: str, then: str) -> bool:
+               limit: int, cause: str, then: str, kind: str) -> bool:
     """The one rule for a layer lost while running (its process died without a word, or
     its task or database connection was lost; the reconciler, a worker's redelivery and a
     worker that lost its connection all come here): the loss is counted in ``resends``
-    (losses since a person last queued it, ``resends`` before this one); the ``limit``-th
-    (NCAT_MAX_ATTEMPTS) fails the layer and its job with the cause, otherwise ``then``:
-    'resend' (back to queued, to be sent again) or 'count' (the caller starts it again
-    now). True if the layer failed."""
+    (losses since a person last queued it, ``resends`` before this one) and its ``kind``
+    (one of LOSS_KINDS) in ``loss_kinds``; the ``limit``-th (NCAT_MAX_ATTEMPTS) fails the
+    layer and its job with every loss's kind counted and the last one's cause, otherwise
+    ``then``: 'resend' (back to queued, to be sent again) or 'count' (the caller starts it
+    again now). True if the layer failed."""
     if then not in ("resend", "count"):
         raise ValueError(f"then must be 'resend' or 'count', got {then!r}")
+    if kind not in LOSS_KINDS:
+        raise ValueError(f"kind must be one of {LOSS_KINDS}, got {kind!r}")
     lost = resends + 1
     if lost >= limit:
+        row = conn.execute("SELECT loss_kinds FROM job_layer WHERE job_id = %s AND layer = %s",
+                           (job_id, layer)).fetchone()
+        kinds = list(row[0])[-(lost - 1):] if row and lost > 1 else []
+        kinds = ["kind not recorded"] * (lost - 1 - len(kinds)) + kinds  # before 0037
         fail_layer(conn, job_id, layer,
-                   f"layer {layer} was lost {lost} times while running: {cause}; "
-                   f"NCAT_MAX_ATTEMPTS is {limit}, so it is not started again "
-                   "(`ncat retry` does)")
+                   f"layer {layer} was lost {lost} times while running "
+                   f"({tally(kinds + [kind])}); the last: {cause}; NCAT_MAX_ATTEMPTS is "
+                   f"{limit}, so it is not started again (`ncat retry` does)")
         return True
     if then == "resend":
-        resend_layer(conn, job_id, layer, error=cause, only_running=True)
+        resend_layer(conn, job_id, layer, error=cause, only_running=True, kind=kind)
     else:
-        count_loss(conn, job_id, layer, cause)
+        count_loss(conn, job_id, layer, cause, kind)
     return False
 
 
-def start_layer(conn: psycopg.Connection, job_id: int, layer: int, worker: str) -> None:
-    """The job is running (if it was queued) and this layer is, on ``worker``."""
+def start_layer(conn: psycopg.Connection, job_id: int, layer: int, worker: str) -> int:
+    """The job is running (if it was queued) and this layer is, on ``worker``; returns
+    this start's number (``attempts``)."""
     conn.execute("UPDATE job SET status = %s, updated_at = now() WHERE id = %s AND status = %s",
                  (Status.RUNNING, job_id, Status.QUEUED))
-    conn.execute("UPDATE job_layer SET status = %s, worker = %s, started_at = now(), "
-                 "heartbeat_at = now(), attempts = attempts + 1, error = NULL "
-                 "WHERE job_id = %s AND layer = %s",
-                 (Status.RUNNING, worker, job_id, layer))
+    return int(scalar(conn.execute(
+        "UPDATE job_layer SET status = %s, worker = %s, started_at = now(), "
+        "heartbeat_at = now(), attempts = attempts + 1, error = NULL "
+        "WHERE job_id = %s AND layer = %s RETURNING attempts",
+        (Status.RUNNING, worker, job_id, layer))))
 
 
 def finish_layer(conn: psycopg.Connection, job_id: int, layer: int, status: Status,
@@ -143,17 +166,19 @@ def fail_layer(conn: psycopg.Connection, job_id: int, layer: int, error: str) ->
 
 
 def resend_layer(conn: psycopg.Connection, job_id: int, layer: int, *,
-                 error: str | None = None, only_running: bool = False) -> bool:
+                 error: str | None = None, only_running: bool = False,
+                 kind: str = "no heartbeat") -> bool:
     """The layer back to queued, to be sent again: ``resends`` counts one more loss since
     a person last queued it (the reconciler and a worker that lost its connection both
     come here). With ``only_running``, only a layer still marked running; True if the row
     changed."""
     cond = "AND status = %s" if only_running else ""
-    params: tuple = (Status.QUEUED, None if error is None else error[:ERROR_CHARS],
+    params: tuple = (Status.QUEUED, None if error is None else error[:ERROR_CHARS], kind,
                      job_id, layer) + ((Status.RUNNING,) if only_running else ())
     return conn.execute(
         "UPDATE job_layer SET status = %s, error = coalesce(%s, error), sent_at = now(), "
-        f"resends = resends + 1 WHERE job_id = %s AND layer = %s {cond} RETURNING layer",
+        "resends = resends + 1, loss_kinds = loss_kinds || %s::text "
+        f"WHERE job_id = %s AND layer = %s {cond} RETURNING layer",
         params).fetchone() is not None
 
 
@@ -240,7 +265,7 @@ def requeue(conn: psycopg.Connection, job_id: int, *, only_unfinished: bool,
     cond = "AND status <> 'done'" if only_unfinished else ""
     layers = [r[0] for r in conn.execute(
         f"UPDATE job_layer SET status = %s, error = NULL, sent_at = now(), resends = 0, "
-        "sends = 0 "
+        "sends = 0, loss_kinds = '{}' "
         f"WHERE job_id = %s {cond} "
         "RETURNING layer", (Status.QUEUED, job_id)).fetchall()]
     conn.execute("UPDATE job SET status = %s, error = NULL, failed_layer = NULL, "

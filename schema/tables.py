@@ -40,6 +40,7 @@ from sqlmodel import Field, SQLModel
 from schema.columns import _fk, _now, _ts
 from schema.explanation_columns import ExplanationColumns
 from schema.fit_columns import FitColumns
+from schema.job_tables import CatalogIdentity as CatalogIdentity
 from schema.job_tables import ExplainRequestRow as ExplainRequestRow
 from schema.job_tables import Job as Job
 from schema.job_tables import JobLayer as JobLayer

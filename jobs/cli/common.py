@@ -104,8 +104,12 @@ def check_database_url(url: str, name: str = "--database-url") -> str:
     came from (``name``) otherwise, never the URL itself."""
     from sqlalchemy.engine import make_url
 
-    from schema.database import with_driver
+    from schema.database import url_is_clean, with_driver
 
+    if not url_is_clean(url):
+        raise ValueError(f"{name} does not parse cleanly: an '@', '/', '?' or '#' in its "
+                         "password must be percent-encoded ('@' is %40, '/' is %2F, '?' is "
+                         "%3F, '#' is %23), or libpq reads part of the password as the host")
     try:
         parsed = make_url(with_driver(url))
     except Exception:  # noqa: BLE001 - any parse failure is the same refusal
@@ -176,12 +180,10 @@ def service_error(exc: BaseException, args=None) -> str | None:
 
 
 def hide_password(url: str) -> str:
-    from sqlalchemy.engine import make_url
+    """The URL as commands show it: no password in any form (schema.database.shown_url)."""
+    from schema.database import shown_url
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy knows: show no part of it
-        return "the configured URL"
+    return shown_url(url)
 
 
 def ncat_command() -> str:

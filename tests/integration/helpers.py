@@ -229,3 +229,87 @@ def migration_module(filename: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class CuttableLink:
+    """A TCP relay in front of a real PostgreSQL that a test can cut, as a network
+    outage or a stopped server would: ``cut()`` closes every connection through it and
+    refuses new ones (accepted, then closed at once: the client reads "server closed the
+    connection unexpectedly") until ``restore()``. ``url(db_url)``: the same database
+    through the relay."""
+
+    def __init__(self, db_url: str) -> None:
+        import socket
+        import threading
+
+        u = make_url(db_url)
+        self.target = (u.host or "localhost", u.port or 5432)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.up = threading.Event()
+        self.up.set()
+        self.lock = threading.Lock()
+        self.open: list = []
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, db_url: str) -> str:
+        return make_url(db_url).set(host="127.0.0.1", port=self.port).render_as_string(
+            hide_password=False)
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            if not self.up.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self.lock:
+                self.open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.up.clear()
+        self.cuts += 1
+        with self.lock:
+            for s in self.open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+            self.open = []
+
+    def restore(self) -> None:
+        self.up.set()
+
+    def close(self) -> None:
+        self.cut()
+        self.server.close()

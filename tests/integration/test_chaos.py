@@ -34,7 +34,7 @@ from jobs.store_results import catalog_checkpoint
 from schema import store
 from schema.engine import migrate
 
-from helpers import Redis, checksums, drop_database, new_database_url, statuses
+from helpers import CuttableLink, Redis, checksums, drop_database, new_database_url, statuses
 from tiny_model import TINY
 
 # recovery is bounded in seconds, and the reconciler's timings are short
@@ -282,7 +282,8 @@ def test_a_layer_whose_process_dies_every_time_fails_its_job_and_retry_finishes_
         raise AssertionError(f"no verdict in 300 s: {statuses(chaos.url)}\n{chaos.logs()}")
     st = statuses(chaos.url)[bad]
     assert st.failed_layer == 1
-    assert "layer 1 was lost 3 times while running" in st.error, st.error
+    assert "layer 1 was lost 3 times while running (process died 3 times)" in st.error, \
+        st.error
     assert "died without an error" in st.error and "ncat retry" in st.error
     kills = [m for m in chaos.marks() if m[0] == "poison"]
     assert len(kills) == 3  # it ran (and died) NCAT_MAX_ATTEMPTS times, then no more
@@ -302,3 +303,57 @@ def test_a_layer_whose_process_dies_every_time_fails_its_job_and_retry_finishes_
         assert conn.execute(
             "SELECT count(*) FROM layer_result r JOIN checkpoint c ON c.id = r.checkpoint_id "
             "WHERE c.step = 300").fetchone()[0] == TINY.n_layers
+
+
+def test_a_layer_whose_database_goes_away_each_time_fails_naming_the_database(
+        chaos, monkeypatch, tmp_path):
+    """The worker reaches PostgreSQL through a link the test cuts while a layer computes,
+    and keeps cut until the worker has tried to record the loss: the database is gone
+    when the loss happens, three times. The layer fails after NCAT_MAX_ATTEMPTS with
+    "database unreachable 3 times", not as a process that died (its process never did:
+    the loss rides on the task sent again, and the next delivery counts it)."""
+    monkeypatch.setenv("NCAT_MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("NCAT_STALE_SECONDS", "600")  # no reconciler verdict in between
+    link = CuttableLink(chaos.url)
+    monkeypatch.setenv("DATABASE_URL", link.url(chaos.url))
+    try:
+        chaos.start_worker("w1")
+        config = ScienceConfig(operand_hi=12, pairs_per_op=5, faithfulness_prompts=20)
+        job = enq.enqueue(chaos.url, model_name(TINY), "300", config, layers=[1])[0].job_id
+        for lost in range(1, 4):
+            _wait_for_starts(chaos, lost, tmp_path)
+            link.cut()  # while the layer sleeps before computing: its writes will fail
+            t0 = time.monotonic()
+            while (tmp_path / "worker-w1.log").read_text().count(
+                    "database still unreachable") < lost:
+                assert time.monotonic() - t0 < 60, chaos.logs()
+                time.sleep(0.2)
+            link.restore()
+        t0 = time.monotonic()
+        while statuses(chaos.url)[job].status != "failed":
+            assert time.monotonic() - t0 < 120, (statuses(chaos.url), chaos.logs())
+            time.sleep(0.5)
+    finally:
+        link.close()
+    st = statuses(chaos.url)[job]
+    assert st.failed_layer == 1
+    assert "layer 1 was lost 3 times while running (database unreachable 3 times)" in \
+        st.error, st.error
+    assert "died without an error" not in st.error
+    assert "could not be reached to record it" in st.error
+    assert len([m for m in chaos.marks() if m[0] == "layer"]) == 3  # three starts, no more
+
+
+def _wait_for_starts(chaos, n: int, tmp_path, timeout: float = 120) -> None:
+    """Until the layer has been started ``n`` times (its marks), or fail with who holds
+    the catalog's advisory locks."""
+    t0 = time.monotonic()
+    while len([m for m in chaos.marks() if m[0] == "layer"]) < n:
+        if time.monotonic() - t0 > timeout:
+            with store.connect(chaos.url) as conn:
+                holders = conn.execute(
+                    "SELECT l.pid, a.state, a.backend_start, a.query FROM pg_locks l JOIN "
+                    "pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory'").fetchall()
+            raise AssertionError(f"start {n} never came; lock holders {holders}; "
+                                 f"{(tmp_path / 'worker-w1.log').read_text()[-4000:]}")
+        time.sleep(0.1)

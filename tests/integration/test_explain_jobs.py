@@ -62,7 +62,7 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
     with store.connect(queue.url, autocommit=True) as conn:
         bad, _ = request_explanation(conn, **where, prompt="3-9=", seeds=0)
     for request_id in (first.id, bad.id):
-        resend(request_id)  # through the broker this time
+        resend(queue.url, request_id)  # through the broker this time
     queue.start_worker()
     wait_until(lambda: _state(queue.url, ids, "13+6=").status == "done"
                and _state(queue.url, ids, "3-9=").status == "failed",
@@ -102,7 +102,7 @@ def test_a_worker_explains_a_requested_prompt_as_explain_does(queue, tiny_builti
         == [[(x["label"], x["side"], x["holds"]) for x in r["labels"]] for r in want["toward"]]
 
     # the same message delivered again: dropped, nothing rewritten
-    resend(first.id)
+    resend(queue.url, first.id)
     wait_until(lambda: queue.worker_log().count("skipped (done, failed or unknown)") >= 1,
                timeout=120, what="the repeated message to be dropped")
     with store.connect(queue.url) as conn:

@@ -68,6 +68,15 @@ def test_commands_that_write_ask_for_a_migration_instead_of_migrating(empty_db, 
     assert main(["migrate", "--database-url", secret]) == 0
     out = capsys.readouterr().out
     assert "database migrated to head" in out and "s3cr3t-pw" not in out, out
+    # the password in the query string, as libpq also takes it: migrate and status say
+    # where, with the password starred
+    in_query = f"{empty_db}?sslmode=disable&password=s3cr3t-qs"
+    for argv in (["migrate"], ["status"]):
+        assert main(argv + ["--database-url", in_query]) == 0
+        said = capsys.readouterr()
+        assert "s3cr3t-qs" not in said.out + said.err, said
+        if argv == ["migrate"]:
+            assert "?sslmode=disable&password=***\n" in said.out, said.out
     with store.connect(empty_db, autocommit=True) as conn:  # an older schema
         conn.execute("UPDATE alembic_version SET version_num = '0001'")
     assert main(["catalog", "builtin", "--hi", "12", "--database-url", empty_db]) == 2

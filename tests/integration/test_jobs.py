@@ -88,7 +88,7 @@ def test_one_request_queues_the_latest_checkpoint_first(queue):
     order asked for): one worker summarizes step 300 first, and 256 and 128 each measure
     the final circuit in their own summaries, so nothing is loaded again afterwards."""
     sent: list[tuple[int, int]] = []
-    broker = enq._broker_send()
+    broker = enq._broker_send(queue.url)
 
     def send(job_id: int, layer: int) -> None:  # the broker's, watched
         sent.append((job_id, layer))
@@ -532,8 +532,8 @@ def test_a_broker_restarted_empty_while_messages_go_out_is_not_called_queued(
     real = enqueue_module._celery_send
     sent = []
 
-    def send_then_restart(job_id, layer):
-        real(job_id, layer)
+    def send_then_restart(job_id, layer, catalog):
+        real(job_id, layer, catalog)
         sent.append(layer)
         if len(sent) == 1:
             broker.restart_empty()  # a restarted Redis without its data

@@ -82,11 +82,42 @@ def test_a_layer_lost_too_often_fails_its_job_and_retry_starts_over(db, tiny_bui
     acts = reconcile(db, lambda *a: None, set(), SETTINGS)
     assert [a.action for a in acts] == ["failed"]
     st = enq.job_statuses(db, [job])[0]
-    assert st.status == "failed" and "lost 3 times" in st.error
+    assert st.status == "failed" and "lost 3 times while running (no heartbeat 3 times)" \
+        in st.error, st.error
     assert enq.retry(db, job, send=lambda *a: None) == list(range(TINY.n_layers))
     with store.connect(db) as conn:
-        assert conn.execute("SELECT max(resends) FROM job_layer WHERE job_id = %s",
-                            (job,)).fetchone()[0] == 0
+        assert conn.execute("SELECT max(resends), max(cardinality(loss_kinds)) FROM job_layer "
+                            "WHERE job_id = %s", (job,)).fetchone() == (0, 0)
+
+
+def test_a_layer_failed_for_its_losses_names_each_kind_counted(db, tiny_builtin):
+    """Each way a start is lost is counted under its own kind, and the failure names them
+    all (not only the last): a process that died, then silence the reconciler judged,
+    then a database that could not be reached."""
+    from catalog.builtin import model_name
+    from schema import jobs as jobdb
+
+    job = _job(db, model_name(TINY))
+    with store.connect(db, autocommit=True) as conn:
+        jobdb.start_layer(conn, job, 1, "w@a")
+        assert not jobdb.lose_layer(conn, job, 1, resends=0, limit=3, then="count",
+                                    cause="the process died", kind="process died")
+    _age(db, job, 10_000, status="running", worker="w@b")
+    with store.connect(db, autocommit=True) as conn:  # layer 0 is not lost here
+        conn.execute("UPDATE job_layer SET heartbeat_at = now(), sent_at = now() "
+                     "WHERE job_id = %s AND layer = 0", (job,))
+    assert [a.action for a in reconcile(db, lambda *a: None, set(), SETTINGS)] == ["resent"]
+    with store.connect(db, autocommit=True) as conn:
+        assert jobdb.start_layer(conn, job, 1, "w@c") == 2
+        with pytest.raises(ValueError, match="kind must be one of"):
+            jobdb.lose_layer(conn, job, 1, resends=2, limit=3, then="count", cause="x",
+                             kind="gremlins")
+        assert jobdb.lose_layer(conn, job, 1, resends=2, limit=3, then="count",
+                                cause="the database was away", kind="database unreachable")
+    st = enq.job_statuses(db, [job])[0]
+    assert st.status == "failed"
+    assert ("layer 1 was lost 3 times while running (process died once, no heartbeat once, "
+            "database unreachable once); the last: the database was away") in st.error
 
 
 def test_a_summary_nobody_holds_is_resumed(db, tiny_builtin):

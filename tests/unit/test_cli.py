@@ -239,24 +239,42 @@ def test_measure_refuses_by_the_cheap_limits_before_any_estimate_or_write(
     assert sorted(str(p) for p in root.parent.rglob("*")) == before  # nothing written
 
 
+SECRET = "S3CRET-PW-x"
+# a password as a URL may carry it: its user part, its query string, and unencoded (an
+# '@' in it: libpq would take its tail for the host, and print it in its errors)
+URL_FORMS = {
+    "user part": (f"postgresql://ncat:{SECRET}@127.0.0.1:1/ncat", 3),
+    "query string": (f"postgresql://ncat@127.0.0.1:1/ncat?sslmode=disable&password={SECRET}",
+                     3),
+    "unencoded @": (f"postgresql://ncat:{SECRET}@TAIL-x@127.0.0.1:1/ncat", 2),
+}
+
+
+@pytest.mark.parametrize("form", list(URL_FORMS))
 @pytest.mark.parametrize("args", [
     ["report", "builtin"], ["export", "neuron_evolution", "--out", "x.csv"],
     ["catalog", "builtin", "--hi", "12"], ["enqueue", "builtin", "--hi", "12"],
     ["plan", "builtin", "--hi", "12"], ["status"], ["cancel", "1"], ["retry", "1"],
+    ["migrate"],
 ], ids=lambda a: a[0])
-def test_no_command_prints_the_database_password(args, tmp_path):
-    """Every command that takes --database-url, its server down: exit 3 with a message
-    that names the server and never the password (`ncat migrate`'s success line is
-    tested against a live server in tests/integration/test_export_cli.py)."""
-    secret = "S3CRET-PW-x"
+def test_no_command_prints_the_database_password(args, form, tmp_path):
+    """Every command that takes --database-url, its server down, with the password in
+    each place a URL can hold one: exit 3 with a message that names the server and never
+    the password, or, for a URL whose password end is a guess, exit 2 before any
+    connection, saying to percent-encode (`ncat migrate`'s and `ncat status`'s output
+    against a live server are tested in tests/integration/test_export_cli.py)."""
+    url, code = URL_FORMS[form]
     env = {**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0", "NCAT_HOME": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", *args, "--database-url",
-         f"postgresql://ncat:{secret}@127.0.0.1:1/ncat"], cwd=tmp_path, env=env,
-        capture_output=True, text=True, timeout=120)
-    assert out.returncode == 3, (out.returncode, out.stdout[-500:], out.stderr[-500:])
-    assert secret not in out.stdout + out.stderr
-    assert "127.0.0.1:1" in out.stderr  # it says which server it could not reach
+        [sys.executable, "-m", "jobs.cli", *args, "--database-url", url], cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=120)
+    said = out.stdout + out.stderr
+    assert out.returncode == code, (out.returncode, out.stdout[-500:], out.stderr[-500:])
+    assert SECRET not in said and "TAIL" not in said, said[-800:]
+    if code == 3:
+        assert "127.0.0.1:1" in out.stderr  # it says which server it could not reach
+    if code == 2:
+        assert "percent-encoded" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_printed_urls_are_psql_ready_and_printed_commands_run_without_the_venv(

@@ -264,7 +264,7 @@ def _worker_branch(ids: tuple[int, int, int], model, prompt: str, limit: int
         if right.button("Send again", key="prompt-resend",
                         help="send the request's message again (a restarted broker loses "
                              "queued messages); a worker drops a request already done"):
-            resend(req.id)
+            resend(data.database_url(), req.id)
         return None
     label = "Explain it again on a worker" if stored is not None else "Explain on a worker"
     if st.button(label, key="prompt-queue"):
