@@ -19,8 +19,10 @@ pass run at a time across workers. A pass finds, for jobs that are queued or run
   it). They go back to running and one message goes out; the worker that takes it finds
   the layer stored and runs the final step.
 
-Each pass also cancels analysts' statements (``catalog_reader``, e.g. through psql) that
-run past the role's statement_timeout plus a grace: a session may raise its own timeout.
+Each pass also holds the analysts' sessions (``catalog_reader``, e.g. through psql) to the
+role's bounds plus a grace (``schema.console.bound_readers``): statements past the
+statement timeout are cancelled, sessions idle past the idle timeout and transactions open
+past the transaction timeout are ended; a session may lengthen its own timeouts.
 
 What it did is written to ``reconcile_event`` (``ncat status`` shows it). Messages go out
 after the transaction commits, so a worker always finds the rows they point to.
@@ -40,7 +42,7 @@ from jobs.broker import RUN_LAYER
 from jobs.locks import LOCK_NAMESPACE, RECONCILE_KEY, SUMMARY_SLOT, layer_lock_key
 from schema import jobs as jobdb
 from schema import store
-from schema.console import cancel_overdue_readers
+from schema.console import bound_readers
 from schema.identity import identity_of
 from schema.jobs import Status, active_layers
 
@@ -188,7 +190,7 @@ class Reconciler(threading.Thread):
                               self.settings.ncat_reconcile_seconds)
             try:
                 with store.connect(self.url, autocommit=True, connect_timeout=10) as conn:
-                    cancel_overdue_readers(conn)
+                    bound_readers(conn)
             except Exception:  # noqa: BLE001 - the guard is tried again next time
                 log.exception("reconciler: the guard on analysts' statements failed")
             self.stopped.wait(self.settings.ncat_reconcile_seconds)

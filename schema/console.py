@@ -323,13 +323,24 @@ READER = "catalog_reader"
 READER_GRACE_S = 5.0  # beyond the role's own statement_timeout
 
 
-def reader_timeout(conn) -> float:
-    """The analysts' role's statement_timeout in seconds (its role setting; 10 s if none)."""
+def reader_setting_s(conn, name: str, default: str) -> float:
+    """One of the analysts' role's time settings in seconds (its role setting, else
+    ``default``, a PostgreSQL interval such as '10s')."""
     value = store.scalar(conn.execute(
         "SELECT coalesce((SELECT split_part(c, '=', 2) FROM pg_roles r, unnest(r.rolconfig) c "
-        "WHERE r.rolname = %s AND c LIKE 'statement_timeout=%%'), '10s')", (READER,)))
+        "WHERE r.rolname = %s AND c LIKE %s), %s)", (READER, f"{name}=%", default)))
     return float(store.scalar(conn.execute("SELECT extract(epoch FROM %s::interval)",
                                            (value,))))
+
+
+def reader_timeout(conn) -> float:
+    """The analysts' role's statement_timeout in seconds (its role setting; 10 s if none)."""
+    return reader_setting_s(conn, "statement_timeout", "10s")
+
+
+# what migration 0038 gives the role; a server without the setting is held to it too
+READER_IDLE = "10min"  # idle_session_timeout
+READER_TRANSACTION = "5min"  # transaction_timeout (PostgreSQL 17+)
 
 
 GUARD = "ncat_reader_guard"  # schema/reader_guard, loaded by migration 0033
@@ -357,3 +368,43 @@ def cancel_overdue_readers(conn, limit_s: float | None = None) -> list[int]:
         log.warning("reconciler: cancelled a %s statement (pid %s) past %.0f s", READER,
                     pid, limit)
     return pids
+
+
+@dataclass
+class Bounded:
+    """What one pass of ``bound_readers`` did (the backends' pids)."""
+
+    cancelled: list[int]  # statements past the statement timeout
+    idle: list[int]  # sessions idle past the idle timeout: ended
+    long: list[int]  # transactions (a cursor fetched in pieces) past their bound: ended
+
+
+def bound_readers(conn, *, idle_s: float | None = None,
+                  transaction_s: float | None = None) -> Bounded:
+    """Hold the analysts' sessions in this database to the role's bounds, whatever a
+    session set for itself (PostgreSQL lets it): statements past the statement timeout
+    are cancelled (``cancel_overdue_readers``); sessions idle past the role's
+    idle_session_timeout (10 minutes, migration 0038) and transactions open past its
+    transaction_timeout (5 minutes: a psql cursor fetched in pieces, each under the
+    statement timeout) are ended, each plus a grace (``idle_s`` and ``transaction_s``
+    instead, where given). Each worker's reconciler runs it every pass."""
+    cancelled = cancel_overdue_readers(conn)
+    idle_limit = (reader_setting_s(conn, "idle_session_timeout", READER_IDLE) + READER_GRACE_S
+                  if idle_s is None else idle_s)
+    long_limit = (reader_setting_s(conn, "transaction_timeout", READER_TRANSACTION)
+                  + READER_GRACE_S if transaction_s is None else transaction_s)
+    mine = ("usename = %s AND datname = current_database() AND pid <> pg_backend_pid() AND "
+            "backend_type = 'client backend'")
+    idle = [r[0] for r in conn.execute(
+        f"SELECT pid FROM pg_stat_activity WHERE {mine} AND state = 'idle' "
+        "AND now() - state_change > make_interval(secs => %s)", (READER, idle_limit))]
+    long = [r[0] for r in conn.execute(
+        f"SELECT pid FROM pg_stat_activity WHERE {mine} AND xact_start IS NOT NULL "
+        "AND now() - xact_start > make_interval(secs => %s)", (READER, long_limit))]
+    for pids, what, limit in ((idle, "idle", idle_limit),
+                              (long, "with a transaction open", long_limit)):
+        for pid in pids:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            log.warning("reconciler: ended a %s session (pid %s) %s past %.0f s", READER,
+                        pid, what, limit)
+    return Bounded(cancelled, idle, long)

@@ -38,6 +38,10 @@ def wait_for(url: str, timeout: float = 30.0) -> None:
                 eng.dispose()
                 return
         except Exception as exc:  # server still starting
+            reason = login_refused(exc)
+            if reason is not None:  # it answered: waiting will not change its answer
+                raise LoginRefused(f"PostgreSQL at {shown_url(url)} refused the login: "
+                                   f"{reason}") from None
             last = exc
             time.sleep(0.5)
     first = (str(last).strip().splitlines() or [type(last).__name__])[0]
@@ -79,7 +83,42 @@ def migrate(url: str | None = None, revision: str = "head") -> str:
 
         with store.connect(url, autocommit=True) as conn:
             conn.execute(DATABASE_SETTINGS)
+            conn.execute(READER_DATABASE)
     return url
+
+
+# The reader guard (schema/reader_guard) refuses catalog_reader's logins to any database
+# not marked as a catalog: every migration to head marks this one (a copy of the database
+# does not carry the mark: it is the role's setting in this database, keyed by its oid).
+# Settings of the role are the server's, so a collision with another catalog migrating at
+# once is retried, as in 0022; a role that may not set it gets a warning.
+READER_DATABASE = """
+    DO $$ BEGIN
+      FOR tries IN 1..50 LOOP
+        BEGIN
+          IF NOT EXISTS (
+              SELECT FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+              JOIN pg_database d ON d.oid = s.setdatabase
+              WHERE r.rolname = 'catalog_reader' AND d.datname = current_database()
+                AND s.setconfig @> ARRAY['ncat_reader_guard.catalog_database=on']) THEN
+            EXECUTE format('ALTER ROLE catalog_reader IN DATABASE %I '
+                           'SET ncat_reader_guard.catalog_database = on', current_database());
+          END IF;
+          EXIT;
+        EXCEPTION
+          WHEN internal_error THEN
+            IF tries = 50 THEN
+              RAISE;
+            END IF;
+            PERFORM pg_sleep(0.05 + 0.2 * random());
+          WHEN insufficient_privilege THEN
+            RAISE WARNING 'neuron catalog: not allowed to mark % as a catalog for the '
+                          'reader guard (needs a superuser): catalog_reader''s logins to it '
+                          'are refused where the guard is loaded', current_database();
+            EXIT;
+        END;
+      END LOOP;
+    END $$;"""
 
 
 # What migrations 0013 and 0022 set on the database itself rather than in it: JIT off, and
@@ -178,6 +217,56 @@ def head_revision() -> str:
     return head
 
 
+# the server answered and refused the login: a wrong password (28P01), an unknown role or
+# a pg_hba.conf line that rejects it (28000), a database that does not exist (3D000)
+LOGIN_REFUSED = ("28P01", "28000", "3D000")
+# libpq reports a refusal at login as text only (no SQLSTATE on the exception)
+_REFUSALS = ("password authentication failed", "no password supplied", "does not exist",
+             "no pg_hba.conf entry", "pg_hba.conf rejects", "permission denied for database",
+             "catalog databases only")
+
+
+class LoginRefused(ConnectionError):
+    """The server answered but refused the login; the message names the URL (no secret)
+    and the server's reason. Trying again does not help: nothing is retried."""
+
+
+def login_refused(exc: BaseException) -> str | None:
+    """The server's reason, if ``exc`` is a refused login (psycopg's or SQLAlchemy's)."""
+    import psycopg
+    import sqlalchemy.exc
+
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    if not isinstance(exc, psycopg.Error):
+        return None
+    if getattr(exc, "sqlstate", None) in LOGIN_REFUSED:
+        diag = exc.diag.message_primary if exc.diag else None
+        return diag or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, psycopg.OperationalError):
+        for line in str(exc).splitlines():
+            reason = line.split("FATAL:", 1)[-1].split("failed:", 1)[-1].strip()
+            if any(r in line for r in _REFUSALS):
+                return reason
+    return None
+
+
+def connection_problem(exc: BaseException, url: str) -> str:
+    """One line on why the database at ``url`` could not be used (no secret): a refused
+    login with the server's reason, no server answering, or the error's first line."""
+    import sqlalchemy.exc
+
+    reason = login_refused(exc)
+    if reason is not None:
+        return f"the server at {shown_url(url)} refused the login: {reason}"
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if _unreachable(exc):
+        return f"no PostgreSQL answers at {shown_url(url)} ({first})"
+    return f"{shown_url(url)}: {type(exc).__name__}: {first}"
+
+
 def _unreachable(exc: BaseException) -> bool:
     """A failure to reach the server at all (refused, unknown host, timeout), as opposed
     to a database that answers but is missing or wrong."""
@@ -202,6 +291,10 @@ def require_current(url: str) -> str:
         have = current_revision(url)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = login_refused(exc)
+        if reason is not None:  # a wrong password is not a schema problem (exit 5, not 2)
+            raise LoginRefused(f"the catalog database {shown} refused the login: "
+                               f"{reason}") from None
         if _unreachable(exc):  # no server there: not a schema problem (exit 3, not 2)
             raise DatabaseUnreachable(f"cannot reach the catalog database {shown}: "
                                       f"{first}") from None

@@ -21,6 +21,11 @@ def frame(conn, sql: str, **params) -> pd.DataFrame:
     return pd.read_sql(text(sql), conn, params=params)
 
 
+def ping(conn) -> None:
+    """One round trip: raises if the database cannot be used."""
+    conn.exec_driver_sql("SELECT 1")
+
+
 def has_catalog(conn) -> bool:
     return bool(frame(conn, "SELECT EXISTS (SELECT 1 FROM neuron_op) AS x").x[0])
 

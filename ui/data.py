@@ -50,6 +50,20 @@ def engine():
     return create_engine(database_url(), pool_pre_ping=True)
 
 
+@st.cache_data(ttl=5)
+def unreachable() -> str | None:
+    """Why the catalog database cannot be used right now (one line, no secret), or None
+    when it answers: every page says this instead of an empty catalog or a traceback."""
+    from schema.engine import connection_problem
+
+    try:
+        with engine().connect() as conn:
+            reads_x.ping(conn)
+        return None
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the page says it
+        return connection_problem(exc, database_url())
+
+
 @st.cache_data(ttl=TTL)
 def has_catalog() -> bool:
     try:

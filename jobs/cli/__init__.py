@@ -16,7 +16,9 @@ import logging
 import sys
 
 from jobs.cli import explaining, measuring, queue, serving
-from jobs.cli.common import early_refusal, fail, service_error
+from jobs.cli.common import LOGIN_REFUSED as LOGIN_REFUSED
+from jobs.cli.common import UNREACHABLE as UNREACHABLE
+from jobs.cli.common import early_refusal, fail, service_error, service_exit_code
 from jobs.cli.measuring import print_result
 
 __all__ = ["build_parser", "main", "print_result"]
@@ -32,8 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-UNREACHABLE = 3  # exit code when the database or the broker cannot be reached
-
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -48,4 +48,4 @@ def main(argv: list[str] | None = None) -> int:
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)
-        return UNREACHABLE
+        return service_exit_code(exc)

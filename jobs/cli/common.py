@@ -13,6 +13,8 @@ from schema.database import psql_url as psql_url
 
 DB_HELP = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
 BAD_INPUT = 2  # exit code of every command for input it refuses
+UNREACHABLE = 3  # exit code when the database or the broker cannot be reached
+LOGIN_REFUSED = 5  # exit code when the database answers but refuses the login
 # exit code when job rows are committed but the broker failed while their messages went out
 QUEUED_NOT_SENT = 4
 
@@ -146,16 +148,36 @@ def database_option(s: argparse.ArgumentParser) -> None:
     s.add_argument("--database-url", default=None, help=DB_HELP)
 
 
+def service_exit_code(exc: BaseException) -> int:
+    """The exit code of a failure ``service_error`` explains: LOGIN_REFUSED when the
+    server answered and refused the login (a wrong password, an unknown user or database),
+    else UNREACHABLE."""
+    from schema.engine import LoginRefused, login_refused
+
+    refused = isinstance(exc, LoginRefused) or login_refused(exc) is not None
+    return LOGIN_REFUSED if refused else UNREACHABLE
+
+
 def service_error(exc: BaseException, args=None) -> str | None:
     """One line for a database or broker failure (the URL without its password, a hint);
     None for anything else."""
     import psycopg
     import sqlalchemy.exc
 
-    from schema.engine import DatabaseUnreachable
+    from schema.engine import DatabaseUnreachable, LoginRefused, login_refused
 
     if isinstance(exc, DatabaseUnreachable):
         return f"{exc}. Is PostgreSQL running there? (--database-url or DATABASE_URL)"
+    if isinstance(exc, LoginRefused):
+        return f"{exc}. Check the user, password and database of the URL"
+    reason = login_refused(exc)
+    if reason is not None:
+        try:
+            url = hide_password(database_url(args) if args is not None else "")
+        except Exception:  # noqa: BLE001 - resolving the URL is what failed
+            url = "the catalog database"
+        return (f"{url} refused the login: {reason}. Check the user, password and database "
+                "of the URL (--database-url or DATABASE_URL); what was stored stays as it was")
     if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
         exc = exc.orig if isinstance(exc.orig, psycopg.Error) else exc
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError

@@ -17,12 +17,26 @@
  *     max_parallel_workers_per_gather, however it is set: SET, set_config(), a function's
  *     SET clause; a connection whose startup options ask for more is closed with the cap
  *     named.
+ * and bounds the memory of the session's process: the address space it may add to what
+ * it held at login (ncat_reader_guard.max_backend_memory, default 1 GB; Linux, through
+ * RLIMIT_AS). Memory that no setting sizes (values: array_fill(0::int8, array[120000000])
+ * twice in one row held 2.7 GB) then fails the statement with "out of memory", and the
+ * session, the server and every other session go on.
+ * A reader's login to a database that is not a catalog is refused: `ncat migrate` marks
+ * each catalog (ALTER ROLE catalog_reader IN DATABASE ... SET
+ * ncat_reader_guard.catalog_database = on); elsewhere (postgres, template1, another
+ * application's database) a reader read other sessions' query text and cancelled them.
  * The caps are settings of their own (ncat_reader_guard.max_work_mem, ...), which only a
  * superuser can change.
  */
 #include "postgres.h"
 
 #include <limits.h>
+#include <stdio.h>
+#ifdef __linux__
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
 
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -41,6 +55,8 @@ static int	cap_work_mem = 65536;	/* kB */
 static int	cap_maintenance_work_mem = 65536;	/* kB */
 static double cap_hash_mem_multiplier = 2.0;
 static int	cap_parallel_workers = 2;
+static int	cap_backend_memory = 1048576;	/* kB beyond the process's size at login */
+static bool catalog_database = false;	/* set per catalog database by ncat migrate */
 
 static GucIntCheckHook prev_work_mem_check = NULL;
 static GucIntCheckHook prev_maintenance_check = NULL;
@@ -193,6 +209,37 @@ guard_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 								queryEnv, dest, qc);
 }
 
+/* The process may grow by cap_backend_memory kB beyond its address space now (shared
+ * memory and the libraries included): a soft RLIMIT_AS, which the process cannot raise
+ * from SQL. malloc then fails, and palloc turns that into ERROR "out of memory". */
+static void
+bound_backend_memory(void)
+{
+#ifdef __linux__
+	FILE	   *statm = fopen("/proc/self/statm", "r");
+	unsigned long pages = 0;
+	struct rlimit lim;
+	rlim_t		want;
+
+	if (statm == NULL)
+		return;
+	if (fscanf(statm, "%lu", &pages) != 1)
+		pages = 0;
+	fclose(statm);
+	if (pages == 0 || getrlimit(RLIMIT_AS, &lim) != 0)
+		return;
+	want = (rlim_t) pages * (rlim_t) sysconf(_SC_PAGESIZE) +
+		(rlim_t) cap_backend_memory * 1024;
+	if (lim.rlim_max != RLIM_INFINITY && want > lim.rlim_max)
+		want = lim.rlim_max;
+	if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur <= want)
+		return;					/* already tighter */
+	lim.rlim_cur = want;
+	if (setrlimit(RLIMIT_AS, &lim) != 0)
+		elog(WARNING, "ncat_reader_guard: could not bound this session's memory");
+#endif
+}
+
 void
 _PG_init(void)
 {
@@ -218,6 +265,16 @@ _PG_init(void)
 							"The most parallel workers per Gather a reader session may ask for.",
 							NULL, &cap_parallel_workers, 2, 0, 1024,
 							PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("ncat_reader_guard.max_backend_memory",
+							"The memory a reader session's process may add to its size at "
+							"login (Linux).",
+							NULL, &cap_backend_memory, 1048576, 65536, MAX_KILOBYTES,
+							PGC_SUSET, GUC_UNIT_KB, NULL, NULL, NULL);
+	DefineCustomBoolVariable("ncat_reader_guard.catalog_database",
+							 "Whether this database is a catalog the readers may log in to "
+							 "(set per database by ncat migrate).",
+							 NULL, &catalog_database, false,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
 #if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("ncat_reader_guard");
 #else
@@ -227,6 +284,15 @@ _PG_init(void)
 	/* A superuser (LOAD for a test, or a role setting on an administrator) is not held. */
 	if (superuser_arg(GetSessionUserId()))
 		return;
+
+	/* A client's login only: a parallel worker gets its leader's settings after this. */
+	if (MyBackendType == B_BACKEND && !catalog_database)
+		ereport(FATAL,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("the catalog's readers log in to catalog databases only; this "
+						"database (oid %u) is not one", MyDatabaseId),
+				 errhint("`ncat migrate` marks a catalog's database (a catalog migrated by "
+						 "an older version needs it once).")));
 
 	work_mem_rec = int_record("work_mem");
 	maintenance_rec = int_record("maintenance_work_mem");
@@ -254,4 +320,6 @@ _PG_init(void)
 
 	prev_utility = ProcessUtility_hook;
 	ProcessUtility_hook = guard_utility;
+
+	bound_backend_memory();
 }

@@ -436,6 +436,35 @@ def test_empty_catalog_says_how_to_start(db, monkeypatch):
         assert "bash scripts/demo.sh" in text_of(at), page
 
 
+PAGES = ("overview", "search", "neuron", "prompt", "heuristics", "circuits", "training",
+         "sql_console", "jobs_page")
+
+
+@pytest.mark.parametrize("url, says", [
+    ("postgresql://postgres@127.0.0.1:1/ncat", "no PostgreSQL answers at"),
+    ("postgresql://no_such_role@localhost:5432/postgres",
+     'refused the login: role "no_such_role" does not exist'),
+], ids=["down", "login refused"])
+def test_every_page_says_the_catalog_cannot_be_reached_and_why(url, says, monkeypatch):
+    """Issue 80.7: with the database down, the Jobs page showed a raw SQLAlchemy
+    traceback and the Search page said "The catalog is empty". Every page now says the
+    catalog cannot be reached, with the reason and no password, and nothing else."""
+    monkeypatch.setenv("DATABASE_URL", url)
+    from ui import data
+
+    for fn in (data.database_url, data.engine):
+        fn.clear()
+    for fn in (data.unreachable, data.has_catalog, data.models):
+        fn.clear()
+    for page in PAGES:
+        at = run_page(page)
+        errors = [e.value for e in at.error]
+        assert len(errors) == 1 and errors[0].startswith("The catalog cannot be reached: ") \
+            and says in errors[0], (page, errors)
+        assert "catalog is empty" not in text_of(at), page
+        assert not at.dataframe, page
+
+
 def test_engine_is_cached_and_job_progress_is_fresh(catalog_env):
     import time
 

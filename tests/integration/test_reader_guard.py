@@ -14,8 +14,16 @@ import pytest
 
 from schema import store
 from schema.console import GUARD
+from schema.engine import migrate
 
-from helpers import as_role, migration_module, reader_url
+from helpers import (
+    as_role,
+    copy_database,
+    drop_database,
+    migration_module,
+    new_database_url,
+    reader_url,
+)
 
 
 def _guard_sql(library: str = GUARD) -> str:
@@ -114,6 +122,53 @@ def test_a_reader_statement_stays_within_its_memory_cap(db):
         conn.execute("SET work_mem = '64MB'")
         kind, used = _sort_space(conn)
         assert kind == "Disk", (kind, used)
+
+
+def test_a_reader_statement_cannot_hold_gigabytes_through_values(db):
+    """Issue 80.4: no setting sizes a value, so two 960 MB arrays in one row held 2.73 GB
+    in a reader's backend. The guard bounds the process (1 GB beyond its size at login):
+    that statement fails with "out of memory", while one 480 MB array, within the
+    bound, is computed, and the session goes on."""
+    with store.connect(db, autocommit=True) as owner:
+        _require_guard(owner)
+    with store.connect(reader_url(db), autocommit=True) as conn:
+        assert conn.execute("SHOW ncat_reader_guard.max_backend_memory").fetchone()[0] == "1GB"
+        with pytest.raises(psycopg.errors.OutOfMemory):
+            conn.execute("SELECT array_length(array_fill(0::int8, array[120000000]), 1), "
+                         "array_length(array_fill(1::int8, array[120000000]), 1)")
+        assert conn.execute("SELECT array_length(array_fill(0::int8, array[60000000]), 1)"
+                            ).fetchone()[0] == 60_000_000
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SET ncat_reader_guard.max_backend_memory = '100GB'")
+
+
+def test_readers_log_in_to_catalog_databases_only(db, pg_server):
+    """Issue 80.3: catalog_reader logged in to the server's `postgres` and `template1`
+    databases, where no migration took pg_stat_activity's query text and the signal
+    functions from it, and read and cancelled other sessions' queries there. The guard
+    refuses a reader's login to any database `ncat migrate` has not marked as a catalog:
+    a copy of the catalog is refused until it is migrated, as is every other database."""
+    from sqlalchemy.engine import make_url
+
+    with store.connect(db, autocommit=True) as owner:
+        _require_guard(owner)
+    with store.connect(reader_url(db), autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+    for other in ("postgres", "template1"):
+        url = make_url(reader_url(db)).set(database=other).render_as_string(
+            hide_password=False)
+        with pytest.raises(psycopg.OperationalError, match="catalog databases only"):
+            store.connect(url)
+    copy = new_database_url(pg_server)
+    copy_database(db, copy)
+    try:
+        with pytest.raises(psycopg.OperationalError, match="catalog databases only"):
+            store.connect(reader_url(copy))
+        migrate(copy)
+        with store.connect(reader_url(copy), autocommit=True) as conn:
+            assert conn.execute("SELECT 2").fetchone()[0] == 2
+    finally:
+        drop_database(copy)
 
 
 def _warnings(conn: psycopg.Connection) -> list[str]:

@@ -89,8 +89,18 @@ def test_the_reader_reaches_only_the_catalogs_database(scram_server, monkeypatch
     monkeypatch.setenv("NCAT_READER_PASSWORD", READER_PW)
     assert main(["migrate", "--database-url", url]) == 0
     reader = f"postgresql://catalog_reader:{READER_PW}@/{{db}}?host={data}"
-    # before: the reader reaches the server's maintenance database too
-    psycopg.connect(reader.format(db="postgres")).close()
+    # before: where the server has the reader guard, the guard refuses the reader in the
+    # server's maintenance database (the catalog's own is marked by migrate); the hba
+    # lines are the second lock, for servers without the guard
+    from schema.console import reader_guard_loaded
+
+    with psycopg.connect(url, autocommit=True) as owner:
+        guarded = reader_guard_loaded(owner)
+    if guarded:
+        with pytest.raises(psycopg.OperationalError, match="catalog databases only"):
+            psycopg.connect(reader.format(db="postgres")).close()
+    else:
+        psycopg.connect(reader.format(db="postgres")).close()
     script = Path(__file__).resolve().parents[2] / "scripts" / "postgres-init" / "10-reader-hba.sh"
     env = {**os.environ, "PGDATA": str(data), "POSTGRES_DB": "ncat"}
     for _ in range(2):  # a second run changes nothing
@@ -104,3 +114,22 @@ def test_the_reader_reaches_only_the_catalogs_database(scram_server, monkeypatch
     res = console.run(url, "select current_database() as db, current_user as who")
     assert res.rows == [("ncat", "catalog_reader")]
     psycopg.connect(url.replace("/ncat?", "/postgres?")).close()  # the owner: anywhere
+
+
+def test_a_wrong_password_exits_5_at_once_naming_the_cause(scram_server, capsys):
+    """Issue 80.6 and 80.7: with a wrong owner password, `migrate` retried for 30 s and
+    said the server "did not answer", `enqueue` exited 2 and `status` 3. Each now exits 5
+    at once, saying the login was refused for the password, and never prints it."""
+    import time
+
+    url, _ = scram_server
+    assert main(["migrate", "--database-url", url]) == 0
+    capsys.readouterr()
+    wrong = url.replace(OWNER_PW, "not-the-Passw0rd")
+    for argv in (["migrate"], ["status"], ["enqueue", "builtin", "--checkpoints", "0"]):
+        t0 = time.monotonic()
+        assert main(argv + ["--database-url", wrong]) == 5, argv
+        assert time.monotonic() - t0 < 10, argv
+        err = capsys.readouterr().err
+        assert "refused the login" in err and "password authentication failed" in err, err
+        assert "not-the-Passw0rd" not in err and OWNER_PW not in err

@@ -90,9 +90,18 @@ def test_migrate_puts_back_the_database_settings_a_copy_of_the_catalog_loses(db,
     copy_database(db, copy)
     try:
         # the copy as PostgreSQL makes it: at head, but JIT as the server has it and
-        # temporary tables allowed to every role
+        # temporary tables allowed to every role; and not marked as a catalog, so that
+        # where the server loads the reader guard, the reader cannot log in at all
         assert current_revision(copy) == head_revision()
-        assert _reader_makes_a_temp_table(copy)
+        from schema.console import reader_guard_loaded
+
+        with store.connect(copy) as conn:
+            guarded = reader_guard_loaded(conn)
+        if guarded:
+            with pytest.raises(psycopg.OperationalError, match="catalog databases only"):
+                _reader_makes_a_temp_table(copy)
+        else:
+            assert _reader_makes_a_temp_table(copy)
         with store.connect(copy) as conn:
             assert conn.execute(
                 "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d "
@@ -724,6 +733,51 @@ def test_reader_through_psql_cannot_escape_its_limits(db):
         worker.join(10)
         assert not worker.is_alive()
         assert caught and isinstance(caught[0], psycopg.errors.QueryCanceled)
+
+
+def test_idle_reader_sessions_and_long_transactions_are_ended(db):
+    """Issue 80.8: 24 idle psql sessions kept every analyst out for ever, and a cursor ran
+    one query for 63 s in fetches each under the statement timeout. The role's defaults
+    (migration 0038) end them on the server itself; a session may lengthen its own, so
+    the reconciler's pass (bound_readers) ends them too: an idle session and a cursor
+    held open past their bounds (shortened here) are ended, a busy fresh session and the
+    owner's are not."""
+    from schema.console import bound_readers, reader_setting_s
+
+    with store.connect(db, autocommit=True) as owner:
+        version = owner.execute("SHOW server_version_num").fetchone()[0]
+        assert reader_setting_s(owner, "idle_session_timeout", "0") == 600.0
+        assert reader_setting_s(owner, "idle_in_transaction_session_timeout", "0") == 60.0
+        if int(version) >= 170000:
+            assert reader_setting_s(owner, "transaction_timeout", "0") == 300.0
+    with store.connect(reader_url(db), autocommit=True) as idle, \
+            store.connect(reader_url(db)) as cursor_holder, \
+            store.connect(reader_url(db), autocommit=True) as fresh, \
+            store.connect(db, autocommit=True) as owner:
+        assert idle.execute("SHOW idle_session_timeout").fetchone()[0] == "10min"
+        idle.execute("SET idle_session_timeout = 0")  # its own: allowed, and not enough
+        cursor_holder.execute("SET idle_in_transaction_session_timeout = 0")
+        cur = cursor_holder.cursor(name="pieces")
+        cur.execute("SELECT g FROM generate_series(1, 100000) g")
+        for _ in range(4):  # each fetch well under the statement timeout
+            assert len(cur.fetchmany(10)) == 10
+            time.sleep(0.5)
+        nothing = bound_readers(owner, idle_s=30, transaction_s=30)  # none past 30 s
+        assert (nothing.idle, nothing.long) == ([], [])
+        time.sleep(1.0)
+        fresh.execute("SELECT 1")
+        done = bound_readers(owner, idle_s=1.5, transaction_s=2.0)
+        pids = {name: c.info.backend_pid for name, c in (("idle", idle),
+                                                         ("cursor", cursor_holder),
+                                                         ("fresh", fresh))}
+        assert pids["idle"] in done.idle and pids["fresh"] not in done.idle
+        assert done.long == [pids["cursor"]]
+        with pytest.raises(psycopg.OperationalError):
+            cur.fetchmany(10)
+        with pytest.raises(psycopg.OperationalError):
+            idle.execute("SELECT 1")
+        assert fresh.execute("SELECT 2").fetchone()[0] == 2
+        assert owner.execute("SELECT 3").fetchone()[0] == 3
 
 
 def test_reader_limits_hold_in_the_psql_binary(db):

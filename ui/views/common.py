@@ -13,7 +13,21 @@ EMPTY = ("The catalog is empty. Run the demo (`bash scripts/demo.sh`), or catalo
          "`ncat catalog builtin --checkpoints all`, or queue one on the Jobs page.")
 
 
+def reachable() -> bool:
+    """False, with the reason on the page, when the catalog database cannot be used
+    (down, a refused login): the page then shows nothing else."""
+    problem = data.unreachable()
+    if problem is not None:
+        st.error(f"The catalog cannot be reached: {problem}. Check DATABASE_URL (the "
+                 "explorer's environment) and that PostgreSQL runs there; this page "
+                 "tries again when reloaded.")
+        return False
+    return True
+
+
 def require_catalog() -> bool:
+    if not reachable():
+        return False
     if not data.has_catalog():
         st.info(EMPTY)
         return False

@@ -11,6 +11,7 @@ import streamlit as st
 from catalog.config import ExecutionConfig, ScienceConfig
 from catalog.config.flags import FieldSpec, specs
 from ui import data
+from ui.views.common import reachable
 from ui.views.overview import jobs_panel
 
 LABELS = {"operators": "Operators", "operand_lo": "Operands from", "operand_hi": "to (exclusive)",
@@ -51,6 +52,8 @@ class _Typed:
 
 def render() -> None:
     st.title("Jobs")
+    if not reachable():
+        return
     science = [s for s in specs(ScienceConfig) if s.form]
     execution = [s for s in specs(ExecutionConfig) if s.form]
     base, recent = ScienceConfig(), data.recent_config()

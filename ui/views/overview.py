@@ -9,11 +9,13 @@ from catalog.sources.base import transformers_check
 from reports import plots
 from schema.jobs import ACTIVE, at_checkpoint
 from ui import data
-from ui.views.common import EMPTY
+from ui.views.common import EMPTY, reachable
 
 
 def render() -> None:
     st.title("Arithmetic neuron catalog")
+    if not reachable():
+        return
     models = data.models()
     if models.empty:
         st.info(EMPTY)

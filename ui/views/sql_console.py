@@ -7,12 +7,15 @@ import pandas as pd
 import streamlit as st
 
 from ui import data
+from ui.views.common import reachable
 
 EXAMPLE = "SELECT step, op, family, circuit_neurons FROM heuristic_census ORDER BY step LIMIT 50"
 
 
 def render() -> None:
     st.title("SQL console")
+    if not reachable():
+        return
     st.caption(f"Read-only (role catalog_reader, a read-only transaction rolled back after "
                f"each query), {data.SQL_TIMEOUT_MS // 1000} s timeout, at most "
                f"{data.SQL_ROW_CAP} rows and {data.SQL_MAX_BYTES >> 20} MB. See docs/queries.md "
