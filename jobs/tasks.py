@@ -77,20 +77,29 @@ def _db_url() -> str:
 def _others(task, catalog: str | None) -> bool:
     """Whether the message names another catalog than this worker's (schema.identity).
     Then it is sent again to the same queue, unchanged, for a worker of its own catalog
-    to take (after a pause, so that a queue no owner serves is not spun through), and
-    this delivery is acknowledged: never run here, never dropped. A message without a
-    catalog (sent by catalog 0.11.0 or before) is taken as this catalog's."""
+    to take (after a pause of a second, so that a queue no owner serves is not spun
+    through), and this delivery is acknowledged: never run here, never dropped. A message
+    without a catalog (sent by catalog 0.11.0 or before) is taken as this catalog's; so is
+    one that arrives while this worker's database cannot be reached (the task then finds
+    the database away and is sent again, still naming its catalog)."""
     import time
+
+    import psycopg
 
     from catalog.config.settings import get_settings
     from schema.identity import identity_of
 
-    if catalog is None or catalog == identity_of(_db_url()):
+    if catalog is None:
+        return False
+    try:
+        mine = identity_of(_db_url())
+    except psycopg.Error:
+        return False
+    if catalog == mine:
         return False
     log.info("%s %s: a message of catalog %s, not this worker's (%s); left in the queue "
-             "for its own workers", task.name, list(task.request.args), catalog,
-             identity_of(_db_url()))
-    time.sleep(get_settings().ncat_busy_retry_seconds)
+             "for its own workers", task.name, list(task.request.args), catalog, mine)
+    time.sleep(min(get_settings().ncat_busy_retry_seconds, 1.0))
     app.send_task(task.name, args=list(task.request.args),
                   kwargs=dict(task.request.kwargs or {}),
                   queue=(task.request.delivery_info or {}).get("routing_key") or queue_name())

@@ -250,13 +250,19 @@ URL_FORMS = {
 }
 
 
-@pytest.mark.parametrize("form", list(URL_FORMS))
-@pytest.mark.parametrize("args", [
+URL_COMMANDS = [
     ["report", "builtin"], ["export", "neuron_evolution", "--out", "x.csv"],
     ["catalog", "builtin", "--hi", "12"], ["enqueue", "builtin", "--hi", "12"],
     ["plan", "builtin", "--hi", "12"], ["status"], ["cancel", "1"], ["retry", "1"],
-    ["migrate"],
-], ids=lambda a: a[0])
+]
+
+
+# `migrate` waits 30 s for a server that is starting before it says none answers: here
+# with the URL refused before any connection; tests/integration/test_export_cli.py runs it
+# against a live server with the password in the user part and in the query string
+@pytest.mark.parametrize("args, form", [
+    *[(a, f) for a in URL_COMMANDS for f in URL_FORMS], (["migrate"], "unencoded @"),
+], ids=lambda x: x[0] if isinstance(x, list) else x)
 def test_no_command_prints_the_database_password(args, form, tmp_path):
     """Every command that takes --database-url, its server down, with the password in
     each place a URL can hold one: exit 3 with a message that names the server and never
