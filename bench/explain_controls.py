@@ -83,11 +83,17 @@ def main() -> None:
         source = str(path.relative_to(ROOT))
     else:
         rng = np.random.default_rng(0)
+        # a result range that holds for the prompt, so that the knockout and its
+        # controls run (labels that do not hold leave nothing to knock out)
+        from catalog.explain.syntax import parse
         from catalog.labels.heuristics import Heuristic
-        h = Heuristic("range", "result", (0, 10))
+
+        a, op, b = parse(args.prompt, config)
+        result = {"+": a + b, "-": a - b, "*": a * b, "/": a // max(b, 1)}[op]
+        h = Heuristic("range", "result", (result // 10 * 10, 10))  # (start, width)
         labels = {(int(la), int(n)): [h] for la in range(model.cfg.n_layers)
                   for n in rng.choice(int(model.cfg.d_mlp), int(model.cfg.d_mlp) // 2, False)}
-        source = "random labels, half of each layer"
+        source = f"random neurons, half of each layer, labelled {h.key} (holds)"
     p = build(model, lm.tokenizer, args.prompt, config)
     before, now, e = [], [], None
     for _ in range(args.runs):
