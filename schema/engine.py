@@ -87,23 +87,16 @@ def migrate(url: str | None = None, revision: str = "head") -> str:
     return url
 
 
-# The reader guard (schema/reader_guard) refuses catalog_reader's logins to any database
-# not marked as a catalog: every migration to head marks this one (a copy of the database
-# does not carry the mark: it is the role's setting in this database, keyed by its oid).
-# Settings of the role are the server's, so a collision with another catalog migrating at
-# once is retried, as in 0022; a role that may not set it gets a warning.
-READER_DATABASE = """
+def _retried(body: str, refused: str) -> str:
+    """A DO block running ``body`` (a server-wide or database-wide setting that other
+    catalogs migrating at the same time race on: "tuple concurrently updated", retried
+    as in 0022), with WARNING ``refused`` (its % is the database's name) and nothing
+    changed where the migrating role lacks the rights."""
+    return f"""
     DO $$ BEGIN
       FOR tries IN 1..50 LOOP
         BEGIN
-          IF NOT EXISTS (
-              SELECT FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
-              JOIN pg_database d ON d.oid = s.setdatabase
-              WHERE r.rolname = 'catalog_reader' AND d.datname = current_database()
-                AND s.setconfig @> ARRAY['ncat_reader_guard.catalog_database=on']) THEN
-            EXECUTE format('ALTER ROLE catalog_reader IN DATABASE %I '
-                           'SET ncat_reader_guard.catalog_database = on', current_database());
-          END IF;
+{body}
           EXIT;
         EXCEPTION
           WHEN internal_error THEN
@@ -112,13 +105,29 @@ READER_DATABASE = """
             END IF;
             PERFORM pg_sleep(0.05 + 0.2 * random());
           WHEN insufficient_privilege THEN
-            RAISE WARNING 'neuron catalog: not allowed to mark % as a catalog for the '
-                          'reader guard (needs a superuser): catalog_reader''s logins to it '
-                          'are refused where the guard is loaded', current_database();
+            RAISE WARNING '{refused}', current_database();
             EXIT;
         END;
       END LOOP;
     END $$;"""
+
+
+# The reader guard (schema/reader_guard) refuses catalog_reader's logins to any database
+# not marked as a catalog: every migration to head marks this one (a copy of the database
+# does not carry the mark: it is the role's setting in this database, keyed by its oid).
+# Settings of the role are the server's, so a collision with another catalog migrating at
+# once is retried, as in 0022; a role that may not set it gets a warning.
+READER_DATABASE = _retried("""
+          IF NOT EXISTS (
+              SELECT FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+              JOIN pg_database d ON d.oid = s.setdatabase
+              WHERE r.rolname = 'catalog_reader' AND d.datname = current_database()
+                AND s.setconfig @> ARRAY['ncat_reader_guard.catalog_database=on']) THEN
+            EXECUTE format('ALTER ROLE catalog_reader IN DATABASE %I '
+                           'SET ncat_reader_guard.catalog_database = on', current_database());
+          END IF;""",
+    "neuron catalog: not allowed to mark % as a catalog for the reader guard (needs a "
+    "superuser): catalog_reader''s logins to it are refused where the guard is loaded")
 
 
 # What migrations 0013 and 0022 set on the database itself rather than in it: JIT off, and
@@ -129,10 +138,7 @@ READER_DATABASE = """
 # what is missing. Nothing is written where they hold (two commands migrating at once
 # would otherwise race on the database's catalog row: "tuple concurrently updated", retried
 # as in 0022). Without the rights (not the owner) it warns, as the migrations do.
-DATABASE_SETTINGS = """
-    DO $$ BEGIN
-      FOR tries IN 1..50 LOOP
-        BEGIN
+DATABASE_SETTINGS = _retried("""
           IF NOT EXISTS (
               SELECT FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
               WHERE d.datname = current_database() AND s.setrole = 0
@@ -148,21 +154,9 @@ DATABASE_SETTINGS = """
                            current_user);
             EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC',
                            current_database());
-          END IF;
-          EXIT;
-        EXCEPTION
-          WHEN internal_error THEN
-            IF tries = 50 THEN
-              RAISE;
-            END IF;
-            PERFORM pg_sleep(0.05 + 0.2 * random());
-          WHEN insufficient_privilege THEN
-            RAISE WARNING 'neuron catalog: not the owner of database %, its settings (JIT '
-                          'off, no TEMPORARY for PUBLIC) left as they are', current_database();
-            EXIT;
-        END;
-      END LOOP;
-    END $$;"""
+          END IF;""",
+    "neuron catalog: not the owner of database %, its settings (JIT off, no TEMPORARY "
+    "for PUBLIC) left as they are")
 
 
 def set_reader_password(url: str, password: str) -> None:
