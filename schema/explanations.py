@@ -38,6 +38,20 @@ def catalogued_labels(conn: psycopg.Connection, *, model_name: str, step: int | 
     return labels_at(conn, checkpoint_id=have.checkpoint_id, config_id=config_id, op=op)
 
 
+def catalogued_configs(conn: psycopg.Connection, *, model_name: str, step: int | None
+                       ) -> list[tuple[int, str, dict, list[int]]]:
+    """The configs a model was catalogued under (at ``step`` when given, else at any of
+    its checkpoints), oldest first: (config id, its hash, the config as stored, the steps
+    it holds, ascending). What ``ncat explain`` takes when it is given no config."""
+    rows = conn.execute(
+        "SELECT mc.id, mc.config_hash, mc.config, array_agg(DISTINCT c.step ORDER BY c.step) "
+        "FROM measure_config mc JOIN layer_result lr ON lr.config_id = mc.id "
+        "JOIN checkpoint c ON c.id = lr.checkpoint_id JOIN model m ON m.id = c.model_id "
+        "WHERE m.name = %s AND (%s::bigint IS NULL OR c.step IS NOT DISTINCT FROM %s) "
+        "GROUP BY mc.id ORDER BY mc.id", (model_name, step, step)).fetchall()
+    return [(int(i), h, dict(c), [s for s in steps if s is not None]) for i, h, c, steps in rows]
+
+
 def labels_at(conn: psycopg.Connection, *, checkpoint_id: int, config_id: int, op: str
               ) -> CatalogLabels:
     """The labels of ``op`` at a checkpoint under a config, named by their ids: the label

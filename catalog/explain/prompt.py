@@ -169,7 +169,7 @@ class Explanation:
     predicted: str  # the model's top token
     correct: bool  # greedy decoding writes the whole result, then no further digit
     p_answer: float  # probability of the result's first token
-    rank_answer: int  # 0 = top
+    rank_answer: int  # 1 = top (the number of tokens above it, plus one)
     target: float  # T
     neurons_total: float
     heads_total: float
@@ -194,6 +194,10 @@ class Explanation:
     # hold minus as many unlabelled (or labelled, not holding) neurons of the same layers
     # would carry on average (catalog.explain.shares.label_excess)
     share_adds: dict[str, dict[str, float]] = field(default_factory=dict)
+    # what greedy decoding writes after the prompt: its first token, then every token
+    # that extends the number (catalog.explain.prompt.written)
+    written: str = ""
+    answer_token: str = ""  # the result's first token, as text
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -204,8 +208,9 @@ class Explanation:
 
 @torch.no_grad()
 def _one_pass(model: HookedTransformer, tokenizer, p: Prompt
-              ) -> tuple[Decomposition, list[tuple[int, int, float]], bool]:
-    """(the decomposition, the lens, whether the answer is correct) from one forward:
+              ) -> tuple[Decomposition, list[tuple[int, int, float]], bool, str]:
+    """(the decomposition, the lens, whether the answer is correct, what greedy decoding
+    writes) from one forward:
     the prompt followed by its result's tokens (teacher forcing). At the prompt's last
     position it keeps the decomposition's hooks and each layer's residual stream (the
     lens: every layer's through the final norm and unembedding in one product); the later
@@ -235,13 +240,46 @@ def _one_pass(model: HookedTransformer, tokenizer, p: Prompt
     want = torch.as_tensor(p.answer, device=layers.device)
     ranks = (layers > layers[:, want, None]).sum(-1)
     probs = layers.softmax(-1)[:, want]
-    lens = [(layer, int(ranks[layer]), float(probs[layer])) for layer in range(n_layers)]
+    lens = [(layer, int(ranks[layer]) + 1, float(probs[layer])) for layer in range(n_layers)]
     top = logits.argmax(-1)
     correct = all(at + i < len(seq) and int(top[at + i]) == t
                   for i, t in enumerate(p.result_tokens))
     if correct and len(full) < n_ctx and model.cfg.model_name != BUILTIN_NAME:
         correct = not tokenizer.decode([int(top[len(full) - 1])])[:1].isdigit()
-    return dec, lens, correct
+    return dec, lens, correct, written(model, tokenizer, p, top.tolist())
+
+
+def _extends(tokenizer, token: int) -> bool:
+    return tokenizer.decode([token])[:1].isdigit()
+
+
+@torch.no_grad()
+def written(model: HookedTransformer, tokenizer, p: Prompt, top: Sequence[int]) -> str:
+    """What greedy decoding writes after the prompt: its first token, then each next token
+    while it extends the number (its text starts with a digit), at most the result's
+    length plus two tokens; the built-in model writes one token (a whole number).
+    ``top``: the teacher-forced pass's top token at each position of the prompt followed
+    by the result's tokens; it is greedy decoding's as long as greedy decoding has written
+    the result's tokens, and one forward per further token is run past that."""
+    at = len(p.tokens) - 1
+    limit = 1 if model.cfg.model_name == BUILTIN_NAME else len(p.result_tokens) + 2
+    out: list[int] = []
+    while len(out) < limit:
+        i = len(out)
+        if at + i < len(top) and list(p.result_tokens[:i]) == out:
+            t = int(top[at + i])  # the pass saw exactly these tokens before it
+        else:
+            seq = [int(x) for x in p.tokens] + out
+            if len(seq) >= model.cfg.n_ctx:
+                break
+            toks = torch.as_tensor(seq, dtype=torch.long, device=model.W_U.device)[None]
+            t = int(model(toks)[0, -1].argmax())
+        if out and not _extends(tokenizer, t):
+            break
+        out.append(t)
+        if not _extends(tokenizer, t):
+            break
+    return tokenizer.decode(out)
 
 
 def _promoted(model: HookedTransformer, tokenizer, rows: Sequence[tuple[int, int, float]],
@@ -277,7 +315,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     if ranking == "total" and not total:
         raise ValueError("ranking 'total' needs the total effects (total=True)")
     p = build(model, tokenizer, text, config)
-    dec, lens, correct = _one_pass(model, tokenizer, p)
+    dec, lens, correct, wrote = _one_pass(model, tokenizer, p)
     totals = total_effects(model, p.tokens[None], np.array([p.answer]), p.competitors)[0] \
         if total else np.full(dec.neurons.shape, np.nan)
     logits = torch.as_tensor(dec.logits, dtype=torch.float64)
@@ -344,7 +382,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
         predicted=tokenizer.decode([int(logits.argmax())]),
         correct=correct, p_answer=float(logits.softmax(-1)[p.answer]),
-        rank_answer=int((logits > logits[p.answer]).sum()), target=t,
+        rank_answer=int((logits > logits[p.answer]).sum()) + 1, target=t,
         neurons_total=float(dec.neurons.sum()), heads_total=float(dec.heads.sum()),
         embed=dec.embed, biases=dec.biases, error=dec.error,
         lens=lens, toward=toward, away=away, heads=heads,
@@ -353,7 +391,8 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         shares_total=shares_total, n_for_total=n_for_total,
         share_adds={name: {k: float(v[0]) for k, v in label_excess(
             x[None], masks[0], member[None], side_bits[None], np.array([t])).items()}
-            for name, x in scored.items()} if labelled_in else {})
+            for name, x in scored.items()} if labelled_in else {}, written=wrote,
+        answer_token=tokenizer.decode([int(p.answer)]))
 
 
 def _note_complements(model: HookedTransformer, tokenizer, config: ScienceConfig, p: Prompt,

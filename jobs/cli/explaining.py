@@ -27,6 +27,10 @@ def add_commands(sub) -> None:
                    help="a file with one prompt per line (blank lines and lines starting "
                         "with # skipped), explained after the prompts given as arguments")
     s.add_argument("--checkpoint", type=int, default=None, help="training step")
+    s.add_argument("--config", default=None, metavar="ID|HASH",
+                   help="the catalogued config to explain under, by id or hash prefix "
+                        "(default: the one the catalog holds for the model and step, when "
+                        "no measurement flag is given; flags given override its fields)")
     s.add_argument("--json", action="store_true", help="the explanation as JSON")
     s.add_argument("--top", type=int, default=10, help="neurons shown each way (default 10)")
     s.add_argument("--seeds", type=int, default=5,
@@ -83,6 +87,60 @@ def _store(args, lm, config, explanation: dict) -> str:
             f"config {ids.config_id})")
 
 
+def _described(config_id: int, config_hash: str, d: dict, steps: list[int]) -> str:
+    at = f"steps {', '.join(map(str, steps))}" if steps else "no step"
+    return (f"  --config {config_hash[:12]} (id {config_id}): operators "
+            f"{''.join(d.get('operators', []))} on [{d.get('operand_lo')}, "
+            f"{d.get('operand_hi')}), {d.get('shots', 0)} shots, template "
+            f"{d.get('template')!r}; {at}")
+
+
+def config_of(args):
+    """(the request's science config, where it came from). With no measurement flag and
+    no --config, the config the catalog holds for the model (at --checkpoint when given):
+    the one there is, or a ValueError listing them when there are several; --config picks
+    one by id or hash prefix; flags given override the chosen config's fields. Reads no
+    weights: prompts are checked against the config before the model loads."""
+    from catalog.config import ScienceConfig
+    from catalog.config.flags import specs
+    from catalog.config.settings import get_settings
+
+    flagged = any(getattr(args, x.name, None) is not None for x in specs(ScienceConfig))
+    named_db = bool(args.database_url or get_settings().database_url)
+    if args.config is None and (flagged or not named_db):
+        return science_from(args), None
+    if not named_db:
+        raise ValueError("--config names a catalogued config: name the database too "
+                         "(--database-url or DATABASE_URL)")
+    from jobs.cli.common import database_url
+    from jobs.cli.serving import stored_name
+    from schema import store
+    from schema.explanations import catalogued_configs
+
+    name = stored_name(args.model)
+    with store.connect(database_url(args)) as conn:
+        held = catalogued_configs(conn, model_name=name, step=args.checkpoint)
+    where = name + ("" if args.checkpoint is None else f" step {args.checkpoint}")
+    listing = "\n".join(_described(*x) for x in held)
+    if args.config is not None:
+        want = args.config.strip().lower()
+        hits = [x for x in held if str(x[0]) == want or x[1].startswith(want)]
+        if len(hits) != 1:
+            what = "matches none" if not hits else "matches several"
+            raise ValueError(f"--config {args.config} {what} of the configs {where} is "
+                             "catalogued under" + (f":\n{listing}" if held else " (none)"))
+        chosen = hits[0]
+    elif not held:
+        return science_from(args), f"{where} is not catalogued: the default config"
+    elif len(held) > 1:
+        raise ValueError(f"{where} is catalogued under {len(held)} configs; name one with "
+                         f"--config (or give the measurement flags):\n{listing}")
+    else:
+        chosen = held[0]
+    base = ScienceConfig.from_dict(chosen[2])
+    return science_from(args, base), f"config {chosen[1][:12]} (id {chosen[0]})"
+
+
 def prompts_of(args) -> list[str]:
     """The prompts asked for: the arguments, then the file's lines (ValueError naming
     what is missing)."""
@@ -107,7 +165,7 @@ def cmd_explain(args) -> int:
     if args.top < 1 or args.seeds < 0:
         return fail("--top must be at least 1 and --seeds at least 0")
     try:
-        config = science_from(args)
+        config, config_note = config_of(args)
         prompts = prompts_of(args)
         ops = {}
         for prompt in prompts:  # every prompt checked before the model loads
@@ -128,6 +186,8 @@ def cmd_explain(args) -> int:
             if op not in labelled:
                 labelled[op] = _labels(args, lm, config, op)
             labels, got, note = labelled[op]
+            if config_note:
+                note = f"{note}; {config_note}"
             e = explain(lm.model, lm.tokenizer, prompt, config, labels=labels,
                         top=args.top, seeds=args.seeds, ranking=args.ranking,
                         **catalog_context(got, lm.model, config))
@@ -135,7 +195,8 @@ def cmd_explain(args) -> int:
                 note = f"{note}; stored as {_store(args, lm, config, e.to_dict())}"
             if args.json:  # one JSON object per prompt, one per line
                 print(json.dumps({"model": lm.info.name, "checkpoint": lm.info.checkpoint,
-                                  "labels": note, **e.to_dict()}, default=float))
+                                  "config_hash": config.config_hash(), "labels": note,
+                                  **e.to_dict()}, default=float))
             else:
                 print(render(e, f"{lm.info.name} step {lm.info.checkpoint}", note)
                       + ("\n" if len(prompts) > 1 else ""))
@@ -153,10 +214,10 @@ CONTROLS = {"unlabelled": "unlabelled neurons, the prompt's labels placed on the
 def render(e, where: str, note: str) -> str:
     """The explanation as a readable terminal table."""
     out = [f"{e.prompt} on {where} ({note})",
-           f"answer {e.result}: the model's top token is {e.predicted!r} "
-           f"({'correct' if e.correct else 'wrong'}); p = {e.p_answer:.3f}, rank {e.rank_answer} "
-           "(0 = top)",
-           "logit lens, the answer's rank by layer: "
+           f"answer {e.result}: the model writes {e.written!r} "
+           f"({'correct' if e.correct else 'wrong'}); the answer's first token "
+           f"{e.answer_token!r}: p = {e.p_answer:.3f}, rank {e.rank_answer} (1 = top)",
+           "logit lens, the answer's first token's rank by layer (1 = top): "
            + " ".join(f"L{la}:{rank}" for la, rank, _ in e.lens),
            f"T (the answer's logit minus the competing numbers' mean) = {e.target:.3f}: "
            f"neurons {e.neurons_total:+.3f}, heads {e.heads_total:+.3f}, embeddings "

@@ -516,7 +516,8 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
                 page.get_by_text(share).first.wait_for(timeout=120_000)
             finally:
                 page.screenshot(path=str(ARTIFACTS / "prompt-page-typed.png"))
-            page.get_by_text(f"model says '{want.predicted}'").wait_for(timeout=10_000)
+            page.get_by_text(f"model writes '{want.written}'").wait_for(timeout=10_000)
+            page.get_by_text(f"rank {want.rank_answer} (1 = top)").wait_for(timeout=10_000)
             verdict = "Correct: greedy decoding writes" if want.correct else \
                 "Wrong: greedy decoding does not write"
             page.get_by_text(verdict).wait_for(timeout=10_000)

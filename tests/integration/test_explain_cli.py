@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from catalog.config import ScienceConfig
 from catalog.explain.holds import Label
 from catalog.explain.prompt import build, explain, labels_from_result
 from catalog.labels.heuristics import Heuristic
@@ -218,3 +219,120 @@ def test_the_summary_stores_the_prompts_explained(seeded, last):
             assert stat["verdict"] == want["verdict"]
     assert set(plus["knockouts"]) == {"direct", "total", "paper"}
     assert plus["steering"] == json.loads(json.dumps(json_safe(mine["steering"])))
+
+
+@pytest.fixture
+def tiny_loads(monkeypatch, tiny_builtin):
+    """(its catalog name, config, cache root): `ncat explain` loads the seeded catalog's
+    tiny built-in model, whatever name it is given (the tiny model's cache is not in the
+    home the command reads)."""
+    import catalog.sources
+    from catalog.builtin import model_name
+
+    cfg, root = tiny_builtin
+    monkeypatch.setattr(catalog.sources, "load_model", lambda name, step, **kw: load_model(
+        "builtin", step, builtin_config=cfg, cache_root=root))
+    return model_name(cfg), cfg, root
+
+
+def test_without_flags_explain_takes_the_config_the_catalog_holds(capsys, tiny_loads,
+                                                                  pg_server, seeded):
+    """No measurement flag: the one config the catalog holds for the model (its range,
+    not the library's default [0, 300), decides which prompts are accepted) and its
+    labels; a second config catalogued: refused with both listed, each by the --config
+    that picks it; --config by hash prefix or id; flags over --config override it."""
+    from jobs.store_results import catalog_checkpoint
+
+    from helpers import copy_database, drop_database, new_database_url
+
+    name, cfg, root = tiny_loads
+    base = ["--json", "--quiet", "--seeds", "0", "--checkpoint", str(SEED_STEPS[-1])]
+    assert main(["explain", name, "7+9=", *base, "--database-url", seeded]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["config_hash"] == SEED_CONFIG.config_hash()
+    assert "labels of" in d["labels"] and SEED_CONFIG.config_hash()[:12] in d["labels"]
+    # the catalog's range [0, 20) holds, before any model loads
+    assert main(["explain", name, "25+3=", *base, "--database-url", seeded]) == 2
+    assert "[0, 20)" in capsys.readouterr().err
+    url = new_database_url(pg_server)
+    copy_database(seeded, url)
+    try:
+        other = ScienceConfig(operand_hi=12, pairs_per_op=6, faithfulness_prompts=30)
+        lm = load_model("builtin", SEED_STEPS[-1], builtin_config=cfg, cache_root=root)
+        catalog_checkpoint(url, lm, other, layers=[0])
+        assert main(["explain", name, "7+9=", *base, "--database-url", url]) == 2
+        err = capsys.readouterr().err
+        assert "catalogued under 2 configs" in err
+        for c in (SEED_CONFIG, other):
+            assert f"--config {c.config_hash()[:12]}" in err
+        assert main(["explain", name, "7+9=", *base, "--database-url", url,
+                     "--config", other.config_hash()[:8]]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["config_hash"] == other.config_hash() and "labels of" in d["labels"]
+        with store.connect(url) as conn:
+            seed_id = store.scalar(conn.execute(
+                "SELECT id FROM measure_config WHERE config_hash = %s",
+                (SEED_CONFIG.config_hash(),)))
+        assert main(["explain", name, "7+9=", *base, "--database-url", url,
+                     "--config", str(seed_id)]) == 0
+        assert json.loads(capsys.readouterr().out)["config_hash"] == SEED_CONFIG.config_hash()
+        assert main(["explain", name, "7+9=", *base, "--database-url", url,
+                     "--config", str(seed_id), "--pairs", "10"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        import dataclasses
+
+        assert d["config_hash"] == dataclasses.replace(SEED_CONFIG, pairs_per_op=10).config_hash()
+        assert "not catalogued under this config" in d["labels"]
+        assert main(["explain", name, "7+9=", *base, "--database-url", url,
+                     "--config", "ffffffff"]) == 2
+        assert "matches none" in capsys.readouterr().err
+    finally:
+        drop_database(url)
+
+
+def test_ranks_count_from_one_and_the_stored_rows_of_before_are_shifted(
+        capsys, tiny_loads, pg_server, seeded):
+    """The printed and stored ranks count the top token as 1 (the answer's rank is the
+    number of tokens above it plus one); migration 0039 shifts rows stored under the old
+    count (0 = top) and its downgrade shifts them back."""
+    import torch
+
+    from catalog.explain.prompt import build
+    from schema.engine import alembic_config
+    from schema.explanations import stored_explanation
+
+    from helpers import copy_database, drop_database, new_database_url
+
+    name, cfg, root = tiny_loads
+    url = new_database_url(pg_server)
+    copy_database(seeded, url)
+    try:
+        assert main(["explain", name, "7+9=", "--json", "--quiet", "--seeds", "0",
+                     "--store", "--database-url", url]) == 0
+        d = json.loads(capsys.readouterr().out)
+        lm = load_model("builtin", None, builtin_config=cfg, cache_root=root)
+        p = build(lm.model, lm.tokenizer, "7+9=", SEED_CONFIG)
+        with torch.no_grad():
+            logits = lm.model(torch.as_tensor(p.tokens, dtype=torch.long)[None])[0, -1]
+        assert d["rank_answer"] == int((logits > logits[p.answer]).sum()) + 1 >= 1
+        assert min(rank for _, rank, _ in d["lens"]) >= 1
+        assert d["written"] == lm.tokenizer.decode([int(logits.argmax())])
+
+        def stored() -> tuple[int, int, list]:
+            with store.connect(url) as conn:
+                row = conn.execute("SELECT rank_answer, checkpoint_id, config_id FROM "
+                                   "prompt_explanation").fetchone()
+                e = stored_explanation(conn, checkpoint_id=row[1], config_id=row[2],
+                                       prompt="7+9=")
+            return row[0], e["rank_answer"], [r for _, r, _ in e["lens"]]
+
+        now = (d["rank_answer"], d["rank_answer"], [r for _, r, _ in d["lens"]])
+        assert stored() == now
+        from alembic import command
+
+        command.downgrade(alembic_config(url), "0038")
+        assert stored() == (now[0] - 1, now[1] - 1, [r - 1 for r in now[2]])
+        command.upgrade(alembic_config(url), "head")
+        assert stored() == now
+    finally:
+        drop_database(url)

@@ -311,10 +311,14 @@ def explain(env: Env, line: str) -> None:
         logits = lm.model(torch.as_tensor(p.tokens, dtype=torch.long)[None])[0, -1]
     top = lm.tokenizer.decode([int(logits.argmax())])
     prob = float(logits.double().softmax(-1)[p.answer])
+    rank = int((logits > logits[p.answer]).sum()) + 1
     verdict = "correct" if top == "38" else "wrong"
-    want = f"answer 38: the model's top token is {top!r} ({verdict}); p = {prob:.3f}"
+    want = (f"answer 38: the model writes {top!r} ({verdict}); the answer's first token "
+            f"'38': p = {prob:.3f}, rank {rank} (1 = top)")
     assert want in done.stdout, (want, done.stdout)
-    assert re.search(r"labels of \d+ neurons from the catalog", done.stdout), done.stdout
+    # no flag given: the demo's config, the one the catalog holds, with its labels
+    assert re.search(r"labels of \d+ neurons from the catalog; config [0-9a-f]{12} \(id \d+\)",
+                     done.stdout), done.stdout
     assert "T (the answer's logit minus the competing numbers' mean)" in done.stdout
 
 
@@ -425,7 +429,7 @@ RUNNERS = {  # in the order a reader meets them (shell_docs.documented_lines)
     "ncat retry 3": retry,
     "ncat explore": explore,
     "ncat export \"SELECT * FROM heuristic_census WHERE op = '+'\" --out census.csv": export,
-    'ncat explain builtin "21+17=" --hi 100': explain,
+    'ncat explain builtin "21+17="': explain,
 }
 
 

@@ -18,7 +18,7 @@ from catalog.builtin import builtin_tokenizer, builtin_vocab
 from catalog.config import ScienceConfig
 from catalog.explain.decompose import decompose, decompose_batch
 from catalog.explain.grid import PARTS, explain_prompts, summarize_prompts
-from catalog.explain.prompt import PromptError, _one_pass, build, explain
+from catalog.explain.prompt import PromptError, _one_pass, build, explain, written
 from catalog.labels.heuristics import Heuristic
 from catalog.sources import from_hf_model
 
@@ -135,7 +135,10 @@ def test_the_planted_neurons_are_named_and_add_up(hand, a, b):
     e = explain(model.to(torch.float64), builtin_tokenizer(), f"{a}+{b}=", config,
                 labels=labels, seeds=8)
     # (no end token after the answer in this model: its first token is the test)
-    assert e.result == a + b and e.rank_answer == 0 and e.predicted == str(a + b)
+    assert e.result == a + b and e.rank_answer == 1 and e.predicted == str(a + b)
+    # (the hand-built model is not named as the built-in one: greedy decoding goes on
+    # while the next token is a number, and its first is the answer)
+    assert e.written.split()[0] == str(a + b) and e.answer_token == str(a + b)
     assert e.p_answer > 0.9
     want = firing(planted, a, b)
     assert len(want) == 4
@@ -395,6 +398,30 @@ def slow_greedy(model, tokenizer, p, builtin: bool) -> bool:
     return not tokenizer.decode([int(model(toks)[0, -1].argmax())])[:1].isdigit()
 
 
+def slow_written(model, tokenizer, p, builtin: bool) -> str:
+    """What greedy decoding writes, one forward per token: the first token, then each
+    token whose text starts with a digit, at most the result's length plus two tokens (one
+    token on the built-in model)."""
+    toks, out = [int(x) for x in p.tokens], []
+    limit = 1 if builtin else len(p.result_tokens) + 2
+    while len(out) < limit and len(toks) < model.cfg.n_ctx:
+        nxt = int(model(torch.as_tensor(toks, dtype=torch.long)[None])[0, -1].argmax())
+        digit = tokenizer.decode([nxt])[:1].isdigit()
+        if out and not digit:
+            break
+        out.append(nxt)
+        toks.append(nxt)
+        if not digit:
+            break
+    return tokenizer.decode(out)
+
+
+def _top_of(model, p) -> list[int]:
+    """The teacher-forced pass's top token at every position (prompt, then result)."""
+    seq = [int(x) for x in p.tokens] + list(p.result_tokens)
+    return model(torch.as_tensor(seq, dtype=torch.long)[None])[0].argmax(-1).tolist()
+
+
 def test_the_one_pass_equals_greedy_decoding_the_per_layer_lens_and_each_neurons_tokens(
         tiny_builtin):
     """explain's single teacher-forced forward gives what greedy decoding, one unembedding
@@ -428,12 +455,16 @@ def test_the_one_pass_equals_greedy_decoding_the_per_layer_lens_and_each_neurons
             t = tok if builtin else odd_ends  # only the end check decodes
             correct = e.correct if builtin else _one_pass(model, t, p)[2]
             assert correct == slow_greedy(model, t, p, builtin), text
+            assert e.written == slow_written(model, tok, p, builtin), text
+            if not builtin:  # tokens that end the number after one, two or three
+                assert written(model, t, p, _top_of(model, p)) == slow_written(
+                    model, t, p, False), text
             seen[builtin, correct] += 1
             _, cache = model.run_with_cache(torch.as_tensor(p.tokens)[None])
             for layer, rank, prob in e.lens:
                 lg = final_logits(model, cache[f"blocks.{layer}.hook_resid_post"][:, -1:])
                 lg = lg[0, -1].double()
-                assert rank == int((lg > lg[p.answer]).sum()), (text, layer)
+                assert rank == int((lg > lg[p.answer]).sum()) + 1, (text, layer)  # 1 = top
                 assert prob == pytest.approx(float(lg.softmax(-1)[p.answer]), abs=1e-6)
             for r in e.toward + e.away:
                 row = model.blocks[r.layer].mlp.W_out[r.neuron] @ model.W_U

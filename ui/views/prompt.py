@@ -322,9 +322,10 @@ def render() -> None:
             st.error(str(exc))
             return
     left, mid, right = st.columns(3)
-    left.metric("answer", f"{e['result']}", f"model says {e['predicted']!r}",
+    left.metric("answer", f"{e['result']}",
+                f"model writes {e.get('written') or e['predicted']!r}",
                 delta_color="normal" if e["correct"] else "inverse")
-    mid.metric("p(answer)", f"{e['p_answer']:.3f}", f"rank {e['rank_answer']}",
+    mid.metric("p(answer)", f"{e['p_answer']:.3f}", f"rank {e['rank_answer']} (1 = top)",
                delta_color="off")
     right.metric("labelled neurons that hold carry",
                  f"{e['shares']['labelled, heuristic holds']:.0%} of T",
