@@ -63,9 +63,13 @@ def make_engine(url: str | None = None, **kwargs) -> Engine:
 
 
 def alembic_config(url: str):
+    """Alembic's config for ``url``, built here rather than read from alembic.ini: an
+    installed copy (the image, a wheel) has the ``migrations`` package beside ``schema``
+    and no alembic.ini (which stays for the ``alembic`` command in a checkout)."""
     from alembic.config import Config
 
-    cfg = Config(str(ROOT / "alembic.ini"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(ROOT / "migrations"))
     cfg.attributes["url"] = url
     return cfg
 

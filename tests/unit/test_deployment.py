@@ -1,10 +1,6 @@
 """docker-compose.yml and the Dockerfile, checked by reading them (no Docker engine here)."""
 
-import os
 import shlex
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
@@ -25,17 +21,30 @@ def ncat_commands() -> set[str]:
 
 def test_services_healthchecks_and_dependencies():
     services = compose()["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "worker", "explorer"}
+    assert set(services) == {"postgres", "redis", "migrate", "worker", "worker-cpu",
+                             "explorer"}
     for name in ("postgres", "redis"):
         check = services[name]["healthcheck"]["test"]
         assert check[0] in ("CMD", "CMD-SHELL") and len(check) > 1
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("worker", "explorer"):
+    for name in ("worker", "worker-cpu", "explorer"):
         deps = services[name]["depends_on"]
         assert deps["migrate"]["condition"] == "service_completed_successfully"
         assert deps["redis"]["condition"] == "service_healthy"
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["capabilities"] == ["gpu"] and gpu["driver"] == "nvidia"
+    # a CPU-only route: the GPU worker and the CPU worker each in a profile of its own,
+    # the CPU worker asking for no device; everything else starts with no profile named
+    assert services["worker"]["profiles"] == ["gpu"]
+    assert services["worker-cpu"]["profiles"] == ["cpu"]
+    assert "deploy" not in services["worker-cpu"]
+    assert services["worker-cpu"]["command"][:2] == ["ncat", "worker"]
+    assert all("profiles" not in services[n]
+               for n in ("postgres", "redis", "migrate", "explorer"))
+    # the CPU worker inherits the image and every setting of the others (a merge, not
+    # an environment of its own that would drop DATABASE_URL)
+    assert services["worker-cpu"]["environment"] == services["worker"]["environment"]
+    assert services["worker-cpu"]["image"] == services["worker"]["image"]
     # published on the loopback unless the user names an interface; no default password
     assert services["explorer"]["ports"] == [
         "${EXPLORER_BIND:-127.0.0.1}:${EXPLORER_PORT:-8501}:8501"]
@@ -45,7 +54,7 @@ def test_services_healthchecks_and_dependencies():
         "${POSTGRES_PASSWORD:?")
     # the analysts' role logs in by password under the image's scram-sha-256: one the
     # user sets, never a shipped one, given to every service that reads as it
-    for name in ("migrate", "worker", "explorer"):
+    for name in ("migrate", "worker", "worker-cpu", "explorer"):
         assert services[name]["environment"]["NCAT_READER_PASSWORD"].startswith(
             "${NCAT_READER_PASSWORD:?"), name
     # the postgres image runs the script that confines the reader to the catalog's database
@@ -88,12 +97,12 @@ def test_every_command_exists_in_the_project():
     read = {name.upper(): f for name, f in Settings.model_fields.items()}
     for name, service in compose()["services"].items():
         cmd = service.get("command")
-        if name in ("migrate", "worker", "explorer"):
+        if name in ("migrate", "worker", "worker-cpu", "explorer"):
             assert cmd[0] == "ncat" and cmd[1] in known, (name, cmd)
             build_parser().parse_args(cmd[1:])  # the arguments are valid too
         env = service.get("environment", {})
         for key in ("DATABASE_URL", "REDIS_URL"):
-            if name in ("migrate", "worker", "explorer"):
+            if name in ("migrate", "worker", "worker-cpu", "explorer"):
                 assert key in env and ":-" in env[key]  # overridable, with a default
         for key, value in env.items():
             if key.startswith("NCAT_"):  # a setting the project reads, with a valid default
@@ -122,64 +131,3 @@ def test_dockerfile_copies_what_exists():
     include = found["tool"]["setuptools"]["packages"]["find"]["include"]
     packages = {p.rstrip("*") for p in include}
     assert packages and packages <= copied, packages - copied
-
-
-def _image_context(dest: Path) -> Path:
-    """The files the Dockerfile copies into its WORKDIR, laid out as the image has them."""
-    app = dest / "app"
-    app.mkdir()
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        if not line.startswith("COPY "):
-            continue
-        *sources, target = shlex.split(line)[1:]
-        for src in sources:
-            to = app / (src if target.endswith("/") or target == "./" else target)
-            if (ROOT / src).is_dir():
-                shutil.copytree(ROOT / src, to, ignore=shutil.ignore_patterns(
-                    "__pycache__", "*.pyc"))
-            else:
-                to.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(ROOT / src, to)
-    return app
-
-
-def test_the_image_installs_every_module_and_each_imports(tmp_path):
-    """What `pip install .` in the image installs, built here without Docker: the
-    Dockerfile's copies, a wheel of them, the wheel installed alone into a folder. Every
-    module of the project's packages is in it and imports from there (the image once
-    lacked reports/, which the explorer imports)."""
-    app = _image_context(tmp_path)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path / "dist"), str(app)], check=True,
-                   capture_output=True, timeout=600)
-    (wheel,) = (tmp_path / "dist").glob("*.whl")
-    import tomllib
-    import zipfile
-
-    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"]["find"]["include"]
-    packages = sorted(p.rstrip("*") for p in include)
-    modules = sorted(str(p.relative_to(ROOT)) for pkg in packages
-                     for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts)
-    in_wheel = set(zipfile.ZipFile(wheel).namelist())
-    assert [m for m in modules if m not in in_wheel] == []
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(site), str(wheel)], check=True, capture_output=True, timeout=600)
-    # each module imported from the installed copy, not from this checkout (scripts that
-    # run on import, Streamlit's page file and the __main__ entry points, are not imported)
-    names = [m[:-3].replace("/", ".").removesuffix(".__init__") for m in modules
-             if not m.endswith(("__main__.py", "ui/app.py"))]
-    code = ("import importlib, sys\n"
-            f"site = {str(site)!r}\n"
-            "bad = []\n"
-            f"for name in {names!r}:\n"
-            "    mod = importlib.import_module(name)\n"
-            "    if not mod.__file__.startswith(site):\n"
-            "        bad.append((name, mod.__file__))\n"
-            "print(len(bad), bad[:3])\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(site)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("0 "), done.stdout
