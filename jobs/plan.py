@@ -61,6 +61,16 @@ class Plan:
     def bytes_per_checkpoint(self) -> float:
         return sum(self.storage.values())
 
+    def as_dict(self) -> dict:
+        """The estimate as ``--json`` prints it: every field, and the totals (seconds and
+        bytes per checkpoint and over every checkpoint)."""
+        from dataclasses import asdict
+
+        return {**asdict(self), "seconds_per_checkpoint": self.seconds_per_checkpoint,
+                "bytes_per_checkpoint": self.bytes_per_checkpoint,
+                "seconds": self.seconds_per_checkpoint * self.checkpoints,
+                "bytes": self.bytes_per_checkpoint * self.checkpoints}
+
     def render(self) -> str:
         """The estimate as a table for the terminal."""
         lines = [f"Estimate for {self.model} on {self.device}:",

@@ -141,10 +141,12 @@ def url_is_clean(url: str) -> bool:
     return at < 0 or not any(c in rest[:at] for c in "/?#")
 
 
-def shown_url(url: str, driver: bool = True) -> str:
+def shown_url(url: str, driver: bool = False) -> str:
     """A database or broker URL as every command shows it: scheme, user, host, port and
     database, with ``***`` where a password was (in the user part or the query string)
-    and only the harmless query parameters. A URL that does not parse cleanly (an
+    and only the harmless query parameters; without SQLAlchemy's driver suffix unless
+    ``driver`` (``postgresql+psycopg://`` is shown ``postgresql://``, which psql takes:
+    issue 81). A URL that does not parse cleanly (an
     unencoded ``@``, ``/`` or ``?`` in its password makes where the host begins a guess)
     shows its scheme only: a guess could print the password's tail as the host."""
     from urllib.parse import parse_qsl

@@ -24,8 +24,23 @@ from jobs.cli.measuring import print_result
 __all__ = ["build_parser", "main", "print_result"]
 
 
+def version_line() -> str:
+    """The installed project's version and the catalog version its configs are hashed
+    with (rows measured under another catalog version are another config)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from catalog.config import CATALOG_VERSION
+
+    try:
+        project = version("neuron-catalog")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        project = "not installed"
+    return f"ncat {project} (catalog {CATALOG_VERSION}, Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ncat", description="The arithmetic neuron catalog.")
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True)
     serving.add_commands(sub)
     measuring.add_commands(sub)

@@ -19,6 +19,60 @@ LOGIN_REFUSED = 5  # exit code when the database answers but refuses the login
 QUEUED_NOT_SENT = 4
 
 
+def json_option(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object on stdout (notes and progress "
+                        "go to stderr)")
+
+
+def plain(x):
+    """``x`` as JSON takes it: dataclasses and named tuples as objects, numpy values as
+    numbers and lists, NaN as null, dates in ISO 8601, anything else as its text."""
+    import dataclasses
+    import datetime
+
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return plain({f.name: getattr(x, f.name) for f in dataclasses.fields(x)})
+    if hasattr(x, "_asdict"):
+        return plain(x._asdict())
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple | set | frozenset):
+        return [plain(v) for v in x]
+    if isinstance(x, datetime.date):
+        return x.isoformat()
+    if hasattr(x, "tolist"):  # numpy arrays and scalars
+        return plain(x.tolist())
+    if isinstance(x, float):
+        return None if x != x or x in (float("inf"), float("-inf")) else x
+    return x if isinstance(x, str | int | bool | type(None)) else str(x)
+
+
+class Report:
+    """What a command prints: lines for people on stdout, or with ``--json`` one JSON
+    object on stdout at the end (``emit``) and the lines, as notes, on stderr."""
+
+    def __init__(self, args) -> None:
+        self.json = bool(getattr(args, "json", False))
+        self.data: dict = {}
+
+    def say(self, text: str) -> None:
+        print(text, file=sys.stderr if self.json else sys.stdout, flush=True)
+
+    def put(self, **values) -> None:
+        self.data.update(values)
+
+    def add(self, key: str, value) -> None:
+        self.data.setdefault(key, []).append(value)
+
+    def emit(self) -> None:
+        if self.json:
+            import json
+
+            print(json.dumps(plain(self.data)), flush=True)
+            self.data = {}
+
+
 def fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return BAD_INPUT

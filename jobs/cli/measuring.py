@@ -9,12 +9,14 @@ from pathlib import Path
 
 from catalog.core.arith import OPERATORS
 from jobs.cli.common import (
+    Report,
     checkpoints_option,
     database_option,
     database_url,
     execution_from,
     execution_options,
     fail,
+    json_option,
     loads_model,
     parse_layers,
     science_from,
@@ -58,17 +60,56 @@ def print_result(res, top: int = 5, out=sys.stdout) -> None:
             if facts.get("spearman") is not None:
                 print(f"  {op}: exact on {facts['n_exact']} neurons, Spearman with "
                       f"attribution {facts['spearman']:.2f}", file=out)
-            for n in np.argsort(lr.rank[:, o])[:top]:
-                sel = (m.neuron == n) & (m.op == o) & m.implements
-                best = "(no label)" if not lr.constant[n, o] else "(constant: never labelled)"
-                if sel.any():
-                    i = np.nonzero(sel)[0][np.argmax(m.score[sel])]
-                    side = "bottom-k " if m.bottom[i] else ""
-                    best = (f"{side}{m.row_heuristic(i).label} ({m.score[i]:.2f}, base rate "
-                            f"{m.base_rate[i]:.2f}, p={m.p_value[i]:.1e})")
-                kind = "exact" if lr.is_exact[n, o] else "attr"
-                print(f"  {op} neuron {n:5d}  {res.config.rank_statistic} effect "
-                      f"{lr.rank_value[n, o]:9.4f} ({kind})  {best}", file=out)
+            for r in top_neurons(lr, o, top):
+                best = "(no label)" if not r["constant"] else "(constant: never labelled)"
+                if r["label"] is not None:
+                    side = "bottom-k " if r["bottom"] else ""
+                    best = (f"{side}{r['label']} ({r['score']:.2f}, base rate "
+                            f"{r['base_rate']:.2f}, p={r['p_value']:.1e})")
+                kind = "exact" if r["exact"] else "attr"
+                print(f"  {op} neuron {r['neuron']:5d}  {res.config.rank_statistic} effect "
+                      f"{r['effect']:9.4f} ({kind})  {best}", file=out)
+
+
+def top_neurons(lr, o: int, top: int) -> list[dict]:
+    """A layer's ``top`` neurons by rank for operator index ``o``, each with its effect and
+    its best label (None where it has none)."""
+    import numpy as np
+
+    m = lr.matches
+    out = []
+    for n in np.argsort(lr.rank[:, o])[:top]:
+        sel = (m.neuron == n) & (m.op == o) & m.implements
+        row = {"neuron": int(n), "effect": float(lr.rank_value[n, o]),
+               "exact": bool(lr.is_exact[n, o]), "constant": bool(lr.constant[n, o]),
+               "label": None}
+        if sel.any():
+            i = np.nonzero(sel)[0][np.argmax(m.score[sel])]
+            row.update(label=m.row_heuristic(i).label, bottom=bool(m.bottom[i]),
+                       score=float(m.score[i]), base_rate=float(m.base_rate[i]),
+                       p_value=float(m.p_value[i]))
+        out.append(row)
+    return out
+
+
+def result_data(res, top: int = 5) -> dict:
+    """What print_result shows, as ``--json`` prints it."""
+    import numpy as np
+
+    ops = list(res.config.operators)
+    s = res.summary
+    summary = None if not s else {
+        "layers": s.layers, "accuracy": s.accuracy, "n_correct": s.n_correct,
+        "n_pairs": s.n_pairs, "n_excluded": s.n_excluded,
+        "faithfulness": {op: [[k, f] for k, f in s.faithfulness[op]] for op in ops}}
+    layers = {}
+    for layer, lr in sorted(res.layers.items()):
+        m = lr.matches
+        layers[str(layer)] = {
+            "scores": len(m), "labels": int(m.implements.sum()),
+            "labelled_neurons": len(np.unique(m.neuron[m.implements])),
+            "top": {op: top_neurons(lr, o, top) for o, op in enumerate(ops)}}
+    return {"config_hash": res.config.config_hash(), "summary": summary, "layers": layers}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -95,17 +136,24 @@ def cmd_train_builtin(args) -> int:
         return fail(str(exc))
     from catalog import builtin
 
+    out = Report(args)
     for seed in seeds:
         cfg = builtin.TrainConfig(**({"steps": args.steps} if args.steps else {}), seed=seed)
-        if args.reuse_from and builtin.adopt(cfg, Path(args.reuse_from).expanduser() / "builtin"):
-            print(f"{builtin.model_name(cfg)}: the finished run in {args.reuse_from} taken "
-                  "(same settings, weights checked against their record): no training")
-        path = builtin.train(cfg)
+        adopted = bool(args.reuse_from and builtin.adopt(
+            cfg, Path(args.reuse_from).expanduser() / "builtin"))
+        if adopted:
+            out.say(f"{builtin.model_name(cfg)}: the finished run in {args.reuse_from} taken "
+                    "(same settings, weights checked against their record): no training")
+        path = builtin.train(cfg, progress=not args.quiet)
         meta = json.loads((path / f"step{cfg.steps}.json").read_text())
         acc = meta["heldout_accuracy"]
-        print(f"{builtin.model_name(cfg)} (seed {seed}): checkpoints in {path}: steps "
-              f"{builtin.available_steps(cfg)}")
-        print("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
+        out.say(f"{builtin.model_name(cfg)} (seed {seed}): checkpoints in {path}: steps "
+                f"{builtin.available_steps(cfg)}")
+        out.say("held-out accuracy: " + "  ".join(f"{op} {acc[op]:.3f}" for op in OPERATORS))
+        out.add("models", {"name": builtin.model_name(cfg), "seed": seed, "path": str(path),
+                           "steps": builtin.available_steps(cfg), "adopted": adopted,
+                           "heldout_accuracy": acc})
+    out.emit()
     return 0
 
 
@@ -113,18 +161,24 @@ def cmd_fetch(args) -> int:
     from catalog.config.settings import get_settings
     from catalog.sources import registry
 
+    out = Report(args)
     if args.list or not args.name:
         for m in registry.KNOWN.values():
             have = registry.fetched_path(m.name, get_settings().ncat_home)
             where = f"fetched: {have}" if have else "not fetched"
-            print(f"{m.name}  ({m.size:,} bytes; {where})\n    {m.about}")
+            out.say(f"{m.name}  ({m.size:,} bytes; {where})\n    {m.about}")
+            out.add("models", {"name": m.name, "bytes": m.size, "about": m.about,
+                               "fetched": None if not have else str(have)})
+        out.emit()
         return 0
     try:
         path = registry.fetch(args.name, get_settings().ncat_home, progress=not args.quiet)
     except registry.FetchError as exc:
         return fail(str(exc))
-    print(f"{args.name}: {path} (size and SHA-256 verified); measure it as "
-          f"`ncat measure {args.name} ...`")
+    out.say(f"{args.name}: {path} (size and SHA-256 verified); measure it as "
+            f"`ncat measure {args.name} ...`")
+    out.put(name=args.name, path=str(path))
+    out.emit()
     return 0
 
 
@@ -135,7 +189,10 @@ def cmd_checkpoints(args) -> int:
         steps = list_checkpoints(args.model)
     except ModelSourceError as exc:
         return fail(str(exc))
-    print("no training checkpoints" if steps is None else " ".join(map(str, steps)))
+    out = Report(args)
+    out.say("no training checkpoints" if steps is None else " ".join(map(str, steps)))
+    out.put(model=args.model, steps=steps)
+    out.emit()
     return 0
 
 
@@ -173,9 +230,13 @@ def cmd_measure(args) -> int:
                       provenance=lm.info.as_dict(), execution=execution)
     except (ModelSourceError, ValueError) as exc:
         return fail(str(exc))
-    print(f"{lm.info.name} step {lm.info.checkpoint}: measured in "
-          f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts); {lm.info.check}")
-    print_result(res)
+    out = Report(args)
+    out.say(f"{lm.info.name} step {lm.info.checkpoint}: measured in "
+            f"{time.perf_counter() - t0:.1f} s ({len(res.table)} prompts); {lm.info.check}")
+    print_result(res, out=sys.stderr if out.json else sys.stdout)
+    out.put(model=lm.info.name, checkpoint=lm.info.checkpoint, prompts=len(res.table),
+            check=lm.info.check, **result_data(res))
+    out.emit()
     return 0
 
 
@@ -187,6 +248,7 @@ def cmd_catalog(args) -> int:
     from schema import reads, store
     from schema.engine import SchemaBehind, require_current
 
+    out = Report(args)
     try:
         config, execution = science_from(args), execution_from(args)
         layers = parse_layers(args.layers)
@@ -198,48 +260,67 @@ def cmd_catalog(args) -> int:
         # summary (catalog.circuits.final)
         planned = sorted(planned, key=lambda p: latest_first(p.step))
         stored = None
+        def stored_before(name: str, step) -> bool:
+            if args.force:
+                return False
+            with store.connect(url) as conn:
+                have = reads.find_stored(conn, model_name=name, step=step,
+                                         config_hash=config.config_hash())
+            if have and have.covers(layers):
+                out.say(f"{at_checkpoint(name, step)}: already in the catalog "
+                        "(--force recomputes)")
+                out.add("checkpoints", {"model": name, "step": step, "stored": "before"})
+                return True
+            return False
+
         for p in planned:
             name, step = p.model, p.step
-            if not args.force:
-                with store.connect(url) as conn:
-                    have = reads.find_stored(conn, model_name=name, step=step,
-                                             config_hash=config.config_hash())
-                if have and have.covers(layers):
-                    print(f"{at_checkpoint(name, step)}: already in the catalog "
-                          "(--force recomputes)")
-                    continue
+            if stored_before(name, step):
+                continue
             run_with = fitted_execution(p.shape, config, execution, len(p.layers),
                                         f"cataloguing {at_checkpoint(name, step)}")
             lm = load_model(args.model, step, device=execution.device,
                             dtype=config.torch_dtype(), progress=not args.quiet)
+            # the final weights (no --checkpoints) are stored under the step they are
+            # (the built-in model's last): known only once loaded
+            if step is None and lm.info.checkpoint is not None and \
+                    stored_before(name, lm.info.checkpoint):
+                continue
             t0 = time.perf_counter()
 
             def resumed(done: list[int], _step=step, _name=name) -> None:
-                print(f"{at_checkpoint(_name, _step)}: layers {done} are stored already "
-                      "(an earlier run); computing the rest")
+                out.say(f"{at_checkpoint(_name, _step)}: layers {done} are stored already "
+                        "(an earlier run); computing the rest")
 
             ids = catalog_checkpoint(url, lm, config, layers=layers, progress=not args.quiet,
                                      execution=run_with, resume=not args.force,
                                      on_resume=resumed)
-            print(f"{at_checkpoint(lm.info.name, step)}: stored in "
-                  f"{time.perf_counter() - t0:.1f} s (checkpoint id {ids.checkpoint_id}, "
-                  f"config id {ids.config_id}); {lm.info.check}")
+            out.say(f"{at_checkpoint(lm.info.name, step)}: stored in "
+                    f"{time.perf_counter() - t0:.1f} s (checkpoint id {ids.checkpoint_id}, "
+                    f"config id {ids.config_id}); {lm.info.check}")
+            out.add("checkpoints", {"model": lm.info.name, "step": lm.info.checkpoint,
+                                    "stored": "now",
+                                    "checkpoint_id": ids.checkpoint_id,
+                                    "config_id": ids.config_id, "check": lm.info.check})
             stored = ids
         if stored is not None:
-            fill_final(url, stored.model_id, stored.config_id, execution, args.quiet)
+            fill_final(url, stored.model_id, stored.config_id, execution, args.quiet, out)
     except (ModelSourceError, ValueError, SchemaBehind) as exc:
         return fail(str(exc))
+    out.emit()
     return 0
 
 
-def fill_final(url: str, model_id: int, config_id: int, execution, quiet: bool) -> None:
+def fill_final(url: str, model_id: int, config_id: int, execution, quiet: bool,
+               out: Report | None = None) -> None:
     """The final circuit at the model's earlier checkpoints that lack it (jobs.final_circuits)."""
     from jobs import final_circuits
     from schema import store
 
     def said(step, seconds) -> None:
         if not quiet:
-            print(f"step {step}: the final circuit measured in {seconds:.1f} s")
+            line = f"step {step}: the final circuit measured in {seconds:.1f} s"
+            print(line) if out is None else out.say(line)
 
     with store.connect(url, autocommit=True) as conn:
         final_circuits.fill(conn, model_id=model_id, config_id=config_id, execution=execution,
@@ -282,6 +363,8 @@ def add_commands(sub) -> None:
                         "(linked or copied, each checkpoint checked against its recorded "
                         "weights hash) instead of training; the test command passes the "
                         "user's home, so a demo's model is not trained twice")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    json_option(s)
     s.set_defaults(fn=cmd_train_builtin)
 
     s = sub.add_parser("final-circuit", help="measure the final checkpoint's circuit at every "
@@ -299,10 +382,12 @@ def add_commands(sub) -> None:
     s.add_argument("name", nargs="?", help="a known model, e.g. qwen2.5-coder-0.5b")
     s.add_argument("--list", action="store_true", help="list the known models")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    json_option(s)
     s.set_defaults(fn=cmd_fetch)
 
     s = sub.add_parser("checkpoints", help="list a model's training checkpoints")
     s.add_argument("model", help=MODEL_HELP)
+    json_option(s)
     loads_model(s)
     s.set_defaults(fn=cmd_checkpoints)
 
@@ -311,6 +396,7 @@ def add_commands(sub) -> None:
     s.add_argument("--checkpoint", type=int, default=None, help="training step")
     science_options(s)
     execution_options(s)
+    json_option(s)
     loads_model(s)
     s.set_defaults(fn=cmd_measure)
 
@@ -322,5 +408,6 @@ def add_commands(sub) -> None:
     database_option(s)
     science_options(s)
     execution_options(s)
+    json_option(s)
     loads_model(s)
     s.set_defaults(fn=cmd_catalog)

@@ -7,12 +7,14 @@ import time
 
 from jobs.cli.common import (
     QUEUED_NOT_SENT,
+    Report,
     checkpoints_option,
     database_option,
     database_url,
     execution_from,
     execution_options,
     fail,
+    json_option,
     loads_model,
     parse_layers,
     science_from,
@@ -47,6 +49,7 @@ def cmd_enqueue(args) -> int:
     )
     from schema.engine import SchemaBehind, require_current
 
+    out = Report(args)
     try:
         config = science_from(args)
         url = require_current(database_url(args))
@@ -57,24 +60,32 @@ def cmd_enqueue(args) -> int:
                 raise EnqueueError("--full-grid takes one checkpoint (--checkpoints STEP)")
             j = enqueue_full_grid(url, args.model, steps[0], config, layer, neurons,
                                   device=args.device or "cpu")
-            print(f"job {j.job_id}: full grids of layer {layer} neurons "
-                  f"{','.join(map(str, neurons))} of {at_checkpoint(j.model, j.step)}: {j.note}")
+            out.say(f"job {j.job_id}: full grids of layer {layer} neurons "
+                    f"{','.join(map(str, neurons))} of {at_checkpoint(j.model, j.step)}: "
+                    f"{j.note}")
+            out.put(jobs=[{"job": j.job_id, "model": j.model, "step": j.step,
+                           "layer": layer, "neurons": neurons, "note": j.note}])
+            out.emit()
             return 0
-        _print_estimate(url, args, config)
+        _print_estimate(url, args, config, out)
         jobs = enqueue(url, args.model, args.checkpoints, config,
                        layers=parse_layers(args.layers), device=args.device or "cpu",
                        force=args.force)
     except (EnqueueError, ValueError, SchemaBehind) as exc:
         return fail(str(exc))
     except QueuedWithoutBroker as exc:
-        _print_jobs(exc.jobs, args.force)
+        _print_jobs(exc.jobs, args.force, out)
         print(f"warning: {exc}", file=sys.stderr)
+        out.put(sent=False, warning=str(exc))
+        out.emit()
         return QUEUED_NOT_SENT
-    _print_jobs(jobs, args.force)
+    _print_jobs(jobs, args.force, out)
+    out.put(sent=True)
+    out.emit()
     return 0
 
 
-def _print_jobs(jobs, force: bool) -> None:
+def _print_jobs(jobs, force: bool, out: Report) -> None:
     for j in jobs:
         if j.stored:
             what = "already in the catalog, nothing queued (--force recomputes)"
@@ -82,10 +93,13 @@ def _print_jobs(jobs, force: bool) -> None:
             what = "queued"
         else:
             what = "queued again (--force)" if force else "exists already"
-        print(f"job {j.job_id}: {at_checkpoint(j.model, j.step)}, {len(j.layers)} layers: {what}")
+        out.say(f"job {j.job_id}: {at_checkpoint(j.model, j.step)}, {len(j.layers)} layers: "
+                f"{what}")
+        out.add("jobs", {"job": j.job_id, "model": j.model, "step": j.step,
+                         "layers": list(j.layers), "state": what.split(",")[0]})
 
 
-def _print_estimate(url: str, args, config) -> None:
+def _print_estimate(url: str, args, config, out: Report) -> None:
     """The cost estimate of an enqueue request, from a cached calibration (never
     calibrates: that loads the model; `ncat plan` does)."""
     from catalog.config import ExecutionConfig
@@ -99,10 +113,11 @@ def _print_estimate(url: str, args, config) -> None:
     except ValueError:
         return  # the request itself is checked (and refused, saying why) by enqueue
     if p is None:
-        print(f"(no cost estimate: run `ncat plan {args.model} ...` with the same flags "
-              f"to calibrate this model on {args.device or 'cpu'})")
+        out.say(f"(no cost estimate: run `ncat plan {args.model} ...` with the same flags "
+                f"to calibrate this model on {args.device or 'cpu'})")
     else:
-        print(p.render() + "\n")
+        out.say(p.render() + "\n")
+    out.put(estimate=None if p is None else p.as_dict())
 
 
 def cmd_plan(args) -> int:
@@ -111,6 +126,7 @@ def cmd_plan(args) -> int:
     from jobs.signals import sigterm_exits
     from schema.engine import wait_for
 
+    out = Report(args)
     try:
         config = science_from(args)
         url = database_url(args)  # its server hosts the calibration's scratch database
@@ -121,11 +137,13 @@ def cmd_plan(args) -> int:
             p = plan_request(url, args.model, args.checkpoints, config,
                              layers=parse_layers(args.layers), execution=execution,
                              recalibrate=args.recalibrate,
-                             progress=None if args.quiet else lambda m: print(m, flush=True))
+                             progress=None if args.quiet else out.say)
     except (EnqueueError, ValueError) as exc:
         return fail(str(exc))
     assert p is not None
-    print(p.render())
+    out.say(p.render())
+    out.put(**p.as_dict())
+    out.emit()
     return 0
 
 
@@ -154,20 +172,23 @@ def cmd_status(args) -> int:
     from schema.jobs import ACTIVE
 
     url = database_url(args)
+    out = Report(args)  # with --watch and --json: one JSON object per refresh
     while True:
         rows = job_statuses(url, args.jobs or None)
         lines = [f"job {r.job_id:4d}  {at_checkpoint(r.model, r.step)}  "
                  f"{_bar(r.layers_done, r.layers_total)}  {r.status}"
                  + (f"  layer {r.failed_layer}: {r.error}" if r.error else "") for r in rows]
-        print("\n".join(lines) if lines else "no jobs")
-        _print_reconciler(url, args.jobs or None)
+        out.say("\n".join(lines) if lines else "no jobs")
+        out.put(jobs=rows)
+        _print_reconciler(url, args.jobs or None, out)
+        out.emit()
         if not args.watch or not any(r.status in ACTIVE for r in rows):
             return 0
         time.sleep(args.interval)
-        print()
+        out.say("")
 
 
-def _print_reconciler(url: str, job_ids: list[int] | None) -> None:
+def _print_reconciler(url: str, job_ids: list[int] | None, out: Report) -> None:
     """Stale layers (no live worker, quiet past NCAT_STALE_SECONDS: the reconciler will
     send them again) and the reconciler's latest actions."""
     from jobs.reconcile import stale_layers
@@ -177,28 +198,36 @@ def _print_reconciler(url: str, job_ids: list[int] | None) -> None:
     with store.connect(url) as conn:
         stale = [r for r in stale_layers(conn) if job_ids is None or r[0] in job_ids]
         events = recent_events(conn, job_ids, limit=5)
+    out.put(stale=[dict(zip(("job", "layer", "status", "worker", "quiet_s"), r, strict=True))
+                   for r in stale],
+            reconciler=[dict(zip(("at", "job", "layer", "action", "detail"), r, strict=True))
+                        for r in events])
     if stale:
-        print("stale (no live worker; the reconciler sends these again):")
+        out.say("stale (no live worker; the reconciler sends these again):")
         for job, layer, status, worker, quiet in stale:
             since = "never seen" if quiet is None else f"quiet {quiet:.0f} s"
-            print(f"  job {job} layer {layer}: {status}, {since}"
-                  + (f", last worker {worker}" if worker else ""))
+            out.say(f"  job {job} layer {layer}: {status}, {since}"
+                    + (f", last worker {worker}" if worker else ""))
     if events:
-        print("reconciler, latest:")
+        out.say("reconciler, latest:")
         for at, job, layer, action, detail in events:
             where = f"job {job}" + ("" if layer is None else f" layer {layer}")
             extra = ", ".join(f"{k} {v}" for k, v in (detail or {}).items() if v is not None)
-            print(f"  {at:%Y-%m-%d %H:%M:%S}  {where}: {action.replace('_', ' ')}"
-                  + (f" ({extra})" if extra else ""))
+            out.say(f"  {at:%Y-%m-%d %H:%M:%S}  {where}: {action.replace('_', ' ')}"
+                    + (f" ({extra})" if extra else ""))
 
 
 def cmd_cancel(args) -> int:
     from jobs.enqueue import EnqueueError, cancel
 
+    out = Report(args)
     try:
-        print(f"job {args.job}: {cancel(database_url(args), args.job)}")
+        what = cancel(database_url(args), args.job)
     except EnqueueError as exc:
         return fail(str(exc))
+    out.say(f"job {args.job}: {what}")
+    out.put(job=args.job, result=what)
+    out.emit()
     return 0
 
 
@@ -212,7 +241,10 @@ def cmd_retry(args) -> int:
     except QueuedWithoutBroker as exc:
         print(f"warning: job {args.job}: {exc}", file=sys.stderr)
         return QUEUED_NOT_SENT
-    print(f"job {args.job}: layers {layers} queued again")
+    out = Report(args)
+    out.say(f"job {args.job}: layers {layers} queued again")
+    out.put(job=args.job, layers=layers)
+    out.emit()
     return 0
 
 
@@ -228,6 +260,7 @@ def add_commands(sub) -> None:
     database_option(s)
     science_options(s)
     execution_options(s, device_only=True)
+    json_option(s)
     loads_model(s)
     s.set_defaults(fn=cmd_enqueue)
 
@@ -240,6 +273,7 @@ def add_commands(sub) -> None:
     database_option(s)
     science_options(s)
     execution_options(s)
+    json_option(s)
     loads_model(s)
     s.set_defaults(fn=cmd_plan)
 
@@ -255,6 +289,7 @@ def add_commands(sub) -> None:
     s.add_argument("jobs", nargs="*", type=int, help="job ids (default all)")
     s.add_argument("--watch", action="store_true", help="refresh until no job is active")
     s.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    json_option(s)
     database_option(s)
     s.set_defaults(fn=cmd_status)
 
@@ -263,5 +298,6 @@ def add_commands(sub) -> None:
             ("retry", cmd_retry, "queue again what a job that is not done still needs")):
         s = sub.add_parser(name, help=text)
         s.add_argument("job", type=int, help="the job's id (see ncat status)")
+        json_option(s)
         database_option(s)
         s.set_defaults(fn=fn)

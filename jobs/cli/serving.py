@@ -12,6 +12,7 @@ from jobs.cli.common import (
     database_option,
     database_url,
     fail,
+    json_option,
     ncat_command,
     psql_url,
     science_from,
@@ -38,27 +39,31 @@ def _port(args) -> int:
 
 def cmd_migrate(args) -> int:
     from catalog.config.settings import get_settings
-    from jobs.cli.common import hide_password
+    from jobs.cli.common import Report, hide_password
     from schema.console import reader_guard_loaded
-    from schema.engine import migrate, set_reader_password
+    from schema.engine import current_revision, migrate, set_reader_password
     from schema.store import connect
 
+    out = Report(args)
     url = migrate(database_url(args))
-    print(f"database migrated to head: {hide_password(url)}")  # never the password
+    out.say(f"database migrated to head: {hide_password(url)}")  # never the password
     secret = get_settings().ncat_reader_password
     if secret is not None:
         set_reader_password(url, secret.get_secret_value())
-        print("catalog_reader's password set (NCAT_READER_PASSWORD)")
+        out.say("catalog_reader's password set (NCAT_READER_PASSWORD)")
     with connect(url) as conn:
         guarded = reader_guard_loaded(conn)
     if guarded:
-        print("reader guard: loaded into catalog_reader's sessions (no LISTEN/NOTIFY, no "
-              "ALTER ROLE, work_mem capped)")
+        out.say("reader guard: loaded into catalog_reader's sessions (no LISTEN/NOTIFY, no "
+                "ALTER ROLE, work_mem capped)")
     else:
-        print("reader guard: not loaded (this server has no ncat_reader_guard library, or "
-              "the migrating role is not a superuser): analysts keep LISTEN/NOTIFY, ALTER "
-              "ROLE on their shared role and any work_mem; scripts/reader-guard.sh builds "
-              "it (docs/store.md)")
+        out.say("reader guard: not loaded (this server has no ncat_reader_guard library, "
+                "or the migrating role is not a superuser): analysts keep LISTEN/NOTIFY, "
+                "ALTER ROLE on their shared role and any work_mem; scripts/reader-guard.sh "
+                "builds it (docs/store.md)")
+    out.put(url=hide_password(url), revision=current_revision(url),
+            reader_password_set=secret is not None, reader_guard=guarded)
+    out.emit()
     return 0
 
 
@@ -77,7 +82,12 @@ def cmd_export(args) -> int:
         if service_error(exc, args) is not None:
             raise  # the server could not be reached: main() says so, exit 3
         return fail(f"export of {args.what!r} failed: {exc}")
-    print(f"{n} rows written to {args.out}")
+    from jobs.cli.common import Report
+
+    out = Report(args)
+    out.say(f"{n} rows written to {args.out}")
+    out.put(rows=n, out=args.out)
+    out.emit()
     return 0
 
 
@@ -100,8 +110,13 @@ def _export_field(args) -> int:
                                                      examples=args.examples)
     except (field_exports.ExportError, SchemaBehind) as exc:
         return fail(str(exc))
-    print(f"{len(paths)} {args.format} file(s) written to {args.out}: "
-          + ", ".join(p.name for p in paths[:6]) + (" ..." if len(paths) > 6 else ""))
+    from jobs.cli.common import Report
+
+    out = Report(args)
+    out.say(f"{len(paths)} {args.format} file(s) written to {args.out}: "
+            + ", ".join(p.name for p in paths[:6]) + (" ..." if len(paths) > 6 else ""))
+    out.put(format=args.format, files=[str(p) for p in paths])
+    out.emit()
     return 0
 
 
@@ -129,7 +144,12 @@ def cmd_report(args) -> int:
                                     top_n=args.top)
     except (ReportError, SchemaBehind, ValueError) as exc:
         return fail(str(exc))
-    print(f"report: {html_path} (self-contained HTML) and {md_path}")
+    from jobs.cli.common import Report
+
+    out = Report(args)
+    out.say(f"report: {html_path} (self-contained HTML) and {md_path}")
+    out.put(html=str(html_path), markdown=str(md_path))
+    out.emit()
     return 0
 
 
@@ -250,6 +270,7 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("migrate", help="create or upgrade the catalog's database")
     database_option(s)
+    json_option(s)
     s.set_defaults(fn=cmd_migrate)
 
     s = sub.add_parser("explore", help="serve the Streamlit explorer")
@@ -266,6 +287,7 @@ def add_commands(sub) -> None:
     s.add_argument("--top", type=int, default=20,
                    help="top neurons per layer and operator, by rank (default 20)")
     database_option(s)
+    json_option(s)
     s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser("export", help="export a view or read-only query to Parquet or CSV, "
@@ -294,4 +316,5 @@ def add_commands(sub) -> None:
     s.add_argument("--examples", type=int, default=20,
                    help="neuronpedia: top activations per neuron (default 20)")
     database_option(s)
+    json_option(s)
     s.set_defaults(fn=cmd_export)

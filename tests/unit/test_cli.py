@@ -138,12 +138,14 @@ def test_a_bad_explorer_port_stops_only_the_explorer(monkeypatch):
 def test_an_unreachable_database_is_one_line_with_the_url_and_no_password(capsys):
     from jobs.cli import UNREACHABLE, main
 
-    url = "postgresql://analyst:s3cret@127.0.0.1:1/catalog"
+    # (SQLAlchemy's driver suffix given: the URL is shown as psql takes it, without it)
+    url = "postgresql+psycopg://analyst:s3cret@127.0.0.1:1/catalog"
     for argv in (["status", "--database-url", url], ["retry", "1", "--database-url", url]):
         assert main(argv) == UNREACHABLE
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "Traceback" not in err
-        assert "analyst:***@127.0.0.1:1/catalog" in err and "s3cret" not in err
+        assert "postgresql://analyst:***@127.0.0.1:1/catalog" in err and "s3cret" not in err
+        assert "+psycopg" not in err
         assert "Is PostgreSQL running there?" in err
 
 
@@ -315,3 +317,66 @@ def test_printed_urls_are_psql_ready_and_printed_commands_run_without_the_venv(
     assert ncat_command() == ".venv/bin/ncat"
     monkeypatch.setattr(sys, "argv", ["/x/jobs/cli/__main__.py"])
     assert ncat_command() == f"{sys.executable} -m jobs.cli"
+
+
+def test_version_names_the_project_and_the_catalog_version(capsys):
+    """`ncat --version`: the installed project's version and the catalog version that
+    config hashes carry, exit 0."""
+    from importlib.metadata import version
+
+    from catalog.config import CATALOG_VERSION
+    from jobs.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"ncat {version('neuron-catalog')} (catalog {CATALOG_VERSION},")
+
+
+# commands that print a table or a status line, and commands that show progress
+PRINTS_RESULTS = {"migrate", "report", "export", "train-builtin", "fetch", "checkpoints",
+                  "measure", "catalog", "explain", "enqueue", "plan", "status", "cancel",
+                  "retry"}
+SHOWS_PROGRESS = {"demo", "train-builtin", "final-circuit", "fetch", "measure", "catalog",
+                  "explain", "enqueue", "plan"}
+
+
+def test_every_command_that_prints_a_result_has_json_and_every_one_with_progress_quiet():
+    """Issue 81: `--json` on every command that prints a table or status, `--quiet` on
+    every command that shows progress (the lists above name them; a new command that
+    prints either must join them). The commands left out serve (explore, worker, stop)."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    flags = {name: {a.dest for a in sp._actions} for name, sp in sub.choices.items()}
+    assert set(flags) >= PRINTS_RESULTS | SHOWS_PROGRESS
+    assert {n for n in PRINTS_RESULTS if "json" not in flags[n]} == set()
+    assert {n for n in SHOWS_PROGRESS if "quiet" not in flags[n]} == set()
+    assert set(flags) - PRINTS_RESULTS - SHOWS_PROGRESS == {"explore", "worker", "stop"}
+
+
+def test_json_output_is_plain_json():
+    """The --json writer: dataclasses and named tuples as objects, numpy values as
+    numbers, NaN as null, dates in ISO 8601."""
+    import datetime
+    import json
+    from dataclasses import dataclass
+    from typing import NamedTuple
+
+    import numpy as np
+
+    from jobs.cli.common import plain
+
+    @dataclass
+    class D:
+        x: float
+        when: datetime.datetime
+
+    class N(NamedTuple):
+        a: int
+        b: np.ndarray
+
+    got = plain({"d": D(float("nan"), datetime.datetime(2026, 12, 6, 13, 0)),
+                 "n": N(1, np.arange(3)), "f": np.float32(0.5), 3: (1, 2)})
+    assert json.loads(json.dumps(got)) == {"d": {"x": None, "when": "2026-12-06T13:00:00"},
+                                           "n": {"a": 1, "b": [0, 1, 2]}, "f": 0.5,
+                                           "3": [1, 2]}
