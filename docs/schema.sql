@@ -825,31 +825,84 @@ CREATE VIEW heuristic_emergence AS
 -- grants on heuristic_emergence: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW heuristic_share AS
- SELECT m.name AS model,
-    regexp_replace(m.name, '[-@]seed[0-9]+$'::text, ''::text) AS model_group,
-    COALESCE("substring"(m.name, '[-@]seed([0-9]+)$'::text)::integer, 0) AS seed,
-    c.step,
-    s.config_id,
-    e.value ->> 'op'::text AS op,
-    e.value ->> 'family'::text AS family,
-    (e.value ->> 'labelled_top'::text)::integer AS labelled_top,
-    (e.value ->> 'n_top'::text)::integer AS n_top,
-    (e.value ->> 'share_top'::text)::real AS share_top,
-    ((e.value -> 'ci_top'::text) ->> 0)::real AS share_top_lo,
-    ((e.value -> 'ci_top'::text) ->> 1)::real AS share_top_hi,
-    (e.value ->> 'labelled_layer'::text)::integer AS labelled_all,
-    (e.value ->> 'n_layer'::text)::integer AS n_all,
-    (e.value ->> 'share_layer'::text)::real AS share_all,
-    ((e.value -> 'ci_layer'::text) ->> 0)::real AS share_all_lo,
-    ((e.value -> 'ci_layer'::text) ->> 1)::real AS share_all_hi,
-    s.layers,
-    c.model_id,
-    s.checkpoint_id
-   FROM checkpoint_summary s
-     CROSS JOIN LATERAL jsonb_array_elements(COALESCE(s.enrichment, '[]'::jsonb)) e(value)
-     JOIN checkpoint c ON c.id = s.checkpoint_id
-     JOIN model m ON m.id = c.model_id
-  WHERE (e.value ->> 'layer'::text) = 'all'::text;
+ WITH stored AS (
+         SELECT m.name AS model,
+            regexp_replace(m.name, '[-@]seed[0-9]+$'::text, ''::text) AS model_group,
+            COALESCE("substring"(m.name, '[-@]seed([0-9]+)$'::text)::integer, 0) AS seed,
+            c.step,
+            s_1.config_id,
+            e.value ->> 'op'::text AS op,
+            e.value ->> 'family'::text AS family,
+            (e.value ->> 'labelled_top'::text)::integer AS labelled_top,
+            (e.value ->> 'n_top'::text)::integer AS n_top,
+            (e.value ->> 'share_top'::text)::real AS share_top,
+            ((e.value -> 'ci_top'::text) ->> 0)::real AS share_top_lo,
+            ((e.value -> 'ci_top'::text) ->> 1)::real AS share_top_hi,
+            (e.value ->> 'labelled_layer'::text)::integer AS labelled_all,
+            (e.value ->> 'n_layer'::text)::integer AS n_all,
+            (e.value ->> 'share_layer'::text)::real AS share_all,
+            ((e.value -> 'ci_layer'::text) ->> 0)::real AS share_all_lo,
+            ((e.value -> 'ci_layer'::text) ->> 1)::real AS share_all_hi,
+            s_1.layers,
+            c.model_id,
+            s_1.checkpoint_id
+           FROM checkpoint_summary s_1
+             CROSS JOIN LATERAL jsonb_array_elements(COALESCE(s_1.enrichment, '[]'::jsonb)) e(value)
+             JOIN checkpoint c ON c.id = s_1.checkpoint_id
+             JOIN model m ON m.id = c.model_id
+          WHERE (e.value ->> 'layer'::text) = 'all'::text
+        ), families AS (
+         SELECT DISTINCT stored.model_group,
+            stored.config_id,
+            stored.op,
+            stored.family
+           FROM stored
+        ), points AS (
+         SELECT DISTINCT ON (stored.checkpoint_id, stored.config_id, stored.op) stored.model,
+            stored.model_group,
+            stored.seed,
+            stored.step,
+            stored.config_id,
+            stored.op,
+            stored.n_top,
+            stored.n_all,
+            stored.layers,
+            stored.model_id,
+            stored.checkpoint_id
+           FROM stored
+          ORDER BY stored.checkpoint_id, stored.config_id, stored.op, stored.family
+        )
+ SELECT p.model,
+    p.model_group,
+    p.seed,
+    p.step,
+    p.config_id,
+    p.op,
+    f.family,
+    COALESCE(s.labelled_top, 0) AS labelled_top,
+    p.n_top,
+    COALESCE(s.share_top, 0::real) AS share_top,
+    COALESCE(s.share_top_lo, 0::real) AS share_top_lo,
+    COALESCE(s.share_top_hi,
+        CASE
+            WHEN p.n_top > 0 THEN 3.841458820694124 / (p.n_top::numeric + 3.841458820694124)
+            ELSE NULL::numeric
+        END::real) AS share_top_hi,
+    COALESCE(s.labelled_all, 0) AS labelled_all,
+    p.n_all,
+    COALESCE(s.share_all, 0::real) AS share_all,
+    COALESCE(s.share_all_lo, 0::real) AS share_all_lo,
+    COALESCE(s.share_all_hi,
+        CASE
+            WHEN p.n_all > 0 THEN 3.841458820694124 / (p.n_all::numeric + 3.841458820694124)
+            ELSE NULL::numeric
+        END::real) AS share_all_hi,
+    p.layers,
+    p.model_id,
+    p.checkpoint_id
+   FROM points p
+     JOIN families f ON f.model_group = p.model_group AND f.config_id = p.config_id AND f.op = p.op
+     LEFT JOIN stored s ON s.checkpoint_id = p.checkpoint_id AND s.config_id = p.config_id AND s.op = p.op AND s.family = f.family;
 -- grants on heuristic_share: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW label_enrichment AS

@@ -78,8 +78,8 @@ def final_share(d: TrainingData, window: float = 0.0) -> dict[str, dict]:
     before the last with correct prompts, from ``window`` x the last step on: ``plain``,
     the ratio of the sums of their faithfulness (the paper's kind of number), and
     ``above_random``, the ratio of the sums of each one's excess over the random control
-    (None where the own circuit is not 0.05 above random on average: at this size its
-    neurons carry little beyond a random set, and the ratio would be noise); per seed, with
+    (both None where the own circuit is not 0.05 above random on average: its neurons then
+    carry little beyond a random set, and either ratio would be noise); per seed, with
     the mean and standard deviation over seeds, and the steps counted."""
     by: dict[tuple, list] = defaultdict(list)
     for op, seed, step, own, fin, rnd, fstep in final_rows_per_seed(d):
@@ -90,9 +90,13 @@ def final_share(d: TrainingData, window: float = 0.0) -> dict[str, dict]:
         v = out.setdefault(op, {"plain": {}, "above_random": {}, "steps": {}})
         own = sum(o for o, _, _ in rows)
         excess = sum(o - r for o, _, r in rows)
-        v["plain"][seed] = sum(f for _, f, _ in rows) / own if own > 0 else None
+        # both ratios only where the own circuit is 0.05 above random on average: below
+        # it the normalised logit does not tell circuits apart (on `/` the empty circuit
+        # already gets the small quotients) and final / own read 3.30 on the demo's `/`
+        conditioned = excess > 0.05 * len(rows) and own > 0
+        v["plain"][seed] = sum(f for _, f, _ in rows) / own if conditioned else None
         v["above_random"][seed] = (sum(f - r for _, f, r in rows) / excess
-                                   if excess > 0.05 * len(rows) else None)
+                                   if conditioned else None)
         v["steps"][seed] = len(rows)
     for v in out.values():
         for key in ("plain", "above_random"):
@@ -181,9 +185,9 @@ def _share_markdown(d: TrainingData, seeds: list[int]) -> list[str]:
            "of faithfulness on average (Pythia-6.9B, steps 23k-133k of 143k). Here, at the "
            "size nearest 2% of the layer, over the steps before the last with correct "
            "prompts: the final circuit's faithfulness over the own circuit's (ratio of the "
-           "sums), and the same for their excess over the random control (- where the own "
-           "circuit is not 0.05 above random: its neurons then carry little beyond a random "
-           "set); per seed, and mean ± sd over seeds:", "",
+           "sums), and the same for their excess over the random control (- in both where the "
+           "own circuit is not 0.05 above random: its neurons then carry little beyond a "
+           "random set); per seed, and mean ± sd over seeds:", "",
            "| op | steps | measure | " + " | ".join(f"seed {s}" for s in seeds)
            + " | mean ± sd |", "|---|---|---|" + "---|" * (len(seeds) + 1)]
     for w, name in ((0.0, "all"), (PAPER_WINDOW, "from 16% of training (the paper's)")):

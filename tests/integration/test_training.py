@@ -145,3 +145,38 @@ def test_seed_names_round_trip():
     assert builtin.model_name(builtin.TrainConfig()) == "builtin-arith"
     other = builtin.TrainConfig(seed=2, steps=100)
     assert builtin.model_name(other) == f"builtin-arith@{other.key()}"
+
+
+def test_a_family_no_neuron_carries_at_a_step_has_a_zero_share_there(seeded):
+    """Issue 81: a family absent from a step's summary (no neuron carries it there) still
+    has its row at that step, 0 of the step's neurons with the interval [0, z^2/(n+z^2)],
+    so a plot through training shows 0, not a gap. Planted by taking one family's entry
+    out of one summary, inside a transaction that is rolled back."""
+    from catalog.core.stats import wilson
+
+    cols = ("SELECT step, op, family, labelled_all, n_all, share_all, share_all_lo, "
+            "share_all_hi, labelled_top, n_top, share_top, share_top_lo, share_top_hi "
+            "FROM heuristic_share")
+    with store.connect(seeded) as conn:
+        before = conn.execute(cols).fetchall()
+        step, op, family = next((r[0], r[1], r[2]) for r in before
+                                if r[2] != "any" and r[3] > 0 and r[0] == SEED_STEPS[0])
+        with conn.transaction(force_rollback=True):
+            conn.execute(
+                "UPDATE checkpoint_summary s SET enrichment = (SELECT jsonb_agg(e) FROM "
+                "jsonb_array_elements(s.enrichment) e WHERE NOT (e->>'op' = %s AND "
+                "e->>'family' = %s)) FROM checkpoint c WHERE c.id = s.checkpoint_id "
+                "AND c.step = %s", (op, family, step))
+            after = conn.execute(cols).fetchall()
+    assert len(after) == len(before)  # every family still at every step and operator
+    (row,) = [r for r in after if (r[0], r[1], r[2]) == (step, op, family)]
+    _, _, _, k, n, share, lo, hi, kt, nt, st, tlo, thi = row
+    assert (k, share, lo, kt, st, tlo) == (0, 0, 0, 0, 0, 0)
+    assert hi == pytest.approx(wilson(0, n)[1], rel=1e-6)
+    assert thi == pytest.approx(wilson(0, nt)[1], rel=1e-6)
+    # every step and operator has the same families: those the group's summaries name
+    fams: dict = {}
+    for r in before:
+        fams.setdefault(r[1], set()).add(r[2])
+    for s_, o in {(r[0], r[1]) for r in before}:
+        assert {r[2] for r in before if (r[0], r[1]) == (s_, o)} == fams[o]

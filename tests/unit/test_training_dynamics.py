@@ -205,13 +205,22 @@ def test_the_reports_birth_table_counts_a_missing_family_as_zero():
              for seed in (0, 1)
              for step, own, fin, rnd in ((2, 0.5, 0.1, 0.1), (4, 0.5, 0.4, 0.1),
                                          (8, 0.9, 0.9, 0.2))]
+    # an operator whose own circuit is no better than random (the demo's `/`): the final
+    # circuit's large value over it is noise, and neither ratio is given
+    final += [("m", seed, step, "/", 20, 0.02, own, 0.01, fin, 0.01, rnd, 0.01, 100, 8)
+              for seed in (0, 1)
+              for step, own, fin, rnd in ((2, 0.10, 0.40, 0.09), (4, 0.12, 0.35, 0.10),
+                                          (8, 0.9, 0.9, 0.2))]
     d = TrainingData("m", 1, shares, final, [])
     assert rt.births(d) == {"+": {0: {"modulo": 4}, 1: {"modulo": 4}}}
     share = rt.final_share(d)["+"]
     assert share["plain"] == {0: pytest.approx(0.5 / 1.0), 1: pytest.approx(0.5)}
     assert share["above_random"][0] == pytest.approx((0.0 + 0.3) / (0.4 + 0.4))
     assert share["steps"] == {0: 2, 1: 2}
+    div = rt.final_share(d)["/"]
+    assert div["plain"] == {0: None, 1: None} and div["above_random"] == {0: None, 1: None}
     md = "\n".join(rt.markdown(d))
+    assert "| / | all (2/2 steps) | final / own | - | - | - |" in md
     assert "| + | modulo | 4 | 4 |" in md and "79%" in md
     # a model whose only weights have no training step (a GGUF file's final weights)
     # stores a final-circuit row with no step: no training figure, and no error
