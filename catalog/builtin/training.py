@@ -1,5 +1,6 @@
 """Training the built-in model: data, evaluation, and a trainer whose checkpoints are the
-same bits on every machine that can run it.
+same bits on one machine whatever its thread count (not across CPU kinds: the matrix
+kernels sum in an order chosen by the instruction set; docs/training.md).
 """
 
 from __future__ import annotations
