@@ -75,19 +75,23 @@ def link_names(conn, model_id: int, checkpoint_id: int, config_id: int
 
 
 def resolve_link(conn, model: str, step: int | None, config: str | None
-                 ) -> tuple[int, int, int] | None:
-    """(model id, checkpoint id, config id) a stable link names in this catalog: the model
-    by name, the checkpoint by step (None: the final weights), the config by a prefix of
-    its hash (None: the one last written at that checkpoint); None when it has none."""
+                 ) -> tuple[int, int, int, int] | None:
+    """(model id, checkpoint id, config id, configs at the checkpoint) a stable link names
+    in this catalog: the model by name, the checkpoint by step (None: the final weights),
+    the config by a prefix of its hash; a link without one (made before links named their
+    config, when the model had one) takes the checkpoint's first catalogued config, the
+    one such a link was made under. None when the catalog has none."""
     row = conn.execute(text(
-        "SELECT m.id, c.id, lr.config_id FROM model m JOIN checkpoint c ON c.model_id = m.id "
-        "JOIN layer_result lr ON lr.checkpoint_id = c.id "
+        "SELECT m.id, c.id, lr.config_id, count(*) OVER () FROM model m "
+        "JOIN checkpoint c ON c.model_id = m.id "
+        "JOIN (SELECT checkpoint_id, config_id, min(written_at) AS first FROM layer_result "
+        "      GROUP BY checkpoint_id, config_id) lr ON lr.checkpoint_id = c.id "
         "JOIN measure_config mc ON mc.id = lr.config_id "
         "WHERE m.name = :name AND c.step IS NOT DISTINCT FROM CAST(:step AS bigint) "
         "AND (CAST(:cfg AS text) IS NULL OR mc.config_hash LIKE CAST(:cfg AS text) || '%') "
-        "ORDER BY lr.written_at DESC LIMIT 1"),
+        "ORDER BY lr.first, lr.config_id LIMIT 1"),
         {"name": model, "step": step, "cfg": config}).fetchone()
-    return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
+    return None if row is None else (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
 
 
 def search(conn, f: Filters, page: int, page_size: int = 50,

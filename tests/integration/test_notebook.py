@@ -50,15 +50,30 @@ def test_the_notebook_runs_and_shows_what_the_catalog_holds(notebook_db, tiny_bu
                        "NCAT_NOTEBOOK_STEPS": ",".join(map(str, STEPS)),
                        "NCAT_NOTEBOOK_HI": "20", "DATABASE_URL": notebook_db}.items():
         monkeypatch.setenv(key, value)
+    # the catalog holds the model under another config already (as after the demo): the
+    # notebook reads its own config's rows, each neuron and step once
+    from catalog import ScienceConfig, load_model
+    from jobs.store_results import catalog_checkpoint
+    from schema.engine import migrate
+
+    migrate(notebook_db)
+    other = ScienceConfig(operators=("+",), operand_hi=12, pairs_per_op=6,
+                          faithfulness_prompts=30)
+    for step in STEPS:
+        catalog_checkpoint(notebook_db, load_model("builtin", step, builtin_config=cfg,
+                                                   cache_root=root), other)
+    mine = ScienceConfig(operators=("+", "-"), operand_hi=20, pairs_per_op=50)
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOK.parents[1])}}).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o["output_type"] == "error"]
     assert errors == []
     with store.connect(notebook_db) as conn:
+        config_id = store.scalar(conn.execute(
+            "SELECT id FROM measure_config WHERE config_hash = %s", (mine.config_hash(),)))
         rows = dict(conn.execute(
             "SELECT c.step, count(*) FROM neuron_op n JOIN checkpoint c ON c.id = "
-            "n.checkpoint_id GROUP BY c.step").fetchall())
+            "n.checkpoint_id WHERE n.config_id = %s GROUP BY c.step", (config_id,)).fetchall())
     assert rows == {s: cfg.n_layers * cfg.d_mlp * 2 for s in STEPS}  # + and -
     # the evolution figure: the stored effect of the neuron it names, at every step
     figure = _plotly(nb.cells[-1])
@@ -69,14 +84,15 @@ def test_the_notebook_runs_and_shows_what_the_catalog_holds(notebook_db, tiny_bu
         want = conn.execute(
             "SELECT c.step, n.effect_exact FROM neuron_op n JOIN checkpoint c ON c.id = "
             "n.checkpoint_id WHERE n.layer = %s AND n.neuron = %s AND n.op = '+' "
-            "ORDER BY c.step", (layer, neuron)).fetchall()
+            "AND n.config_id = %s ORDER BY c.step", (layer, neuron, config_id)).fetchall()
         top = conn.execute(
             "SELECT n.layer, n.neuron FROM neuron_op n JOIN checkpoint c ON c.id = "
             "n.checkpoint_id WHERE c.step = %s AND n.op = '+' AND n.rank = 0 "
-            "ORDER BY n.layer DESC LIMIT 1", (STEPS[-1],)).fetchone()
+            "AND n.config_id = %s ORDER BY n.layer DESC LIMIT 1",
+            (STEPS[-1], config_id)).fetchone()
     assert (layer, neuron) == tuple(top)  # the last layer's top neuron on +
     trace = figure["data"][0]
-    assert list(_values(trace["x"])) == [s for s, _ in want]
+    assert list(_values(trace["x"])) == [s for s, _ in want] == list(STEPS)  # once each
     assert list(_values(trace["y"])) == pytest.approx([v for _, v in want], rel=1e-6)
     # the heat map of its activations is drawn from its stored grid
     heat = _plotly(nb.cells[-2])

@@ -1,7 +1,8 @@
 """Stable explorer links (issue 50): a neuron's or a prompt's link names the model, step,
-layer, neuron (and config where the model has several), not database ids, so a link made
-on one catalog opens the same neuron on another catalog of the same model; old id links
-still open and are rewritten."""
+layer, neuron and config (a prefix of its hash), not database ids, so a link made on one
+catalog opens the same neuron on another catalog of the same model, under the config it
+was made under however many the catalog comes to hold (issue 81); old id links still open
+and are rewritten."""
 
 from urllib.parse import parse_qsl, urlparse
 
@@ -78,7 +79,8 @@ def test_a_link_from_one_catalog_opens_the_same_neuron_in_another(seeded, second
     query = dict(parse_qsl(urlparse(link).query))
     assert urlparse(link).path == "/neuron"
     assert set(query) >= {"model", "step", "layer", "neuron"} and "model_id" not in query
-    assert query["step"] == str(step) and "config" not in query  # one config here
+    # the config is named even where the catalog holds one: it may come to hold more
+    assert query["step"] == str(step) and query["config"] == SEED_CONFIG.config_hash()[:12]
 
     _use(second_catalog, monkeypatch)
     at = _page("neuron", query)
@@ -138,3 +140,41 @@ def test_a_checkpoint_link_opens_its_page_at_that_checkpoint(seeded, monkeypatch
     at = _page(page, {})
     assert [sb.value for sb in at.sidebar.selectbox
             if sb.label == "Checkpoint step"] == [SEED_STEPS[-1]]
+
+
+def test_a_link_keeps_its_config_when_the_catalog_gains_another(seeded, pg_server,
+                                                                tiny_builtin, monkeypatch):
+    """A second config catalogued after a link was made (the notebook's, after the demo's):
+    the link with its config opens that config; a link with none (made before links named
+    it) opens the first catalogued config, says so, and the address then names it; a link
+    naming the second config opens the second."""
+    from catalog.config import ScienceConfig
+
+    from helpers import copy_database
+
+    url = new_database_url(pg_server)
+    copy_database(seeded, url)
+    try:
+        migrate(url)
+        step = SEED_STEPS[-1]
+        first = _ids(url, step)
+        cfg, root = tiny_builtin
+        other = ScienceConfig(operand_hi=12, pairs_per_op=6, faithfulness_prompts=30)
+        ids = catalog_checkpoint(url, load_model("builtin", step, builtin_config=cfg,
+                                                 cache_root=root), other)
+        assert ids.config_id != first[2]
+        _use(url, monkeypatch)
+        name = _name(url)
+        where = {"model": name, "step": step, "layer": 1, "neuron": 3}
+        for config, want in ((SEED_CONFIG.config_hash()[:12], first[2]),
+                             (other.config_hash()[:12], ids.config_id)):
+            at = _page("neuron", {**where, "config": config})
+            assert f"measurement config #{want}:" in _text(at)
+            assert "names no measurement config" not in _text(at)
+        at = _page("neuron", where)  # an old link: no config
+        text = _text(at)
+        assert f"measurement config #{first[2]}:" in text
+        assert "names no measurement config" in text and "holds 2" in text
+        assert at.query_params["config"] == SEED_CONFIG.config_hash()[:12]
+    finally:
+        drop_database(url)

@@ -74,18 +74,19 @@ def pick_model_checkpoint_config(key: str, across_training: bool = False):
     return model, ck, config_id
 
 
-# A link names a checkpoint by model name, step ("final" for a model's only weights) and,
-# where the model was measured under several configs, a prefix of the config's hash: the
-# same link opens the same neuron in any catalog of the same model (database ids differ
-# between catalogs). Links with ids (before 0.11) still open, and are rewritten.
+# A link names a checkpoint by model name, step ("final" for a model's only weights) and a
+# prefix of the config's hash: the same link opens the same neuron in any catalog of the
+# same model (database ids differ between catalogs), under the config it was made under
+# however many the catalog comes to hold. Links with ids (before 0.11) still open, and are
+# rewritten; links without a config (before issue 81, made when the model had one) open
+# the checkpoint's first catalogued config, and the page says so.
 ID_KEYS = ("model_id", "checkpoint_id", "config_id")
 CONFIG_PREFIX = 12
 
 
 def named_query(model: str, step: int | None, config_hash: str | None = None
                 ) -> dict[str, str]:
-    """The query parameters of a stable link (``config_hash`` only where the model has
-    several configs)."""
+    """The query parameters of a stable link."""
     out = {"model": model, "step": "final" if step is None else str(int(step))}
     if config_hash:
         out["config"] = config_hash[:CONFIG_PREFIX]
@@ -98,8 +99,8 @@ def stable_query(model_id, checkpoint_id, config_id) -> dict[str, str]:
     if names is None:
         return {k: str(v) for k, v in zip(ID_KEYS, (model_id, checkpoint_id, config_id),
                                             strict=True)}
-    name, step, config_hash, n_configs = names
-    return named_query(name, step, config_hash if n_configs > 1 else None)
+    name, step, config_hash, _ = names
+    return named_query(name, step, config_hash)
 
 
 def query_ids(qp) -> tuple[int, int, int] | None | str:
@@ -117,7 +118,16 @@ def query_ids(qp) -> tuple[int, int, int] | None | str:
             return (f"this catalog has no {qp['model']} at "
                     f"{'its final weights' if step is None else f'step {step}'}"
                     + (f" under config {qp['config']}" if qp.get("config") else ""))
-        return found
+        *ids, n_configs = found
+        if not qp.get("config"):
+            if n_configs > 1:
+                st.info(f"This link names no measurement config, and the catalog holds "
+                        f"{n_configs} at this checkpoint: showing the first catalogued "
+                        f"(#{ids[2]}), the one a link made before it held others meant. "
+                        "The address now names it.")
+            rest = {k: qp[k] for k in qp if k not in ("model", "step", "config")}
+            qp.from_dict({**stable_query(*ids), **rest})
+        return tuple(ids)  # type: ignore[return-value]
     try:
         ids = tuple(int(qp[k]) for k in ID_KEYS)
     except (KeyError, ValueError):
