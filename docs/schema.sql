@@ -639,32 +639,27 @@ CREATE VIEW circuit_neurons AS
 -- grants on circuit_neurons: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW circuit_persistence AS
- WITH ranked AS (
-         SELECT n.model_id,
-            n.checkpoint_id,
-            n.config_id,
-            n.op,
-            n.layer,
-            n.neuron,
-            row_number() OVER (PARTITION BY n.model_id, n.checkpoint_id, n.config_id, n.op, n.layer ORDER BY (
-                CASE
-                    WHEN s_1.ranking::text = 'attribution'::text THEN - (n.effect_attr + n.effect_attr_std)
-                    ELSE n.rank::real
-                END), n.neuron) AS "position"
-           FROM neuron_op n
-             JOIN circuit_summary s_1 ON s_1.model_id = n.model_id AND s_1.checkpoint_id = n.checkpoint_id AND s_1.config_id = n.config_id AND s_1.op::text = n.op::text AND s_1.protocol::text = 'paper'::text AND (n.layer = ANY (s_1.pruned))
-        ), circuit AS (
-         SELECT ranked.model_id,
-            ranked.checkpoint_id,
-            ranked.config_id,
-            ranked.op,
-            ranked.layer,
-            ranked.neuron,
-            ranked."position"
-           FROM ranked
-          WHERE ranked."position"::double precision <= (( SELECT catalog_setting.value
-                   FROM catalog_setting
-                  WHERE catalog_setting.key::text = 'circuit_k'::text))
+ WITH circuit AS (
+         SELECT s_1.model_id,
+            s_1.checkpoint_id,
+            s_1.config_id,
+            s_1.op,
+            ARRAY( SELECT t.layer::bigint * '4294967296'::bigint + t.neuron
+                   FROM unnest(s_1.pruned) pl(layer)
+                     CROSS JOIN LATERAL ( SELECT n.layer,
+                            n.neuron
+                           FROM neuron_op n
+                          WHERE n.model_id = s_1.model_id AND n.checkpoint_id = s_1.checkpoint_id AND n.config_id = s_1.config_id AND n.op::text = s_1.op::text AND n.layer = pl.layer
+                          ORDER BY (
+                                CASE
+                                    WHEN s_1.ranking::text = 'attribution'::text THEN - (n.effect_attr + n.effect_attr_std)
+                                    ELSE n.rank::real
+                                END), n.neuron
+                         LIMIT ( SELECT floor(catalog_setting.value)::bigint AS floor
+                                   FROM catalog_setting
+                                  WHERE catalog_setting.key::text = 'circuit_k'::text)) t) AS members
+           FROM circuit_summary s_1
+          WHERE s_1.protocol::text = 'paper'::text
         ), final AS (
          SELECT DISTINCT ON (s_1.model_id, s_1.config_id, s_1.op) s_1.model_id,
             s_1.config_id,
@@ -679,19 +674,21 @@ CREATE VIEW circuit_persistence AS
     c.step,
     s.config_id,
     s.op,
-    count(f.*) AS n_final,
-    count(e.*) AS n_shared,
-    count(e.*)::real / NULLIF(count(f.*), 0)::double precision AS share,
+    cardinality(f.members)::bigint AS n_final,
+    shared.n AS n_shared,
+    shared.n::real / NULLIF(cardinality(f.members)::bigint, 0)::double precision AS share,
     s.model_id,
     s.checkpoint_id
    FROM circuit_summary s
      JOIN final fin ON fin.model_id = s.model_id AND fin.config_id = s.config_id AND fin.op::text = s.op::text
-     JOIN circuit f ON f.model_id = fin.model_id AND f.checkpoint_id = fin.checkpoint_id AND f.config_id = fin.config_id AND f.op::text = fin.op::text
-     LEFT JOIN circuit e ON e.model_id = s.model_id AND e.checkpoint_id = s.checkpoint_id AND e.config_id = s.config_id AND e.op::text = s.op::text AND e.layer = f.layer AND e.neuron = f.neuron
+     JOIN circuit f ON f.model_id = fin.model_id AND f.checkpoint_id = fin.checkpoint_id AND f.config_id = fin.config_id AND f.op::text = fin.op::text AND cardinality(f.members) > 0
+     JOIN circuit e ON e.model_id = s.model_id AND e.checkpoint_id = s.checkpoint_id AND e.config_id = s.config_id AND e.op::text = s.op::text
+     CROSS JOIN LATERAL ( SELECT count(*) AS n
+           FROM unnest(f.members) x(x)
+          WHERE x.x = ANY (e.members)) shared
      JOIN checkpoint c ON c.id = s.checkpoint_id
      JOIN model m ON m.id = s.model_id
-  WHERE s.protocol::text = 'paper'::text
-  GROUP BY m.name, c.step, s.config_id, s.op, s.model_id, s.checkpoint_id;
+  WHERE s.protocol::text = 'paper'::text;
 -- grants on circuit_persistence: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW component_effects AS
