@@ -5,9 +5,11 @@
   with the faithfulness the catalog measured for it.
 - ``neuronpedia``: the checkpoint's labelled and top-ranked neurons as Neuronpedia upload
   batches (one ``batch-<layer>.json`` per layer, the dashboard batch format SAEDashboard
-  writes for Neuronpedia: per neuron its logit-lens tokens, its top activations as
-  prompts with per-token values), and ``explanations.json`` with the heuristic labels,
-  their scores and p-values.
+  writes for Neuronpedia: per neuron its logit-lens tokens, its top activations over the
+  whole grid as prompts with per-token values, every neuron with at least one), and
+  ``explanations.json`` with the heuristic labels in Neuronpedia's explanation record,
+  with their scores and p-values. Both are read back by the field's own classes in the
+  tests (SAEDashboard's NeuronpediaDashboardBatch, the neuronpedia client's Explanation).
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", Path(name).name.lower()).strip("-") or "model"
 
 
-def _load(at: exports.Located, cache_root=None):
+def _load(at: exports.Located, cache_root=None, config: ScienceConfig | None = None):
     from catalog.sources import load_model
 
-    return load_model(at.model, at.step, cache_root=cache_root, progress=False)
+    return load_model(at.model, at.step, cache_root=cache_root, progress=False,
+                      **({} if config is None else {"dtype": config.torch_dtype()}))
 
 
 def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
@@ -93,27 +96,37 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
     return written
 
 
-def _prompt_tokens(tokenizer, config: ScienceConfig, op: str, a: int, b: int) -> list[str]:
-    from catalog.measuring.prompts import tokenize_prompts
+def _grid_activations(lm, config: ScienceConfig, layers: list[int]):
+    """(the config's prompt table, layer -> (prompt, d_mlp) last-position activations):
+    one pass of the whole grid, so that every exported neuron has its own top prompts
+    (a stored sketch keeps block means only: 92% of the demo's exported neurons had no
+    example when they were read from the stored grids)."""
+    from catalog.core.tokens import detect_number_tokens
+    from catalog.measuring.grids import run_grid
+    from catalog.measuring.prompts import prompts_for
 
-    ids, _ = tokenize_prompts(tokenizer, config, [op], np.array([a]), np.array([b]))
-    return [tokenizer.decode([i]) for i in ids[0]]
+    numbers = detect_number_tokens(lm.tokenizer, prepend_bos=lm.model.cfg.default_prepend_bos)
+    table = prompts_for(lm.tokenizer, numbers, config)
+    return table, run_grid(lm.model, table, sorted(layers))
 
 
-def _top_cells(conn, at: exports.Located, layer: int, neuron: int, op: str, lo: int,
-               n: int) -> tuple[list[tuple[int, int, float]], int]:
-    """(op1, op2, activation) of the ``n`` largest activations of a full grid, and its
-    number of prompts; no cells for a sketch (its cells are block means)."""
-    grid = reads.read_stored_grid(conn, model_id=at.model_id, checkpoint_id=at.checkpoint_id,
-                                  config_id=at.config_id, layer=layer, neuron=neuron, op=op)
-    valid = np.isfinite(grid.values)
-    if grid.sketch:
-        return [], int(valid.sum())
-    values = np.where(valid, grid.values, -np.inf)
-    flat = np.argsort(-values, axis=None, kind="stable")[:n]
-    return [(lo + int(i), lo + int(j), float(values[i, j]))
-            for i, j in zip(*np.unravel_index(flat, values.shape), strict=True)
-            if valid[i, j]], int(valid.sum())
+def _activations(lm, table, acts: np.ndarray, neuron: int, ops: list[str],
+                 examples: int) -> tuple[list[dict], int]:
+    """A neuron's ``examples`` largest activations over the prompts of ``ops``, in the
+    record SAEDashboard writes for Neuronpedia's top-activations bin (per-token values,
+    the measured last position and 0 before it), and how many prompts there were."""
+    rows = np.nonzero(np.isin(table.op, [table.operators.index(o) for o in ops]))[0]
+    values = acts[rows, neuron]
+    order = rows[np.argsort(-values, kind="stable")[:examples]]
+    top = float(acts[order[0], neuron]) if len(order) else 0.0
+    out = []
+    for i in order:
+        tokens = [lm.tokenizer.decode([int(t)]) for t in table.tokens[i]]
+        out.append({"bin_min": -1, "bin_max": round(top, 6), "bin_contains": -1,
+                    "tokens": tokens,
+                    "values": [0.0] * (len(tokens) - 1) + [round(float(acts[i, neuron]), 6)],
+                    "qualifying_token_index": len(tokens) - 1})
+    return out, len(rows)
 
 
 def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = None,
@@ -129,33 +142,18 @@ def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = No
         if not rows:
             raise ExportError(f"{model} (config {at.config_id}) has no labelled or ranked "
                               "neurons to export")
-        origin = exports.grid_origin(conn, at)
         by_neuron: dict[tuple[int, int], list[tuple]] = {}
         for r in rows:
             by_neuron.setdefault((r[0], r[1]), []).append(r)
-        tokenizer = _load(at, cache_root).tokenizer
-        # the longest prompt of the grid: its largest operands (most digits)
-        big = config.operand_hi - 1
-        n_tokens = max(len(_prompt_tokens(tokenizer, config, op, big, big))
-                       for op in origin)
+        lm = _load(at, cache_root, config)
+        table, grid = _grid_activations(lm, config, sorted({la for la, _ in by_neuron}))
+        n_tokens = max(len(t) for t in table.tokens)
         layers: dict[int, list[dict]] = {}
         for (layer, neuron), ops in sorted(by_neuron.items()):
             lens = exports.lens(conn, at, layer, neuron)
             best = min(ops, key=lambda r: r[3])  # the operator where it ranks highest
-            found, n_prompts = [], 0
-            for r in ops:
-                top_cells, n_valid = _top_cells(conn, at, layer, neuron, r[2], origin[r[2]],
-                                                examples)
-                found += [(a, b, v, r[2]) for a, b, v in top_cells]
-                n_prompts += n_valid
-            cells = sorted(found, key=lambda c: -c[2])[:examples]
-            activations = []
-            for a, b, v, op in cells:
-                tokens = _prompt_tokens(tokenizer, config, op, a, b)
-                # the catalog measures the last position only: earlier tokens hold 0
-                activations.append({"bin_min": -1, "bin_max": -1, "bin_contains": -1,
-                                    "tokens": tokens,
-                                    "values": [0.0] * (len(tokens) - 1) + [round(v, 6)]})
+            activations, n_prompts = _activations(lm, table, grid[layer], neuron,
+                                                  [r[2] for r in ops], examples)
             layers.setdefault(layer, []).append({
                 "feature_index": neuron,
                 "neuron_alignment_indices": [neuron], "neuron_alignment_values": [1.0],
@@ -177,9 +175,13 @@ def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = No
                             f"config {at.config_id}"),
                 "decoder_weights_dist": [],
                 "activations": activations,
+                "vector": [],
             })
         explanations = [
-            {"modelId": slug(model), "layer": f"{layer}-{SOURCE_SET}", "index": neuron,
+            # Neuronpedia's explanation record: the source as "layer" (its database column)
+            # and "source" (its client's Explanation)
+            {"modelId": slug(model), "layer": f"{layer}-{SOURCE_SET}",
+             "source": f"{layer}-{SOURCE_SET}", "index": neuron,
              "description": f"{op}: {label}", "explanationModelName": "ncat heuristic labels",
              "typeName": "ncat-heuristic", "score": float(score),
              "base_rate": None if base is None else float(base),
@@ -193,7 +195,8 @@ def export_neuronpedia(url: str, model: str, out: Path, *, step: int | None = No
     for layer, features in sorted(layers.items()):
         path = out / f"batch-{layer}.json"
         path.write_text(json.dumps({"model_id": slug(model), "layer": layer,
-                                    "sae_set": SOURCE_SET, "features": features}))
+                                    "sae_set": SOURCE_SET, "sae_id_suffix": None,
+                                    "features": features}))
         written.append(path)
     path = out / "explanations.json"
     path.write_text(json.dumps(explanations))

@@ -37,6 +37,9 @@ if [ ! -f "$stamp" ]; then
   pip install -q --disable-pip-version-check "torch==2.13.0"
   echo "setup: installing the project and its dependencies into .venv"
   pip install -q --disable-pip-version-check -e ".[dev]"
+  # SAEDashboard's Neuronpedia batch classes, which the export tests read the batches with;
+  # without its dependencies (it pins transformer-lens < 3): the classes need numpy only
+  pip install -q --disable-pip-version-check --no-deps "sae-dashboard==0.8.0"
   rm -f .venv/.installed-*; touch "$stamp"
   echo "setup: .venv ready"
 fi
