@@ -51,8 +51,9 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
                config_id: int | None = None, op: str = "+", k: int | None = None,
                protocol: str = "paper", cache_root=None) -> list[Path]:
     """Write the checkpoint's ``protocol`` circuit for ``op`` as MIB graph files, one per
-    circuit size measured (or ``k`` only); returns their paths. The model is loaded for
-    its architecture (heads per layer, parallel attention and MLP)."""
+    distinct graph MIB can express among the circuit sizes measured (or for ``k`` only);
+    returns their paths. The model is loaded for its architecture (heads per layer,
+    parallel attention and MLP)."""
     with store.connect(url) as conn:
         at = exports.locate(conn, model, step, config_id, error=ExportError)
         plans = training.circuit_plans(conn, checkpoint_id=at.checkpoint_id,
@@ -63,9 +64,9 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
                 f"(config {at.config_id}) has no {protocol!r} circuit for {op!r} (circuits "
                 f"come with a checkpoint's summary); it has them for {sorted(plans) or 'none'}")
         points = exports.circuit_points(conn, at, op, protocol)
-        sizes = [int(p[0]) for p in points]
-        if k is not None and k not in sizes:
-            raise ExportError(f"no circuit of k = {k} was measured; the sizes are {sizes}")
+        measured = [int(p[0]) for p in points]
+        if k is not None and k not in measured:
+            raise ExportError(f"no circuit of k = {k} was measured; the sizes are {measured}")
         n_layers, d_model, d_mlp = exports.model_shape(conn, at)
         lm = _load(at, cache_root)
         n_heads, parallel = lm.model.cfg.n_heads, bool(lm.model.cfg.parallel_attn_mlp)
@@ -76,21 +77,49 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
         scores = {(f"m{layer}" if head < 0 else f"a{layer}.h{head}"): float(v)
                   for layer, head, v in exports.component_effects(conn, at, op)
                   if v is not None}
+    # one file per distinct MIB graph: MIB's nodes are heads and whole MLPs, so sizes
+    # that differ only in the MLP neurons a pruned layer keeps are one graph to MIB (the
+    # ten files of the demo's `+` were one graph); each file names the sizes it stands
+    # for, the whole measured curve, and its area the way MIB computes it
+    curve = [{"k": int(size), "fraction": fraction, "faithfulness": faith,
+              "faithfulness_se": faith_se, "n_prompts": n, "mib_level": bool(level)}
+             for size, fraction, faith, faith_se, n, level in points]
+    levels = [c for c in curve if c["mib_level"] and c["faithfulness"] is not None]
+    area = None
+    if len(levels) > 1:
+        from catalog.circuits.faithfulness import areas
+
+        cpr, cmd = areas(np.array([c["fraction"] for c in levels]),
+                         np.array([c["faithfulness"] for c in levels]))
+        area = {"cpr": float(cpr), "cmd": float(cmd), "levels": len(levels),
+                "statistic": "normalised logit, ratio of means; trapezoids over the "
+                             "fraction of the model kept, as MIB's CPR and CMD"}
+    groups: dict[tuple, list[dict]] = {}
+    for c in curve:
+        if k is not None and c["k"] != k:
+            continue
+        kept = circuit.ranked(c["k"])
+        key = (kept.heads.tobytes(), tuple(bool(x) for x in kept.neurons.any(axis=1)))
+        groups.setdefault(key, []).append(c)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for size, fraction, faith, faith_se, n in points:
-        if k is not None and size != k:
-            continue
-        kept = circuit.ranked(int(size))
+    for members in groups.values():
+        first, last = members[0]["k"], members[-1]["k"]
+        kept = circuit.ranked(first)
         about = {"model": model, "step": at.step, "config_id": at.config_id, "operator": op,
-                 "protocol": protocol, "k": int(size), "fraction": fraction,
-                 "faithfulness": faith, "faithfulness_se": faith_se, "n_prompts": n,
+                 "protocol": protocol, "k": first, "ks": [c["k"] for c in members],
+                 "fraction": members[0]["fraction"],
+                 "faithfulness": members[0]["faithfulness"],
+                 "faithfulness_se": members[0]["faithfulness_se"],
+                 "n_prompts": members[0]["n_prompts"],
                  "faithfulness_statistic": "normalised logit, ratio of means (docs/method.md "
-                                           "section 6)"}
+                                           "section 6)",
+                 "curve": curve, "area": area}
         graph = mib.to_graph(kept.heads, kept.neurons, d_model=d_model, parallel=parallel,
                              node_scores=scores, about=about)
+        sizes = f"k{first}" if first == last else f"k{first}-{last}"
         path = out / (f"{slug(model)}_{'final' if at.step is None else at.step}_"
-                      f"{OP_NAMES.get(op, 'op')}_{protocol}_k{int(size)}.json")
+                      f"{OP_NAMES.get(op, 'op')}_{protocol}_{sizes}.json")
         path.write_text(json.dumps(graph))
         written.append(path)
     return written

@@ -57,10 +57,10 @@ def model_shape(conn: psycopg.Connection, at: Located) -> tuple[int, int, int]:
 
 def circuit_points(conn: psycopg.Connection, at: Located, op: str,
                    protocol: str) -> list[tuple]:
-    """(k, fraction, ratio of means, its SE, n prompts) of the ranked circuit's normalised
-    logit curve, by k."""
+    """(k, fraction, ratio of means, its SE, n prompts, whether it is one of MIB's
+    sparsity levels) of the ranked circuit's normalised logit curve, by k."""
     return conn.execute(
-        "SELECT k, fraction, ratio_of_means, ratio_of_means_se, n FROM circuit_point "
+        "SELECT k, fraction, ratio_of_means, ratio_of_means_se, n, mib FROM circuit_point "
         "WHERE checkpoint_id = %s AND config_id = %s AND op = %s AND protocol = %s "
         "AND circuit = 'ranked' AND metric = 'nl' ORDER BY k",
         (at.checkpoint_id, at.config_id, op, protocol)).fetchall()

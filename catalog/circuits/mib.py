@@ -63,11 +63,35 @@ def edge_name(parent: str, child: str, qkv: str | None) -> str:
     return f"{parent}->{child}" if qkv is None else f"{parent}->{child}<{qkv}>"
 
 
+# node and edge scores: a kept node scores in [KEPT, 1], a dropped one in [0, KEPT), each
+# by its size of effect within its group; an edge scores its weaker end's score
+KEPT = 0.5
+
+
+def scaled_scores(kept: dict[str, bool], effects: dict[str, float] | None) -> dict[str, float]:
+    """Every node's score on the documented scale: ``KEPT + (1 - KEPT) * e`` for a kept node
+    and ``KEPT * e * (1 - 1e-9)`` for a dropped one, ``e`` its |effect| over the largest
+    |effect| of the graph (0 where none was measured; ``input`` and ``logits`` score 1).
+    Sorting by score puts every kept node above every dropped one, and within each group
+    the larger effect first (raw patching effects ranked a dropped head above a kept one
+    and reached 1e16)."""
+    mags = {n: abs(float(v)) for n, v in (effects or {}).items() if np.isfinite(v)}
+    top = max(mags.values(), default=0.0)
+    out = {}
+    for name, k in kept.items():
+        e = mags.get(name, 0.0) / top if top > 0 else 0.0
+        out[name] = 1.0 if name in ("input", "logits") else (
+            KEPT + (1.0 - KEPT) * e if k else KEPT * e * (1.0 - 1e-9))
+    return out
+
+
 def to_graph(heads: np.ndarray, neurons: np.ndarray, *, d_model: int, parallel: bool,
              node_scores: dict[str, float] | None = None, about: dict | None = None) -> dict:
     """The MIB graph of a node circuit: ``heads`` (n_layers, n_heads) and ``neurons``
-    (n_layers, d_mlp) kept (bool). ``node_scores``: optional per node (the components'
-    patching effects); ``about``: what the circuit is (written under ``ncat``)."""
+    (n_layers, d_mlp) kept (bool). ``node_scores``: each node's patching effect (raw; the
+    file holds them on the scale of ``scaled_scores``, every node and edge scored, so that
+    MIB's top-n selection by score takes the kept ones first); ``about``: what the circuit
+    is (written under ``ncat``)."""
     heads = np.asarray(heads, dtype=bool)
     neurons = np.asarray(neurons, dtype=bool)
     n_layers, n_heads = heads.shape
@@ -79,16 +103,14 @@ def to_graph(heads: np.ndarray, neurons: np.ndarray, *, d_model: int, parallel: 
         for h in range(n_heads):
             kept[_head(layer, h)] = bool(heads[layer, h])
         kept[f"m{layer}"] = bool(neurons[layer].any())
-    nodes: dict[str, dict[str, bool | float]] = {}
-    for name in node_names(n_layers, n_heads):
-        nodes[name] = {"in_graph": kept[name]}
-        if node_scores is not None and name in node_scores:
-            nodes[name]["score"] = float(node_scores[name])
+    score = scaled_scores(kept, node_scores)
+    nodes: dict[str, dict[str, bool | float]] = {
+        name: {"in_graph": kept[name], "score": score[name]}
+        for name in node_names(n_layers, n_heads)}
     edges = {}
     for parent, child, qkv in edge_list(n_layers, n_heads, parallel):
         both = kept[parent] and kept[child]
-        # a node circuit ranks no edge above another: its edges score 1, the rest 0
-        edges[edge_name(parent, child, qkv)] = {"score": 1.0 if both else 0.0,
+        edges[edge_name(parent, child, qkv)] = {"score": min(score[parent], score[child]),
                                                 "in_graph": both}
     mlp = {f"m{layer}": np.flatnonzero(neurons[layer]).tolist() for layer in range(n_layers)
            if neurons[layer].any() and not neurons[layer].all()}
@@ -99,7 +121,14 @@ def to_graph(heads: np.ndarray, neurons: np.ndarray, *, d_model: int, parallel: 
                      "mlp_neurons": mlp,
                      "mlp_neurons_note": "MLP nodes listed here keep only these neurons "
                                          "(indices of the MLP's hidden layer); the other "
-                                         "MLP nodes in the graph are kept whole"}}
+                                         "MLP nodes in the graph are kept whole",
+                     "score_scale": f"kept nodes score in [{KEPT}, 1], dropped ones in "
+                                    f"[0, {KEPT}), each by its |patching effect| over the "
+                                    "graph's largest; an edge scores its weaker end",
+                     # the raw effects the scores come from (MIB's node records hold
+                     # in_graph and score only)
+                     "node_effects": {n: float(v) for n, v in (node_scores or {}).items()
+                                      if n in nodes and np.isfinite(v)}}}
 
 
 @dataclass

@@ -30,7 +30,14 @@ def _ids(url, name, step):
             (name, step)).fetchone()
 
 
-def test_the_paper_circuit_as_mib_graphs_one_per_size(seeded, tiny_builtin, name, tmp_path):
+def test_the_paper_circuit_as_mib_graphs_one_per_distinct_graph(seeded, tiny_builtin, name,
+                                                                 tmp_path):
+    """One file per graph MIB can tell apart (sizes that differ only in the MLP neurons a
+    pruned layer keeps are one graph to MIB), each naming the sizes it stands for; every
+    file carries the whole measured curve and the area MIB computes from it; kept nodes
+    and edges score above dropped ones."""
+    from catalog.circuits.faithfulness import areas
+
     cfg, root = tiny_builtin
     step = SEED_STEPS[-1]
     model_id, checkpoint_id, config_id, n_layers, d_mlp = _ids(seeded, name, step)
@@ -41,37 +48,57 @@ def test_the_paper_circuit_as_mib_graphs_one_per_size(seeded, tiny_builtin, name
             "AND config_id = %s AND op = '+' AND protocol = 'paper'",
             (checkpoint_id, config_id)).fetchone()
         points = conn.execute(
-            "SELECT k, ratio_of_means FROM circuit_point WHERE checkpoint_id = %s AND "
-            "config_id = %s AND op = '+' AND protocol = 'paper' AND circuit = 'ranked' AND "
-            "metric = 'nl' ORDER BY k", (checkpoint_id, config_id)).fetchall()
+            "SELECT k, ratio_of_means, fraction, mib FROM circuit_point WHERE "
+            "checkpoint_id = %s AND config_id = %s AND op = '+' AND protocol = 'paper' AND "
+            "circuit = 'ranked' AND metric = 'nl' ORDER BY k",
+            (checkpoint_id, config_id)).fetchall()
         column = "effect_attr + effect_attr_std" if ranking == "attribution" else "-rank"
         order = {layer: [r[0] for r in conn.execute(
             f"SELECT neuron FROM neuron_op WHERE checkpoint_id = %s AND config_id = %s AND "
             f"op = '+' AND layer = %s ORDER BY {column} DESC, neuron",
             (checkpoint_id, config_id, layer))] for layer in pruned}
-    assert len(paths) == len(points) > 1
     n_heads = cfg.n_heads
     kept_heads = {f"a{layer}.h{head}" for layer, head in heads}
-    for path, (k, faith) in zip(paths, points, strict=True):
-        g = mib.read_graph(json.loads(path.read_text()))
+    faith = {k: f for k, f, _, _ in points}
+    levels = [(x, f) for _, f, x, level in points if level and f is not None]
+    want_area = areas(np.array([x for x, _ in levels]), np.array([f for _, f in levels]))
+    graphs, listed = set(), []
+    for path in paths:
+        d = json.loads(path.read_text())
+        g = mib.read_graph(d)
         assert g.cfg == {"n_layers": n_layers, "n_heads": n_heads,
                          "parallel_attn_mlp": False, "d_model": cfg.d_model}
-        # MIB's node set: input, every head, every MLP, logits
-        assert len(json.loads(path.read_text())["nodes"]) == 1 + n_layers * (n_heads + 1) + 1
+        assert len(d["nodes"]) == 1 + n_layers * (n_heads + 1) + 1
+        key = (frozenset(g.nodes), frozenset(g.edges))
+        assert key not in graphs  # no two files hold one graph
+        graphs.add(key)
+        ks = g.about["ks"]
+        listed += ks
+        assert g.about["k"] == ks[0] and g.about["faithfulness"] == pytest.approx(faith[ks[0]])
+        assert path.name.endswith(f"_k{ks[0]}.json" if len(ks) == 1
+                                  else f"_k{ks[0]}-{ks[-1]}.json")
+        # the node set: every MLP with a neuron kept, the plan's heads
         mlps = {f"m{layer}" for layer in range(n_layers)}
         assert g.nodes == {"input", "logits"} | kept_heads | mlps
-        # an edge is kept exactly where both ends are
         want = {mib.edge_name(*e) for e in mib.edge_list(n_layers, n_heads, False)
                 if e[0] in g.nodes and e[1] in g.nodes}
         assert g.edges == want
-        assert g.about["k"] == k and g.about["faithfulness"] == pytest.approx(faith)
-        # the pruned layers keep their top k neurons by the ranking the curve used
-        assert set(g.mlp_neurons) == {f"m{layer}" for layer in pruned if 0 < k < d_mlp}, k
+        # the first size's kept neurons, by the ranking the curve used
+        k = ks[0]
         for layer in pruned:
-            if not 0 < k < d_mlp:
-                continue
-            assert len(g.mlp_neurons[f"m{layer}"]) == k
-            assert set(g.mlp_neurons[f"m{layer}"]) == set(order[layer][:k]), (layer, k)
+            if 0 < k < d_mlp:
+                assert set(g.mlp_neurons[f"m{layer}"]) == set(order[layer][:k]), (layer, k)
+        # scores: every kept node and edge above every dropped one
+        for what in ("nodes", "edges"):
+            inside = [v["score"] for v in d[what].values() if v["in_graph"]]
+            outside = [v["score"] for v in d[what].values() if not v["in_graph"]]
+            assert not outside or min(inside) > max(outside)
+        # the curve and its area, as MIB computes it from the curve's MIB levels
+        assert [c["k"] for c in g.about["curve"]] == [p[0] for p in points]
+        assert g.about["area"]["cpr"] == pytest.approx(float(want_area[0]))
+        assert g.about["area"]["cmd"] == pytest.approx(float(want_area[1]))
+    assert sorted(listed) == [p[0] for p in points]  # every size in exactly one file
+    assert len(paths) == len(graphs) >= 1
     # one size only
     one = export_mib(seeded, name, tmp_path / "one", op="+", k=points[0][0], cache_root=root)
     assert len(one) == 1 and one[0].name.endswith(f"_k{points[0][0]}.json")

@@ -42,9 +42,39 @@ def test_a_node_circuit_written_and_read_back():
                        "input->m0", "a0.h0->m0", "input->m1", "a0.h0->m1", "m0->m1",
                        "input->logits", "a0.h0->logits", "m0->logits", "m1->logits"}
     assert g.mlp_neurons == {"m1": [2, 5]} and g.about["k"] == 2
-    assert d["nodes"]["a0.h0"]["score"] == 0.5 and "score" not in d["nodes"]["a0.h1"]
-    assert all(v["score"] == (1.0 if v["in_graph"] else 0.0) for v in d["edges"].values())
     assert len(d["edges"]) == len(mib.edge_list(2, 2, parallel=False))
+    # every node and edge scored on the documented scale: kept nodes in [0.5, 1] by their
+    # |effect| over the largest (a0.h0 0.5 is the largest here: 1.0; m1 -0.25: 0.75;
+    # none measured: 0.5), dropped ones below 0.5, an edge its weaker end
+    nodes = d["nodes"]
+    assert nodes["a0.h0"]["score"] == 1.0 and nodes["m1"]["score"] == 0.75
+    assert nodes["m0"]["score"] == 0.5 and nodes["a0.h1"]["score"] == 0.0
+    assert d["ncat"]["node_effects"] == {"a0.h0": 0.5, "m1": -0.25}
+    for name, e in d["edges"].items():
+        parent, child = name.split("->")
+        assert e["score"] == min(nodes[parent]["score"], nodes[child.split("<")[0]]["score"])
+
+
+def test_scores_order_every_kept_node_and_edge_above_every_dropped_one():
+    """Raw patching effects ranked a dropped head above a kept one (and reached 1e16):
+    on the file's scale, sorting by score takes every kept node and edge before any
+    dropped one, whatever the effects, and the larger effect first within each group."""
+    rng = np.random.default_rng(0)
+    heads = rng.random((3, 4)) < 0.5
+    neurons = np.zeros((3, 8), dtype=bool)
+    neurons[[0, 2]] = True
+    effects = {f"a{la}.h{h}": float(rng.normal() * 10 ** rng.integers(0, 17))
+               for la in range(3) for h in range(4)}
+    effects["m1"] = 3.8e16  # dropped, and the largest
+    d = mib.to_graph(heads, neurons, d_model=8, parallel=False, node_scores=effects)
+    for what in ("nodes", "edges"):
+        ranked = sorted(d[what].values(), key=lambda v: -v["score"])
+        n_kept = sum(v["in_graph"] for v in ranked)
+        assert all(v["in_graph"] for v in ranked[:n_kept])
+        assert not any(v["in_graph"] for v in ranked[n_kept:])
+    kept = [n for n, v in d["nodes"].items() if v["in_graph"] and n in effects]
+    by_score = sorted(kept, key=lambda n: -d["nodes"][n]["score"])
+    assert by_score == sorted(kept, key=lambda n: -abs(effects[n]))
 
 
 @pytest.mark.parametrize("damage, message", [
