@@ -540,9 +540,9 @@ def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_bui
             link = page.get_by_role("link", name=f"L{top.layer} N{top.neuron}").first
             link.wait_for(timeout=60_000)
             href = link.get_attribute("href") or ""
-            # a stable link: the model's name and step, the neuron and the operator
-            want = urlencode({**named_query(name, SEED_STEPS[-1]), "layer": top.layer,
-                              "neuron": top.neuron, "op": "+"})
+            # a stable link: the model's name, step and config, the neuron and the operator
+            want = urlencode({**named_query(name, SEED_STEPS[-1], SEED_CONFIG.config_hash()),
+                              "layer": top.layer, "neuron": top.neuron, "op": "+"})
             assert href.endswith(f"/neuron?{want}"), href
             # Streamlit opens a page's markdown links in a new tab: followed here
             page.goto(url + href.removeprefix(url), wait_until="networkidle")

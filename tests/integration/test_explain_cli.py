@@ -320,8 +320,10 @@ def test_ranks_count_from_one_and_the_stored_rows_of_before_are_shifted(
 
         def stored() -> tuple[int, int, list]:
             with store.connect(url) as conn:
+                # this test's row: the module's catalog holds others' stored rows too
                 row = conn.execute("SELECT rank_answer, checkpoint_id, config_id FROM "
-                                   "prompt_explanation").fetchone()
+                                   "prompt_explanation ORDER BY written_at DESC "
+                                   "LIMIT 1").fetchone()
                 e = stored_explanation(conn, checkpoint_id=row[1], config_id=row[2],
                                        prompt="7+9=")
             return row[0], e["rank_answer"], [r for _, r, _ in e["lens"]]

@@ -197,9 +197,10 @@ def test_search_filters_and_pages_server_side(catalog_env):
             assert r.best_base_rate == pytest.approx(base, nan_ok=True)
             assert r.best_p_value == pytest.approx(p, nan_ok=True)
     assert first.best_base_rate.notna().any()
-    # stable links: model name and step, never the database ids (issue 50)
+    # stable links: model name, step and config, never the database ids (issue 50; the
+    # config always, issue 81)
     assert first.open.str.startswith("/neuron?model=builtin-arith").all()
-    assert first.open.str.contains("&step=300&layer=").all()
+    assert first.open.str.contains("&step=300&config=[0-9a-f]{12}&layer=", regex=True).all()
     # filter: operator +, heuristic label, min score
     at.selectbox(key="s-op").select("+").run()
     at.text_input(key="s-label").input("result in [10, 20)").run()
