@@ -1,6 +1,6 @@
 """Training the built-in model: data, evaluation, and a trainer whose checkpoints are the
-same bits on one machine whatever its thread count (not across CPU kinds: the matrix
-kernels sum in an order chosen by the instruction set; docs/training.md).
+same bits on every machine of one CPU vendor that can run it, whatever its thread count
+(Intel and AMD differ even on the pinned AVX2 paths; docs/training.md).
 """
 
 from __future__ import annotations
