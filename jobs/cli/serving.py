@@ -133,12 +133,15 @@ def stored_name(name: str) -> str:
 
 
 def cmd_report(args) -> int:
-    from reports.report import report
     from schema.engine import SchemaBehind, require_current
     from schema.report_reads import ReportError
 
     try:
+        # the database first: a refused login or an unreachable server is said at once,
+        # not after the report's heavy imports (8 s)
         url = require_current(database_url(args))
+        from reports.report import report
+
         model = stored_name(args.model)
         html_path, md_path = report(url, model, args.checkpoint, Path(args.out),
                                     top_n=args.top)
