@@ -94,18 +94,17 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
         area = {"cpr": float(cpr), "cmd": float(cmd), "levels": len(levels),
                 "statistic": "normalised logit, ratio of means; trapezoids over the "
                              "fraction of the model kept, as MIB's CPR and CMD"}
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, tuple] = {}  # MIB's graph -> (the first size's circuit, its sizes)
     for c in curve:
         if k is not None and c["k"] != k:
             continue
         kept = circuit.ranked(c["k"])
         key = (kept.heads.tobytes(), tuple(bool(x) for x in kept.neurons.any(axis=1)))
-        groups.setdefault(key, []).append(c)
+        groups.setdefault(key, (kept, []))[1].append(c)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for members in groups.values():
+    for kept, members in groups.values():
         first, last = members[0]["k"], members[-1]["k"]
-        kept = circuit.ranked(first)
         about = {"model": model, "step": at.step, "config_id": at.config_id, "operator": op,
                  "protocol": protocol, "k": first, "ks": [c["k"] for c in members],
                  "fraction": members[0]["fraction"],

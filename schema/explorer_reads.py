@@ -62,16 +62,14 @@ def job_request(conn, model_id: int, checkpoint_id: int, config_id: int
 
 
 def link_names(conn, model_id: int, checkpoint_id: int, config_id: int
-               ) -> tuple[str, int | None, str, int] | None:
-    """What a stable link names (model name, step, the config's hash, and how many configs
-    the model has measurements under), for catalog ids; None when they name nothing."""
+               ) -> tuple[str, int | None, str] | None:
+    """What a stable link names (model name, step, the config's hash), for catalog ids;
+    None when they name nothing."""
     row = conn.execute(text(
-        "SELECT m.name, c.step, mc.config_hash, (SELECT count(DISTINCT lr.config_id) "
-        "FROM layer_result lr JOIN checkpoint c2 ON c2.id = lr.checkpoint_id "
-        "WHERE c2.model_id = m.id) FROM model m JOIN checkpoint c ON c.model_id = m.id "
-        "CROSS JOIN measure_config mc WHERE m.id = :m AND c.id = :c AND mc.id = :g"),
-        {"m": model_id, "c": checkpoint_id, "g": config_id}).fetchone()
-    return None if row is None else (row[0], row[1], row[2], int(row[3]))
+        "SELECT m.name, c.step, mc.config_hash FROM model m JOIN checkpoint c "
+        "ON c.model_id = m.id CROSS JOIN measure_config mc WHERE m.id = :m AND c.id = :c "
+        "AND mc.id = :g"), {"m": model_id, "c": checkpoint_id, "g": config_id}).fetchone()
+    return None if row is None else (row[0], row[1], row[2])
 
 
 def resolve_link(conn, model: str, step: int | None, config: str | None

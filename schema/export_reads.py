@@ -102,10 +102,3 @@ def lens(conn: psycopg.Connection, at: Located, layer: int, neuron: int) -> tupl
         "WHERE model_id = %s AND checkpoint_id = %s AND config_id = %s AND layer = %s "
         "AND neuron = %s", (at.model_id, at.checkpoint_id, at.config_id, layer,
                             neuron)).fetchone()
-
-
-def grid_origin(conn: psycopg.Connection, at: Located) -> dict[str, int]:
-    """op -> the operand value of a grid's first row and column."""
-    return dict(conn.execute(
-        "SELECT g.op, g.lo FROM grid_layout g JOIN model m ON m.number_limit = g.number_limit "
-        "WHERE g.config_id = %s AND m.id = %s", (at.config_id, at.model_id)).fetchall())

@@ -312,15 +312,14 @@ def cmd_catalog(args) -> int:
 
 
 def fill_final(url: str, model_id: int, config_id: int, execution, quiet: bool,
-               out: Report | None = None) -> None:
+               out: Report) -> None:
     """The final circuit at the model's earlier checkpoints that lack it (jobs.final_circuits)."""
     from jobs import final_circuits
     from schema import store
 
     def said(step, seconds) -> None:
         if not quiet:
-            line = f"step {step}: the final circuit measured in {seconds:.1f} s"
-            print(line) if out is None else out.say(line)
+            out.say(f"step {step}: the final circuit measured in {seconds:.1f} s")
 
     with store.connect(url, autocommit=True) as conn:
         final_circuits.fill(conn, model_id=model_id, config_id=config_id, execution=execution,
@@ -343,9 +342,10 @@ def cmd_final_circuit(args) -> int:
             return fail(f"no catalogued checkpoint of {name!r} has a paper circuit"
                         + (f" under config {args.config_id}" if args.config_id else "")
                         + " (ncat catalog measures one)")
+        out = Report(args)
         for model_id, config_id in configs:
-            print(f"{name}, config {config_id}:")
-            fill_final(url, model_id, config_id, execution_from(args), args.quiet)
+            out.say(f"{name}, config {config_id}:")
+            fill_final(url, model_id, config_id, execution_from(args), args.quiet, out)
     except (ModelSourceError, ValueError, SchemaBehind) as exc:
         return fail(str(exc))
     return 0

@@ -99,8 +99,7 @@ def stable_query(model_id, checkpoint_id, config_id) -> dict[str, str]:
     if names is None:
         return {k: str(v) for k, v in zip(ID_KEYS, (model_id, checkpoint_id, config_id),
                                             strict=True)}
-    name, step, config_hash, _ = names
-    return named_query(name, step, config_hash)
+    return named_query(*names)
 
 
 def query_ids(qp) -> tuple[int, int, int] | None | str:
