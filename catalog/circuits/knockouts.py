@@ -62,6 +62,108 @@ def zeroed_answers(
     return p, top, token
 
 
+# rows of one batched forward of ``zeroed_answers_many``: its masks, values and context
+# copies held at once are about this many bytes at most
+MANY_BYTES = 256 * 2**20
+
+
+@torch.no_grad()
+def zeroed_answers_many(
+    model: HookedTransformer,
+    table: PromptTable,
+    prompts: np.ndarray,
+    requests: list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]],
+    runner: PrefixRunner | None = None,
+    max_bytes: int = MANY_BYTES,
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``zeroed_answers`` of many edits of the same ``prompts``, batched: each request is
+    (mask, values or None, rows or None) as ``zeroed_answers`` takes them, where ``rows``
+    (indices into ``prompts``) runs only those prompts (mask and values have a row each).
+    The rows of every request that fall in one of the runner's prompt groups run together,
+    as many per forward as ``max_bytes`` holds, against the group's one context; each
+    request gets what ``zeroed_answers`` would return for it (its rows only, in order)."""
+    runner = runner or PrefixRunner(model, table)
+    device = model.cfg.device
+    n_layers = model.cfg.n_layers
+    prompts = np.asarray(prompts)
+    where = {int(q): i for i, q in enumerate(prompts)}
+    picks = [np.arange(len(prompts)) if rows is None else np.asarray(rows, dtype=np.int64)
+             for _, _, rows in requests]
+    out = [(np.zeros(len(pk)), np.zeros(len(pk), dtype=bool), np.zeros(len(pk), np.int64))
+           for pk in picks]
+    group_of = np.zeros(len(prompts), dtype=np.int64)
+    local = np.zeros(len(prompts), dtype=np.int64)
+    groups = list(runner.groups(prompts))
+    for g, (_, sel) in enumerate(groups):
+        pos = np.array([where[int(q)] for q in sel])
+        group_of[pos], local[pos] = g, np.arange(len(sel))
+    kinds = [np.asarray(v).dtype for _, v, _ in requests if v is not None]
+    any_values = bool(kinds)
+    vtype = np.result_type(*kinds) if kinds else np.float32
+    for g, (skip, sel) in enumerate(groups):
+        # (request, row of the request) of every row in this group, request by request
+        req = np.concatenate([np.full(int((group_of[pk] == g).sum()), r, np.int64)
+                              for r, pk in enumerate(picks)])
+        row = np.concatenate([np.nonzero(group_of[pk] == g)[0] for pk in picks])
+        if not len(req):
+            continue
+        edit = requests[0][0].shape[-2] * requests[0][0].shape[-1]
+        per_row = runner.context_bytes(sel, skip) + edit * (
+            1 + np.dtype(vtype).itemsize * any_values)
+        step = max(1, max_bytes // per_row)
+        for s in range(0, len(req), step):
+            rq, rw = req[s:s + step], row[s:s + step]
+            cut = np.flatnonzero(np.diff(rq)) + 1  # runs of one request
+            spans = np.split(np.arange(len(rq)), cut)
+            z = np.concatenate([_rows(requests[rq[sp[0]]][0], rw[sp]) for sp in spans])
+            v = None
+            if any_values:
+                v = np.concatenate([
+                    np.zeros((len(sp), *z.shape[1:]), vtype)
+                    if requests[rq[sp[0]]][1] is None
+                    else _rows(requests[rq[sp[0]]][1], rw[sp]).astype(vtype)
+                    for sp in spans])
+            here = np.concatenate([picks[rq[sp[0]]][rw[sp]] for sp in spans])
+            logits = runner.rows_last_position_logits(
+                sel, skip, local[here], fwd_hooks=edit_hooks(
+                    torch.as_tensor(z, device=device),
+                    None if v is None else torch.as_tensor(v, device=device), n_layers))
+            ans = torch.as_tensor(table.answer[prompts[here]], dtype=torch.long,
+                                  device=logits.device)
+            p, top, token = read_answers(logits, ans)
+            for sp in spans:
+                r = rq[sp[0]]
+                out[r][0][rw[sp]], out[r][1][rw[sp]], out[r][2][rw[sp]] = \
+                    p[sp], top[sp], token[sp]
+    return out
+
+
+class PromptEvaluator:
+    """An evaluator of edits at the last position of ``prompts`` (the
+    ``catalog.explain.controls.Evaluator`` protocol, ``many`` included) through one
+    runner: ``zeroed_answers_many``."""
+
+    def __init__(self, model: HookedTransformer, table: PromptTable, prompts: np.ndarray,
+                 runner: PrefixRunner | None = None) -> None:
+        self.model, self.table, self.prompts = model, table, np.asarray(prompts)
+        self.runner = runner or PrefixRunner(model, table)
+
+    def __call__(self, mask: np.ndarray, values: np.ndarray | None = None,
+                 rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.many([(mask, values, rows)])[0]
+
+    def many(self, requests: list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]]
+             ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        return zeroed_answers_many(self.model, self.table, self.prompts, requests,
+                                   self.runner)
+
+
+def _rows(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Rows of a per-prompt array, or copies of a single one ((n_layers, d_mlp))."""
+    x = np.asarray(x)
+    return np.repeat(x[None], len(rows), 0) if x.ndim == 2 else x[rows]
+
+
 def widen(mask: np.ndarray, values: np.ndarray | None, rows: np.ndarray | None, n: int
           ) -> tuple[np.ndarray, np.ndarray | None]:
     """A mask (and values) given for ``rows`` of n prompts, as one for all n (nothing

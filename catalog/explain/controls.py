@@ -35,7 +35,7 @@ measures and patches), every set of one prompt in one batched forward.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -143,8 +143,21 @@ def neurons_of(mask: np.ndarray) -> list[tuple[int, int]]:
 # an evaluator over P prompts: (P, n_layers, d_mlp) mask [, values [, rows]] -> each
 # prompt's (p of its answer, whether the answer is the top token, the top token) with the
 # masked neurons set to ``values`` (zero where None) at the prompt's last position; with
-# ``rows`` (indices), only those prompts are run (mask and values have a row each)
+# ``rows`` (indices), only those prompts are run (mask and values have a row each). An
+# evaluator may also have ``many``: a list of (mask, values, rows) requests -> each one's
+# result, run together (``evaluate_all``)
 Evaluator = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
+Request = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+
+
+def evaluate_all(evaluate: Evaluator, requests: Sequence[Request]
+                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each request's result: in batched forwards where ``evaluate`` has ``many``, else
+    one call each. The results do not depend on which (each row is its own forward)."""
+    many = getattr(evaluate, "many", None)
+    if many is not None:
+        return many(list(requests))
+    return [evaluate(mask, values, rows) for mask, values, rows in requests]
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catalog.core.stats import mean_se
-from catalog.explain.controls import MATCHED, Evaluator, knockout_masks, verdict
+from catalog.explain.controls import MATCHED, Evaluator, evaluate_all, knockout_masks, verdict
 from catalog.explain.holds import Label, member_kinds
 from catalog.explain.shares import label_excess, neuron_mask
 
@@ -66,7 +66,8 @@ def knockouts(scored: Scored, labelled: np.ndarray, member: np.ndarray, per_laye
               evaluate: Evaluator, matched_only: bool = False) -> dict:
     """ranking -> set name -> (p (P, draws), top (P, draws), zeroed (P, draws)): every
     prompt's knockout and controls, each draw of each set one evaluation over all
-    prompts. The paper's ranking (random from ``top_set``) is left out without one."""
+    prompts, a ranking's in one ``evaluate_all``. The paper's ranking (random from
+    ``top_set``) is left out without one."""
     out: dict = {}
     for ranking in KNOCKOUT_RANKINGS:
         if ranking == "paper" and top_set is None:
@@ -74,11 +75,14 @@ def knockouts(scored: Scored, labelled: np.ndarray, member: np.ndarray, per_laye
         masks = knockout_masks(None if ranking == "paper" else scored.scores[ranking],
                                labelled, member, scored.sides, per_layer, draws, rng,
                                top_set if ranking == "paper" else None, matched_only)
+        # one ranking's sets at a time: their masks are all held until evaluated
+        got = iter(evaluate_all(evaluate, [(m, None, None) for draws_of in masks.values()
+                                           for m in draws_of]))
         out[ranking] = {}
         for name, draws_of in masks.items():
-            got = [evaluate(m) for m in draws_of]
-            out[ranking][name] = (np.stack([g[0] for g in got], 1),
-                                  np.stack([g[1] for g in got], 1),
+            res = [next(got) for _ in draws_of]
+            out[ranking][name] = (np.stack([g[0] for g in res], 1),
+                                  np.stack([g[1] for g in res], 1),
                                   np.stack([m.sum((1, 2)) for m in draws_of], 1))
     return out
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catalog.core.stats import newcombe, wilson
-from catalog.explain.controls import Evaluator
+from catalog.explain.controls import Evaluator, evaluate_all
 from catalog.explain.holds import Label, kind
 from catalog.explain.shares import neuron_mask
 from catalog.labels.heuristics import Heuristic
@@ -88,9 +88,11 @@ def steer(labels: Mapping[tuple[int, int], Sequence[Label]], activations: np.nda
                 got[2].append(kind(x))
     labelled = neuron_mask(labels, shape)
     ranked = sorted(by_h.values(), key=lambda x: (-len(x[1]), x[0].key))
-    out: list[Steered] = []
+    # every steered set is drawn first, then all are run in one ``evaluate_all``
+    planned: list[tuple[Heuristic, str, int, int, set]] = []
+    requests = []
     for h, neurons, kinds in ranked:
-        if len(out) >= 2 * max_heuristics:
+        if len(planned) >= 2 * max_heuristics:
             break
         if len(neurons) < min_neurons:
             continue
@@ -104,16 +106,20 @@ def steer(labels: Mapping[tuple[int, int], Sequence[Label]], activations: np.nda
             target = np.sort(rng.permutation(target)[:max_prompts])
             want = tin if direction == "into" else tout
             sets = [list(neurons)] + [_matched(neurons, ~labelled, rng) for _ in range(draws)]
-            hits = []
             for chosen in sets:
                 mask = neuron_mask(chosen, shape)
                 values = np.where(mask, activations[src].mean(0), 0.0)
                 if direction == "into":  # each set as its labels would have it: held
                     values = _where_held(values, activations, sides, inside, chosen, kinds)
-                token = evaluate(np.broadcast_to(mask, (len(target), *shape)),
-                                 np.broadcast_to(values, (len(target), *shape)), target)[2]
-                hits.append(int(np.isin(token, list(want)).sum()))
-            out.append(Steered(h, direction, len(neurons), len(target), hits[0], hits[1:]))
+                requests.append((np.broadcast_to(mask, (len(target), *shape)),
+                                 np.broadcast_to(values, (len(target), *shape)), target))
+            planned.append((h, direction, len(neurons), len(target), want))
+    results_of = iter(evaluate_all(evaluate, requests))
+    out: list[Steered] = []
+    for h, direction, n_neurons, n_target, want in planned:
+        hits = [int(np.isin(next(results_of)[2], list(want)).sum())
+                for _ in range(draws + 1)]
+        out.append(Steered(h, direction, n_neurons, n_target, hits[0], hits[1:]))
     return out
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from catalog.core.sorting import row_order
 from catalog.core.stats import fisher_combined
 from catalog.labels.heuristics import Cells, Heuristic, Partition, rescue_partitions
 from catalog.labels.matches import Matches
@@ -248,8 +249,8 @@ class ValueNull:
         dev = maps.device
         sign = -1.0 if bottom else 1.0
         if order is None:
-            order = torch.from_numpy(np.argsort(-sign * maps.cpu().numpy(), axis=1,
-                                                kind="stable")).to(dev)
+            order = torch.from_numpy(row_order(maps.cpu().numpy(),
+                                               descending=not bottom)).to(dev)
         need = np.zeros(n, dtype=np.int64)
         np.maximum.at(need, at, draws[rows])
         walk = np.argsort(-need, kind="stable")  # slot -> map

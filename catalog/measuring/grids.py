@@ -235,6 +235,33 @@ class PrefixRunner:
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
         return final_logits(model, resid)[:, 0]
 
+    def rows_last_position_logits(self, idx: np.ndarray, skip: int, rows: np.ndarray,
+                                  **kwargs) -> torch.Tensor:
+        """``last_position_logits`` for rows of the group ``idx``, each given by its index
+        in ``idx`` (any order, repeats allowed: one row per edit to run), against the
+        group's one ``context``: many edits of the same prompts in one forward."""
+        model = self.model
+        device = model.cfg.device
+        context = self.context(idx, skip)
+        at = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=device)
+        cache = TransformerLensKeyValueCache(
+            entries=[TransformerLensKeyValueCacheEntry(
+                past_keys=e.past_keys.index_select(0, at),
+                past_values=e.past_values.index_select(0, at), frozen=True)
+                for e in context.entries],
+            previous_attention_mask=context.previous_attention_mask.index_select(0, at),
+            frozen=True)
+        toks = torch.from_numpy(self.table.token_matrix(idx)[rows, -1:]).to(device)
+        resid = model.run_with_hooks(
+            toks, past_kv_cache=cache, stop_at_layer=model.cfg.n_layers,
+            attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
+        return final_logits(model, resid)[:, 0]
+
+    def context_bytes(self, idx: np.ndarray, skip: int) -> int:
+        """Bytes of one row of ``context(idx, skip)`` (its keys and values)."""
+        context = self.context(idx, skip)
+        return sum(e.past_keys[:1].nbytes + e.past_values[:1].nbytes for e in context.entries)
+
     def shared_skip(self, idx: np.ndarray, length: int) -> int:
         """The prefix tokens that prompts ``idx`` (all ``length`` tokens long) share and can
         read from the cache: their operator's, when they are all of one operator; else 0."""

@@ -170,15 +170,9 @@ class CheckpointSummary:
             typical, typical_kv = typical_of(
                 {layer: Means(*m) for layer, m in means.items()}, o)
 
-            def evaluate(mask: np.ndarray, values: np.ndarray | None = None,
-                         rows: np.ndarray | None = None, _prompts=prompts):
-                # every prompt runs, so that the runner's cached context of these
-                # prompts serves each call (a subset would need a context of its own)
-                mask, values = knockouts.widen(mask, values, rows, len(_prompts))
-                got = knockouts.zeroed_answers(self.model, table, _prompts, mask, runner,
-                                               values)
-                return got if rows is None else tuple(x[rows] for x in got)
-
+            # many edits of these prompts per forward, against the runner's one cached
+            # context of them; a request's rows (a steered set's prompts) run alone
+            evaluate = knockouts.PromptEvaluator(self.model, table, prompts, runner)
             terms = explain_prompts(self.model, self.tokenizer, self.config, op,
                                     table.a[prompts], table.b[prompts], labels_of(matches, o),
                                     typical=typical, typical_kv=typical_kv, evaluate=evaluate,

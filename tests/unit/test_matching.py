@@ -413,3 +413,29 @@ def test_compact_keeps_the_best_per_family_and_every_label(per_family):
         assert kept.score[sel].max() >= best
     i = np.nonzero(kept.implements)[0]
     assert len(i) == m.implements.sum()
+
+
+def test_the_packed_row_order_is_a_stable_argsort():
+    """catalog.core.sorting.row_order (the matching and value-rule sorts) equals numpy's
+    stable argsort, both ways, with ties, zeros of both signs, infinities, subnormals and
+    the largest floats; NaN and float64 maps take argsort itself."""
+    from catalog.core.sorting import row_order
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((40, 700)).astype(np.float32)
+    x[:, :200] = 0.0
+    x[:, 200:260] = -0.0
+    x[:, 260:400] = np.round(x[:, 260:400] * 2)  # many ties
+    x[0, 5], x[1, 7], x[2, 9] = np.inf, -np.inf, np.float32(1e-45)
+    x[3, 11], x[3, 12] = np.finfo(np.float32).max, np.finfo(np.float32).min
+    rng.shuffle(x, axis=1)
+    for descending in (True, False):
+        want = np.argsort(-x if descending else x, axis=1, kind="stable")
+        np.testing.assert_array_equal(row_order(x, descending), want)
+        y = x.astype(np.float64)
+        y[4, 3] = np.nan
+        np.testing.assert_array_equal(row_order(y, descending),
+                                      np.argsort(-y if descending else y, axis=1,
+                                                 kind="stable"))
+    with pytest.raises(ValueError, match="2-d"):
+        row_order(x[0])

@@ -105,6 +105,54 @@ def test_knockouts_with_prefix_reuse_equal_full_forwards(pythia):
     np.testing.assert_array_equal(got, np.array(want))
 
 
+def test_many_edits_in_one_forward_equal_one_forward_each(pythia):
+    """``zeroed_answers_many`` (the summary's knockouts and steering) runs the rows of many
+    edits of the same prompts together against one cached context, in chunks of a byte
+    budget: each request's answers equal ``zeroed_answers`` of that request alone, with
+    zeroed and set neurons, a request of a few rows, and a single mask for all rows."""
+    from catalog.circuits import knockouts
+    from catalog.measuring.grids import PrefixRunner
+
+    model, tok = pythia.model, pythia.tokenizer
+    numbers = detect_number_tokens(tok, prepend_bos=False)
+    table = build_prompts(tok, numbers, CONFIG)
+    run_grid(model, table, [], batch_size=64)
+    prompts = np.arange(1, len(table), 2)
+    shape = (model.cfg.n_layers, model.cfg.d_mlp)
+    rng = np.random.default_rng(1)
+    rows = np.sort(rng.choice(len(prompts), 9, replace=False))
+    requests = [
+        (rng.random((len(prompts), *shape)) < 0.3, None, None),
+        (rng.random(shape) < 0.5, None, None),  # one mask for every prompt
+        (rng.random((len(prompts), *shape)) < 0.2,
+         rng.normal(0, 3, (len(prompts), *shape)).astype(np.float32), None),
+        (rng.random((len(rows), *shape)) < 0.4, None, rows),
+        (rng.random((len(rows), *shape)) < 0.4,
+         rng.normal(0, 3, (len(rows), *shape)).astype(np.float32), rows),
+    ]
+    runner = PrefixRunner(model, table)
+    assert any(skip for skip, _ in runner.groups(prompts))  # the context is cached
+    want = []
+    for mask, values, sel in requests:
+        if sel is None:
+            want.append(knockouts.zeroed_answers(model, table, prompts, mask, runner, values))
+        else:
+            want.append(knockouts.zeroed_answers(model, table, prompts[sel], mask, runner,
+                                                 values))
+    for budget in (knockouts.MANY_BYTES, 1):  # all in one forward per group; a row each
+        got = knockouts.zeroed_answers_many(model, table, prompts, requests, runner,
+                                            max_bytes=budget)
+        for (p, top, token), (wp, wtop, wtoken) in zip(got, want, strict=True):
+            assert len(p) == len(wp)
+            np.testing.assert_allclose(p, wp, rtol=1e-5, atol=1e-7)
+            np.testing.assert_array_equal(token, wtoken)
+            np.testing.assert_array_equal(top, wtop)
+    # the edits change answers: the test would see a request answered as another
+    assert not np.allclose(want[0][0], want[2][0])
+    evaluator = knockouts.PromptEvaluator(model, table, prompts, runner)
+    np.testing.assert_allclose(evaluator(*requests[3])[0], want[3][0], rtol=1e-5, atol=1e-7)
+
+
 def test_an_answer_must_end_where_the_result_ends(pythia):
     """A model that always says the same digit gets 0+2=2 right by teacher forcing alone,
     but it goes on to say 22: with the continuing tokens given, those prompts are wrong."""
