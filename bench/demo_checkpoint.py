@@ -16,6 +16,14 @@ way's throughput to the old's. Run on an idle machine:
     .venv/bin/python bench/demo_checkpoint.py [--runs 5] [--step 2048] [--record]
 
 (bench/results/demo_checkpoint.json; --record: bench/recorded/cpu_demo_checkpoint.json)
+
+``--against REV`` compares code instead: one process runs the checkout's code, one the
+code of git revision REV (a temporary worktree), each with one thread, taking turns on
+the same step so that neither runs beside the other (the order alternates per round);
+each prints its seconds and a digest of what it measured (every layer's label rows and
+effects' ranks, the summary's prompt explanations, knockouts and faithfulness), so the
+report says whether the two catalogs are equal (bench/results/demo_checkpoint_code.json;
+--record: bench/recorded/cpu_demo_checkpoint_code.json).
 """
 
 from __future__ import annotations
@@ -26,42 +34,67 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from _common import ROOT, save
+
+
+def _digest(res) -> str:
+    """sha256 of what a measured checkpoint stores that the code could change."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for layer, lr in sorted(res.layers.items()):
+        m = lr.matches
+        rows = sorted((int(m.neuron[i]), int(m.op[i]), m.row_heuristic(i).key,
+                       bool(m.implements[i]), round(float(m.score[i]), 6))
+                      for i in range(len(m)))
+        h.update(json.dumps([layer, rows, np.asarray(lr.rank).tolist()]).encode())
+    s = res.summary
+    h.update(json.dumps([s.prompt_explanations, s.prompt_knockouts, s.heuristic_knockouts,
+                         s.faithfulness], sort_keys=True, default=str).encode())
+    return h.hexdigest()
 
 
 def _child(threads: int, step: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
+    import catalog
     from catalog import load_model, measure
     from jobs.demo import DEMO_CONFIG
 
     last = load_model("builtin")
     measure(last.model, last.tokenizer, DEMO_CONFIG, progress=False)  # fits built
     lm = load_model("builtin", step)
-    print("ready", flush=True)
+    print("ready", catalog.__file__, flush=True)
     for line in sys.stdin:
         if line.strip() != "go":
             break
         t0 = time.perf_counter()
-        measure(lm.model, lm.tokenizer, DEMO_CONFIG, progress=False)
-        print(f"{time.perf_counter() - t0:.3f}", flush=True)
+        res = measure(lm.model, lm.tokenizer, DEMO_CONFIG, progress=False)
+        print(f"{time.perf_counter() - t0:.3f} {_digest(res)}", flush=True)
 
 
-def _start(threads: int, step: int) -> subprocess.Popen:
+def _start(threads: int, step: int, code: Path = ROOT) -> subprocess.Popen:
+    """A child measuring ``step`` with ``threads`` threads, importing the code under
+    ``code`` (this checkout, or another revision's worktree)."""
     env = {**os.environ, **{k: str(threads) for k in
-                            ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+                            ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
+           "PYTHONPATH": str(code)}
     return subprocess.Popen([sys.executable, __file__, "--child", str(threads), "--step",
-                             str(step)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+                             str(step)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                            cwd=code)
 
 
 def _ready(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         assert p.stdout is not None
         line = p.stdout.readline().strip()
-        if line != "ready":
+        if not line.startswith("ready"):
             raise RuntimeError(f"a bench process did not start: {line!r}")
 
 
@@ -78,6 +111,65 @@ def _round(procs: list[subprocess.Popen]) -> float:
     return time.perf_counter() - t0
 
 
+def _turn(proc: subprocess.Popen) -> tuple[float, str]:
+    """One measurement by one child, alone: (seconds, digest)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    seconds, digest = proc.stdout.readline().split()
+    return float(seconds), digest
+
+
+def _against(rev: str, runs: int, step: int, record: bool) -> None:
+    """The checkout's code against revision ``rev``'s (module doc)."""
+    import tempfile
+
+    import numpy as np
+
+    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    here = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    tree = Path(tempfile.mkdtemp(prefix="ncat-bench-rev-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT,
+                   check=True, capture_output=True)
+    try:
+        procs = {"old": _start(1, step, tree), "new": _start(1, step)}
+        imported = {}
+        for name, p in procs.items():  # which code each child imported
+            assert p.stdout is not None
+            ready, imported[name] = p.stdout.readline().split()
+            assert ready == "ready", ready
+        assert imported["old"].startswith(str(tree)), imported
+        assert imported["new"].startswith(str(ROOT)), imported
+        got: dict[str, list] = {"old": [], "new": []}
+        for r in range(runs):
+            for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                got[name].append(_turn(procs[name]))
+        _stop(list(procs.values()))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                       capture_output=True)
+
+    def stats(xs: list) -> dict:
+        s = [x for x, _ in xs]
+        return {"median_s": float(np.median(s)), "min_s": min(s), "max_s": max(s),
+                "runs_s": s, "digests": sorted({d for _, d in xs})}
+
+    old, new = stats(got["old"]), stats(got["new"])
+    out = {"cores": 1, "step": step, "runs": runs, "old_rev": sha,
+           "new_rev": here + (" + uncommitted changes" if dirty else ""),
+           "old": old, "new": new, "speedup old / new": old["median_s"] / new["median_s"],
+           "equal catalogs": old["digests"] == new["digests"] and len(old["digests"]) == 1}
+    print(json.dumps(out, indent=2))
+    save("demo_checkpoint_code", out)
+    if record:
+        (ROOT / "bench" / "recorded" / "cpu_demo_checkpoint_code.json").write_text(
+            json.dumps(out, indent=2) + "\n")
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         assert p.stdin is not None
@@ -90,10 +182,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--step", type=int, default=2048)
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--against", metavar="REV", default=None,
+                    help="compare this checkout's code with git revision REV's")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         _child(args.child, args.step)
+        return
+    if args.against:
+        _against(args.against, args.runs, args.step, args.record)
         return
     import numpy as np
 
