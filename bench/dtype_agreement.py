@@ -27,15 +27,6 @@ MODEL = "qwen2.5-coder-0.5b"
 TOP = 50
 
 
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    ok = np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < 3:
-        return float("nan")
-    rx = np.argsort(np.argsort(x[ok])).astype(np.float64)
-    ry = np.argsort(np.argsort(y[ok])).astype(np.float64)
-    return float(np.corrcoef(rx, ry)[0, 1])
-
-
 def one_dtype(args, dtype: str) -> dict:
     import torch
 
@@ -98,6 +89,8 @@ def compare(ref: dict, other: dict, kind: str) -> dict:
     ranking statistic, a trimmed mean of log-space effects): Spearman of other's effects
     against ref's (all neurons; the top 5% by ref's |effect|), the overlap of the two
     top-50 sets by |effect|, and each run's share of the total |effect|."""
+    from catalog.core.stats import spearman  # after _common has set the offline hub
+
     layers = sorted(int(k) for k in ref["exact"])
     total = {name: sum(np.nansum(np.abs(run[kind][str(layer)])) for layer in layers)
              for name, run in (("ref", ref), ("other", other))}

@@ -5,3 +5,7 @@ knockouts (``knockouts``).
 
 May import ``catalog.core``, ``catalog.config``, ``catalog.measuring`` and
 ``catalog.labels``."""
+
+# the catalog's packages this one may import; tests/unit/test_layers.py fails on any
+# import of another
+MAY_IMPORT: tuple[str, ...] = ("core", "config", "measuring", "labels")

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from catalog.core.stats import nan_mean
+from catalog.core.stats import mean_se, nan_mean
 
 METRICS = ("nl", "logprob", "logit_diff")
 # a denominator under this share of the median |denominator| of a point's prompts: its
@@ -198,8 +198,8 @@ def point_stats(circuit: np.ndarray, empty: np.ndarray, model: np.ndarray,
         return PointStats(*(float("nan"),) * 5, 0, 0)
     r = _ratios(circuit, empty, model)
     ok = np.isfinite(r)
-    mean = float(r[ok].mean()) if ok.any() else float("nan")
-    se = float(r[ok].std(ddof=1) / math.sqrt(ok.sum())) if ok.sum() > 1 else float("nan")
+    stat = mean_se(r)  # over the finite ratios
+    mean, se = stat["mean"], stat["se"]
     rom = float(_rom(circuit, empty, model))
     rom_b = _rom(circuit[boot], empty[boot], model[boot])
     rom_b = rom_b[np.isfinite(rom_b)]

@@ -405,3 +405,7 @@ class ExecutionConfig:
         if not DEVICE.match(self.device):  # torch.device raised a RuntimeError (a traceback)
             raise ValueError(f"device {self.device!r} is not a torch device; use cpu, cuda, "
                              "cuda:N, mps or xpu")
+
+# the catalog's packages this one may import; tests/unit/test_layers.py fails on any
+# import of another
+MAY_IMPORT: tuple[str, ...] = ("core",)

@@ -1,11 +1,12 @@
 """Every environment variable the project reads, in one validated object.
 
-Nothing else in ``catalog``, ``schema``, ``jobs`` or ``ui`` reads ``os.environ``: code
-asks ``get_settings()`` (or takes a ``Settings`` argument, which is how tests and the
-demo pass their own values without touching the process environment). The module
-lives in ``catalog`` because that is the one package every other layer may import,
-and it imports nothing heavier than pydantic, so the worker's parent process and the
-job commands stay free of torch.
+Nothing else in ``catalog``, ``schema``, ``jobs`` or ``ui`` reads ``os.environ`` but four
+modules that must read a variable before or without the settings (docs/layout.md names
+them; tests/unit/test_layers.py holds the list): code asks ``get_settings()`` (or takes a
+``Settings`` argument, which is how tests and the demo pass their own values without
+touching the process environment). The module lives in ``catalog`` because that is the
+one package every other layer may import, and it imports nothing heavier than pydantic,
+so the worker's parent process and the job commands stay free of torch.
 
 The configuration table of docs/deployment.md lists the same variables (a test keeps them
 equal).

@@ -4,3 +4,7 @@ definition (``maps``), every statistic (``stats``), weight fingerprints (``weigh
 progress for long work (``progress``).
 
 Imports nothing from the catalog outside this package; no torch at import."""
+
+# the catalog's packages this one may import; tests/unit/test_layers.py fails on any
+# import of another
+MAY_IMPORT: tuple[str, ...] = ()

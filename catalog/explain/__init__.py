@@ -9,3 +9,8 @@ total effects (``total``), what the label adds over many prompts against the lab
 placed at random (``shares``, ``label_figures``) and the steering test (``steering``).
 
 May import every package of the catalog but ``run``."""
+
+# the catalog's packages this one may import; tests/unit/test_layers.py fails on any
+# import of another
+MAY_IMPORT: tuple[str, ...] = (
+    "core", "config", "measuring", "builtin", "sources", "labels", "periodic", "circuits")

@@ -5,3 +5,7 @@ passes (``ablation``), the effects of heads and whole MLP layers (``components``
 memory a request needs (``memory``).
 
 May import ``catalog.core`` and ``catalog.config``."""
+
+# the catalog's packages this one may import; tests/unit/test_layers.py fails on any
+# import of another
+MAY_IMPORT: tuple[str, ...] = ("core", "config")

@@ -73,8 +73,10 @@ def test_the_catalogued_labels_are_the_measured_ones(seeded, last):
                                                         member and on_side)
             seen[lab.holds] += 1
     assert seen[True] > 0 and seen[False] > 0
+    # a label holds on this prompt, so it has a knockout, with each control drawn 3 times
     ko = e.knockout
-    assert ko is None or (len(ko.p_random) == 3 and len(ko.controls["unlabelled"].p) == 3)
+    assert ko is not None and ko.neurons
+    assert len(ko.p_random) == 3 and len(ko.controls["unlabelled"].p) == 3
 
 
 @pytest.mark.slow

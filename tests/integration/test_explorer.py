@@ -467,9 +467,9 @@ def test_every_page_says_the_catalog_cannot_be_reached_and_why(url, says, monkey
 
 
 def test_engine_is_cached_and_job_progress_is_fresh(catalog_env):
-    import time
-
     from ui import data
+
+    from helpers import wait_until
 
     assert data.engine() is data.engine()
     data.jobs.clear()
@@ -479,9 +479,10 @@ def test_engine_is_cached_and_job_progress_is_fresh(catalog_env):
                      "force, status) SELECT 'k', 'm', 1, id, '{0}', 'cpu', false, 'queued' "
                      "FROM measure_config LIMIT 1")
         conn.commit()
-    assert data.jobs().empty  # cached
-    time.sleep(2.2)  # the jobs query lives two seconds
-    assert data.jobs().status.tolist() == ["queued"]
+    assert data.jobs().empty  # cached: the insert is not seen yet
+    # fresh again once the cache's two seconds have passed: polled, not slept on
+    wait_until(lambda: data.jobs().status.tolist() == ["queued"], timeout=30,
+               what="the jobs query to see the new job")
     with store.connect(catalog_env) as conn:
         conn.execute("DELETE FROM job")
         conn.commit()

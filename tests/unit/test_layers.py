@@ -127,48 +127,84 @@ def test_no_layer_imports_a_higher_one(graph):
     assert layer_violations(graph) == []
 
 
-# catalog's packages by concept, each importing only itself and those before it (the
-# package docstrings say the same); ``catalog`` itself is the notebook facade (lazy names)
+# catalog's packages by concept; each says in its ``__init__`` which of the others it may
+# import (``MAY_IMPORT``, read here without importing it), and every import of a module of
+# catalog is held to that list; ``catalog`` itself is the notebook facade (lazy names)
 CATALOG_PACKAGES = ("core", "config", "measuring", "builtin", "sources", "labels", "periodic",
                     "circuits", "explain", "run")
 
 
-def catalog_violations(graph: dict[str, set[str]]) -> list[str]:
-    """Imports between catalog's packages against CATALOG_PACKAGES' order; a module of
-    catalog outside every package (the facade aside) is one too."""
-    rank = {p: i for i, p in enumerate(CATALOG_PACKAGES)}
+def may_import(package: str) -> tuple[str, ...]:
+    """catalog.<package>'s own list, ``MAY_IMPORT`` in its ``__init__.py``."""
+    tree = ast.parse((ROOT / "catalog" / package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and node.target.id == "MAY_IMPORT" and node.value is not None:
+            return tuple(ast.literal_eval(node.value))
+    raise AssertionError(f"catalog/{package}/__init__.py has no MAY_IMPORT")
 
+
+def catalog_violations(graph: dict[str, set[str]],
+                       allowed: dict[str, tuple[str, ...]]) -> list[str]:
+    """Imports between catalog's packages that the importing package's list (``allowed``)
+    does not name; a module of catalog outside every package (the facade aside) is one
+    too."""
     def package(name: str) -> str | None:
         parts = name.split(".")
         return parts[1] if len(parts) > 1 else None
 
     out = [f"{a} is in no package of CATALOG_PACKAGES" for a in graph
-           if a.startswith("catalog.") and package(a) not in rank]
+           if a.startswith("catalog.") and package(a) not in allowed]
     for a, targets in graph.items():
-        if not a.startswith("catalog.") or package(a) not in rank:
+        pa = package(a) if a.startswith("catalog.") else None
+        if pa not in allowed:
             continue
         for b in targets:
             pb = package(b) if b.startswith("catalog.") else None
-            if pb is not None and pb in rank and rank[pb] > rank[str(package(a))]:
-                out.append(f"{a} imports {b}")
+            if pb is not None and pb != pa and pb not in allowed[str(pa)]:
+                out.append(f"{a} imports {b} (catalog.{pa} may import "
+                           f"{', '.join(allowed[str(pa)]) or 'no other package'})")
     return sorted(out)
 
 
-def test_the_checker_sees_an_upward_import_between_catalog_packages():
-    graph = {"catalog.core.arith": {"catalog.labels.matching"},
-             "catalog.labels.matching": {"catalog.core.arith"},
-             "catalog.stray": set()}
-    assert catalog_violations(graph) == [
-        "catalog.core.arith imports catalog.labels.matching",
+@pytest.fixture(scope="module")
+def allowed():
+    lists = {p: may_import(p) for p in CATALOG_PACKAGES}
+    assert lists["core"] == () and "run" not in lists["explain"]  # it read the lists
+    return lists
+
+
+def test_the_checker_sees_an_import_outside_each_packages_list(allowed):
+    """A planted import of a package its list leaves out fails, for every package: of
+    another catalog package where its list leaves one out, of a higher layer (``jobs``)
+    for the top (``run``, whose list holds every other package)."""
+    for pkg in CATALOG_PACKAGES:
+        a = f"catalog.{pkg}.planted"
+        others = [p for p in CATALOG_PACKAGES if p != pkg and p not in allowed[pkg]]
+        graph = {a: set(), "catalog.core.arith": set()}
+        if others:
+            graph[a] = {f"catalog.{others[0]}.x"}
+            assert len(catalog_violations(graph, allowed)) == 1, pkg
+            assert catalog_violations(graph, allowed)[0].startswith(
+                f"{a} imports catalog.{others[0]}.x (catalog.{pkg} may import"), pkg
+        graph[a] = {"jobs.enqueue"}
+        assert layer_violations(graph) == [f"{a} imports jobs.enqueue"], pkg
+        for ok in allowed[pkg]:  # and what the list names passes
+            assert catalog_violations({a: {f"catalog.{ok}.x"}}, allowed) == [], (pkg, ok)
+    assert catalog_violations({"catalog.stray": set()}, allowed) == [
         "catalog.stray is in no package of CATALOG_PACKAGES"]
 
 
-def test_catalog_packages_import_only_those_before_them(graph):
-    assert catalog_violations(graph) == []
+def test_catalog_packages_import_only_what_their_lists_name(graph, allowed):
+    assert catalog_violations(graph, allowed) == []
     packages = {p.parent.name for p in (ROOT / "catalog").glob("*/__init__.py")}
     assert packages == set(CATALOG_PACKAGES)
-    for name in CATALOG_PACKAGES:  # each says what it owns and may import
+    for name in CATALOG_PACKAGES:  # each says what it owns, and its list names packages
         assert (ROOT / "catalog" / name / "__init__.py").read_text().startswith('"""')
+        assert set(allowed[name]) <= set(CATALOG_PACKAGES) - {name}, name
+    # the lists admit no cycle between packages (the modules' own cycles: below)
+    pkg_graph = {f"catalog.{p}": {f"catalog.{q}" for q in allowed[p]} for p in allowed}
+    assert cycles(pkg_graph) == []
 
 
 def test_no_import_cycles(graph):
@@ -245,6 +281,41 @@ def test_every_sql_statement_lives_in_schema():
     """The store's statements are schema's (readers for the explorer and the reports,
     the job state), so a renamed column is one module's change and its tests'."""
     assert sql_outside_schema() == []
+
+
+# modules that read the environment themselves, each for a reason docs/layout.md gives;
+# every other read goes through catalog/config/settings.py
+READS_ENVIRONMENT = {"catalog/config/settings.py", "catalog/core/progress.py",
+                     "jobs/cli/common.py", "jobs/tasks.py", "jobs/demo.py"}
+
+
+def environment_readers(sources: dict[str, str]) -> set[str]:
+    """The modules (path -> source) that read ``os.environ`` or call ``os.getenv``
+    (assigning to ``os.environ[...]`` is not a read)."""
+    found = set()
+    for rel, src in sources.items():
+        tree = ast.parse(src)
+        written = {id(t) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                   for t in n.targets if isinstance(t, ast.Subscript)}
+        for node in ast.walk(tree):
+            name = ast.unparse(node) if isinstance(node, ast.Attribute) else ""
+            if name == "os.getenv" or (name == "os.environ" and not any(
+                    isinstance(p, ast.Subscript) and id(p) in written and p.value is node
+                    for p in ast.walk(tree))):
+                found.add(rel)
+    return found
+
+
+def test_the_environment_is_read_where_the_layout_says():
+    planted = {"jobs/x.py": "import os\nURL = os.environ.get('DATABASE_URL')\n",
+               "jobs/y.py": "import os\nos.environ['A'] = '1'\n",
+               "jobs/z.py": "import os\nA = os.getenv('A')\n"}
+    assert environment_readers(planted) == {"jobs/x.py", "jobs/z.py"}
+    sources = {p.relative_to(ROOT).as_posix(): p.read_text() for layer in LAYERS
+               for p in (ROOT / layer).rglob("*.py")}
+    assert environment_readers(sources) == READS_ENVIRONMENT
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    assert all(f"`{m}`" in layout for m in READS_ENVIRONMENT)
 
 
 def test_no_package_binds_a_name_its_submodule_takes():

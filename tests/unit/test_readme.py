@@ -128,3 +128,13 @@ def test_the_architecture_table_lists_what_the_architecture_tests_load():
     assert readme and readme == rows((ROOT / "docs" / "models.md").read_text())
     tested = [row.split(" | ")[0][2:].replace(" (text)", "") for row in readme]
     assert tested == [a[0] for a in ARCHITECTURES]
+
+
+def test_the_readme_stays_short_and_its_figures_live_in_the_docs():
+    """Issue 82: at most 160 lines, no dated test runs (docs/tests.md keeps them), the
+    figures in docs/figures.md, and a changelog beside it."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 160, len(lines)
+    assert not any(re.search(r"\b20\d\d-\d\d-\d\d\b", line) for line in lines)
+    assert max(len(line) for line in lines) <= 300
+    assert (ROOT / "CHANGELOG.md").read_text().startswith("# Changelog")
