@@ -82,6 +82,8 @@ def zeroed_answers_many(
     The rows of every request that fall in one of the runner's prompt groups run together,
     as many per forward as ``max_bytes`` holds, against the group's one context; each
     request gets what ``zeroed_answers`` would return for it (its rows only, in order)."""
+    if not requests:
+        return []
     runner = runner or PrefixRunner(model, table)
     device = model.cfg.device
     n_layers = model.cfg.n_layers

@@ -149,6 +149,7 @@ def test_many_edits_in_one_forward_equal_one_forward_each(pythia):
             np.testing.assert_array_equal(top, wtop)
     # the edits change answers: the test would see a request answered as another
     assert not np.allclose(want[0][0], want[2][0])
+    assert knockouts.zeroed_answers_many(model, table, prompts, [], runner) == []
     evaluator = knockouts.PromptEvaluator(model, table, prompts, runner)
     np.testing.assert_allclose(evaluator(*requests[3])[0], want[3][0], rtol=1e-5, atol=1e-7)
 
