@@ -127,8 +127,12 @@ def plain(o):
     raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
 
-def save(name: str, data: dict) -> None:
+def save(name: str, data: dict, record: str | None = None) -> None:
+    """Print ``data`` and write it to bench/results/<name>.json; with ``record``, to
+    bench/recorded/<record>.json too (the raw output the docs cite)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=2, default=plain)
     (RESULTS / f"{name}.json").write_text(text)
+    if record:
+        (ROOT / "bench" / "recorded" / f"{record}.json").write_text(text + "\n")
     print(text)

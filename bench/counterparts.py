@@ -16,12 +16,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 
-from _common import ROOT, median_spread, save
+from _common import median_spread, save
 
 
 def _timed(fn, runs: int):
@@ -91,11 +90,7 @@ def main() -> None:
         "qwen-sized (2 layers x 4,864 per model, + on [0, 30))": {
             "similarity_s": t_qsim[0], "match_s": t_qmatch[0]},
     }
-    print(json.dumps(out, indent=2))
-    save("counterparts", out)
-    if args.record:
-        (ROOT / "bench" / "recorded" / "cpu_counterparts.json").write_text(
-            json.dumps(out, indent=2) + "\n")
+    save("counterparts", out, "cpu_counterparts" if args.record else None)
 
 
 if __name__ == "__main__":

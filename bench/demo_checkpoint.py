@@ -163,11 +163,7 @@ def _against(rev: str, runs: int, step: int, record: bool) -> None:
            "new_rev": here + (" + uncommitted changes" if dirty else ""),
            "old": old, "new": new, "speedup old / new": old["median_s"] / new["median_s"],
            "equal catalogs": old["digests"] == new["digests"] and len(old["digests"]) == 1}
-    print(json.dumps(out, indent=2))
-    save("demo_checkpoint_code", out)
-    if record:
-        (ROOT / "bench" / "recorded" / "cpu_demo_checkpoint_code.json").write_text(
-            json.dumps(out, indent=2) + "\n")
+    save("demo_checkpoint_code", out, "cpu_demo_checkpoint_code" if record else None)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -219,10 +215,7 @@ def main() -> None:
            "old checkpoints per minute": 60 * old_rate,
            "new checkpoints per minute": 60 * new_rate,
            "throughput ratio new / old": new_rate / old_rate}
-    save("demo_checkpoint", out)
-    if args.record:
-        (ROOT / "bench" / "recorded" / "cpu_demo_checkpoint.json").write_text(
-            json.dumps(out, indent=2) + "\n")
+    save("demo_checkpoint", out, "cpu_demo_checkpoint" if args.record else None)
 
 
 if __name__ == "__main__":
