@@ -430,7 +430,6 @@ class OperandFit:
                                 or k.startswith(f"joint:{o}%")]) for o in self.axes}
         out.other, out.other_op = out.best_rival()
         return out
-        return out
 
 
 def _best(r2: list[np.ndarray]) -> np.ndarray:
