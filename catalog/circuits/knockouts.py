@@ -67,12 +67,15 @@ def zeroed_answers(
 MANY_BYTES = 256 * 2**20
 
 
+Request = tuple[np.ndarray, np.ndarray | None, np.ndarray | None]
+
+
 @torch.no_grad()
 def zeroed_answers_many(
     model: HookedTransformer,
     table: PromptTable,
     prompts: np.ndarray,
-    requests: list[tuple[np.ndarray, np.ndarray | None, np.ndarray | None]],
+    requests: list[Request],
     runner: PrefixRunner | None = None,
     max_bytes: int = MANY_BYTES,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -85,59 +88,65 @@ def zeroed_answers_many(
     if not requests:
         return []
     runner = runner or PrefixRunner(model, table)
-    device = model.cfg.device
-    n_layers = model.cfg.n_layers
     prompts = np.asarray(prompts)
-    where = {int(q): i for i, q in enumerate(prompts)}
     picks = [np.arange(len(prompts)) if rows is None else np.asarray(rows, dtype=np.int64)
              for _, _, rows in requests]
     out = [(np.zeros(len(pk)), np.zeros(len(pk), dtype=bool), np.zeros(len(pk), np.int64))
            for pk in picks]
-    group_of = np.zeros(len(prompts), dtype=np.int64)
-    local = np.zeros(len(prompts), dtype=np.int64)
     groups = list(runner.groups(prompts))
-    for g, (_, sel) in enumerate(groups):
-        pos = np.array([where[int(q)] for q in sel])
-        group_of[pos], local[pos] = g, np.arange(len(sel))
+    group_of, local = _group_positions(prompts, groups)
     kinds = [np.asarray(v).dtype for _, v, _ in requests if v is not None]
-    any_values = bool(kinds)
-    vtype = np.result_type(*kinds) if kinds else np.float32
+    vtype = np.result_type(*kinds) if kinds else None
+    edit = int(np.prod(requests[0][0].shape[-2:]))
     for g, (skip, sel) in enumerate(groups):
         # (request, row of the request) of every row in this group, request by request
         req = np.concatenate([np.full(int((group_of[pk] == g).sum()), r, np.int64)
                               for r, pk in enumerate(picks)])
         row = np.concatenate([np.nonzero(group_of[pk] == g)[0] for pk in picks])
-        if not len(req):
-            continue
-        edit = requests[0][0].shape[-2] * requests[0][0].shape[-1]
         per_row = runner.context_bytes(sel, skip) + edit * (
-            1 + np.dtype(vtype).itemsize * any_values)
+            1 + (np.dtype(vtype).itemsize if vtype is not None else 0))
         step = max(1, max_bytes // per_row)
         for s in range(0, len(req), step):
             rq, rw = req[s:s + step], row[s:s + step]
-            cut = np.flatnonzero(np.diff(rq)) + 1  # runs of one request
-            spans = np.split(np.arange(len(rq)), cut)
-            z = np.concatenate([_rows(requests[rq[sp[0]]][0], rw[sp]) for sp in spans])
-            v = None
-            if any_values:
-                v = np.concatenate([
-                    np.zeros((len(sp), *z.shape[1:]), vtype)
-                    if requests[rq[sp[0]]][1] is None
-                    else _rows(requests[rq[sp[0]]][1], rw[sp]).astype(vtype)
-                    for sp in spans])
+            spans = np.split(np.arange(len(rq)), np.flatnonzero(np.diff(rq)) + 1)
+            z, v = _edits(requests, rq, rw, spans, vtype)
             here = np.concatenate([picks[rq[sp[0]]][rw[sp]] for sp in spans])
-            logits = runner.rows_last_position_logits(
-                sel, skip, local[here], fwd_hooks=edit_hooks(
-                    torch.as_tensor(z, device=device),
-                    None if v is None else torch.as_tensor(v, device=device), n_layers))
-            ans = torch.as_tensor(table.answer[prompts[here]], dtype=torch.long,
-                                  device=logits.device)
-            p, top, token = read_answers(logits, ans)
-            for sp in spans:
-                r = rq[sp[0]]
-                out[r][0][rw[sp]], out[r][1][rw[sp]], out[r][2][rw[sp]] = \
-                    p[sp], top[sp], token[sp]
+            logits = runner.rows_last_position_logits(sel, skip, local[here], fwd_hooks=edit_hooks(
+                torch.as_tensor(z, device=model.cfg.device),
+                None if v is None else torch.as_tensor(v, device=model.cfg.device),
+                model.cfg.n_layers))
+            got = read_answers(logits, torch.as_tensor(table.answer[prompts[here]],
+                                                       dtype=torch.long, device=logits.device))
+            for sp in spans:  # each run of one request's rows back to that request
+                for k in range(3):
+                    out[rq[sp[0]]][k][rw[sp]] = got[k][sp]
     return out
+
+
+def _group_positions(prompts: np.ndarray, groups: list) -> tuple[np.ndarray, np.ndarray]:
+    """Each prompt's (position in ``prompts``) group number and index within its group."""
+    where = {int(q): i for i, q in enumerate(prompts)}
+    group_of = np.zeros(len(prompts), dtype=np.int64)
+    local = np.zeros(len(prompts), dtype=np.int64)
+    for g, (_, sel) in enumerate(groups):
+        pos = np.array([where[int(q)] for q in sel])
+        group_of[pos], local[pos] = g, np.arange(len(sel))
+    return group_of, local
+
+
+def _edits(requests: list[Request], rq: np.ndarray, rw: np.ndarray, spans: list,
+           vtype) -> tuple[np.ndarray, np.ndarray | None]:
+    """The masks and values (None where no request sets values; zeros for a request that
+    zeroes, where another sets) of a chunk's rows: ``rq`` / ``rw`` each row's request and
+    row of it, ``spans`` the runs of one request."""
+    z = np.concatenate([_rows(requests[rq[sp[0]]][0], rw[sp]) for sp in spans])
+    if vtype is None:
+        return z, None
+    v = np.concatenate([np.zeros((len(sp), *z.shape[1:]), vtype)
+                        if requests[rq[sp[0]]][1] is None
+                        else _rows(requests[rq[sp[0]]][1], rw[sp]).astype(vtype)
+                        for sp in spans])
+    return z, v
 
 
 class PromptEvaluator:
