@@ -111,7 +111,7 @@ def zeroed_answers_many(
             spans = np.split(np.arange(len(rq)), np.flatnonzero(np.diff(rq)) + 1)
             z, v = _edits(requests, rq, rw, spans, vtype)
             here = np.concatenate([picks[rq[sp[0]]][rw[sp]] for sp in spans])
-            logits = runner.rows_last_position_logits(sel, skip, local[here], fwd_hooks=edit_hooks(
+            logits = runner.last_position_logits(sel, skip, local[here], fwd_hooks=edit_hooks(
                 torch.as_tensor(z, device=model.cfg.device),
                 None if v is None else torch.as_tensor(v, device=model.cfg.device),
                 model.cfg.n_layers))

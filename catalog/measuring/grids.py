@@ -223,37 +223,31 @@ class PrefixRunner:
         self._contexts[key] = cache
         return cache
 
-    def last_position_logits(self, idx: np.ndarray, skip: int, **kwargs) -> torch.Tensor:
+    def last_position_logits(self, idx: np.ndarray, skip: int, rows: np.ndarray | None = None,
+                             **kwargs) -> torch.Tensor:
         """Logits (len(idx), d_vocab) of the prompts' last position, run alone against
         ``context(idx, skip)``: hooks see that one position, so an edit made there gives
-        the same logits as a full forward with the same edit at the last position."""
+        the same logits as a full forward with the same edit at the last position. With
+        ``rows`` (indices into ``idx``, any order, repeats allowed: one row per edit to
+        run), those rows of the group instead, against the same context: many edits of
+        the same prompts in one forward."""
         model = self.model
         device = model.cfg.device
-        toks = torch.from_numpy(self.table.token_matrix(idx)[:, -1:]).to(device)
+        cache = self.context(idx, skip)
+        toks = self.table.token_matrix(idx)[:, -1:]
+        if rows is not None:
+            at = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=device)
+            cache = TransformerLensKeyValueCache(
+                entries=[TransformerLensKeyValueCacheEntry(
+                    past_keys=e.past_keys.index_select(0, at),
+                    past_values=e.past_values.index_select(0, at), frozen=True)
+                    for e in cache.entries],
+                previous_attention_mask=cache.previous_attention_mask.index_select(0, at),
+                frozen=True)
+            toks = toks[rows]
         resid = model.run_with_hooks(
-            toks, past_kv_cache=self.context(idx, skip), stop_at_layer=model.cfg.n_layers,
-            attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
-        return final_logits(model, resid)[:, 0]
-
-    def rows_last_position_logits(self, idx: np.ndarray, skip: int, rows: np.ndarray,
-                                  **kwargs) -> torch.Tensor:
-        """``last_position_logits`` for rows of the group ``idx``, each given by its index
-        in ``idx`` (any order, repeats allowed: one row per edit to run), against the
-        group's one ``context``: many edits of the same prompts in one forward."""
-        model = self.model
-        device = model.cfg.device
-        context = self.context(idx, skip)
-        at = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=device)
-        cache = TransformerLensKeyValueCache(
-            entries=[TransformerLensKeyValueCacheEntry(
-                past_keys=e.past_keys.index_select(0, at),
-                past_values=e.past_values.index_select(0, at), frozen=True)
-                for e in context.entries],
-            previous_attention_mask=context.previous_attention_mask.index_select(0, at),
-            frozen=True)
-        toks = torch.from_numpy(self.table.token_matrix(idx)[rows, -1:]).to(device)
-        resid = model.run_with_hooks(
-            toks, past_kv_cache=cache, stop_at_layer=model.cfg.n_layers,
+            torch.from_numpy(np.ascontiguousarray(toks)).to(device), past_kv_cache=cache,
+            stop_at_layer=model.cfg.n_layers,
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
         return final_logits(model, resid)[:, 0]
 
