@@ -275,7 +275,11 @@ class CuttableLink:
                 client.close()
                 continue
             upstream.settimeout(None)
-            with self.lock:
+            with self.lock:  # a cut while this connection was being made: it is cut too
+                if not self.up.is_set():
+                    client.close()
+                    upstream.close()
+                    continue
                 self.open += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
@@ -287,24 +291,32 @@ class CuttableLink:
                 dst.sendall(data)
         except OSError:
             pass
-        for s in (src, dst):
+        CuttableLink._hang_up((src, dst))
+
+    @staticmethod
+    def _hang_up(sockets) -> None:
+        """Shut down, then close: a close() alone sends nothing while the other pump thread
+        still waits in recv() on the socket (its call holds the socket open), so the server
+        would never learn the connection ended and its session (and its advisory locks)
+        would live on."""
+        import socket
+
+        for s in sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for s in sockets:
             try:
                 s.close()
             except OSError:
                 pass
 
     def cut(self) -> None:
-        import socket
-
         self.up.clear()
         self.cuts += 1
         with self.lock:
-            for s in self.open:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
+            self._hang_up(self.open)
             self.open = []
 
     def restore(self) -> None:

@@ -352,8 +352,12 @@ def _wait_for_starts(chaos, n: int, tmp_path, timeout: float = 120) -> None:
         if time.monotonic() - t0 > timeout:
             with store.connect(chaos.url) as conn:
                 holders = conn.execute(
-                    "SELECT l.pid, a.state, a.backend_start, a.query FROM pg_locks l JOIN "
-                    "pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory'").fetchall()
+                    "SELECT l.pid, a.datname, a.client_port, a.state, a.backend_start, "
+                    "a.state_change, a.query FROM pg_locks l JOIN pg_stat_activity a "
+                    "USING (pid) WHERE l.locktype = 'advisory'").fetchall()
+            log = (tmp_path / "worker-w1.log").read_text().splitlines()
+            said = [line for line in log if "jobs." in line and ": busy" not in line]
             raise AssertionError(f"start {n} never came; lock holders {holders}; "
-                                 f"{(tmp_path / 'worker-w1.log').read_text()[-4000:]}")
+                                 f"marks {chaos.marks()}; the worker said\n"
+                                 + "\n".join(said[-40:]))
         time.sleep(0.1)
