@@ -32,12 +32,37 @@ from catalog.core.arith import OPERATORS
 Science = Any
 
 
-def check_science(self: Science) -> None:  # noqa: C901
-    for name in ("operators", "patching", "circuit_fractions", "families",
-                 "faithfulness_protocols", "component_positions"):
+# fields whose value must be one of a vocabulary's: each refused as "NAME must be one of ..."
+VOCABULARIES = (("rank_statistic", RANK_STATISTICS), ("rank_sign", RANK_SIGNS),
+                ("label_rule", LABEL_RULES), ("null_strata", NULL_STRATA),
+                ("heuristic_variant", HEURISTIC_VARIANTS), ("score_bottom", BOTTOM_MODES),
+                ("dtype", DTYPES))
+CIRCUIT_VOCABULARIES = (("circuit_ranking", RANKINGS), ("ablate_context", CONTEXTS),
+                        ("mean_population", POPULATIONS))
+# fields that must be at least 1, 0, or lie in [0, 1]
+AT_LEAST_ONE = ("pairs_per_op", "lens_top_k", "faithfulness_prompts", "knockout_neurons",
+                "pattern_top_k", "multi_result_top", "faithfulness_seeds")
+AT_LEAST_ZERO = ("shots", "scores_per_family")
+IN_UNIT = ("score_floor", "match_threshold")
+TUPLES = ("operators", "patching", "circuit_fractions", "families", "faithfulness_protocols",
+          "component_positions")
+
+
+def check_science(self: Science) -> None:
+    for name in TUPLES:
         object.__setattr__(self, name, tuple(getattr(self, name)))
     if self.component_positions == ("none",):  # how a command line says "no positions"
         object.__setattr__(self, "component_positions", ())
+    _check_operands(self)
+    _check_template(self)
+    _check_bounds(self)
+    _check_patching(self)
+    _check_vocabularies(self, VOCABULARIES)
+    _check_labels(self)
+    _check_circuits(self)
+
+
+def _check_operands(self: Science) -> None:
     if not self.operators:
         raise ValueError("operators is empty; choose at least one of + - * /")
     for op in self.operators:
@@ -52,6 +77,9 @@ def check_science(self: Science) -> None:  # noqa: C901
             f"operand range [{self.operand_lo}, {self.operand_hi}) is empty or a single "
             "number; operand_hi must exceed operand_lo + 1"
         )
+
+
+def _check_template(self: Science) -> None:
     if self.template in TEMPLATES:
         object.__setattr__(self, "template", TEMPLATES[self.template])
     for key in ("{a}", "{b}"):
@@ -65,10 +93,21 @@ def check_science(self: Science) -> None:  # noqa: C901
         raise ValueError(f"template {self.template!r} has an unknown placeholder or a "
                          f"stray brace ({exc}); use {{a}}, {{b}}, {{op}}, {{op_word}}, "
                          "and {{ }} for literal braces") from None
-    if self.shots < 0:
-        raise ValueError(f"shots must be >= 0, got {self.shots}")
-    if self.pairs_per_op < 1:
-        raise ValueError(f"pairs_per_op must be >= 1, got {self.pairs_per_op}")
+
+
+def _check_bounds(self: Science) -> None:
+    """Counts at least 1 or 0, shares in [0, 1]."""
+    for names, low in ((AT_LEAST_ZERO, 0), (AT_LEAST_ONE, 1)):
+        for name in names:
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
+    for name in IN_UNIT:
+        v = getattr(self, name)
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {v}")
+
+
+def _check_patching(self: Science) -> None:
     if not self.patching or any(m not in PATCHING_METHODS for m in self.patching):
         raise ValueError(
             f"patching must be a non-empty subset of {PATCHING_METHODS}, got {self.patching}"
@@ -85,16 +124,15 @@ def check_science(self: Science) -> None:  # noqa: C901
     if self.exact.startswith("top:") and "attribution" not in self.patching:
         raise ValueError(f"exact {self.exact!r} picks neurons by |attribution|; use "
                          "--patching both")
-    if self.rank_statistic not in RANK_STATISTICS:
-        raise ValueError(f"rank_statistic must be one of {RANK_STATISTICS}, "
-                         f"got {self.rank_statistic!r}")
-    if self.rank_sign not in RANK_SIGNS:
-        raise ValueError(f"rank_sign must be one of {RANK_SIGNS}, got {self.rank_sign!r}")
-    if self.label_rule not in LABEL_RULES:
-        raise ValueError(f"label_rule must be one of {LABEL_RULES}, got {self.label_rule!r}")
-    if self.null_strata not in NULL_STRATA:
-        raise ValueError(f"null_strata must be one of {NULL_STRATA}, got "
-                         f"{self.null_strata!r}")
+
+
+def _check_vocabularies(self: Science, vocabularies) -> None:
+    for name, allowed in vocabularies:
+        if getattr(self, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+
+def _check_labels(self: Science) -> None:
     if not 0.0 < self.significance_level < 1.0:
         raise ValueError(f"significance_level must be in (0, 1), got "
                          f"{self.significance_level}")
@@ -102,41 +140,23 @@ def check_science(self: Science) -> None:  # noqa: C901
     if bad or not self.families:
         raise ValueError(f"families {list(self.families)} must be a non-empty subset of "
                          f"{HEURISTIC_FAMILIES}")
-    if self.heuristic_variant not in HEURISTIC_VARIANTS:
-        raise ValueError(
-            f"heuristic_variant must be one of {HEURISTIC_VARIANTS}, "
-            f"got {self.heuristic_variant!r}"
-        )
-    if self.score_bottom not in BOTTOM_MODES:
-        raise ValueError(
-            f"score_bottom must be one of {BOTTOM_MODES}, got {self.score_bottom!r}")
-    if self.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-    if self.scores_per_family < 0:
-        raise ValueError(f"scores_per_family must be >= 0, got {self.scores_per_family}")
-    for name in ("score_floor", "match_threshold"):
-        v = getattr(self, name)
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {v}")
     if not 0 < self.top_set_fraction <= 1:
         raise ValueError(f"top_set_fraction must be in (0, 1], got {self.top_set_fraction}")
     if not self.circuit_fractions or any(not 0 < f <= 1 for f in self.circuit_fractions):
         raise ValueError(f"circuit_fractions must be in (0, 1], got {self.circuit_fractions}")
-    _check_circuits(self)
-    for name in ("lens_top_k", "faithfulness_prompts", "knockout_neurons", "pattern_top_k",
-                 "multi_result_top", "faithfulness_seeds"):
-        if getattr(self, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def _check_circuits(self: Science) -> None:
-    bad = [p for p in self.faithfulness_protocols if p not in PROTOCOLS]
-    if bad or not self.faithfulness_protocols:
-        raise ValueError(f"faithfulness_protocols {list(self.faithfulness_protocols)} must "
-                         f"be a non-empty subset of {PROTOCOLS}")
-    if len(set(self.faithfulness_protocols)) != len(self.faithfulness_protocols):
-        raise ValueError(f"faithfulness_protocols has duplicates: "
-                         f"{list(self.faithfulness_protocols)}")
+    _check_protocols(self)
+    _check_heads(self)
+    _check_vocabularies(self, CIRCUIT_VOCABULARIES)
+    if self.mean_prompts < 0:
+        raise ValueError(f"mean_prompts must be >= 0, got {self.mean_prompts}")
+    self.counts(1)  # validates the form
+    _check_paper_protocols(self)
+
+
+def _check_heads(self: Science) -> None:
     bad = [p for p in self.component_positions if p not in ROLES]
     if bad:
         raise ValueError(f"component_positions {bad} unknown; choose from {ROLES}")
@@ -144,18 +164,24 @@ def _check_circuits(self: Science) -> None:
     if v not in ("auto", "all") and not v.isdigit():
         raise ValueError(f"component_exact_heads must be auto, all or a whole number, "
                          f"got {v!r}")
-    for name in ("late_from", "heads_kept"):
+    for name, least in (("late_from", 0), ("heads_kept", 1)):
         v = getattr(self, name)
-        if v != "auto" and not (v.isdigit() and (name == "late_from" or int(v) >= 1)):
+        if v != "auto" and not (v.isdigit() and int(v) >= least):
             raise ValueError(f"{name} must be auto or a whole number"
-                             f"{'' if name == 'late_from' else ' >= 1'}, got {v!r}")
-    for name, allowed in (("circuit_ranking", RANKINGS), ("ablate_context", CONTEXTS),
-                          ("mean_population", POPULATIONS)):
-        if getattr(self, name) not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-    if self.mean_prompts < 0:
-        raise ValueError(f"mean_prompts must be >= 0, got {self.mean_prompts}")
-    self.counts(1)  # validates the form
+                             f"{' >= 1' if least else ''}, got {v!r}")
+
+
+def _check_protocols(self: Science) -> None:
+    bad = [p for p in self.faithfulness_protocols if p not in PROTOCOLS]
+    if bad or not self.faithfulness_protocols:
+        raise ValueError(f"faithfulness_protocols {list(self.faithfulness_protocols)} must "
+                         f"be a non-empty subset of {PROTOCOLS}")
+    if len(set(self.faithfulness_protocols)) != len(self.faithfulness_protocols):
+        raise ValueError(f"faithfulness_protocols has duplicates: "
+                         f"{list(self.faithfulness_protocols)}")
+
+
+def _check_paper_protocols(self: Science) -> None:
     paper_like = [p for p in self.faithfulness_protocols if p != "all-layers"]
     if paper_like and not self.component_positions:
         raise ValueError(f"protocols {paper_like} pick heads and the first heuristics layer "
