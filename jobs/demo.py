@@ -73,7 +73,6 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
                 progress: bool = True, settings: Settings | None = None) -> dict:
     """The non-interactive part: services, migration, training, queue, worker, wait."""
     from catalog import builtin
-    from catalog.core.progress import progress_bar
     from jobs.enqueue import celery_sender, enqueue, job_statuses, retry
     from schema.engine import migrate
     from schema.jobs import Status
@@ -102,19 +101,7 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
         s.ncat_home.mkdir(parents=True, exist_ok=True)
         worker = _start_worker(log_path, s)
     try:
-        # a step each layer and each checkpoint's summary (the layers alone made the time
-        # left 1.2-2x too short: the summary comes after them)
-        with progress_bar(total + len(ids), "cataloging checkpoints", "step",
-                          enabled=progress) as bar:
-            while True:
-                status = job_statuses(url, ids)
-                done = sum(st.layers_done + (st.status == Status.DONE) for st in status)
-                bar.update(done - bar.n)
-                if all(st.status in (Status.DONE, Status.FAILED) for st in status):
-                    break
-                if worker is not None and worker.poll() is not None:
-                    raise RuntimeError(f"the demo worker stopped; see {log_path}")
-                time.sleep(0.5)
+        status = _wait(url, ids, total, worker, log_path, progress)
     finally:
         if worker is not None and worker.poll() is None:
             os.killpg(worker.pid, signal.SIGTERM)
@@ -122,3 +109,25 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
     failed = [st for st in status if st.status == Status.FAILED]
     return {"database_url": url, "jobs": len(status), "layers": total,
             "failed": [(st.job_id, st.step, st.error) for st in failed]}
+
+
+def _wait(url: str, ids: list[int], total: int, worker, log_path, progress: bool) -> list:
+    """Until every job is done or failed (a progress bar of their layers and summaries);
+    their statuses. A worker that stops on the way is an error that names its log."""
+    from catalog.core.progress import progress_bar
+    from jobs.enqueue import job_statuses
+    from schema.jobs import Status
+
+    # a step each layer and each checkpoint's summary (the layers alone made the time
+    # left 1.2-2x too short: the summary comes after them)
+    with progress_bar(total + len(ids), "cataloging checkpoints", "step",
+                      enabled=progress) as bar:
+        while True:
+            status = job_statuses(url, ids)
+            done = sum(st.layers_done + (st.status == Status.DONE) for st in status)
+            bar.update(done - bar.n)
+            if all(st.status in (Status.DONE, Status.FAILED) for st in status):
+                return status
+            if worker is not None and worker.poll() is not None:
+                raise RuntimeError(f"the demo worker stopped; see {log_path}")
+            time.sleep(0.5)

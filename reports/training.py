@@ -245,28 +245,40 @@ def _x(step: int) -> float:
 
 
 def figures(d: TrainingData | None) -> list[go.Figure]:
+    """Per operator, the final circuit's faithfulness across training beside the
+    checkpoint's own circuit and a random one; then every family's labelled share."""
     if d is None:
         return []
-    figs = []
+    return [_circuit_figure(op, rows, len(d.seeds))
+            for op, rows in sorted(final_rows(d).items())] + [_share_figure(d)]
+
+
+def _band(xs: list, mean, sd, **style) -> go.Scatter:
+    """The area mean ± sd under a line (no legend, no hover)."""
+    return go.Scatter(x=xs + xs[::-1], y=list(mean + sd) + list((mean - sd)[::-1]),
+                      fill="toself", line={"width": 0}, showlegend=False, hoverinfo="skip",
+                      **style)
+
+
+def _circuit_figure(op: str, rows: list[dict], n_seeds: int) -> go.Figure:
     colors = {"own": "#1f77b4", "final": "#d62728", "random": "#7f7f7f"}
-    for op, rows in sorted(final_rows(d).items()):
-        fig = go.Figure()
-        xs = [_x(r["step"]) for r in rows]
-        for key, name in (("own", "own circuit"), ("final", "final circuit"),
-                          ("random", "random (final's plan)")):
-            m = np.array([r[key][0] for r in rows])
-            s = np.nan_to_num(np.array([r[key][1] for r in rows]))
-            fig.add_trace(go.Scatter(x=xs + xs[::-1], y=list(m + s) + list((m - s)[::-1]),
-                                     fill="toself", line={"width": 0}, opacity=0.2,
-                                     fillcolor=colors[key], showlegend=False,
-                                     hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=xs, y=m, name=name, mode="lines+markers",
-                                     line={"color": colors[key]}))
-        fig.update_layout(title=f"{op}: the final circuit across training (band: ± sd over "
-                                f"{len(d.seeds)} seed(s); step 0 at 0.5)",
-                          xaxis={"type": "log", "title": "step"},
-                          yaxis={"title": "faithfulness (NL, ratio of means)"}, height=340)
-        figs.append(fig)
+    fig = go.Figure()
+    xs = [_x(r["step"]) for r in rows]
+    for key, name in (("own", "own circuit"), ("final", "final circuit"),
+                      ("random", "random (final's plan)")):
+        m = np.array([r[key][0] for r in rows])
+        s = np.nan_to_num(np.array([r[key][1] for r in rows]))
+        fig.add_trace(_band(xs, m, s, opacity=0.2, fillcolor=colors[key]))
+        fig.add_trace(go.Scatter(x=xs, y=m, name=name, mode="lines+markers",
+                                 line={"color": colors[key]}))
+    fig.update_layout(title=f"{op}: the final circuit across training (band: ± sd over "
+                            f"{n_seeds} seed(s); step 0 at 0.5)",
+                      xaxis={"type": "log", "title": "step"},
+                      yaxis={"title": "faithfulness (NL, ratio of means)"}, height=340)
+    return fig
+
+
+def _share_figure(d: TrainingData) -> go.Figure:
     share = go.Figure()
     series: dict[tuple, list] = defaultdict(list)
     for _, seed, step, op, family, _kt, _nt, k_all, n_all in d.shares:
@@ -280,17 +292,13 @@ def figures(d: TrainingData | None) -> list[go.Figure]:
         sd = np.array([v.std(ddof=1) if len(v) > 1 else 0.0 for v in per])
         name = f"{op} {family}"
         if sd.any():  # the seeds' spread, as a band under the line
-            share.add_trace(go.Scatter(x=xs + xs[::-1], y=list(mean + sd)
-                                       + list((mean - sd)[::-1]), fill="toself",
-                                       line={"width": 0}, opacity=0.15, showlegend=False,
-                                       legendgroup=name, hoverinfo="skip"))
+            share.add_trace(_band(xs, mean, sd, opacity=0.15, legendgroup=name))
         share.add_trace(go.Scatter(x=xs, y=mean, mode="lines", name=name, legendgroup=name))
     share.update_layout(title="Labelled share of all measured neurons per family (mean over "
                               f"seeds, band ± sd over {len(d.seeds)})",
                         xaxis={"type": "log", "title": "step"}, yaxis={"title": "share"},
                         height=340)
-    figs.append(share)
-    return figs
+    return share
 
 
 def numbers(d: TrainingData | None) -> dict:

@@ -153,10 +153,20 @@ def read_graph(d: dict) -> ReadGraph:
     for key in ("n_layers", "n_heads", "parallel_attn_mlp", "d_model"):
         if key not in cfg:
             raise ValueError(f"the graph's cfg lacks {key!r}")
-    n_layers, n_heads = int(cfg["n_layers"]), int(cfg["n_heads"])
+    _check_members(d, int(cfg["n_layers"]), int(cfg["n_heads"]),
+                   bool(cfg["parallel_attn_mlp"]))
+    extra = d.get("ncat", {})
+    return ReadGraph(cfg, {n for n, v in d["nodes"].items() if v["in_graph"]},
+                     {e for e, v in d["edges"].items() if v["in_graph"]},
+                     {k: list(v) for k, v in extra.get("mlp_neurons", {}).items()},
+                     {k: v for k, v in extra.items() if k != "mlp_neurons"})
+
+
+def _check_members(d: dict, n_layers: int, n_heads: int, parallel: bool) -> None:
+    """Every node and edge of graph ``d`` is one of the model's full graph, with a boolean
+    ``in_graph`` (and an edge a number ``score``); ValueError naming the first that is not."""
     known_nodes = set(node_names(n_layers, n_heads))
-    known_edges = {edge_name(*e) for e in edge_list(n_layers, n_heads,
-                                                    bool(cfg["parallel_attn_mlp"]))}
+    known_edges = {edge_name(*e) for e in edge_list(n_layers, n_heads, parallel)}
     for name, node in d["nodes"].items():
         if name not in known_nodes:
             raise ValueError(f"node {name!r} is not in a {n_layers}-layer, {n_heads}-head "
@@ -169,8 +179,3 @@ def read_graph(d: dict) -> ReadGraph:
         if not isinstance(edge.get("in_graph"), bool) or not isinstance(
                 edge.get("score"), int | float):
             raise ValueError(f"edge {name!r} needs a boolean in_graph and a number score")
-    extra = d.get("ncat", {})
-    return ReadGraph(cfg, {n for n, v in d["nodes"].items() if v["in_graph"]},
-                     {e for e, v in d["edges"].items() if v["in_graph"]},
-                     {k: list(v) for k, v in extra.get("mlp_neurons", {}).items()},
-                     {k: v for k, v in extra.items() if k != "mlp_neurons"})

@@ -37,41 +37,58 @@ def require_catalog() -> bool:
 def pick_model_checkpoint_config(key: str, across_training: bool = False):
     """Sidebar selectors, and a line on the page naming what it shows (the model, the
     checkpoint, or every checkpoint with ``across_training``, and the measurement config);
-    returns (model row, checkpoint row, config id)."""
+    returns (model row, checkpoint row, config id). A checkpoint's stable link
+    (?model=..&step=..&config=..) picks the defaults."""
     models = data.models()
     names = models.name.tolist()
-    # a checkpoint's stable link (?model=..&step=..&config=..) picks the defaults
-    qp = st.query_params
-    linked = qp.get("model")
+    linked = st.query_params.get("model")
     name = st.sidebar.selectbox("Model", names, key=f"{key}-model",
                                 index=names.index(linked) if linked in names else 0)
     model = models[models.name == name].iloc[0]
-    cks = data.checkpoints(int(model.id))
+    step, ck = _pick_checkpoint(key, int(model.id), linked == name)
+    config_id, choice = _pick_config(key, int(model.id))
+    where = "every checkpoint" if across_training else (
+        "final weights" if pd.isna(step) else f"step {int(step)}")
+    st.caption(f"{name} · {where} · measurement config {choice}")
+    return model, ck, config_id
+
+
+def _linked_step(steps: list, want: str | None) -> list[int]:
+    """Positions in ``steps`` of the link's step ("final": a model without steps)."""
+    return [i for i, s in enumerate(steps) if (pd.isna(s) and want == "final")
+            or (not pd.isna(s) and want == str(int(s)))]
+
+
+def _pick_checkpoint(key: str, model_id: int, linked: bool):
+    """The checkpoint selector: (step, checkpoint row); the link's step where the link
+    names this model, else the last."""
+    cks = data.checkpoints(model_id)
     cks = cks[cks.config_id.notna()] if cks.config_id.notna().any() else cks
     cks = cks.drop_duplicates("checkpoint_id")
     steps = cks.step.tolist()
-    want = qp.get("step")
-    at = [i for i, s in enumerate(steps) if (pd.isna(s) and want == "final")
-          or (not pd.isna(s) and want == str(int(s)))] if linked == name else []
+    at = _linked_step(steps, st.query_params.get("step")) if linked else []
     step = st.sidebar.selectbox("Checkpoint step", steps,
                                 index=at[0] if at else len(steps) - 1, key=f"{key}-step",
                                 format_func=lambda s: "(no steps)" if pd.isna(s) else str(int(s)))
     # a model without training steps (a GGUF file, a local directory) has step NULL
     ck = cks[cks.step.isna()].iloc[0] if pd.isna(step) else cks[cks.step == step].iloc[0]
-    cfgs = data.configs(int(model.id))
+    return step, ck
+
+
+def _pick_config(key: str, model_id: int) -> tuple[int, str]:
+    """The measurement config selector: (config id, its line); the link's config (a
+    prefix of its hash) where one is given, else the first."""
+    cfgs = data.configs(model_id)
     labels = [f"#{r.id}: ops {r.operators}, operands [{r.operand_lo}, {r.operand_hi}), "
               f"template {r.template!r}, {r.shots or 0} shots, labels: {r.label_rule or 'paper'}"
               for r in cfgs.itertuples()]
-    hashes = data.config_hashes(int(model.id))
-    cfg_at = [i for i, r in enumerate(cfgs.itertuples()) if qp.get("config")
-              and str(hashes.get(int(r.id), "")).startswith(qp["config"])]
+    hashes = data.config_hashes(model_id)
+    wanted = st.query_params.get("config")
+    cfg_at = [i for i, r in enumerate(cfgs.itertuples()) if wanted
+              and str(hashes.get(int(r.id), "")).startswith(wanted)]
     choice = st.sidebar.selectbox("Measurement config", labels, key=f"{key}-config",
                                   index=cfg_at[0] if cfg_at else 0)
-    config_id = int(cfgs.id.iloc[labels.index(choice)])
-    where = "every checkpoint" if across_training else (
-        "final weights" if pd.isna(step) else f"step {int(step)}")
-    st.caption(f"{name} · {where} · measurement config {choice}")
-    return model, ck, config_id
+    return int(cfgs.id.iloc[labels.index(choice)]), choice
 
 
 # A link names a checkpoint by model name, step ("final" for a model's only weights) and a
