@@ -121,19 +121,37 @@ class ValueNull:
         out = np.ones(len(neuron))
         if not len(neuron):
             return out
+        kinds = _Kinds.of(heuristics)
+        tests = self._collect(k_map, kv_map, heuristics, kinds, neuron, heuristic, bottom,
+                              score, orders, threshold)
+        # the value tests of every step and side at once (one exact tail per layout)
+        for t, parts in tests.value.items():
+            rows = np.concatenate([r for r, _, _ in parts])
+            share = torch.cat([x for _, x, _ in parts])
+            hidx = np.concatenate([h for _, _, h in parts])
+            out[rows] = self._set_p(share, hidx, kinds, t)
+        for rows, (share1, h1), (share2, h2) in tests.both:
+            out[rows] = fisher_combined(self._set_p(share1, h1, kinds, "op1"),
+                               self._set_p(share2, h2, kinds, "op2"))
+        for rows, p in tests.identical:
+            out[rows] = p
+        self._conditional(tests, kinds, heuristic, out, decide_at)
+        return out
+
+    def _collect(self, k_map, kv_map, heuristics, kinds, neuron, heuristic, bottom, score,
+                 orders, threshold) -> _Deferred:
+        """What the tests of every row need, side by side (operand or result map, top or
+        bottom cells), from each side's top-cell sums (``p_values``)."""
         direct = np.array([h.direct for h in heuristics], dtype=bool)[heuristic]
         draws = np.array([self.draws.get(h.key, 0) for h in heuristics])[heuristic]
         side_key = direct.astype(np.int64) * 2 + bottom.astype(np.int64)
-        kinds = _Kinds.of(heuristics)
         tests = _Deferred()
         for sk in np.unique(side_key[draws > 0]):
             is_direct, is_bottom = bool(sk // 2), bool(sk % 2)
             on_side = np.nonzero((side_key == sk) & (draws > 0))[0]
             neurons = np.unique(neuron[on_side])
             source = kv_map if is_direct else k_map
-            order = None
-            if orders is not None and (is_direct, is_bottom) in orders:
-                order = orders[(is_direct, is_bottom)]
+            order = (orders or {}).get((is_direct, is_bottom))
             if order is not None:
                 # walk every map in place (no copy of the maps or their sort order): the
                 # walk visits only the maps with rows, each as far as its largest draws
@@ -147,18 +165,12 @@ class ValueNull:
                 pos = slot[np.searchsorted(neurons, neuron[rows])]
                 self._keep_tests(tests, sums, pos, rows, kinds, heuristic[rows], dense,
                                  score[rows], d, threshold)
-        # the value tests of every step and side at once (one exact tail per layout)
-        for t, parts in tests.value.items():
-            rows = np.concatenate([r for r, _, _ in parts])
-            share = torch.cat([x for _, x, _ in parts])
-            hidx = np.concatenate([h for _, _, h in parts])
-            out[rows] = self._set_p(share, hidx, kinds, t)
-        for rows, (share1, h1), (share2, h2) in tests.both:
-            out[rows] = fisher_combined(self._set_p(share1, h1, kinds, "op1"),
-                               self._set_p(share2, h2, kinds, "op2"))
-        for rows, p in tests.identical:
-            out[rows] = p
-        # the conditional tests of the rows they decide: a value p-value at most decide_at
+        return tests
+
+    def _conditional(self, tests: _Deferred, kinds: _Kinds, heuristic: np.ndarray,
+                     out: np.ndarray, decide_at: float) -> None:
+        """The conditional tests of the rows they decide (a value p-value at most
+        ``decide_at``), each row's p-value raised to theirs in ``out``."""
         value_p = out.copy()
         for t, parts in tests.conditional.items():
             rows = np.concatenate([r for r, _, _ in parts])
@@ -175,7 +187,6 @@ class ValueNull:
                                   torch.as_tensor(self.groups[t].size, dtype=torch.float64),
                                   torch.as_tensor(counts))
             np.maximum.at(out, rows, p)
-        return out
 
     def _keep_tests(self, tests: _Deferred, sums: dict[str, torch.Tensor], pos: np.ndarray,
                     rows: np.ndarray, kinds: _Kinds, hidx: np.ndarray, dense,

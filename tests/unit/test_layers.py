@@ -261,7 +261,7 @@ RADON_OVER_20 = {
     "catalog/circuits/paper.py:measure_curve",
     "catalog/config/flags.py:parse", "catalog/explain/grid.py:explain_prompts",
     "catalog/explain/prompt.py:explain", "catalog/explain/steering.py:summarize_steering",
-    "catalog/labels/matching.py:score_partitions", "catalog/labels/value_null.py:p_values",
+    "catalog/labels/matching.py:score_partitions",
     "catalog/run/summarize.py:summarize", "catalog/sources/streaming.py:streamed_conversion",
     "jobs/cli/explaining.py:render",
     "jobs/field_exports.py:export_mib", "jobs/plan.py:estimate", "reports/circuits.py:markdown",
