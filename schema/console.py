@@ -275,9 +275,26 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
     names = [d.name for d in probe.description or []]
     if not names:
         return ConsoleResult([], [])
+    out = ConsoleResult([], [])
+    with conn.cursor(name="ncat_console") as cur:
+        cur.execute(_sized_query(stmt, names, row_cap, max_row_bytes))
+        assert cur.description is not None
+        out.columns = unique_names([d.name for d in cur.description][:-1])
+        _fetch(cur, out, row_cap, max_row_bytes, max_bytes, batch, dog)
+    if len(out.rows) > row_cap:
+        out.capped = True
+        out.rows = out.rows[:row_cap]
+        out.oversized = [i for i in out.oversized if i < row_cap]
+    return out
+
+
+def _sized_query(stmt: str, names: list[str], row_cap: int, max_row_bytes: int):
+    """``stmt`` with each row's size on the server beside its columns (renamed by position,
+    so that repeated names stay apart); a row over ``max_row_bytes`` comes back as NULLs;
+    at most ``row_cap`` + 1 rows."""
     alias = [psql.Identifier(f"c{i}") for i in range(len(names))]
     lim = psql.Literal(int(max_row_bytes))
-    query = psql.SQL(
+    return psql.SQL(
         "SELECT {cols}, q.{size} FROM (SELECT q0.*, pg_column_size(q0.*) AS {size} "
         "FROM ({stmt}\n) AS q0({alias})) AS q LIMIT {n}").format(
         cols=psql.SQL(", ").join(
@@ -286,34 +303,31 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
             for a, name in zip(alias, names, strict=True)),
         size=psql.Identifier(SIZE_COLUMN), stmt=psql.SQL(stmt),
         alias=psql.SQL(", ").join(alias), n=psql.Literal(int(row_cap) + 1))
-    out = ConsoleResult([], [])
+
+
+def _fetch(cur, out: ConsoleResult, row_cap: int, max_row_bytes: int, max_bytes: int,
+           batch: int, dog: Watchdog | None) -> None:
+    """Rows of ``cur`` into ``out`` in batches, until ``row_cap`` + 1 rows or
+    ``max_bytes`` (each row counted at the larger of its server and Python sizes); rows
+    over ``max_row_bytes`` noted in ``out.oversized``."""
     total = 0
-    with conn.cursor(name="ncat_console") as cur:
-        cur.execute(query)
-        assert cur.description is not None
-        out.columns = unique_names([d.name for d in cur.description][:-1])
-        while len(out.rows) <= row_cap and not out.byte_capped:
-            if dog is not None:
-                dog.check()
-            got = cur.fetchmany(batch)  # at most batch * max_row_bytes in memory at once
-            if not got:
-                break
-            for row in got:
-                size = row[-1] or 0
-                values = tuple(row[:-1])
-                if size > max_row_bytes:
-                    out.oversized.append(len(out.rows))
-                else:
-                    total += max(size, python_bytes(values))
-                out.rows.append(values)
-                if total > max_bytes:
-                    out.byte_capped = True
-                    break
-    if len(out.rows) > row_cap:
-        out.capped = True
-        out.rows = out.rows[:row_cap]
-        out.oversized = [i for i in out.oversized if i < row_cap]
-    return out
+    while len(out.rows) <= row_cap and not out.byte_capped:
+        if dog is not None:
+            dog.check()
+        got = cur.fetchmany(batch)  # at most batch * max_row_bytes in memory at once
+        if not got:
+            return
+        for row in got:
+            size = row[-1] or 0
+            values = tuple(row[:-1])
+            if size > max_row_bytes:
+                out.oversized.append(len(out.rows))
+            else:
+                total += max(size, python_bytes(values))
+            out.rows.append(values)
+            if total > max_bytes:
+                out.byte_capped = True
+                return
 
 
 # ------------------------------------------------------------------ overdue readers

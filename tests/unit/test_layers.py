@@ -266,7 +266,7 @@ RADON_OVER_20 = {
     "jobs/cli/explaining.py:render",
     "jobs/field_exports.py:export_mib", "jobs/plan.py:estimate", "reports/circuits.py:markdown",
     "reports/circuits.py:warnings", "reports/labels.py:markdown", "reports/report.py:markdown",
-    "schema/console.py:_run", "schema/console.py:statements",
+    "schema/console.py:statements",
     "ui/views/neuron.py:render",
     "ui/views/overview.py:checkpoint_table",
 }
