@@ -268,7 +268,6 @@ RADON_OVER_20 = {
     "reports/circuits.py:warnings", "reports/labels.py:markdown", "reports/report.py:markdown",
     "schema/console.py:statements",
     "ui/views/neuron.py:render",
-    "ui/views/overview.py:checkpoint_table",
 }
 
 

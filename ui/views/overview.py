@@ -117,26 +117,15 @@ def checkpoint_table(cks: pd.DataFrame, faith: pd.DataFrame) -> tuple[pd.DataFra
     order = cks.sort_values(["step", "config_id"], ascending=[False, True],
                             na_position="first", kind="stable") if len(cks) else cks
     for ck in order.itertuples():
-        dup = ck.duplicate_of_step
-        base = {"step": ck.step, "config": "" if ck.config_id != ck.config_id
-                else int(ck.config_id), "weights": ck.weights,
-                "duplicate of": "" if dup is None or dup != dup else f"step {int(dup)}"}
         if not isinstance(ck.accuracy, dict):
-            rows.append({**base, "op": ""})
+            rows.append({**_checkpoint_cells(ck), "op": ""})
             continue
         shares = {e["op"]: e for e in (ck.enrichment if isinstance(ck.enrichment, list)
                                        else []) if e["layer"] == "all" and e["family"] == "any"}
         for op, acc in ck.accuracy.items():
-            row = {**base, "op": op, "accuracy": acc}
-            curve = (ck.faithfulness or {}).get(op) or []
-            if curve:
-                k, f = curve[len(curve) // 2]
-                faith_k = k
-                pt = points.get((int(ck.checkpoint_id), int(ck.config_id), op, int(k)))
-                row["faithfulness"] = _fmt(f, None if pt is None else pt.ratio_of_means_se)
-                row["n prompts"] = None if pt is None else int(pt.n)
-                if pt is not None and pt.n < FEW_PROMPTS and row["faithfulness"]:
-                    row["faithfulness"] += " (few prompts)"
+            row = {**_checkpoint_cells(ck), "op": op, "accuracy": acc}
+            k = _faithfulness_cells(row, ck, op, points)
+            faith_k = faith_k if k is None else k
             if op in shares:
                 row["labelled top / random"] = (f"{shares[op]['share_top']:.2f} / "
                                                 f"{shares[op]['share_random']:.2f}")
@@ -145,6 +134,29 @@ def checkpoint_table(cks: pd.DataFrame, faith: pd.DataFrame) -> tuple[pd.DataFra
     if "n prompts" in table:
         table["n prompts"] = table["n prompts"].astype("Int64")
     return table, faith_k
+
+
+def _checkpoint_cells(ck) -> dict:
+    """A checkpoint's own columns of the overview's table."""
+    dup = ck.duplicate_of_step
+    return {"step": ck.step, "config": "" if ck.config_id != ck.config_id
+            else int(ck.config_id), "weights": ck.weights,
+            "duplicate of": "" if dup is None or dup != dup else f"step {int(dup)}"}
+
+
+def _faithfulness_cells(row: dict, ck, op: str, points: dict) -> int | None:
+    """The headline faithfulness of ``op`` at the middle of its curve, with its standard
+    error and prompt count, into ``row``; the circuit size shown (None: no curve)."""
+    curve = (ck.faithfulness or {}).get(op) or []
+    if not curve:
+        return None
+    k, f = curve[len(curve) // 2]
+    pt = points.get((int(ck.checkpoint_id), int(ck.config_id), op, int(k)))
+    row["faithfulness"] = _fmt(f, None if pt is None else pt.ratio_of_means_se)
+    row["n prompts"] = None if pt is None else int(pt.n)
+    if pt is not None and pt.n < FEW_PROMPTS and row["faithfulness"]:
+        row["faithfulness"] += " (few prompts)"
+    return k
 
 
 def report_button(model: str, cks: pd.DataFrame) -> None:
