@@ -19,6 +19,40 @@ BOOL_WORDS = {"on": True, "off": False, "true": True, "false": False, "yes": Tru
               "no": False, "1": True, "0": False}
 
 
+def _bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in BOOL_WORDS:
+        raise ValueError(f"expected one of {', '.join(BOOL_WORDS)}, got {text!r}")
+    return BOOL_WORDS[word]
+
+
+def _operators(text: str) -> tuple[str, ...]:
+    ops = tuple(c for c in text if not c.isspace() and c != ",")
+    bad = [c for c in ops if c not in OPERATORS]
+    if bad or not ops:
+        raise ValueError(f"unknown operator(s) {''.join(bad)!r}; use some of + - * /")
+    return ops
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    named = {"both": ("exact", "attribution"), "exact": ("exact",),
+             "attribution": ("attribution",)}
+    return named.get(text.strip()) or _words(text)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(w) for w in text.split(",") if w.strip())
+
+
+# how a field of each kind is read from text (a kind not here: the text itself)
+PARSERS = {"int": int, "float": float, "bool": _bool, "operators": _operators,
+           "methods": _methods, "words": _words, "floats": _floats}
+
+
 @dataclass(frozen=True)
 class FieldSpec:
     """One config field as a user sees it."""
@@ -34,32 +68,7 @@ class FieldSpec:
     def parse(self, text: str) -> Any:
         """The field's value from what a user typed; ValueError names the flag."""
         try:
-            if self.kind == "int":
-                return int(text)
-            if self.kind == "float":
-                return float(text)
-            if self.kind == "bool":
-                word = text.strip().lower()
-                if word not in BOOL_WORDS:
-                    raise ValueError(f"expected one of {', '.join(BOOL_WORDS)}, got {text!r}")
-                return BOOL_WORDS[word]
-            if self.kind == "operators":
-                ops = tuple(c for c in text if not c.isspace() and c != ",")
-                bad = [c for c in ops if c not in OPERATORS]
-                if bad or not ops:
-                    raise ValueError(f"unknown operator(s) {''.join(bad)!r}; use some of + - * /")
-                return ops
-            if self.kind == "methods":
-                named = {"both": ("exact", "attribution"), "exact": ("exact",),
-                         "attribution": ("attribution",)}
-                if text.strip() in named:
-                    return named[text.strip()]
-                return tuple(w.strip() for w in text.split(",") if w.strip())
-            if self.kind == "words":
-                return tuple(w.strip() for w in text.split(",") if w.strip())
-            if self.kind == "floats":
-                return tuple(float(w) for w in text.split(",") if w.strip())
-            return text
+            return PARSERS.get(self.kind, str)(text)
         except ValueError as exc:
             raise ValueError(f"{self.flag}: {exc}") from None
 
