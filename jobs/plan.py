@@ -130,57 +130,94 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     cells = {op: int(v.sum()) for op, v in valid.items()}
     prompts = sum(cells.values())
     ops = len(config.operators)
-    def s(phase: str, units: float) -> float:
-        fixed, per = cal.seconds.get(phase, (0.0, 0.0))
-        return fixed + per * units if units else 0.0
-
     fits = prompts * n_layers * d_mlp * 4 <= execution.activation_budget
     passes = 1 if fits else 1 + n_layers
-    phases = [Phase("grid pass", prompts * passes, "prompts", passes * s("grid", prompts)),
+    phases = [Phase("grid pass", prompts * passes, "prompts",
+                    passes * _seconds(cal, "grid", prompts)),
               Phase("heuristics", ops, "operators", costs.heuristics_s),
-              Phase("lens", n_layers, "layers", s("lens", n_layers))]
+              Phase("lens", n_layers, "layers", _seconds(cal, "lens", n_layers))]
     correct = expected_correct(cal, cells)  # pairs and faithfulness prompts come from these
     pairs = sum(pairs_per_op(config, correct).values())
-    if "attribution" in config.patching:
-        units = pairs
-        phases.append(Phase("attribution", units, "pairs x ops", s("attribution", units)))
-    if "exact" in config.patching:
-        top = config.exact_top()
-        per_layer = d_mlp if top is None else min(top, d_mlp)
-        rows = per_layer * pairs
-        units = exact_units(cal, rows, todo)
-        phases.append(Phase("exact patching", units, "G multiply-adds" if cal.unembed_macs
-                            else "neurons x pairs x ops", s("exact", units)))
+    phases += _patching_phases(cal, config, pairs, todo)
     live_share = [cal.live_by_layer[layer] for layer in todo]
     live = sum(live_share) * d_mlp  # live neurons x layers (averaged over operators)
+    phases += _label_phases(cal, config, costs, live, n_layers)
+    phases += _summary_phases(cal, config, correct, prompts, pairs, n_checkpoints)
+    storage = _storage(cal, config, valid, live_share, live, n_layers)
+    total = sum(storage.values())
+    phases.append(Phase("writing", total, "bytes", _seconds(cal, "write", total)))
+    return Plan(model=cal.model, device=cal.device, checkpoints=n_checkpoints,
+                layers=n_layers, d_mlp=d_mlp, prompts=prompts, phases=phases,
+                storage=storage, calibration=cal,
+                notes=_notes(cal, config, correct, pairs, fits, execution))
+
+
+def _seconds(cal: Calibration, phase: str, units: float) -> float:
+    """A phase's time for ``units`` of work: its calibrated fixed cost and cost per unit."""
+    fixed, per = cal.seconds.get(phase, (0.0, 0.0))
+    return fixed + per * units if units else 0.0
+
+
+def _patching_phases(cal: Calibration, config: ScienceConfig, pairs: float,
+                     todo: list[int]) -> list[Phase]:
+    out = []
+    if "attribution" in config.patching:
+        out.append(Phase("attribution", pairs, "pairs x ops",
+                         _seconds(cal, "attribution", pairs)))
+    if "exact" in config.patching:
+        top = config.exact_top()
+        per_layer = cal.d_mlp if top is None else min(top, cal.d_mlp)
+        units = exact_units(cal, per_layer * pairs, todo)
+        out.append(Phase("exact patching", units, "G multiply-adds" if cal.unembed_macs
+                         else "neurons x pairs x ops", _seconds(cal, "exact", units)))
+    return out
+
+
+def _label_phases(cal: Calibration, config: ScienceConfig, costs: GridCosts, live: float,
+                  n_layers: int) -> list[Phase]:
+    """Matching, then the label rule's null, gate and second pass; the stored explanations
+    (held-out fits of the labelled maps); the periodic spectra: each over the same maps,
+    scaled like matching."""
+    ops = len(config.operators)
     random_s = live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values())
-    phases.append(Phase("matching", live * ops, "live neurons x ops",
-                        cal.matching_ratio * random_s))
-    # the label rule's null, gate and second pass; the stored explanations (held-out fits of
-    # the labelled maps); the periodic spectra: each over the same maps, scaled like matching
+    out = [Phase("matching", live * ops, "live neurons x ops",
+                 cal.matching_ratio * random_s)]
     for name, ratio, asked in (("labels (null)", cal.significance_ratio, True),
                                ("explanations", cal.explanations_ratio, True),
                                ("spectra", cal.spectra_ratio, config.spectra)):
         if asked and ratio:
-            phases.append(Phase(name, live * ops, "live neurons x ops", ratio * random_s))
+            out.append(Phase(name, live * ops, "live neurons x ops", ratio * random_s))
+    return out
+
+
+def _summary_phases(cal: Calibration, config: ScienceConfig, correct, prompts: int,
+                    pairs: float, n_checkpoints: int) -> list[Phase]:
+    """The component effects (where asked), the summary, and the final checkpoint's
+    circuit at every other checkpoint."""
+    out = []
     if config.component_positions:  # every head and MLP layer patched per pair
-        units = pairs
-        phases.append(Phase("component effects", units, "pairs x ops",
-                            s("components", units)))
+        out.append(Phase("component effects", pairs, "pairs x ops",
+                         _seconds(cal, "components", pairs)))
     units = summary_units(config, correct)  # every run ends with one
     means = sum(config.mean_population_size(kind, cap, prompts)
                 for kind, _, cap in config.mean_passes())
-    phases.append(Phase("summary", units, "prompts x seeds x ops x protocols",
-                        s("summary", units) + s("means", means)))
+    out.append(Phase("summary", units, "prompts x seeds x ops x protocols",
+                     _seconds(cal, "summary", units) + _seconds(cal, "means", means)))
     if n_checkpoints > 1 and "paper" in config.faithfulness_protocols:
         # the final checkpoint's circuit at every other checkpoint (catalog.circuits.final):
         # its ranked curve and random control, two of a paper curve's three circuit kinds;
         # averaged over the checkpoints, the last of which measures none
         units = (summary_units(config, correct) / len(config.faithfulness_protocols)
                  * FINAL_KINDS_SHARE * (n_checkpoints - 1) / n_checkpoints)
-        phases.append(Phase("final circuit", units, "prompts x seeds x ops",
-                            cal.seconds.get("summary", (0.0, 0.0))[1] * units))
-    b = cal.bytes
+        out.append(Phase("final circuit", units, "prompts x seeds x ops",
+                         cal.seconds.get("summary", (0.0, 0.0))[1] * units))
+    return out
+
+
+def _storage(cal: Calibration, config: ScienceConfig, valid: dict, live_share: list[float],
+             live: float, n_layers: int) -> dict[str, float]:
+    """Bytes per table: grids full (where asked) or sketched (constant ones cost a row)."""
+    b, d_mlp, ops = cal.bytes, cal.d_mlp, len(config.operators)
     top = config.full_grid_top()
     side = config.operand_hi - config.operand_lo
     grid = 0.0
@@ -188,17 +225,22 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
         n_live = share * d_mlp
         for op in config.operators:
             n_full = n_live if top is None or side <= 32 else min(top, n_live)
-            grid += (n_full * cells[op] * b["grid_full_cell"]
+            grid += (n_full * int(valid[op].sum()) * b["grid_full_cell"]
                      + (n_live - n_full) * sketch_codes(config, valid[op])
                      * b["grid_sketch_code"] + d_mlp * b["grid_row"])
-    storage = {
+    return {
         "neuron_op": b["neuron_op"] * d_mlp * ops * n_layers,
         "neuron_grid": grid,
         "neuron_lens": b["neuron_lens"] * d_mlp * n_layers,
         "neuron_score": b["neuron_score"] * cal.rows_per_neuron_op * live * ops,
     }
-    total = sum(storage.values())
-    phases.append(Phase("writing", total, "bytes", s("write", total)))
+
+
+def _notes(cal: Calibration, config: ScienceConfig, correct, pairs: float, fits: bool,
+           execution: ExecutionConfig) -> list[str]:
+    """What the reader of the plan should know: few correct answers, activations that
+    do not fit the budget."""
+    ops = len(config.operators)
     notes = []
     if correct is not None and pairs < config.pairs_per_op * ops:
         shares = ", ".join(f"{op} {cal.correct_share.get(op, 0.0):.1%}" for op in config.operators)
@@ -209,9 +251,7 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     if not fits:
         notes.append(f"The activations do not fit NCAT_ACTIVATION_BUDGET "
                      f"({execution.activation_budget:,} bytes): one grid pass per layer.")
-    return Plan(model=cal.model, device=cal.device, checkpoints=n_checkpoints,
-                layers=n_layers, d_mlp=d_mlp, prompts=prompts, phases=phases,
-                storage=storage, calibration=cal, notes=notes)
+    return notes
 
 
 def plan_request(url: str, model: str, checkpoints, config: ScienceConfig,

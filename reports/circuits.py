@@ -59,53 +59,73 @@ def _layers(xs: list[int]) -> str:
 
 def warnings(d: CircuitData, s: dict) -> list[str]:
     """What a reader must know before trusting one protocol's curve."""
-    out = []
-    op, protocol = s["op"], s["protocol"]
-    ld = s["baselines"].get("logit_diff", {})
-    n = s["n_prompts"]
-    if n and ld.get("n_small", 0) > 0:
-        out.append(f"{ld['n_small']} of {n} prompts move their answer's logit difference "
-                   f"between the model and the empty circuit by less than {SMALL:g} of the "
-                   "median prompt's: their per-prompt ratios are ten times the others', and "
-                   "the paper's mean of ratios follows them. The headline is the ratio of "
-                   "means.")
-    heavy = [p for p in d.curve(op, protocol, "ranked", "nl") if p.get("n_clipped")]
-    if heavy:
-        worst = max(heavy, key=lambda p: p.get("max_influence") or 0.0)
-        out.append(f"At {len(heavy)} circuit size(s) some prompts' normalised-logit terms "
-                   f"were clipped to {CLIP:g} median denominators (up to {worst['n_clipped']} "
-                   f"of {worst['n']} prompts at k = {worst['k']}: a circuit value far out, or "
-                   "a largest number logit near 0, NL's own denominator). The headline ratio "
-                   "of means bounds each prompt's influence: there one prompt moves it by at "
-                   f"most {_f(worst.get('influence_bound'))}, and leaving one out moves it by "
-                   f"up to {_f(worst.get('max_influence'))}.")
+    found = (_small_denominators(s), _clipped(d, s), _answered_without(s),
+             *(_ranking_not_shown(s, metric) for metric in ("nl", "logprob")),
+             _falls(d, s))
+    return [w for w in found if w]
+
+
+def _small_denominators(s: dict) -> str | None:
+    ld, n = s["baselines"].get("logit_diff", {}), s["n_prompts"]
+    if not (n and ld.get("n_small", 0) > 0):
+        return None
+    return (f"{ld['n_small']} of {n} prompts move their answer's logit difference "
+            f"between the model and the empty circuit by less than {SMALL:g} of the "
+            "median prompt's: their per-prompt ratios are ten times the others', and "
+            "the paper's mean of ratios follows them. The headline is the ratio of "
+            "means.")
+
+
+def _clipped(d: CircuitData, s: dict) -> str | None:
+    heavy = [p for p in d.curve(s["op"], s["protocol"], "ranked", "nl") if p.get("n_clipped")]
+    if not heavy:
+        return None
+    worst = max(heavy, key=lambda p: p.get("max_influence") or 0.0)
+    return (f"At {len(heavy)} circuit size(s) some prompts' normalised-logit terms "
+            f"were clipped to {CLIP:g} median denominators (up to {worst['n_clipped']} "
+            f"of {worst['n']} prompts at k = {worst['k']}: a circuit value far out, or "
+            "a largest number logit near 0, NL's own denominator). The headline ratio "
+            "of means bounds each prompt's influence: there one prompt moves it by at "
+            f"most {_f(worst.get('influence_bound'))}, and leaving one out moves it by "
+            f"up to {_f(worst.get('max_influence'))}.")
+
+
+def _answered_without(s: dict) -> str | None:
     lp = s["baselines"].get("logprob", {})
-    if lp and lp.get("empty") is not None and lp["empty"] > math.log(0.2):
-        out.append(f"The empty circuit already gives the answer a mean log-probability of "
-                   f"{_f(lp['empty'])} (the model: {_f(lp.get('model'))}): the context "
-                   "answers without the circuit, so a faithfulness near 1 says little.")
+    if not (lp and lp.get("empty") is not None and lp["empty"] > math.log(0.2)):
+        return None
+    return (f"The empty circuit already gives the answer a mean log-probability of "
+            f"{_f(lp['empty'])} (the model: {_f(lp.get('model'))}): the context "
+            "answers without the circuit, so a faithfulness near 1 says little.")
+
+
+def _ranking_not_shown(s: dict, metric: str) -> str | None:
     areas = s["areas"]
-    for metric in ("nl", "logprob"):
-        ranked = areas.get("ranked", {}).get(metric, {}).get("ratio_of_means", {})
-        rand = areas.get("random", {}).get(metric, {}).get("ratio_of_means", {})
-        if ranked.get("cpr") is None or rand.get("cpr") is None:
-            continue
-        se = math.hypot(ranked.get("cpr_se") or 0.0, rand.get("cpr_se") or 0.0)
-        if ranked["cpr"] - rand["cpr"] <= 2 * se:
-            out.append(f"By {metric}, the ranked circuits' area ({_f(ranked['cpr'])}) is not "
-                       f"above a random circuit's ({_f(rand['cpr'])}) by two standard errors: "
-                       "the ranking is not shown to matter here.")
-    pts = [p for p in d.curve(op, protocol, "ranked", "nl") if p["mib"]]
-    if len(pts) >= 2 and pts[0]["ratio_of_means"] is not None \
-            and pts[-2]["ratio_of_means"] is not None:
-        first, last = pts[0], pts[-2]  # the last MIB level keeps every neuron
-        se = math.hypot(first["ratio_of_means_se"] or 0.0, last["ratio_of_means_se"] or 0.0)
-        if last["ratio_of_means"] < first["ratio_of_means"] - 2 * se:
-            out.append("The curve FALLS as neurons are added (beyond two standard errors).")
-    return out
+    ranked = areas.get("ranked", {}).get(metric, {}).get("ratio_of_means", {})
+    rand = areas.get("random", {}).get(metric, {}).get("ratio_of_means", {})
+    if ranked.get("cpr") is None or rand.get("cpr") is None:
+        return None
+    se = math.hypot(ranked.get("cpr_se") or 0.0, rand.get("cpr_se") or 0.0)
+    if ranked["cpr"] - rand["cpr"] > 2 * se:
+        return None
+    return (f"By {metric}, the ranked circuits' area ({_f(ranked['cpr'])}) is not "
+            f"above a random circuit's ({_f(rand['cpr'])}) by two standard errors: "
+            "the ranking is not shown to matter here.")
 
 
-def markdown(d: CircuitData, ops: list[str]) -> list[str]:  # noqa: C901
+def _falls(d: CircuitData, s: dict) -> str | None:
+    pts = [p for p in d.curve(s["op"], s["protocol"], "ranked", "nl") if p["mib"]]
+    if len(pts) < 2 or pts[0]["ratio_of_means"] is None \
+            or pts[-2]["ratio_of_means"] is None:
+        return None
+    first, last = pts[0], pts[-2]  # the last MIB level keeps every neuron
+    se = math.hypot(first["ratio_of_means_se"] or 0.0, last["ratio_of_means_se"] or 0.0)
+    if last["ratio_of_means"] < first["ratio_of_means"] - 2 * se:
+        return "The curve FALLS as neurons are added (beyond two standard errors)."
+    return None
+
+
+def markdown(d: CircuitData, ops: list[str]) -> list[str]:
     """The circuits sections of the report, as Markdown lines."""
     out = ["", "## Where the answer is computed (the mediation paper: late MLPs at the last "
            "position and a few heads that move the operands there)", ""]
@@ -113,19 +133,7 @@ def markdown(d: CircuitData, ops: list[str]) -> list[str]:  # noqa: C901
         out.append("No component effects stored (config component_positions empty, or no "
                    "summary).")
     for op in ops:
-        if d.components:
-            mlp, heads = d.effects(op)
-            order = np.argsort(-np.nan_to_num(np.abs(heads), nan=-1).ravel())[:5]
-            out.append(f"- `{op}` MLP layers at the last position, log-space effect: "
-                       + ", ".join(f"L{la} {_f(v)}" for la, v in enumerate(mlp)))
-            out.append(f"- `{op}` largest heads (averaged effect at the last position): "
-                       + ", ".join(f"L{i // d.n_heads}H{i % d.n_heads} "
-                                   f"{_f(heads.ravel()[i])}" for i in order))
-        lens = d.residual_lens.get(op)
-        if lens:
-            out.append(f"- `{op}` residual-stream logit lens, the answer's median rank after "
-                       "each layer: " + ", ".join(f"L{la} {int(r)}" for la, r in
-                                                  enumerate(lens["median_rank"])))
+        out += _component_lines(d, op)
     paper = ", ".join(f"{o} {v}" for o, v in PAPER_F.items())
     out += ["", f"## Circuits and faithfulness (the paper: {paper} at {PAPER_F_AT}, rising "
             "with size)", "",
@@ -140,54 +148,89 @@ def markdown(d: CircuitData, ops: list[str]) -> list[str]:  # noqa: C901
     if not d.summaries:
         out += ["", "No circuits stored (no summary for this checkpoint and config)."]
     for s in d.summaries:
-        op, protocol = s["op"], s["protocol"]
-        built = (f"heads kept: {s['n_heads_kept']} of {d.n_layers * d.n_heads or '?'}; "
-                 f"MLP layers kept whole: {_layers(s['whole'])}; pruned to their top k: "
-                 f"{_layers(s['pruned'])}")
-        if s["late_from"] is not None:
-            built += f"; first heuristics layer {s['late_from']} ({s['late_source']})"
-        built += (f"; neurons ranked by {s['ranking']}; replaced by "
-                  + ("a counterfactual prompt's activations" if s["population"] is None
-                     else f"means over the {s['population']} population")
-                  + f" at {'every position' if s['context'] == 'all' else 'the prompt positions'}")
-        b = s["baselines"]
-        out += ["", f"### `{op}`, protocol {protocol}", "", built + ".",
-                f"{s['n_prompts']} prompt draws ({s['n_unique']} distinct prompts, "
-                f"{s['seeds']} seeds).", "",
-                "| metric | model | empty circuit | prompts with small denominator |",
-                "|---|---|---|---|"]
-        for metric in ("nl", "logprob", "logit_diff"):
-            m = b.get(metric, {})
-            out.append(f"| {metric} | {_f(m.get('model'))} | {_f(m.get('empty'))} | "
-                       f"{m.get('n_small', 'n/a')} of {s['n_prompts']} |")
-        out += ["", "| k per layer | share | F (paper: NL mean of ratios) | NL ratio of means | "
-                "NL median | log-prob ratio of means | random (NL ratio of means) | "
-                "reversed |", "|---|---|---|---|---|---|---|---|"]
-        nl = d.curve(op, protocol, "ranked", "nl")
-        lp = {p["k"]: p for p in d.curve(op, protocol, "ranked", "logprob")}
-        rnd = {p["k"]: p for p in d.curve(op, protocol, "random", "nl")}
-        rev = {p["k"]: p for p in d.curve(op, protocol, "reversed", "nl")}
-        for p in nl:
-            k = p["k"]
-            ctrl = [(rnd.get(k) or {}), (rev.get(k) or {})]
-            lk = lp.get(k, {})
-            out.append(f"| {k} | {p['fraction']:.2%} | {_pm(p['mean_ratio'], p['mean_ratio_se'])} "
-                       f"| {_pm(p['ratio_of_means'], p['ratio_of_means_se'])} | "
-                       f"{_f(p['median_ratio'])} | "
-                       f"{_pm(lk.get('ratio_of_means'), lk.get('ratio_of_means_se'))} | "
-                       + " | ".join(_pm(c.get("ratio_of_means"), c.get("ratio_of_means_se"))
-                                    if c else "-" for c in ctrl) + " |")
-        out += ["", "| areas (MIB levels) | CPR, NL | CMD, NL | CPR, log-prob | CMD, log-prob |",
-                "|---|---|---|---|---|"]
-        for circuit in ("ranked", "random", "reversed"):
-            a = s["areas"].get(circuit, {})
-            cells = []
-            for metric in ("nl", "logprob"):
-                r = a.get(metric, {}).get("ratio_of_means", {})
-                cells += [_pm(r.get("cpr"), r.get("cpr_se")), _pm(r.get("cmd"), r.get("cmd_se"))]
-            out.append(f"| {circuit} | " + " | ".join(cells) + " |")
-        for w in warnings(d, s):
-            out += ["", f"> **Warning.** {w}"]
+        out += _protocol_section(d, s)
+    return out
+
+
+def _component_lines(d: CircuitData, op: str) -> list[str]:
+    """One operator's MLP layers, largest heads and residual lens, where stored."""
+    out = []
+    if d.components:
+        mlp, heads = d.effects(op)
+        order = np.argsort(-np.nan_to_num(np.abs(heads), nan=-1).ravel())[:5]
+        out.append(f"- `{op}` MLP layers at the last position, log-space effect: "
+                   + ", ".join(f"L{la} {_f(v)}" for la, v in enumerate(mlp)))
+        out.append(f"- `{op}` largest heads (averaged effect at the last position): "
+                   + ", ".join(f"L{i // d.n_heads}H{i % d.n_heads} "
+                               f"{_f(heads.ravel()[i])}" for i in order))
+    lens = d.residual_lens.get(op)
+    if lens:
+        out.append(f"- `{op}` residual-stream logit lens, the answer's median rank after "
+                   "each layer: " + ", ".join(f"L{la} {int(r)}" for la, r in
+                                              enumerate(lens["median_rank"])))
+    return out
+
+
+def _built(d: CircuitData, s: dict) -> str:
+    """How one protocol's circuits were built, as a sentence."""
+    built = (f"heads kept: {s['n_heads_kept']} of {d.n_layers * d.n_heads or '?'}; "
+             f"MLP layers kept whole: {_layers(s['whole'])}; pruned to their top k: "
+             f"{_layers(s['pruned'])}")
+    if s["late_from"] is not None:
+        built += f"; first heuristics layer {s['late_from']} ({s['late_source']})"
+    where = "every position" if s["context"] == "all" else "the prompt positions"
+    return built + (f"; neurons ranked by {s['ranking']}; replaced by "
+                    + ("a counterfactual prompt's activations" if s["population"] is None
+                       else f"means over the {s['population']} population")
+                    + f" at {where}")
+
+
+def _protocol_section(d: CircuitData, s: dict) -> list[str]:
+    """One operator's protocol: how it was built, its baselines, its curve against the
+    controls, its areas and its warnings."""
+    b = s["baselines"]
+    out = ["", f"### `{s['op']}`, protocol {s['protocol']}", "", _built(d, s) + ".",
+           f"{s['n_prompts']} prompt draws ({s['n_unique']} distinct prompts, "
+           f"{s['seeds']} seeds).", "",
+           "| metric | model | empty circuit | prompts with small denominator |",
+           "|---|---|---|---|"]
+    for metric in ("nl", "logprob", "logit_diff"):
+        m = b.get(metric, {})
+        out.append(f"| {metric} | {_f(m.get('model'))} | {_f(m.get('empty'))} | "
+                   f"{m.get('n_small', 'n/a')} of {s['n_prompts']} |")
+    out += _curve_table(d, s["op"], s["protocol"])
+    out += ["", "| areas (MIB levels) | CPR, NL | CMD, NL | CPR, log-prob | CMD, log-prob |",
+            "|---|---|---|---|---|"]
+    for circuit in ("ranked", "random", "reversed"):
+        a = s["areas"].get(circuit, {})
+        cells = []
+        for metric in ("nl", "logprob"):
+            r = a.get(metric, {}).get("ratio_of_means", {})
+            cells += [_pm(r.get("cpr"), r.get("cpr_se")), _pm(r.get("cmd"), r.get("cmd_se"))]
+        out.append(f"| {circuit} | " + " | ".join(cells) + " |")
+    for w in warnings(d, s):
+        out += ["", f"> **Warning.** {w}"]
+    return out
+
+
+def _curve_table(d: CircuitData, op: str, protocol: str) -> list[str]:
+    """The ranked circuits' faithfulness per size beside the random and reversed ones."""
+    out = ["", "| k per layer | share | F (paper: NL mean of ratios) | NL ratio of means | "
+           "NL median | log-prob ratio of means | random (NL ratio of means) | "
+           "reversed |", "|---|---|---|---|---|---|---|---|"]
+    lp = {p["k"]: p for p in d.curve(op, protocol, "ranked", "logprob")}
+    rnd = {p["k"]: p for p in d.curve(op, protocol, "random", "nl")}
+    rev = {p["k"]: p for p in d.curve(op, protocol, "reversed", "nl")}
+    for p in d.curve(op, protocol, "ranked", "nl"):
+        k = p["k"]
+        ctrl = [(rnd.get(k) or {}), (rev.get(k) or {})]
+        lk = lp.get(k, {})
+        out.append(f"| {k} | {p['fraction']:.2%} | {_pm(p['mean_ratio'], p['mean_ratio_se'])} "
+                   f"| {_pm(p['ratio_of_means'], p['ratio_of_means_se'])} | "
+                   f"{_f(p['median_ratio'])} | "
+                   f"{_pm(lk.get('ratio_of_means'), lk.get('ratio_of_means_se'))} | "
+                   + " | ".join(_pm(c.get("ratio_of_means"), c.get("ratio_of_means_se"))
+                                if c else "-" for c in ctrl) + " |")
     return out
 
 

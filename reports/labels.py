@@ -68,7 +68,7 @@ def _p(x) -> str:
     return "n/a" if x is None else (f"{x:.2g}" if x >= 1e-3 else f"{x:.1e}")
 
 
-def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:  # noqa: C901
+def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:
     pct = f"{100 * d.top_set_fraction:g}%"
     out = ["", f"## Do important neurons implement heuristics? (the paper: "
            f"{PAPER_SHARE:.0%} of the top 200 per layer of Llama3-8B)", "",
@@ -77,51 +77,11 @@ def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:  # noqa: C90
            "seed. Shares with Wilson 95% intervals; the difference top - random with "
            "Newcombe's interval; p: one-sided Fisher exact test that the top set is "
            "labelled more often than the random set.", ""]
-    pooled = [r for r in d.enrichment if r["layer"] == "all"]
-    if not pooled:
-        out.append("No enrichment stored (no summary, or stored before catalog 0.6.0).")
-    else:
-        out += [f"Pooled over {layer_span(d.layers, d.n_layers)}: the layers not measured "
-                "are in no set.", "",
-                "| op | family | top set labelled | random set labelled | whole layers | "
-                "top - random | p |", "|---|---|---|---|---|---|---|"]
-        for r in sorted(pooled, key=lambda r: (r["op"], r["family"] != "any", r["family"])):
-            lo, hi = r["ci_difference"]
-            out.append(f"| {r['op']} | {r['family']} | {_share(r['labelled_top'], r['n_top'])} "
-                       f"| {_share(r['labelled_random'], r['n_random'])} | "
-                       f"{_share(r['labelled_layer'], r['n_layer'])} | "
-                       f"{_f(r['difference'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}] | "
-                       f"{_p(r['fisher_p'])} |")
-        per_layer = [r for r in d.enrichment if r["layer"] != "all" and r["family"] == "any"]
-        if per_layer:
-            out += ["", "Per layer (any family):", "",
-                    "| op | layer | top | random | p |", "|---|---|---|---|---|"]
-            for r in per_layer:
-                out.append(f"| {r['op']} | {r['layer']} | "
-                           f"{_share(r['labelled_top'], r['n_top'])} | "
-                           f"{_share(r['labelled_random'], r['n_random'])} | "
-                           f"{_p(r['fisher_p'])} |")
-        out += beside_paper(pooled, pct)
+    out += _enrichment_lines(d, pct)
     out += ["", "### Controls: how often this rule labels neurons that compute no arithmetic",
             ""]
-    for op in ops:
-        here = d.here.get(op)
-        parts = []
-        if here:
-            parts.append(f"this checkpoint {_share(*here)} of all neurons")
-        if op in d.untrained:
-            parts.append(f"the untrained checkpoint (step {d.untrained_step}) "
-                         f"{_share(*d.untrained[op])}")
-        if op in d.control:
-            parts.append(f"this checkpoint's maps against relabelled operand and result "
-                         f"values {_share(*d.control[op])}")
-        if op in d.format_control:
-            fk, fr, fn = d.format_control[op]
-            parts.append(f"maps that know only the token format (each operand's digits, "
-                         f"first digit and token count, added; the answer's digits and "
-                         f"tokens) {_share(fk, fn)} with any label, {_share(fr, fn)} with a "
-                         f"result label")
-        out.append(f"- `{op}`: " + ("; ".join(parts) if parts else "no control stored"))
+    out += [f"- `{op}`: " + ("; ".join(parts) if (parts := _controls(d, op))
+                             else "no control stored") for op in ops]
     out += ["", "A label rate means something only beside these: a rule that labels the "
             "untrained model or the relabelled maps as often as the trained one does not "
             "tell heuristics from structure."]
@@ -135,3 +95,53 @@ def markdown(d: LabelData, ops: list[str], rule: str) -> list[str]:  # noqa: C90
             out.append(f"- `{op}`: {n} heuristics have the cells of another on this grid and "
                        f"are scored once, under the simpler name ({examples})")
     return out
+
+
+def _enrichment_lines(d: LabelData, pct: str) -> list[str]:
+    """The top set's labelled share against the random set's, pooled and per layer."""
+    pooled = [r for r in d.enrichment if r["layer"] == "all"]
+    if not pooled:
+        return ["No enrichment stored (no summary, or stored before catalog 0.6.0)."]
+    out = [f"Pooled over {layer_span(d.layers, d.n_layers)}: the layers not measured "
+           "are in no set.", "",
+           "| op | family | top set labelled | random set labelled | whole layers | "
+           "top - random | p |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(pooled, key=lambda r: (r["op"], r["family"] != "any", r["family"])):
+        lo, hi = r["ci_difference"]
+        out.append(f"| {r['op']} | {r['family']} | {_share(r['labelled_top'], r['n_top'])} "
+                   f"| {_share(r['labelled_random'], r['n_random'])} | "
+                   f"{_share(r['labelled_layer'], r['n_layer'])} | "
+                   f"{_f(r['difference'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}] | "
+                   f"{_p(r['fisher_p'])} |")
+    per_layer = [r for r in d.enrichment if r["layer"] != "all" and r["family"] == "any"]
+    if per_layer:
+        out += ["", "Per layer (any family):", "",
+                "| op | layer | top | random | p |", "|---|---|---|---|---|"]
+        for r in per_layer:
+            out.append(f"| {r['op']} | {r['layer']} | "
+                       f"{_share(r['labelled_top'], r['n_top'])} | "
+                       f"{_share(r['labelled_random'], r['n_random'])} | "
+                       f"{_p(r['fisher_p'])} |")
+    return out + beside_paper(pooled, pct)
+
+
+def _controls(d: LabelData, op: str) -> list[str]:
+    """One operator's label rates where nothing is arithmetic: this checkpoint's, the
+    untrained checkpoint's, relabelled maps', maps of the token format alone."""
+    parts = []
+    here = d.here.get(op)
+    if here:
+        parts.append(f"this checkpoint {_share(*here)} of all neurons")
+    if op in d.untrained:
+        parts.append(f"the untrained checkpoint (step {d.untrained_step}) "
+                     f"{_share(*d.untrained[op])}")
+    if op in d.control:
+        parts.append(f"this checkpoint's maps against relabelled operand and result "
+                     f"values {_share(*d.control[op])}")
+    if op in d.format_control:
+        fk, fr, fn = d.format_control[op]
+        parts.append(f"maps that know only the token format (each operand's digits, "
+                     f"first digit and token count, added; the answer's digits and "
+                     f"tokens) {_share(fk, fn)} with any label, {_share(fr, fn)} with a "
+                     f"result label")
+    return parts

@@ -160,25 +160,40 @@ def summarize_steering(rows: Sequence[Steered]) -> dict:
     for family in sorted({r.heuristic.family for r in rows}):
         for direction in DIRECTIONS:
             sel = [r for r in rows if r.heuristic.family == family and r.direction == direction]
-            if not sel:
-                continue
-            n = sum(r.n_prompts for r in sel)
-            k = sum(r.success for r in sel)
-            draws = min(len(r.control) for r in sel)
-            nc = n * draws
-            kc = sum(sum(r.control[:draws]) for r in sel)
-            lo, hi = newcombe(k, n, kc, nc) if n and nc else (float("nan"), float("nan"))
-            out.setdefault(family, {})[direction] = {
-                "heuristics": len(sel), "prompts": n, "success": k,
-                "rate": k / n if n else float("nan"), "ci": list(wilson(k, n)),
-                "control_success": kc, "control_n": nc,
-                "control_rate": kc / nc if nc else float("nan"),
-                "control_ci": list(wilson(kc, nc)),
-                "difference": (k / n - kc / nc) if n and nc else float("nan"),
-                "difference_ci": [lo, hi],
-                "verdict": "moves" if lo == lo and lo > 0 else
-                "below control" if hi == hi and hi < 0 else "nil",
-                "examples": [{"heuristic": r.heuristic.label, "neurons": r.n_neurons,
-                              "prompts": r.n_prompts, "success": r.success,
-                              "control": r.control} for r in sel[:5]]}
+            if sel:
+                out.setdefault(family, {})[direction] = _steered_group(sel)
     return out
+
+
+def _steered_group(sel: Sequence[Steered]) -> dict:
+    """One family and direction's figures (``summarize_steering``)."""
+    n = sum(r.n_prompts for r in sel)
+    k = sum(r.success for r in sel)
+    draws = min(len(r.control) for r in sel)
+    nc = n * draws
+    kc = sum(sum(r.control[:draws]) for r in sel)
+    both = bool(n and nc)
+    nan = float("nan")
+    lo, hi = newcombe(k, n, kc, nc) if both else (nan, nan)
+    return {
+        "heuristics": len(sel), "prompts": n, "success": k,
+        "rate": k / n if n else nan, "ci": list(wilson(k, n)),
+        "control_success": kc, "control_n": nc,
+        "control_rate": kc / nc if nc else nan,
+        "control_ci": list(wilson(kc, nc)),
+        "difference": (k / n - kc / nc) if both else nan,
+        "difference_ci": [lo, hi],
+        "verdict": _verdict(lo, hi),
+        "examples": [{"heuristic": r.heuristic.label, "neurons": r.n_neurons,
+                      "prompts": r.n_prompts, "success": r.success,
+                      "control": r.control} for r in sel[:5]]}
+
+
+def _verdict(lo: float, hi: float) -> str:
+    """"moves" where the difference's interval is above 0, "below control" where it is
+    below, else "nil" (NaN bounds: "nil")."""
+    if lo == lo and lo > 0:
+        return "moves"
+    if hi == hi and hi < 0:
+        return "below control"
+    return "nil"
