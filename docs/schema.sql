@@ -373,6 +373,30 @@ CREATE TABLE model (
     CONSTRAINT model_pkey PRIMARY KEY (id)
 );
 -- grants on model: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+CREATE TABLE neuron_counterpart (
+    from_checkpoint_id integer NOT NULL,
+    to_checkpoint_id integer NOT NULL,
+    config_id integer NOT NULL,
+    layer smallint NOT NULL,
+    neuron integer NOT NULL,
+    best_layer smallint NOT NULL,
+    best_neuron integer NOT NULL,
+    best_similarity real NOT NULL,
+    one_to_one_layer smallint,
+    one_to_one_neuron integer,
+    one_to_one_similarity real,
+    null_threshold real NOT NULL,
+    level real NOT NULL,
+    has_counterpart boolean NOT NULL,
+    null_models text NOT NULL,
+    n_cells integer NOT NULL,
+    written_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT neuron_counterpart_config_id_fkey FOREIGN KEY (config_id) REFERENCES measure_config(id) ON DELETE CASCADE,
+    CONSTRAINT neuron_counterpart_from_checkpoint_id_fkey FOREIGN KEY (from_checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE,
+    CONSTRAINT neuron_counterpart_pkey PRIMARY KEY (from_checkpoint_id, to_checkpoint_id, config_id, layer, neuron),
+    CONSTRAINT neuron_counterpart_to_checkpoint_id_fkey FOREIGN KEY (to_checkpoint_id) REFERENCES checkpoint(id) ON DELETE CASCADE
+);
+-- grants on neuron_counterpart: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 CREATE TABLE neuron_grid (
     model_id integer NOT NULL,
     checkpoint_id integer NOT NULL,
@@ -558,6 +582,8 @@ CREATE UNIQUE INDEX measure_config_config_hash_key ON public.measure_config USIN
 CREATE UNIQUE INDEX measure_config_pkey ON public.measure_config USING btree (id);
 CREATE UNIQUE INDEX model_name_key ON public.model USING btree (name);
 CREATE UNIQUE INDEX model_pkey ON public.model USING btree (id);
+CREATE UNIQUE INDEX neuron_counterpart_pkey ON public.neuron_counterpart USING btree (from_checkpoint_id, to_checkpoint_id, config_id, layer, neuron);
+CREATE INDEX neuron_counterpart_to_idx ON public.neuron_counterpart USING btree (to_checkpoint_id, config_id, best_layer, best_neuron);
 CREATE UNIQUE INDEX neuron_grid_pkey ON ONLY public.neuron_grid USING btree (model_id, checkpoint_id, config_id, layer, neuron, op);
 CREATE UNIQUE INDEX neuron_lens_pkey ON ONLY public.neuron_lens USING btree (model_id, checkpoint_id, config_id, layer, neuron);
 CREATE INDEX ix_neuron_op_effect_size ON ONLY public.neuron_op USING btree (model_id, checkpoint_id, config_id, abs(rank_value) DESC NULLS LAST);
@@ -998,6 +1024,38 @@ CREATE VIEW map_explanation AS
      JOIN checkpoint c ON c.id = n.checkpoint_id
   WHERE n.kv_fit_joint IS NOT NULL;
 -- grants on map_explanation: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
+
+CREATE VIEW neuron_counterparts AS
+ SELECT fm.name AS model,
+    fc.step,
+    tm.name AS other_model,
+    tc.step AS other_step,
+    n.config_id,
+    n.layer,
+    n.neuron,
+    n.best_layer,
+    n.best_neuron,
+    n.best_similarity,
+    n.one_to_one_layer,
+    n.one_to_one_neuron,
+    n.one_to_one_similarity,
+    n.null_threshold,
+    n.level,
+    n.has_counterpart,
+    n.best_layer = n.layer AND n.best_neuron = n.neuron AS same_index,
+    n.null_models,
+    n.n_cells,
+    n.written_at,
+    fc.model_id,
+    n.from_checkpoint_id,
+    tc.model_id AS other_model_id,
+    n.to_checkpoint_id
+   FROM neuron_counterpart n
+     JOIN checkpoint fc ON fc.id = n.from_checkpoint_id
+     JOIN model fm ON fm.id = fc.model_id
+     JOIN checkpoint tc ON tc.id = n.to_checkpoint_id
+     JOIN model tm ON tm.id = tc.model_id;
+-- grants on neuron_counterparts: {OWNER=arwdDxt/OWNER,catalog_reader=r/OWNER}
 
 CREATE VIEW neuron_evolution AS
  SELECT m.name AS model,

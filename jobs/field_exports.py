@@ -47,6 +47,35 @@ def _load(at: exports.Located, cache_root=None, config: ScienceConfig | None = N
                       **({} if config is None else {"dtype": config.torch_dtype()}))
 
 
+def _mib_area(curve: list[dict]) -> dict | None:
+    """The curve's CPR and CMD over its MIB levels, as MIB computes them (None: under two
+    levels measured)."""
+    levels = [c for c in curve if c["mib_level"] and c["faithfulness"] is not None]
+    if len(levels) < 2:
+        return None
+    from catalog.circuits.faithfulness import areas
+
+    cpr, cmd = areas(np.array([c["fraction"] for c in levels]),
+                     np.array([c["faithfulness"] for c in levels]))
+    return {"cpr": float(cpr), "cmd": float(cmd), "levels": len(levels),
+            "statistic": "normalised logit, ratio of means; trapezoids over the "
+                         "fraction of the model kept, as MIB's CPR and CMD"}
+
+
+def _mib_graphs(curve: list[dict], circuit, k: int | None) -> dict[tuple, tuple]:
+    """MIB's graph -> (the first size's circuit, the curve points of its sizes): sizes
+    that differ only in the neurons a pruned layer keeps are one graph to MIB (``k``:
+    that size only)."""
+    groups: dict[tuple, tuple] = {}
+    for c in curve:
+        if k is not None and c["k"] != k:
+            continue
+        kept = circuit.ranked(c["k"])
+        key = (kept.heads.tobytes(), tuple(bool(x) for x in kept.neurons.any(axis=1)))
+        groups.setdefault(key, (kept, []))[1].append(c)
+    return groups
+
+
 def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
                config_id: int | None = None, op: str = "+", k: int | None = None,
                protocol: str = "paper", cache_root=None) -> list[Path]:
@@ -84,23 +113,8 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
     curve = [{"k": int(size), "fraction": fraction, "faithfulness": faith,
               "faithfulness_se": faith_se, "n_prompts": n, "mib_level": bool(level)}
              for size, fraction, faith, faith_se, n, level in points]
-    levels = [c for c in curve if c["mib_level"] and c["faithfulness"] is not None]
-    area = None
-    if len(levels) > 1:
-        from catalog.circuits.faithfulness import areas
-
-        cpr, cmd = areas(np.array([c["fraction"] for c in levels]),
-                         np.array([c["faithfulness"] for c in levels]))
-        area = {"cpr": float(cpr), "cmd": float(cmd), "levels": len(levels),
-                "statistic": "normalised logit, ratio of means; trapezoids over the "
-                             "fraction of the model kept, as MIB's CPR and CMD"}
-    groups: dict[tuple, tuple] = {}  # MIB's graph -> (the first size's circuit, its sizes)
-    for c in curve:
-        if k is not None and c["k"] != k:
-            continue
-        kept = circuit.ranked(c["k"])
-        key = (kept.heads.tobytes(), tuple(bool(x) for x in kept.neurons.any(axis=1)))
-        groups.setdefault(key, (kept, []))[1].append(c)
+    area = _mib_area(curve)
+    groups = _mib_graphs(curve, circuit, k)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for kept, members in groups.values():

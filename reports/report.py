@@ -71,8 +71,37 @@ def _fmt(x, digits=3) -> str:
 
 def markdown(d: ReportData) -> str:
     cfg = d.config
-    where = f"step {d.step}" if d.step is not None else "its only checkpoint"
     ops = list(cfg["operators"])
+    out = _head_lines(d, ops)
+    out += report_circuits.markdown(d.circuits, ops)
+    if not d.circuits.summaries and any(d.faithfulness.values()):
+        out += ["", "Stored before catalog 0.5.0 (every measured layer pruned, heads kept, "
+                "the paper's mean of ratios only):", ""]
+        for op in ops:
+            curve = d.faithfulness.get(op) or []
+            out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
+    out += report_labels.markdown(d.labels, ops, cfg.get("label_rule", "paper"))
+    out += _top_label_lines(d, ops)
+    out += report_periodic.markdown(d.periodic)
+    out += _knockout_lines(d)
+    out += report_prompts.markdown(d.prompt_explanations, d.prompt_knockouts, ops)
+    if d.spearman:
+        out += ["", "## Attribution against exact patching (Spearman on the exact set)", ""]
+        for layer, facts in sorted(d.spearman.items()):
+            out.append(f"- layer {layer}: " + ", ".join(
+                f"{op} n={f.get('n_exact')} rho={_fmt(f.get('spearman'), 2)}"
+                for op, f in facts.items()))
+    out += report_training.markdown(d.training)
+    out += ["", "## Top neurons by |effect|", ""]
+    for op, layer, neuron, value, label in d.top_neurons:
+        out.append(f"- `{op}` L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
+    return "\n".join(out) + "\n"
+
+
+def _head_lines(d: ReportData, ops: list[str]) -> list[str]:
+    """The title, the config, the accuracy and the share of the effect per layer."""
+    cfg = d.config
+    where = f"step {d.step}" if d.step is not None else "its only checkpoint"
     out = [f"# {d.model}, {where}", "",
            f"Config {d.config_id}: operators {''.join(ops)}, operands [{cfg['operand_lo']}, "
            f"{cfg['operand_hi']}), template `{cfg['template']!r}`, {cfg.get('shots', 0)} shots, "
@@ -97,26 +126,25 @@ def markdown(d: ReportData) -> str:
     for op in ops:
         shares = d.layer_share.get(op, {})
         out.append(f"| {op} | " + " | ".join(_fmt(shares.get(la), 2) for la in d.layers) + " |")
-    out += report_circuits.markdown(d.circuits, ops)
-    if not d.circuits.summaries and any(d.faithfulness.values()):
-        out += ["", "Stored before catalog 0.5.0 (every measured layer pruned, heads kept, "
-                "the paper's mean of ratios only):", ""]
-        for op in ops:
-            curve = d.faithfulness.get(op) or []
-            out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
-    out += report_labels.markdown(d.labels, ops, cfg.get("label_rule", "paper"))
-    out += ["", f"### Labels among the {d.top_n} neurons of highest rank per layer", "",
-            "| op | top labelled | share [Wilson 95%] | all labelled | share [Wilson 95%] | "
-            "families (top) |",
-            "|---|---|---|---|---|---|"]
+    return out
+
+
+def _top_label_lines(d: ReportData, ops: list[str]) -> list[str]:
+    out = ["", f"### Labels among the {d.top_n} neurons of highest rank per layer", "",
+           "| op | top labelled | share [Wilson 95%] | all labelled | share [Wilson 95%] | "
+           "families (top) |",
+           "|---|---|---|---|---|---|"]
     for op in ops:
         tk, tn = d.top_labelled.get(op, (0, 0))
         ak, an = d.all_labelled.get(op, (0, 0))
         fam = ", ".join(f"{f} {k}" for f, k in sorted(d.top_by_family.get(op, {}).items()))
         out.append(f"| {op} | {tk}/{tn} | {_share_ci(tk, tn)} | {ak}/{an} | "
                    f"{_share_ci(ak, an)} | {fam or '-'} |")
-    out += report_periodic.markdown(d.periodic)
-    out += ["", "## Knockouts", ""]
+    return out
+
+
+def _knockout_lines(d: ReportData) -> list[str]:
+    out = ["", "## Knockouts", ""]
     for row in d.heuristic_knockouts[:10]:
         out.append(f"- `{row.get('op')}` {row.get('label')}: {row.get('n_neurons')} neurons "
                    f"zeroed; accuracy on the {row.get('n_associated')} prompts it is about / "
@@ -126,18 +154,7 @@ def markdown(d: ReportData) -> str:
     if not d.heuristic_knockouts:
         out.append("- no heuristic knockout stored (no summary, or no labelled top-set "
                    "neurons)")
-    out += report_prompts.markdown(d.prompt_explanations, d.prompt_knockouts, ops)
-    if d.spearman:
-        out += ["", "## Attribution against exact patching (Spearman on the exact set)", ""]
-        for layer, facts in sorted(d.spearman.items()):
-            out.append(f"- layer {layer}: " + ", ".join(
-                f"{op} n={f.get('n_exact')} rho={_fmt(f.get('spearman'), 2)}"
-                for op, f in facts.items()))
-    out += report_training.markdown(d.training)
-    out += ["", "## Top neurons by |effect|", ""]
-    for op, layer, neuron, value, label in d.top_neurons:
-        out.append(f"- `{op}` L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def _figures(d: ReportData) -> list[go.Figure]:

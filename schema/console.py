@@ -83,46 +83,64 @@ def unique_names(names: list[str]) -> list[str]:
 _DOLLAR = re.compile(r"\$([A-Za-z_][A-Za-z_0-9]*)?\$")
 
 
-def statements(text: str) -> list[str]:  # noqa: C901
+def statements(text: str) -> list[str]:
     """Split SQL at top-level semicolons, skipping quoted text and comments; empty
     statements (a trailing ';') are dropped."""
     out, start, i, n = [], 0, 0, len(text)
     while i < n:
         c = text[i]
-        if c == "-" and text.startswith("--", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif c == "/" and text.startswith("/*", i):  # nested, as PostgreSQL allows
-            depth, i = 1, i + 2
-            while i < n and depth:
-                if text.startswith("/*", i):
-                    depth, i = depth + 1, i + 2
-                elif text.startswith("*/", i):
-                    depth, i = depth - 1, i + 2
-                else:
-                    i += 1
-        elif c in "'\"":
-            i += 1
-            while i < n:
-                if text[i] == c:
-                    if i + 1 < n and text[i + 1] == c:  # a doubled quote inside
-                        i += 2
-                        continue
-                    break
-                if c == "'" and text[i] == "\\" and _escape_string(text, i):
-                    i += 1
-                i += 1
-            i += 1
-        elif c == "$" and (m := _DOLLAR.match(text, i)) and not _in_word(text, i):
-            end = text.find(m.group(0), m.end())
-            i = n if end < 0 else end + len(m.group(0))
-        elif c == ";":
+        if c == ";":
             out.append(text[start:i])
             start = i = i + 1
         else:
-            i += 1
+            i = _skip(text, i, c)
     out.append(text[start:])
     return [s.strip() for s in out if s.strip() and not _only_comments(s)]
+
+
+def _skip(text: str, i: int, c: str) -> int:
+    """Where the token at ``i`` (character ``c``) ends: past a comment, a quoted string or
+    identifier, a dollar-quoted body, else the next character."""
+    if c == "-" and text.startswith("--", i):
+        j = text.find("\n", i)
+        return len(text) if j < 0 else j + 1
+    if c == "/" and text.startswith("/*", i):
+        return _past_block_comment(text, i)
+    if c in "'\"":
+        return _past_quoted(text, i, c)
+    if c == "$" and (m := _DOLLAR.match(text, i)) and not _in_word(text, i):
+        end = text.find(m.group(0), m.end())
+        return len(text) if end < 0 else end + len(m.group(0))
+    return i + 1
+
+
+def _past_block_comment(text: str, i: int) -> int:
+    """Past the /* ... */ at ``i``, nested as PostgreSQL allows."""
+    depth, i, n = 1, i + 2, len(text)
+    while i < n and depth:
+        if text.startswith("/*", i):
+            depth, i = depth + 1, i + 2
+        elif text.startswith("*/", i):
+            depth, i = depth - 1, i + 2
+        else:
+            i += 1
+    return i
+
+
+def _past_quoted(text: str, i: int, c: str) -> int:
+    """Past the string or identifier quoted by ``c`` at ``i`` (doubled quotes inside; a
+    backslash escapes in an E'...' string)."""
+    i, n = i + 1, len(text)
+    while i < n:
+        if text[i] == c:
+            if i + 1 < n and text[i + 1] == c:  # a doubled quote inside
+                i += 2
+                continue
+            break
+        if c == "'" and text[i] == "\\" and _escape_string(text, i):
+            i += 1
+        i += 1
+    return i + 1
 
 
 def _escape_string(text: str, backslash: int) -> bool:

@@ -222,6 +222,17 @@ def spectrum(model_id, checkpoint_id, config_id, layer, neuron) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL)
+def counterparts(checkpoint_id, config_id, layer, neuron) -> pd.DataFrame:
+    """The neuron's stored counterparts in other checkpoints (``ncat counterparts``)."""
+    from schema.counterparts import counterparts_of
+
+    with engine().connect() as conn:
+        return counterparts_of(conn, checkpoint_id=int(checkpoint_id),
+                               config_id=int(config_id), layer=int(layer),
+                               neuron=int(neuron))
+
+
+@st.cache_data(ttl=TTL)
 def layer_patching(checkpoint_id, config_id, layer) -> dict:
     """op -> {"n_pairs", "n_exact", "spearman"} of one stored layer ({} if not recorded)."""
     with engine().connect() as conn:

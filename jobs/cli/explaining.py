@@ -4,11 +4,13 @@ prompts (arguments, or a file with one per line) share one model load."""
 from __future__ import annotations
 
 import json
+import sys
 
 from jobs.cli.common import (
     database_option,
     fail,
     loads_model,
+    parse_layers,
     science_from,
     science_options,
 )
@@ -47,6 +49,68 @@ def add_commands(sub) -> None:
     science_options(s)
     loads_model(s)
     s.set_defaults(fn=cmd_explain)
+
+    c = sub.add_parser("counterparts", help="match every MLP neuron of a checkpoint to "
+                                            "another's by what it computes, against a null, "
+                                            "and store the match")
+    c.add_argument("model", help=MODEL_HELP)
+    c.add_argument("--checkpoint", type=int, default=None, help="its training step")
+    c.add_argument("--in", dest="other", required=True, metavar="MODEL[@STEP]",
+                   help="the checkpoint to find counterparts in: another seed, another step "
+                        "of the same run, another model on the same grid")
+    c.add_argument("--null", action="append", default=None, metavar="MODEL[@STEP]",
+                   help="an unrelated model whose best similarities make the null "
+                        "(repeatable; default: step 0, untrained, of the models matched)")
+    c.add_argument("--level", type=float, default=0.01,
+                   help="the share of an unrelated model's neurons that pass the null "
+                        "(default 0.01)")
+    c.add_argument("--config", default=None, metavar="ID|HASH",
+                   help="the catalogued config whose grid profiles the neurons (as for "
+                        "explain; default: the one the catalog holds for the model)")
+    c.add_argument("--json", action="store_true", help="the figures as JSON")
+    database_option(c)
+    science_options(c)
+    loads_model(c)
+    c.set_defaults(fn=cmd_counterparts)
+
+
+def cmd_counterparts(args) -> int:
+    """``ncat counterparts`` (jobs.counterparts)."""
+    from catalog.sources.names import ModelSourceError, check_model_name
+    from jobs.cli.common import database_url
+    from jobs.counterparts import Side, default_nulls, match_checkpoints, parse_side
+
+    try:
+        if not 0 < args.level < 1:
+            raise ValueError(f"--level must be in (0, 1), got {args.level}")
+        a, b = Side(args.model, args.checkpoint), parse_side(args.other, "--in")
+        nulls = [parse_side(x) for x in args.null] if args.null else default_nulls(a, b)
+        for side in (b, *nulls):
+            check_model_name(side.model)
+        config, _ = config_of(args)
+        got = match_checkpoints(database_url(args), a, b, config, nulls, args.level,
+                                layers=parse_layers(args.layers), progress=not args.quiet,
+                                say=None if args.quiet else _stage)
+    except (ModelSourceError, ValueError) as exc:
+        return fail(str(exc))
+    if args.json:
+        from jobs.cli.common import plain
+
+        print(json.dumps(plain(got)))
+        return 0
+    lo, hi = got["ci"]
+    print(f"{got['from']} in {got['to']}: {got['count']} of {got['n']} neurons have a "
+          f"counterpart ({got['share']:.1%}, Wilson 95% [{lo:.3f}, {hi:.3f}]): a best "
+          f"similarity above {got['threshold']:.3f}, the null's {1 - got['level']:.0%} "
+          f"quantile ({got['null']}; an unrelated model passes {got['level']:.0%} of the "
+          f"time); {got['same_index']} matched to their own index; the one-to-one partner "
+          f"is the best match for {got['one_to_one_is_best']:.1%}; {got['n_cells']} shared "
+          f"cells. {got['rows']} rows stored (view neuron_counterparts).")
+    return 0
+
+
+def _stage(text: str) -> None:
+    print(f"counterparts: {text}", file=sys.stderr, flush=True)
 
 
 def _labels(args, lm, config, op: str):
@@ -235,35 +299,46 @@ def render(e, where: str, note: str) -> str:
                        f"{r} " + ", ".join(f"vs {c} {v:+.1%}" for c, v in by.items())
                        for r, by in e.share_adds.items()))
     for title, rows in (("toward the answer", e.toward), ("away from it", e.away)):
-        out.append(f"\nneurons {title}:")
-        out.append(f"  {'layer':>5} {'neuron':>6} {'term':>8} {'total':>8} {'share':>7} "
-                   f"{'act':>7} {'typical':>7}  labels (✓ holds here; side)  promotes")
-        for r in rows:
-            labs = "; ".join(f"{'✓' if x.holds else '✗'} {x.label} ({x.side})"
-                             for x in r.labels) or "-"
-            typ = "-" if r.typical is None else f"{r.typical:.3f}"
-            out.append(f"  {r.layer:>5} {r.neuron:>6} {r.contribution:>+8.3f} {r.total:>+8.3f} "
-                       f"{r.share:>7.1%} {r.activation:>7.3f} {typ:>7}  {labs}  "
-                       f"{' '.join(r.promotes)}")
-            out += [f"      note: {n}" for n in r.notes]
+        out += _neuron_rows(title, rows)
     out.append("\nheads: " + ", ".join(f"L{la}H{h} {c:+.3f}" for la, h, c in e.heads[:5]))
     if e.by_family:
         out.append("by family (labels that hold): "
                    + ", ".join(f"{k} {v:+.3f}" for k, v in sorted(e.by_family.items())))
-    k = e.knockout
-    if k is not None:
-        out.append(f"\nknockout of {len(k.neurons)} labelled neurons whose label holds (per "
-                   "layer at most --knockout-neurons, ranked first on this prompt by "
-                   f"{k.ranking} effect; zeroed at the last position): p {k.p_clean:.3f} -> "
-                   f"{k.p_knocked:.3f} (top token: "
-                   f"{'still the answer' if k.top_after else 'no longer the answer'})")
-        for name, c in k.controls.items():
-            lo, hi = c.top_ci
-            se = f" ± {c.p_se:.3f}" if c.p_se == c.p_se else ""
-            out.append(f"  control, {CONTROLS.get(name, name)} ({len(c.p)} draw"
-                       f"{'s' if len(c.p) != 1 else ''}): p {c.p_mean:.3f}{se}, answer on top "
-                       f"in {sum(c.top)}/{len(c.top)} [{lo:.2f}, {hi:.2f}]")
-        if k.label_adds:
-            out.append("  what the label adds (a matched control's p minus the knockout's): "
-                       + ", ".join(f"{n} {v:+.3f}" for n, v in k.label_adds.items()))
+    if e.knockout is not None:
+        out += _knockout_lines(e.knockout)
     return "\n".join(out)
+
+
+def _neuron_rows(title: str, rows) -> list[str]:
+    """A table of neurons (toward the answer, or away from it) with their labels."""
+    out = [f"\nneurons {title}:",
+           f"  {'layer':>5} {'neuron':>6} {'term':>8} {'total':>8} {'share':>7} "
+           f"{'act':>7} {'typical':>7}  labels (✓ holds here; side)  promotes"]
+    for r in rows:
+        labs = "; ".join(f"{'✓' if x.holds else '✗'} {x.label} ({x.side})"
+                         for x in r.labels) or "-"
+        typ = "-" if r.typical is None else f"{r.typical:.3f}"
+        out.append(f"  {r.layer:>5} {r.neuron:>6} {r.contribution:>+8.3f} {r.total:>+8.3f} "
+                   f"{r.share:>7.1%} {r.activation:>7.3f} {typ:>7}  {labs}  "
+                   f"{' '.join(r.promotes)}")
+        out += [f"      note: {n}" for n in r.notes]
+    return out
+
+
+def _knockout_lines(k) -> list[str]:
+    """The prompt's knockout beside its controls, and what the label adds."""
+    out = [f"\nknockout of {len(k.neurons)} labelled neurons whose label holds (per "
+           "layer at most --knockout-neurons, ranked first on this prompt by "
+           f"{k.ranking} effect; zeroed at the last position): p {k.p_clean:.3f} -> "
+           f"{k.p_knocked:.3f} (top token: "
+           f"{'still the answer' if k.top_after else 'no longer the answer'})"]
+    for name, c in k.controls.items():
+        lo, hi = c.top_ci
+        se = f" ± {c.p_se:.3f}" if c.p_se == c.p_se else ""
+        out.append(f"  control, {CONTROLS.get(name, name)} ({len(c.p)} draw"
+                   f"{'s' if len(c.p) != 1 else ''}): p {c.p_mean:.3f}{se}, answer on top "
+                   f"in {sum(c.top)}/{len(c.top)} [{lo:.2f}, {hi:.2f}]")
+    if k.label_adds:
+        out.append("  what the label adds (a matched control's p minus the knockout's): "
+                   + ", ".join(f"{n} {v:+.3f}" for n, v in k.label_adds.items()))
+    return out

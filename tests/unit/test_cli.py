@@ -336,10 +336,10 @@ def test_version_names_the_project_and_the_catalog_version(capsys):
 
 # commands that print a table or a status line, and commands that show progress
 PRINTS_RESULTS = {"migrate", "report", "export", "train-builtin", "fetch", "checkpoints",
-                  "measure", "catalog", "explain", "enqueue", "plan", "status", "cancel",
-                  "retry"}
+                  "measure", "catalog", "explain", "counterparts", "enqueue", "plan",
+                  "status", "cancel", "retry"}
 SHOWS_PROGRESS = {"demo", "train-builtin", "final-circuit", "fetch", "measure", "catalog",
-                  "explain", "enqueue", "plan"}
+                  "explain", "counterparts", "enqueue", "plan"}
 
 
 def test_every_command_that_prints_a_result_has_json_and_every_one_with_progress_quiet():

@@ -230,7 +230,7 @@ OVER_COMPLEXITY = {
     "catalog/labels/heuristics.py:contains",
     "catalog/labels/matching.py:score_partitions",
     "catalog/sources/streaming.py:streamed_conversion",
-    "schema/console.py:statements", "schema/dump.py:schema_text",
+    "schema/dump.py:schema_text",
     "tests/integration/test_chaos.py:chaos", "ui/views/neuron.py:render",
 }
 
@@ -262,10 +262,6 @@ RADON_OVER_20 = {
     "catalog/explain/prompt.py:explain",
     "catalog/labels/matching.py:score_partitions",
     "catalog/run/summarize.py:summarize", "catalog/sources/streaming.py:streamed_conversion",
-    "jobs/cli/explaining.py:render",
-    "jobs/field_exports.py:export_mib",
-    "reports/report.py:markdown",
-    "schema/console.py:statements",
     "ui/views/neuron.py:render",
 }
 

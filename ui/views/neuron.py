@@ -12,7 +12,7 @@ import streamlit as st
 from catalog.core.arith import OPERATORS
 from reports import plots
 from ui import data
-from ui.views.common import query_ids, require_catalog
+from ui.views.common import neuron_link, query_ids, require_catalog
 
 KEYS = ("model_id", "checkpoint_id", "config_id", "layer", "neuron")
 
@@ -283,6 +283,8 @@ def render() -> None:  # noqa: C901
                          "base_rate": st.column_config.NumberColumn(format="%.2f"),
                          "p_value": st.column_config.NumberColumn(format="%.1e")})
 
+    _counterparts(p)
+
     st.markdown("#### Across training")
     ev = data.evolution(p["model_id"], p["config_id"], p["layer"], p["neuron"])
     if ev.empty:
@@ -306,3 +308,38 @@ def render() -> None:  # noqa: C901
                                                zrange=shared),
                                  key=f"ev-{step}")
         st.caption("One colour scale for the steps shown (activation of the neuron).")
+
+
+def _counterparts(p: dict) -> None:
+    """The neuron's counterparts in other checkpoints (``ncat counterparts``), each linked
+    to its neuron page; nothing where it was never matched."""
+    cp = data.counterparts(p["checkpoint_id"], p["config_id"], p["layer"], p["neuron"])
+    if cp.empty:
+        return
+    st.markdown("#### Counterparts in other checkpoints")
+    first = cp.iloc[0]
+    st.caption("Its best match in each checkpoint it was matched in (`ncat counterparts`): "
+               "the mean over operators of the correlation of the two neurons' activations "
+               "on the grid; a counterpart where that passes the null's threshold, the "
+               f"{1 - float(first.level):.0%} quantile of best similarities in unrelated "
+               f"models ({first.null_models}).")
+    table = pd.DataFrame([_counterpart_row(p, r) for r in cp.itertuples()])
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        "best match": st.column_config.LinkColumn(display_text="open"),
+        "similarity": st.column_config.NumberColumn(format="%.3f"),
+        "threshold": st.column_config.NumberColumn(format="%.3f")})
+
+
+def _counterpart_row(p: dict, r) -> dict:
+    def named(layer, neuron) -> str:
+        return f"L{int(layer)} N{int(neuron)}"
+
+    step = "final" if r.other_step != r.other_step else int(r.other_step)
+    one = "" if r.one_to_one_layer != r.one_to_one_layer else (
+        f"{named(r.one_to_one_layer, r.one_to_one_neuron)} ({r.one_to_one_similarity:.2f})")
+    return {"checkpoint": f"{r.other_model} step {step}",
+            "best match": neuron_link(r.other_model_id, r.to_checkpoint_id, p["config_id"],
+                                      int(r.best_layer), int(r.best_neuron)),
+            "neuron": named(r.best_layer, r.best_neuron), "similarity": r.best_similarity,
+            "threshold": r.null_threshold, "counterpart": bool(r.has_counterpart),
+            "one-to-one": one}

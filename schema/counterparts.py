@@ -1,0 +1,79 @@
+"""Counterparts of neurons across runs in the catalog (``neuron_counterpart``, migration
+0042): written by ``ncat counterparts`` (jobs.counterparts), read by the explorer's neuron
+page. Matching one pair of checkpoints under one config again replaces the rows of the layers
+matched, in one transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import psycopg
+
+COLUMNS = ("from_checkpoint_id", "to_checkpoint_id", "config_id", "layer", "neuron",
+           "best_layer", "best_neuron", "best_similarity", "one_to_one_layer",
+           "one_to_one_neuron", "one_to_one_similarity", "null_threshold", "level",
+           "has_counterpart", "null_models", "n_cells")
+
+
+@dataclass
+class CounterpartRows:
+    """One pair's match, a row per neuron of ``from`` (``neurons``: (layer, index) each;
+    ``best`` and ``one_to_one``: (layer, index) in ``to``, -1 where there is none)."""
+
+    neurons: np.ndarray
+    best: np.ndarray
+    best_similarity: np.ndarray
+    one_to_one: np.ndarray
+    one_to_one_similarity: np.ndarray
+    has: np.ndarray
+    threshold: float
+    level: float
+    null_models: str
+    n_cells: int
+
+
+def write_counterparts(conn: psycopg.Connection, *, from_checkpoint_id: int,
+                       to_checkpoint_id: int, config_id: int, rows: CounterpartRows) -> int:
+    """Replace the pair's rows of the layers matched (one transaction: a pair matched a few
+    layers at a time keeps the others); returns how many were written."""
+    def opt(x) -> float | None:
+        return None if x != x else float(x)
+
+    with conn.transaction():
+        conn.execute("DELETE FROM neuron_counterpart WHERE from_checkpoint_id = %s AND "
+                     "to_checkpoint_id = %s AND config_id = %s AND layer = ANY(%s)",
+                     (from_checkpoint_id, to_checkpoint_id, config_id,
+                      sorted({int(x) for x in rows.neurons[:, 0]})))
+        with conn.cursor().copy(f"COPY neuron_counterpart ({', '.join(COLUMNS)}) "
+                                "FROM STDIN") as copy:
+            for i, (layer, neuron) in enumerate(rows.neurons.tolist()):
+                one = rows.one_to_one[i].tolist()
+                has_one = one[0] >= 0
+                copy.write_row((
+                    from_checkpoint_id, to_checkpoint_id, config_id, layer, neuron,
+                    *rows.best[i].tolist(), float(rows.best_similarity[i]),
+                    one[0] if has_one else None, one[1] if has_one else None,
+                    opt(rows.one_to_one_similarity[i]) if has_one else None,
+                    float(rows.threshold), float(rows.level), bool(rows.has[i]),
+                    rows.null_models, int(rows.n_cells)))
+    return len(rows.neurons)
+
+
+def counterparts_of(conn, *, checkpoint_id: int, config_id: int, layer: int,
+                    neuron: int) -> pd.DataFrame:
+    """A neuron's stored counterparts in every checkpoint it was matched in, best
+    similarity first (``conn``: a SQLAlchemy connection, as the explorer's): the other
+    checkpoint (model, step, ids), its best match and one-to-one partner with their
+    similarities, the null's threshold and whether the best passes it."""
+    from schema.explorer_reads import frame
+
+    return frame(
+        conn,
+        "SELECT other_model, other_step, other_model_id, to_checkpoint_id, best_layer, "
+        "best_neuron, best_similarity, one_to_one_layer, one_to_one_neuron, "
+        "one_to_one_similarity, null_threshold, level, has_counterpart, null_models "
+        "FROM neuron_counterparts WHERE from_checkpoint_id = :c AND config_id = :g "
+        "AND layer = :l AND neuron = :n ORDER BY best_similarity DESC, other_model, "
+        "other_step", c=checkpoint_id, g=config_id, l=layer, n=neuron)
