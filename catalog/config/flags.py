@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,9 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 # how a field of each kind is read from text (a kind not here: the text itself)
-PARSERS = {"int": int, "float": float, "bool": _bool, "operators": _operators,
-           "methods": _methods, "words": _words, "floats": _floats}
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int, "float": float, "bool": _bool, "operators": _operators, "methods": _methods,
+    "words": _words, "floats": _floats}
 
 
 @dataclass(frozen=True)
