@@ -1759,5 +1759,5 @@ CREATE TRIGGER emergence_histogram_truncate AFTER TRUNCATE ON public.emergence_r
 CREATE TRIGGER emergence_histogram_update AFTER UPDATE ON public.emergence_run REFERENCING OLD TABLE AS old_runs NEW TABLE AS new_runs FOR EACH STATEMENT EXECUTE FUNCTION emergence_histogram_track();
 
 -- roles
--- role catalog_reader: login True, settings {default_transaction_read_only=on,statement_timeout=10s,temp_file_limit=1GB,idle_session_timeout=10min,idle_in_transaction_session_timeout=1min}
+-- role catalog_reader: login True, settings {default_transaction_read_only=on,idle_in_transaction_session_timeout=1min,idle_session_timeout=10min,statement_timeout=10s,temp_file_limit=1GB}
 -- grants on schema public: {pg_database_owner=UC/pg_database_owner,=U/pg_database_owner,catalog_reader=U/pg_database_owner}

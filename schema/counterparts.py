@@ -6,10 +6,41 @@ matched, in one transaction."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
 import psycopg
+from sqlalchemy import REAL, Boolean, Column, Index, Integer, SmallInteger, Text
+from sqlmodel import Field, SQLModel
+
+from schema.columns import _fk, _now, _ts
+
+
+class NeuronCounterpart(SQLModel, table=True):
+    """One neuron of a checkpoint matched in another (migration 0042)."""
+
+    __tablename__ = "neuron_counterpart"
+    __table_args__ = (Index("neuron_counterpart_to_idx", "to_checkpoint_id", "config_id",
+                            "best_layer", "best_neuron"),)
+    from_checkpoint_id: int = _fk("checkpoint", primary_key=True)
+    to_checkpoint_id: int = _fk("checkpoint", primary_key=True)
+    config_id: int = _fk("measure_config", primary_key=True)
+    layer: int = Field(sa_column=Column(SmallInteger, primary_key=True))
+    neuron: int = Field(sa_column=Column(Integer, primary_key=True))
+    best_layer: int = Field(sa_column=Column(SmallInteger, nullable=False))
+    best_neuron: int = Field(sa_column=Column(Integer, nullable=False))
+    best_similarity: float = Field(sa_column=Column(REAL, nullable=False))
+    one_to_one_layer: int | None = Field(default=None, sa_column=Column(SmallInteger))
+    one_to_one_neuron: int | None = Field(default=None, sa_column=Column(Integer))
+    one_to_one_similarity: float | None = Field(default=None, sa_column=Column(REAL))
+    null_threshold: float = Field(sa_column=Column(REAL, nullable=False))
+    level: float = Field(sa_column=Column(REAL, nullable=False))
+    has_counterpart: bool = Field(sa_column=Column(Boolean, nullable=False))
+    null_models: str = Field(sa_column=Column(Text, nullable=False))
+    n_cells: int = Field(sa_column=Column(Integer, nullable=False))
+    written_at: datetime = Field(default_factory=_now, sa_column=_ts())
+
 
 COLUMNS = ("from_checkpoint_id", "to_checkpoint_id", "config_id", "layer", "neuron",
            "best_layer", "best_neuron", "best_similarity", "one_to_one_layer",

@@ -102,11 +102,13 @@ def schema_text(conn: psycopg.Connection) -> str:  # noqa: C901
         out.append(triggerdef + ";\n")
     out.append("\n-- roles\n")
     # session_preload_libraries names the reader guard only on servers that have it
-    # (migration 0033), so it is left out: the file is the same on every server
+    # (migration 0033), so it is left out: the file is the same on every server; the
+    # settings sorted (their order is the order they were last set on the server's role,
+    # which another database's migration may change)
     for name, login, config in _rows(conn, """
             SELECT rolname, rolcanlogin, ARRAY(
               SELECT c FROM unnest(rolconfig) c
-              WHERE c NOT LIKE 'session_preload_libraries=%%')::text
+              WHERE c NOT LIKE 'session_preload_libraries=%%' ORDER BY c)::text
             FROM pg_roles WHERE rolname = ANY(%s) ORDER BY rolname""", (list(ROLES),)):
         out.append(f"-- role {name}: login {login}, settings {config}\n")
     for name, acl in _rows(conn, """

@@ -38,6 +38,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, DOUBLE_PRECISION, JSONB
 from sqlmodel import Field, SQLModel
 
 from schema.columns import _fk, _now, _ts
+from schema.counterparts import NeuronCounterpart as NeuronCounterpart
 from schema.explanation_columns import ExplanationColumns
 from schema.fit_columns import FitColumns
 from schema.job_tables import CatalogIdentity as CatalogIdentity
