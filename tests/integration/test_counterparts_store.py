@@ -48,8 +48,8 @@ def test_a_stored_match_is_the_librarys_and_the_view_names_both_sides(home, caps
                  *_flags()]) == 0
     said = capsys.readouterr().out
     # the slow reference: the library on the same three checkpoints
-    prof = {s: profiles(load_model(name, s).model, load_model(name, s).tokenizer,
-                        SEED_CONFIG) for s in (300, 128, 0)}
+    lms = {s: load_model(name, s) for s in (300, 128, 0)}
+    prof = {s: profiles(lm.model, lm.tokenizer, SEED_CONFIG) for s, lm in lms.items()}
     want = counterparts(prof[300], prof[128], [prof[0]], 0.01)
     with store.connect(home) as conn:
         got = conn.execute(
