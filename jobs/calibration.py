@@ -42,8 +42,9 @@ TABLES = ("neuron_op", "neuron_grid", "neuron_lens", "neuron_score")
 # bumped when a calibration's meaning changes, so older cached ones are measured again
 # 3: grids coded with 2-D prediction (fewer bytes per cell); 4: correct shares (pairs and
 # faithfulness prompts drawn from the correct prompts) and the label rule's time;
-# 5: the periodic spectra's time (on by default since catalog 0.9.0)
-PLANNER_VERSION = 5
+# 5: the periodic spectra's time (on by default since catalog 0.9.0); 6: the explanations
+# of the KV maps alone (the K maps' are asked for: ExecutionConfig.k_explanations)
+PLANNER_VERSION = 6
 
 
 # the config fields that decide the grid-only costs (heuristics, matching)
@@ -143,6 +144,9 @@ def calibrate(url_server: str, lm, config: ScienceConfig, execution: ExecutionCo
     fixed seconds plus seconds per unit through the two runs; bytes per row come from
     the larger run."""
     t_all = time.perf_counter()
+    # measured as the worker runs (the K maps' explanations off; the plan doubles the
+    # phase where a request asks for them)
+    execution = dataclasses.replace(execution, k_explanations=False)
     cfg = lm.model.cfg
     block_macs, unembed_macs = shape_macs(cfg)
     _warm_up(lm, config, execution)

@@ -141,7 +141,8 @@ def estimate(cal: Calibration, config: ScienceConfig, *, n_checkpoints: int,
     phases += _patching_phases(cal, config, pairs, todo)
     live_share = [cal.live_by_layer[layer] for layer in todo]
     live = sum(live_share) * d_mlp  # live neurons x layers (averaged over operators)
-    phases += _label_phases(cal, config, costs, live, n_layers)
+    phases += _label_phases(cal, config, costs, live, n_layers,
+                            2.0 if execution.k_explanations else 1.0)
     phases += _summary_phases(cal, config, correct, prompts, pairs, n_checkpoints)
     storage = _storage(cal, config, valid, live_share, live, n_layers)
     total = sum(storage.values())
@@ -174,16 +175,18 @@ def _patching_phases(cal: Calibration, config: ScienceConfig, pairs: float,
 
 
 def _label_phases(cal: Calibration, config: ScienceConfig, costs: GridCosts, live: float,
-                  n_layers: int) -> list[Phase]:
+                  n_layers: int, explained_maps: float = 1.0) -> list[Phase]:
     """Matching, then the label rule's null, gate and second pass; the stored explanations
-    (held-out fits of the labelled maps); the periodic spectra: each over the same maps,
+    (held-out fits of the labelled maps: the KV maps, and where asked the K maps too,
+    ``explained_maps`` 2, as long again); the periodic spectra: each over the same maps,
     scaled like matching."""
     ops = len(config.operators)
     random_s = live * sum(costs.per_neuron.values()) + n_layers * sum(costs.per_call.values())
     out = [Phase("matching", live * ops, "live neurons x ops",
                  cal.matching_ratio * random_s)]
     for name, ratio, asked in (("labels (null)", cal.significance_ratio, True),
-                               ("explanations", cal.explanations_ratio, True),
+                               ("explanations", cal.explanations_ratio * explained_maps,
+                                True),
                                ("spectra", cal.spectra_ratio, config.spectra)):
         if asked and ratio:
             out.append(Phase(name, live * ops, "live neurons x ops", ratio * random_s))

@@ -224,6 +224,20 @@ def areas(fractions: np.ndarray, curve: np.ndarray) -> tuple[np.ndarray, np.ndar
     return cpr, cmd
 
 
+def _boot_means(r: np.ndarray, boot: np.ndarray) -> np.ndarray:
+    """(b, levels) each resample's mean ratio per level (``r``: (levels, prompts)), all
+    resamples in one reduction (each row summed as alone: the same bits as one call per
+    resample)."""
+    return nan_mean(r[:, boot], axis=2).T
+
+
+def _boot_rom(circuits: np.ndarray, empty: np.ndarray, model: np.ndarray,
+              boot: np.ndarray) -> np.ndarray:
+    """(b, levels) each resample's ratio of means per level, its clipping limit from its
+    own prompts, as ``_rom`` of each resample alone."""
+    return _rom(circuits[:, boot], empty[boot][None], model[boot][None]).T
+
+
 def area_stats(fractions: np.ndarray, circuits: np.ndarray, empty: np.ndarray,
                model: np.ndarray, boot: np.ndarray) -> dict:
     """CPR and CMD of a curve for both statistics (``mean_ratio``, ``ratio_of_means``),
@@ -234,11 +248,9 @@ def area_stats(fractions: np.ndarray, circuits: np.ndarray, empty: np.ndarray,
         np.full(len(fractions), np.nan)
     rom_curve = _rom(circuits, empty[None], model[None])
     for name, curve, boot_curves in (
-            ("mean_ratio", mean_curve,
-             np.stack([nan_mean(r[:, b], axis=1) for b in boot]) if r.size else None),
+            ("mean_ratio", mean_curve, _boot_means(r, boot) if r.size else None),
             ("ratio_of_means", rom_curve,
-             np.stack([_rom(circuits[:, b], empty[None, b], model[None, b]) for b in boot])
-             if r.size else None)):
+             _boot_rom(circuits, empty, model, boot) if r.size else None)):
         cpr, cmd = areas(fractions, curve)
         entry = {"cpr": float(cpr), "cmd": float(cmd), "cpr_se": None, "cmd_se": None}
         if boot_curves is not None:

@@ -391,6 +391,10 @@ class ExecutionConfig:
         0, "bytes of host memory a run may use; over it, the patch chunk and the activations "
            "kept are lowered, and a request that still does not fit is refused before loading "
            "(0: NCAT_MEMORY_BUDGET, such as 12G, else the memory available)")
+    k_explanations: bool = _opt(
+        False, "also the held-out explanations of each explained neuron's K map (stored "
+               "beside the KV map's; they decide no label, and cost about 8% of a demo "
+               "checkpoint; off: NULL in map_explanation's K columns)")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "patch_chunk"):

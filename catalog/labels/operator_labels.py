@@ -237,10 +237,12 @@ Score = Callable[[torch.Tensor, torch.Tensor, dict, bool | Rescue], Matches]
 
 def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
                    n_tests: int, null: value_null.ValueNull | None, fit: OperandFit | None,
-                   timed: Callable | None = None, explain: bool = True) -> OperatorLabels:
+                   timed: Callable | None = None, explain: bool = True,
+                   explain_k: bool = True) -> OperatorLabels:
     """Score, label and gate one operator's live maps (steps 1-4 of the module doc).
     ``timed(phase, fn, *args)`` times each phase where given (the run's clock);
-    ``explain``: the labelled maps' explanations (the controls count labels alone)."""
+    ``explain``: the labelled maps' explanations (the controls count labels alone);
+    ``explain_k``: their K maps' too (they decide nothing: NaN where not computed)."""
     def run(phase, fn, *args):
         return fn(*args) if timed is None else timed(phase, fn, *args)
 
@@ -271,7 +273,8 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     standing = np.unique(m.neuron[m.implements & result_rows(m)])
     labelled = (np.union1d(np.union1d(value_labelled, r.neuron[r.implements]), standing)
                 if explain else standing)
-    ex_k, ex_kv = run("explanations", explain_maps, fit, k_map, kv, labelled)
+    ex_k, ex_kv = run("explanations", explain_maps, fit, k_map if explain_k else None, kv,
+                      labelled)
     m = beaten(m, fit, kv, labelled, ex_kv, reach)
     if not explain:
         labelled, ex_k, ex_kv = np.zeros(0, np.int64), Explanations.empty(), Explanations.empty()
@@ -279,13 +282,17 @@ def label_operator(config, k_map: torch.Tensor, kv: torch.Tensor, score: Score,
     return OperatorLabels(m.compact(config.scores_per_family), labelled, ex_k, ex_kv)
 
 
-def explain_maps(fit: OperandFit, k_map: torch.Tensor, kv: torch.Tensor,
+def explain_maps(fit: OperandFit, k_map: torch.Tensor | None, kv: torch.Tensor,
                  labelled: np.ndarray) -> tuple[Explanations, Explanations]:
-    """The explanations of maps ``labelled`` (indices), on the K and the KV map."""
+    """The explanations of maps ``labelled`` (indices), on the K and the KV map (the K
+    maps' left NaN where ``k_map`` is None: each map's explanations are its own, so the
+    KV maps' do not depend on it)."""
     if not len(labelled):
         return Explanations.empty(), Explanations.empty()
     idx = torch.as_tensor(labelled, device=kv.device, dtype=torch.long)
-    return fit.explain(k_map.index_select(0, idx)), fit.explain(kv.index_select(0, idx))
+    ex_k = (Explanations.empty(len(labelled)) if k_map is None
+            else fit.explain(k_map.index_select(0, idx)))
+    return ex_k, fit.explain(kv.index_select(0, idx))
 
 
 # a residual below this share of its map's norm is the float32 rounding of the fit

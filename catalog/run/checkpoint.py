@@ -289,7 +289,7 @@ class CheckpointRun(CheckpointSummary):
                                                       None if rescue else _kv, rescue))
                 got = operator_labels.label_operator(
                     config, k_t, kv_t, score, self.n_tests[op], self.nulls.get(op),
-                    self.fits.get(op), clock.time)
+                    self.fits.get(op), clock.time, explain_k=self.execution.k_explanations)
                 m = got.matches
                 operator_labels.set_fit_columns(fits, live, o, got)
                 control[op] = clock.time("significance", self._label_control, layer, o, op,

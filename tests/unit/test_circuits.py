@@ -521,3 +521,24 @@ def test_one_prompt_moves_the_headline_by_no_more_than_its_stated_bound(kind):
     said = warnings(Data(), {"op": "+", "protocol": "paper", "n_prompts": n + 1,
                              "baselines": {}, "areas": {}})
     assert any("clipped" in w and "at most" in w for w in said), said
+
+
+def test_bootstrap_curves_in_one_reduction_equal_one_call_per_resample():
+    """Issue 79: the areas' bootstrap curves are taken for all resamples at once; each
+    equals the per-resample loop they replaced, to the bit, with undefined ratios (zero
+    denominators), NaN metrics and prompts repeated by the resampling."""
+    fa = faithfulness
+    rng = np.random.default_rng(11)
+    for n, levels in [(40, 3), (257, 9), (5, 1)]:
+        model = rng.normal(size=n) * 3
+        empty = np.where(rng.random(n) < 0.2, model, rng.normal(size=n))
+        circuits = rng.normal(size=(levels, n)) * 2
+        circuits[0, rng.random(n) < 0.05] = np.nan  # level 0's means are NaN
+        boot = fa.resamples(n, 3)
+        r = fa._ratios(circuits, empty[None], model[None])
+        loop_means = np.stack([fa.nan_mean(r[:, b], axis=1) for b in boot])
+        loop_rom = np.stack([fa._rom(circuits[:, b], empty[None, b], model[None, b])
+                             for b in boot])
+        np.testing.assert_array_equal(fa._boot_means(r, boot), loop_means)
+        np.testing.assert_array_equal(fa._boot_rom(circuits, empty, model, boot), loop_rom)
+        assert np.isfinite(loop_means).any() and np.isfinite(loop_rom).any()

@@ -167,6 +167,11 @@ def test_pairs_and_faithfulness_prompts_are_costed_from_the_correct_prompts():
     # (before it was timed apart) counted them in the label rule's
     assert phases["explanations"].seconds == pytest.approx(phases["matching"].seconds / 4)
     assert phases["spectra"].seconds == pytest.approx(phases["matching"].seconds / 5)
+    # the K maps' explanations where asked: as long again (calibrated without them)
+    both = estimate(cal, config, n_checkpoints=1, layers=None, limit=520, costs=COSTS,
+                    execution=replace(execution, k_explanations=True))
+    assert {p.name: p for p in both.phases}["explanations"].seconds == pytest.approx(
+        phases["matching"].seconds / 2)
     off = estimate(cal, replace(config, spectra=False), n_checkpoints=1, layers=None,
                    limit=520, costs=COSTS, execution=execution)
     assert "spectra" not in {p.name for p in off.phases}
