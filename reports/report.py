@@ -33,6 +33,7 @@ from markdown_it import MarkdownIt
 from catalog.core.stats import share_se, wilson
 from catalog.sources.base import transformers_check
 from reports import circuits as report_circuits
+from reports import counterparts as report_counterparts
 from reports import labels as report_labels
 from reports import periodic as report_periodic
 from reports import prompts as report_prompts
@@ -92,6 +93,7 @@ def markdown(d: ReportData) -> str:
                 f"{op} n={f.get('n_exact')} rho={_fmt(f.get('spearman'), 2)}"
                 for op, f in facts.items()))
     out += report_training.markdown(d.training)
+    out += report_counterparts.markdown(d.counterparts)
     out += ["", "## Top neurons by |effect|", ""]
     for op, layer, neuron, value, label in d.top_neurons:
         out.append(f"- `{op}` L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
@@ -215,6 +217,8 @@ def numbers(d: ReportData) -> dict:
             "label_control": d.labels.control, "untrained_labelled": d.labels.untrained,
             "periodic": report_periodic.numbers(d.periodic),
             "training": report_training.numbers(d.training),
+            "counterparts": [{k: v for k, v in r.items() if k != "to_checkpoint_id"}
+                             for r in d.counterparts],
             "prompt_explanations": d.prompt_explanations,
             "prompt_knockouts": d.prompt_knockouts,
             "circuits": [{k: v for k, v in row.items() if not k.endswith("_id")}

@@ -108,3 +108,66 @@ def counterparts_of(conn, *, checkpoint_id: int, config_id: int, layer: int,
         "FROM neuron_counterparts WHERE from_checkpoint_id = :c AND config_id = :g "
         "AND layer = :l AND neuron = :n ORDER BY best_similarity DESC, other_model, "
         "other_step", c=checkpoint_id, g=config_id, l=layer, n=neuron)
+
+
+# the report's figures per matched checkpoint: counts over the neurons of ``from`` matched
+# there, and per family (a neuron carries a family where any of its operators' labels of
+# that family holds) how many of its neurons have a counterpart, how many of those have
+# one that carries the family too, and how common the family is among the other
+# checkpoint's neurons (the base rate a counterpart drawn at random would meet)
+REPORT_SQL = """
+WITH fam AS (
+    SELECT DISTINCT s.checkpoint_id, s.layer, s.neuron, h.family
+    FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id
+    WHERE s.config_id = %(g)s AND s.implements),
+pairs AS (
+    SELECT * FROM neuron_counterparts
+    WHERE from_checkpoint_id = %(c)s AND config_id = %(g)s),
+size AS (
+    SELECT checkpoint_id, count(DISTINCT (layer, neuron)) AS n FROM neuron_op
+    WHERE config_id = %(g)s AND checkpoint_id IN (SELECT to_checkpoint_id FROM pairs)
+    GROUP BY checkpoint_id)
+SELECT p.to_checkpoint_id, f.family, count(*) AS labelled,
+       count(*) FILTER (WHERE p.has_counterpart) AS with_counterpart,
+       count(*) FILTER (WHERE p.has_counterpart AND EXISTS (
+           SELECT 1 FROM fam t WHERE t.checkpoint_id = p.to_checkpoint_id
+           AND t.layer = p.best_layer AND t.neuron = p.best_neuron
+           AND t.family = f.family)) AS same_family,
+       (SELECT count(*) FROM fam t WHERE t.checkpoint_id = p.to_checkpoint_id
+        AND t.family = f.family) AS other_carriers,
+       (SELECT n FROM size WHERE size.checkpoint_id = p.to_checkpoint_id) AS other_neurons
+FROM pairs p JOIN fam f ON f.checkpoint_id = p.from_checkpoint_id AND f.layer = p.layer
+     AND f.neuron = p.neuron
+GROUP BY p.to_checkpoint_id, f.family ORDER BY p.to_checkpoint_id, f.family"""
+
+
+def report_counterparts(conn: psycopg.Connection, *, checkpoint_id: int,
+                        config_id: int) -> list[dict]:
+    """The report's section: per checkpoint this one's neurons were matched in (``ncat
+    counterparts``), the neurons matched, how many have a counterpart beyond the null, a
+    one-to-one partner beyond it, the same index; the null (threshold, level, models);
+    and per family the counts of ``REPORT_SQL``."""
+    out = []
+    for row in conn.execute(
+            "SELECT to_checkpoint_id, other_model, other_step, count(*), "
+            "count(*) FILTER (WHERE has_counterpart), "
+            "count(*) FILTER (WHERE one_to_one_similarity > null_threshold), "
+            "count(*) FILTER (WHERE same_index), min(null_threshold), min(level), "
+            "min(null_models), min(n_cells), array_agg(DISTINCT layer ORDER BY layer) "
+            "FROM neuron_counterparts WHERE from_checkpoint_id = %s AND config_id = %s "
+            "GROUP BY to_checkpoint_id, other_model, other_step "
+            "ORDER BY other_model, other_step", (checkpoint_id, config_id)):
+        (to, model, step, n, has, one, same, threshold, level, null_models, cells,
+         layers) = row
+        out.append({"to_checkpoint_id": to, "model": model, "step": step, "n": n,
+                    "has": has, "one_to_one": one, "same_index": same,
+                    "threshold": float(threshold), "level": float(level),
+                    "null_models": null_models, "n_cells": cells, "layers": list(layers),
+                    "families": {}})
+    by_id = {r["to_checkpoint_id"]: r for r in out}
+    for to, family, labelled, with_cp, same, carriers, other_n in conn.execute(
+            REPORT_SQL, {"c": checkpoint_id, "g": config_id}):
+        by_id[to]["families"][family] = {
+            "labelled": labelled, "with_counterpart": with_cp, "same_family": same,
+            "base_rate": carriers / other_n if other_n else None}
+    return out

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from schema import reads, store
+from schema.counterparts import report_counterparts
 from schema.export_reads import locate
 from schema.training import TrainingData, gather_training
 
@@ -213,6 +214,8 @@ class ReportData:
     periodic: PeriodicData = field(
         default_factory=PeriodicData)
     training: TrainingData | None = None  # the model's checkpoints and seeds (migration 0031)
+    # per checkpoint its neurons were matched in (schema.counterparts.report_counterparts)
+    counterparts: list[dict] = field(default_factory=list)
     # the load's difference from transformers (nats; None: not compared; migration 0032)
     transformers_nats: float | None = None
 
@@ -295,6 +298,8 @@ def gather_report(url: str, model: str, step: int | None = None, top_n: int = 20
         data.labels = gather_labels(conn, *key, config)
         data.periodic = gather_periodic(conn, *key)
         data.training = gather_training(conn, model=model, config_id=config_id)
+        data.counterparts = report_counterparts(conn, checkpoint_id=checkpoint_id,
+                                                config_id=config_id)
         data.grids = [g.values for g in stored]
         data.sketch = [g.sketch for g in stored]
     return data

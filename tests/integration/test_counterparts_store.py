@@ -127,3 +127,73 @@ def test_the_neuron_page_lists_its_counterparts_linked(home, catalog_env):  # no
     assert row.neuron == f"L{bl} N{bn}" and row.similarity == pytest.approx(sim, abs=1e-6)
     assert row["best match"].startswith("/neuron?") and "step=64" in row["best match"] \
         and f"layer={bl}" in row["best match"] and f"neuron={bn}" in row["best match"]
+
+
+def test_the_report_section_counts_what_the_table_holds(home, tmp_path):
+    """`ncat report`'s counterparts section (issue 83): per checkpoint matched, the neurons
+    with a counterpart, one-to-one partners beyond the null and same indices; per family
+    the labelled neurons, those with a counterpart, those whose counterpart carries the
+    family, and the family's share of the other checkpoint's neurons; each equal to a count
+    in Python over the stored rows and labels. A checkpoint never matched from says so."""
+    from jobs.cli import main
+    from reports.counterparts import markdown
+    from schema.report_reads import gather_report
+
+    name = _name()
+    assert main(["counterparts", name, "--checkpoint", "300", "--in", f"{name}@128",
+                 *_flags()]) == 0
+    with store.connect(home) as conn:
+        pairs = conn.execute(
+            "SELECT other_step, layer, neuron, best_layer, best_neuron, has_counterpart, "
+            "same_index, one_to_one_similarity, null_threshold FROM neuron_counterparts "
+            "WHERE model = %s AND step = 300", (name,)).fetchall()
+        carried: dict = {}
+        for step, layer, neuron, family in conn.execute(
+                "SELECT DISTINCT c.step, s.layer, s.neuron, h.family FROM neuron_score s "
+                "JOIN heuristic h ON h.id = s.heuristic_id JOIN checkpoint c ON "
+                "c.id = s.checkpoint_id WHERE s.implements"):
+            carried.setdefault((step, layer, neuron), set()).add(family)
+        size = dict(conn.execute(
+            "SELECT c.step, count(DISTINCT (n.layer, n.neuron)) FROM neuron_op n "
+            "JOIN checkpoint c ON c.id = n.checkpoint_id GROUP BY c.step").fetchall())
+    got = {r["step"]: r for r in gather_report(home, name, 300).counterparts}
+    assert set(got) == {p[0] for p in pairs} and 128 in got
+    labelled_seen = 0
+    for step, r in got.items():
+        mine = [p for p in pairs if p[0] == step]
+        assert r["n"] == len(mine) and r["model"] == name
+        assert r["has"] == sum(p[5] for p in mine)
+        assert r["same_index"] == sum(p[6] for p in mine)
+        assert r["one_to_one"] == sum(p[7] is not None and p[7] > p[8] for p in mine)
+        families = {f for p in mine for f in carried.get((300, p[1], p[2]), ())}
+        assert set(r["families"]) == families
+        for f in families:
+            own = [p for p in mine if f in carried.get((300, p[1], p[2]), ())]
+            with_cp = [p for p in own if p[5]]
+            same = [p for p in with_cp if f in carried.get((step, p[3], p[4]), ())]
+            carriers = sum(f in v for k, v in carried.items() if k[0] == step)
+            assert r["families"][f] == {"labelled": len(own),
+                                        "with_counterpart": len(with_cp),
+                                        "same_family": len(same),
+                                        "base_rate": pytest.approx(carriers / size[step])}
+            labelled_seen += len(own)
+    assert labelled_seen > 0  # the families' counts were compared on labelled neurons
+    text = "\n".join(markdown(list(got.values())))
+    r = got[128]
+    assert f"| {name}@128 | [0, 1] | {r['n']} | {r['has']}/{r['n']} = " in text
+    assert "No counterparts stored" in "\n".join(markdown(
+        gather_report(home, name, 128).counterparts))
+    # the whole report, as `ncat report` writes it: the section in both files, the numbers
+    # in the page's data
+    import html
+    import json
+    import re
+
+    from reports.report import render
+
+    page, md = render(gather_report(home, name, 300), tmp_path)
+    assert "## Counterparts in other runs and checkpoints" in md.read_text()
+    data = json.loads(html.unescape(re.search(
+        r"id='report-data'>(.*?)</script>", page.read_text(), re.S).group(1)))
+    assert {c["step"]: c["has"] for c in data["counterparts"]} == {
+        s: r["has"] for s, r in got.items()}
