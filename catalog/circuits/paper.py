@@ -233,12 +233,57 @@ def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: C
     baselines and the areas, for one operator's drawn prompts. ``kinds`` picks the
     circuits measured: the ranked one always, the reversed and random controls when named
     (the final circuit measured at an earlier checkpoint keeps only its random control)."""
-    table, width = setup.table, setup.width
     union = np.unique(np.concatenate(setup.seeds)) if setup.seeds else np.zeros(0, np.int64)
     result = CurveResult(plan_.protocol, op, plan_, sum(len(s) for s in setup.seeds),
                          len(union), len(setup.seeds), context, population, ranking)
     if not len(union):
         return result
+    run = _curve_runner(model, setup, replace, context)
+    model_v, empty_v = run(union, [Circuit.everything(model)]) + run(union, [plan_.empty])
+    mib_ks = faithfulness.fraction_counts(setup.width, setup.fractions)  # may repeat
+    sizes = CurveSizes.of(setup, mib_ks, kinds)
+    # the draws, in seed order, as rows of the union
+    draws = np.concatenate([np.searchsorted(union, s) for s in setup.seeds])
+    values = _curve_values(run, union, draws, plan_, setup,
+                           setup.table.operators.index(op), sizes)
+    _fill_curve(result, values, sizes, mib_ks, setup, model_v[draws], empty_v[draws])
+    return result
+
+
+@dataclass
+class CurveSizes:
+    """The circuit sizes one curve measures: ``ks`` the ranked circuit's (every MIB level
+    and the paper's counts), ``mib`` the distinct MIB levels (levels below one neuron
+    share k = 1: measured once), ``reversed`` / ``random`` the controls' sizes below the
+    full width (at the full width every kind keeps every neuron: one circuit, measured
+    with the ranked ones), empty where the control is not asked for."""
+
+    ks: list[int]
+    mib: list[int]
+    reversed: list[int]
+    random: list[int]
+    width: int
+    kinds: tuple[str, ...]
+
+    @classmethod
+    def of(cls, setup: CurveSetup, mib_ks: list[int], kinds: tuple[str, ...]) -> CurveSizes:
+        mib = sorted(set(mib_ks))
+        part = [k for k in mib if k < setup.width]
+        return cls(sorted(set(mib_ks) | set(setup.counts)), mib,
+                   part if "reversed" in kinds else [], part if "random" in kinds else [],
+                   setup.width, kinds)
+
+    def by_kind(self) -> dict[str, list[int]]:
+        """Each measured kind's sizes: the ranked circuit's and the controls' asked for."""
+        out = {"ranked": self.ks}
+        out.update({kind: self.mib for kind in ("reversed", "random") if kind in self.kinds})
+        return out
+
+
+def _curve_runner(model: HookedTransformer, setup: CurveSetup, replace: ablation.Replace,
+                  context: str):
+    """run(prompts, circuits) -> each circuit's metric values on those prompts."""
+    table = setup.table
     answer = torch.as_tensor(table.answer, device=model.cfg.device)
     cf_answer = torch.as_tensor(np.array([table.answer[setup.cf_of.get(int(p), int(p))]
                                           for p in range(len(table))]),
@@ -251,42 +296,39 @@ def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: C
     def run(prompts: np.ndarray, circuits: list[Circuit]) -> list[np.ndarray]:
         return ablation.evaluate(model, table, prompts, circuits, replace, context, score,
                                  setup.batch_size)
+    return run
 
-    model_v, empty_v = run(union, [Circuit.everything(model)]) + run(union, [plan_.empty])
-    mib_ks = faithfulness.fraction_counts(width, setup.fractions)  # per level; may repeat
-    sizes_mib = sorted(set(mib_ks))  # levels below one neuron share k = 1: measured once
-    ks = sorted(set(mib_ks) | set(setup.counts))
-    # the draws, in seed order, as rows of the union
-    draws = np.concatenate([np.searchsorted(union, s) for s in setup.seeds])
-    # At the full width every kind keeps every neuron: one circuit, measured once (with
-    # the ranked ones). Ranked and reversed circuits share everything below the first
-    # pruned layer, so they run together and the early layers run once.
-    part = [k for k in sizes_mib if k < width]
-    rev_part = part if "reversed" in kinds else []
+
+def _curve_values(run, union: np.ndarray, draws: np.ndarray, plan_: CircuitPlan,
+                  setup: CurveSetup, o: int, sizes: CurveSizes) -> dict[str, list]:
+    """Each kind's metric values per size (rows: the draws). Ranked and reversed circuits
+    share everything below the first pruned layer, so they run together and the early
+    layers run once; the random control draws anew per seed."""
+    ks = sizes.ks
     got = [v[draws] for v in run(union, [plan_.ranked(k) for k in ks]
-                                 + [plan_.reversed(k) for k in rev_part])]
-    ranked, rev = got[:len(ks)], dict(zip(rev_part, got[len(ks):], strict=True))
-    full = ranked[ks.index(width)] if width in ks else None
-    o = table.operators.index(op)
-    rand_part = part if "random" in kinds else []
+                                 + [plan_.reversed(k) for k in sizes.reversed])]
+    ranked, rev = got[:len(ks)], dict(zip(sizes.reversed, got[len(ks):], strict=True))
+    full = ranked[ks.index(sizes.width)] if sizes.width in ks else None
     per_seed = [run(s, [plan_.random(k, np.random.default_rng([setup.seed, 9, o, i, k]))
-                        for k in rand_part]) for i, s in enumerate(setup.seeds)]
+                        for k in sizes.random]) for i, s in enumerate(setup.seeds)]
     rand = {k: np.concatenate([seed_values[j] for seed_values in per_seed])
-            for j, k in enumerate(rand_part)}
-    values = {"ranked": ranked,
-              "reversed": [rev[k] if k in rev else full for k in sizes_mib],
-              "random": [rand[k] if k in rand else full for k in sizes_mib]}
-    sizes = {kind: ks if kind == "ranked" else sizes_mib
-             for kind in ("ranked", "reversed", "random")
-             if kind == "ranked" or kind in kinds}
-    boot = faithfulness.resamples(len(draws), setup.seed)
-    m, e = model_v[draws], empty_v[draws]
+            for j, k in enumerate(sizes.random)}
+    return {"ranked": ranked,
+            "reversed": [rev.get(k, full) for k in sizes.mib],
+            "random": [rand.get(k, full) for k in sizes.mib]}
+
+
+def _fill_curve(result: CurveResult, values: dict[str, list], sizes: CurveSizes,
+                mib_ks: list[int], setup: CurveSetup, m: np.ndarray, e: np.ndarray) -> None:
+    """The baselines, every point's statistics and each kind's areas into ``result``
+    (``m``, ``e``: the whole model's and the empty circuit's values on the draws)."""
+    boot = faithfulness.resamples(len(m), setup.seed)
     for mi, metric in enumerate(faithfulness.METRICS):
         result.baselines[metric] = {
             "model": float(m[:, mi].mean()), "empty": float(e[:, mi].mean()),
             "n_small": faithfulness.small_denominators(m[:, mi], e[:, mi])}
-    mib_set, paper_set = set(mib_ks), set(setup.counts)
-    for kind, k_list in sizes.items():
+    mib_set, paper_set, width = set(mib_ks), set(setup.counts), setup.width
+    for kind, k_list in sizes.by_kind().items():
         for v, k in zip(values[kind], k_list, strict=True):
             for mi, metric in enumerate(faithfulness.METRICS):
                 stats = faithfulness.point_stats(v[:, mi], e[:, mi], m[:, mi], boot)
@@ -297,4 +339,3 @@ def measure_curve(model: HookedTransformer, setup: CurveSetup, op: str, plan_: C
         result.areas[kind] = {metric: faithfulness.area_stats(
             np.array(setup.fractions), levels[:, :, mi], e[:, mi], m[:, mi], boot)
             for mi, metric in enumerate(faithfulness.METRICS)}
-    return result
