@@ -32,6 +32,11 @@ from catalog.measuring.prompts import PromptTable
 from catalog.run.results import LayerDigest, Summary
 
 
+def _points(curve, stat: str) -> list[tuple]:
+    """(size, faithfulness) of a curve under ``stat``, NaN where undefined."""
+    return [(k, v if v is not None else float("nan")) for k, v in curve.curve(stat=stat)]
+
+
 class CheckpointSummary:
     """The summary methods of ``CheckpointRun`` (which sets every attribute below)."""
 
@@ -73,38 +78,71 @@ class CheckpointSummary:
         covers and, per protocol, which it pruned and which it kept whole.
         """
         self._require_prepared()
-        model, config, table = self.model, self.config, self.table
+        model, config = self.model, self.config
         n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
         layers = sorted(effects)
         if not layers:
             raise ValueError("summarize needs at least one measured layer")
-        measured = np.zeros(n_layers, dtype=bool)
-        measured[layers] = True
-        runner = PrefixRunner(model, table)  # one prefix and context cache for the summary
+        runner = PrefixRunner(model, self.table)  # one prefix and context cache for the summary
         draws = self._faithfulness_draws()
         seconds: dict[str, float] = {}
         t = time.perf_counter()
-        comps = {op: component_effects(model, table, *self.pairs[op], config.component_positions,
-                                       config.rank_statistic, runner, self._exact_heads())
-                 for op in config.operators} if config.component_positions else {}
-        lens = {op: residual_lens(model, table, draws[op][0] if draws[op] else
-                                  np.zeros(0, np.int64), runner) for op in config.operators}
+        comps, lens = self._components_and_lens(draws, runner)
         seconds["component effects and residual lens"] = time.perf_counter() - t
         if final is not None:
             final.check(n_layers, model.cfg.n_heads, d_mlp)
         curves, final_curves = self._curves(effects, attribution or {}, comps, draws, layers,
                                             seconds, final)
         t = time.perf_counter()
+        h_knock, p_knock, top_sets = (self._knockouts(effects, matches, draws, layers, runner)
+                                      if run_knockouts else ([], {}, {}))
+        seconds["knockouts"] = time.perf_counter() - t
+        t = time.perf_counter()
+        explained = self._explained(matches, means or {}, draws, layers, top_sets, runner) \
+            if run_knockouts else {}
+        seconds["prompt explanations"] = time.perf_counter() - t
         first = [c for c in curves if c.protocol == config.faithfulness_protocols[0]]
-        def points(c, stat):
-            return [(k, v if v is not None else float("nan")) for k, v in c.curve(stat=stat)]
-        faith = {c.op: points(c, "ratio_of_means") for c in first}
-        faith_mean_ratio = {c.op: points(c, "mean_ratio") for c in first}
+        return Summary(
+            **self._counts(matches), layers=layers,
+            circuit_sizes=sorted({k for c in first for k, _ in c.curve()}),
+            faithfulness={c.op: _points(c, "ratio_of_means") for c in first},
+            faithfulness_mean_ratio={c.op: _points(c, "mean_ratio") for c in first},
+            heuristic_knockouts=h_knock, prompt_knockouts=p_knock,
+            components=comps, curves=curves, residual_lens=lens,
+            enrichment=self._enrichment(effects, matches, layers),
+            prompt_explanations=explained, seconds=seconds,
+            final_curves=final_curves, final_step=final.step if final is not None else None,
+        )
+
+    def _components_and_lens(self, draws: dict[str, list[np.ndarray]],
+                             runner: PrefixRunner) -> tuple[dict, dict]:
+        """Each operator's component effects (where the config asks) and the residual
+        stream's lens on its first faithfulness draw."""
+        model, config, table = self.model, self.config, self.table
+        comps = {op: component_effects(model, table, *self.pairs[op], config.component_positions,
+                                       config.rank_statistic, runner, self._exact_heads())
+                 for op in config.operators} if config.component_positions else {}
+        lens = {op: residual_lens(model, table, draws[op][0] if draws[op] else
+                                  np.zeros(0, np.int64), runner) for op in config.operators}
+        return comps, lens
+
+    def _knockouts(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
+                   draws: dict[str, list[np.ndarray]], layers: list[int],
+                   runner: PrefixRunner) -> tuple[list, dict, dict]:
+        """(heuristic knockouts, prompt knockouts, each operator's top set) over the
+        faithfulness prompts: the top set is the measured layers' neurons of largest
+        effect (``top_set_fraction``); each of its 20 leading heuristics knocked out."""
+        model, config, table = self.model, self.config, self.table
+        n_layers, d_mlp = model.cfg.n_layers, self.d_mlp
+        measured = np.zeros(n_layers, dtype=bool)
+        measured[layers] = True
         h_knock, p_knock, top_sets = [], {}, {}
         top_k = paper.circuit_sizes(d_mlp, (config.top_set_fraction,))[0]
         for o, op in enumerate(config.operators):
-            prompts = np.unique(np.concatenate(draws[op])) if draws[op] else np.zeros(0, int)
-            if not run_knockouts or len(prompts) == 0:
+            if not draws[op]:
+                continue
+            prompts = np.unique(np.concatenate(draws[op]))
+            if len(prompts) == 0:
                 continue
             eff = np.full((n_layers, d_mlp), -np.inf)
             for layer in layers:
@@ -120,39 +158,36 @@ class CheckpointSummary:
             p_knock[op] = knockouts.prompt_knockout(
                 model, table, prompts, [h for h, _ in ranked], [m for _, m in ranked], top_set,
                 config.knockout_neurons, config.seed, runner)
-        seconds["knockouts"] = time.perf_counter() - t
-        t = time.perf_counter()
-        explained = self._explained(matches, means or {}, draws, layers, top_sets, runner) \
-            if run_knockouts else {}
-        seconds["prompt explanations"] = time.perf_counter() - t
+        return h_knock, p_knock, top_sets
+
+    def _counts(self, matches: dict[int, Matches]) -> dict:
+        """The summary's per-operator counts: accuracy, correct prompts, pairs, labelled
+        neurons, solved examples' cells left out; and the heuristics' aliases."""
+        config, table = self.config, self.table
         correct_all = table.correct
         assert correct_all is not None and table.is_shot is not None
-        return Summary(
+        ops = config.operators
+        return dict(
             accuracy=accuracy_by_operator(table),
-            n_correct={op: int(correct_all[table.op_index(op)].sum())
-                       for op in config.operators},
-            n_pairs={op: len(self.pairs[op][0]) for op in config.operators},
-            circuit_sizes=sorted({k for c in first for k, _ in c.curve()}),
-            faithfulness=faith, faithfulness_mean_ratio=faith_mean_ratio,
-            heuristic_knockouts=h_knock, prompt_knockouts=p_knock,
-            n_heuristic_neurons={
-                op: sum(len(m.neurons_matching(o)) for m in matches.values())
-                for o, op in enumerate(config.operators)},
-            layers=layers,
+            n_correct={op: int(correct_all[table.op_index(op)].sum()) for op in ops},
+            n_pairs={op: len(self.pairs[op][0]) for op in ops},
+            n_heuristic_neurons={op: sum(len(m.neurons_matching(o)) for m in matches.values())
+                                 for o, op in enumerate(ops)},
             n_excluded={op: int((correct_all & table.is_shot)[table.op_index(op)].sum())
-                        for op in config.operators},
-            components=comps, curves=curves, residual_lens=lens,
+                        for op in ops},
             aliases={op: {h.key: list(h.aliases) for p in self.partitions[op]
-                          for h in p.heuristics if h.aliases} for op in config.operators},
-            enrichment=enrichment.enrichment(
-                {layer: effects_mod.ranks(np.nan_to_num(effects[layer], nan=-np.inf))
-                 for layer in layers},
-                {layer: enrichment.label_masks(matches[layer], d_mlp, len(config.operators))
-                 for layer in layers if layer in matches},
-                config.operators, config.top_set_fraction, config.seed),
-            prompt_explanations=explained, seconds=seconds,
-            final_curves=final_curves, final_step=final.step if final is not None else None,
-        )
+                          for h in p.heuristics if h.aliases} for op in ops})
+
+    def _enrichment(self, effects: dict[int, np.ndarray], matches: dict[int, Matches],
+                    layers: list[int]) -> list[dict]:
+        """Labels among the top set against random neurons (``enrichment.enrichment``)."""
+        config, d_mlp = self.config, self.d_mlp
+        return enrichment.enrichment(
+            {layer: effects_mod.ranks(np.nan_to_num(effects[layer], nan=-np.inf))
+             for layer in layers},
+            {layer: enrichment.label_masks(matches[layer], d_mlp, len(config.operators))
+             for layer in layers if layer in matches},
+            config.operators, config.top_set_fraction, config.seed)
 
     def _explained(self, matches: dict[int, Matches], means: dict[int, tuple],
                    draws: dict[str, list[np.ndarray]],

@@ -260,7 +260,7 @@ RADON_OVER_20 = {
     "catalog/explain/grid.py:explain_prompts",
     "catalog/explain/prompt.py:explain",
     "catalog/labels/matching.py:score_partitions",
-    "catalog/run/summarize.py:summarize", "catalog/sources/streaming.py:streamed_conversion",
+    "catalog/sources/streaming.py:streamed_conversion",
     "ui/views/neuron.py:render",
 }
 
