@@ -156,17 +156,7 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
     scored, heads = score_prompts(model, prompts, sorted({la for la, _ in keys}), typical,
                                   typical_kv, batch)
     n = len(prompts)
-    per_label = [(k, x) for k, key in enumerate(keys) for x in labels[key]]
-    label_cols: list[list[int]] = [[] for _ in keys]
-    hold_labels = np.zeros((n, len(per_label)), dtype=bool)
-    bits = scored.sides.reshape(n, -1)[:, flat] if len(flat) else np.zeros((n, 0), np.int8)
-    for col, (k, x) in enumerate(per_label):
-        label_cols[k].append(col)
-        inside = np.asarray(x.heuristic.contains(scored.a, scored.b, scored.result), dtype=bool)
-        hold_labels[:, col] = inside & ((bits[:, k] & kind(x)) != 0)
-    hold = np.zeros((n, len(keys)), dtype=bool)
-    for col, (k, _) in enumerate(per_label):
-        hold[:, k] |= hold_labels[:, col]
+    per_label, label_cols, hold_labels, hold = _holding(scored, labels, keys, flat)
     t = scored.target
     shares = {part: np.zeros(n) for part in PARTS}
     shares_total = {part: np.zeros(n) for part in PARTS[:3]}
@@ -187,23 +177,12 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
         run = evaluate or masked_last_position(
             model, [p.tokens for p in prompts], np.array([p.answer for p in prompts]))
         p_clean = run(np.zeros((n, *shape), dtype=bool))[0]
-    per_layer = config.knockout_neurons
-    true = adds(scored, labels, shape, per_layer, draws, rng, top_set, run)
-    nulls = [adds(scored, reassign(labels, d_mlp, rng), shape, per_layer, 1, rng, top_set,
-                  run, matched_only=True) for _ in range(placements if keys else 0)]
-    for fig in [true, *nulls]:
-        fig.pop("member", None)
-        fig.pop("labelled", None)
-    for fig in nulls:
-        fig.pop("sets", None)
+    true, nulls = _label_figures(scored, labels, shape, config.knockout_neurons, draws, rng,
+                                 top_set, run, placements if keys else 0)
     steered: list[Steered] = []
     if run is not None and steering:
-        results = grid_cells(model, tokenizer, config, op)[2]
-        first = {int(r): encode_number(tokenizer, int(r))[0] for r in np.unique(results)}
-        assert scored.activations is not None
-        steered = steer(labels, scored.activations, scored.sides, scored.a, scored.b,
-                        scored.result, results, first, run, rng,
-                        max_heuristics=steer_heuristics)
+        steered = _steered(model, tokenizer, config, op, scored, labels, run, rng,
+                           steer_heuristics)
     return PromptTerms(a=scored.a, b=scored.b, result=scored.result, target=t, shares=shares,
                        n_for=n_for, heuristics_in_80=in80, n_holding=hold.sum(1),
                        n_neurons=n_layers * d_mlp, n_labelled=len(keys),
@@ -211,6 +190,56 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
                        **_held_sums(direct, flat, hold), shares_total=shares_total,
                        n_for_total=n_for_total, label_adds=true, null_adds=nulls,
                        p_clean=p_clean, steering=steered)
+
+
+def _holding(scored: Scored, labels: Mapping, keys: list, flat: np.ndarray
+             ) -> tuple[list, list[list[int]], np.ndarray, np.ndarray]:
+    """(each (labelled neuron's position, label), each labelled neuron's label columns,
+    (P, labels) whether each label holds on each prompt, (P, labelled neurons) whether
+    any of the neuron's labels holds): a label holds where the prompt is in its set and
+    its side condition holds on the neuron (``sides`` bits)."""
+    n = len(scored.a)
+    per_label = [(k, x) for k, key in enumerate(keys) for x in labels[key]]
+    label_cols: list[list[int]] = [[] for _ in keys]
+    hold_labels = np.zeros((n, len(per_label)), dtype=bool)
+    bits = scored.sides.reshape(n, -1)[:, flat] if len(flat) else np.zeros((n, 0), np.int8)
+    for col, (k, x) in enumerate(per_label):
+        label_cols[k].append(col)
+        inside = np.asarray(x.heuristic.contains(scored.a, scored.b, scored.result), dtype=bool)
+        hold_labels[:, col] = inside & ((bits[:, k] & kind(x)) != 0)
+    hold = np.zeros((n, len(keys)), dtype=bool)
+    for col, (k, _) in enumerate(per_label):
+        hold[:, k] |= hold_labels[:, col]
+    return per_label, label_cols, hold_labels, hold
+
+
+def _label_figures(scored: Scored, labels: Mapping, shape: tuple[int, int], per_layer: int,
+                   draws: int, rng: np.random.Generator, top_set: np.ndarray | None,
+                   run: Evaluator | None, placements: int) -> tuple[dict, list[dict]]:
+    """What the labels add (catalog.explain.label_figures) and the same figures with the
+    labels placed at random ``placements`` times (the null: the matched sets only),
+    without the masks they were drawn from."""
+    true = adds(scored, labels, shape, per_layer, draws, rng, top_set, run)
+    nulls = [adds(scored, reassign(labels, shape[1], rng), shape, per_layer, 1, rng, top_set,
+                  run, matched_only=True) for _ in range(placements)]
+    for fig in [true, *nulls]:
+        fig.pop("member", None)
+        fig.pop("labelled", None)
+    for fig in nulls:
+        fig.pop("sets", None)
+    return true, nulls
+
+
+def _steered(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,
+             scored: Scored, labels: Mapping, run: Evaluator, rng: np.random.Generator,
+             steer_heuristics: int) -> list[Steered]:
+    """The steering test of the result heuristics with the most labelled neurons
+    (catalog.explain.steering), over the operator's results on the grid."""
+    results = grid_cells(model, tokenizer, config, op)[2]
+    first = {int(r): encode_number(tokenizer, int(r))[0] for r in np.unique(results)}
+    assert scored.activations is not None
+    return steer(labels, scored.activations, scored.sides, scored.a, scored.b,
+                 scored.result, results, first, run, rng, max_heuristics=steer_heuristics)
 
 
 def _split_rows(terms: np.ndarray, flat: np.ndarray, hold: np.ndarray, t: np.ndarray,
