@@ -59,7 +59,15 @@ from catalog.explain.holds import (  # noqa: F401  (the label loaders, re-export
     sides,
     typical_arrays,
 )
-from catalog.explain.shares import RANKINGS, label_excess, label_masks, split
+from catalog.explain.shares import (
+    RANKINGS,
+    held_contributions,
+    heuristics_reached,
+    label_excess,
+    label_masks,
+    split,
+    top_heads,
+)
 from catalog.explain.syntax import PROMPT, PromptError, parse  # noqa: F401  (re-exported)
 from catalog.explain.total import total_effects
 from catalog.labels.heuristics import Heuristic
@@ -310,10 +318,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     ``top_set``: (n_layers, d_mlp) the pool of the paper's random control (None: every
     neuron); ``total``: compute the total effects (one backward; False: NaN, and the
     knockout must rank by direct terms)."""
-    if ranking not in RANKINGS:
-        raise ValueError(f"ranking must be one of {RANKINGS}, not {ranking!r}")
-    if ranking == "total" and not total:
-        raise ValueError("ranking 'total' needs the total effects (total=True)")
+    _check_ranking(ranking, total)
     p = build(model, tokenizer, text, config)
     dec, lens, correct, wrote = _one_pass(model, tokenizer, p)
     totals = total_effects(model, p.tokens[None], np.array([p.answer]), p.competitors)[0] \
@@ -321,6 +326,54 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     logits = torch.as_tensor(dec.logits, dtype=torch.float64)
     t = dec.target
     labelled_in = as_labels(labels)
+    shape = dec.neurons.shape
+    side_bits, member, here = _labels_on(model, p, dec, labelled_in, typical, typical_kv)
+    toward, away, order = _shown_rows(dec, totals, here, typical, top)
+    shown = toward + away
+    for r, promotes in zip(shown, _promoted(
+            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in shown]), strict=True):
+        r.promotes = promotes
+    _note_complements(model, tokenizer, config, p, shown, labelled_in)
+    holds = {key for key, ls in here.items() if any(x.holds for x in ls)}
+    masks = label_masks(shape, set(here), holds)
+    by_family, by_label = held_contributions(dec.neurons, here, holds)
+    rest = float(dec.heads.sum()), dec.embed + dec.biases + dec.error
+    shares, n_for = split(dec.neurons, masks, t, rest)
+    shares_total, n_for_total = split(totals, masks, t, None) if total else ({}, {})
+    scored = {"direct": dec.neurons, **({"total": totals} if total else {})}
+    ko = None
+    if labelled_in and seeds:
+        ko = _knockout(model, config, p, scored[ranking], masks, member, side_bits, seeds,
+                       ranking, top_set)
+    return Explanation(
+        prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
+        predicted=tokenizer.decode([int(logits.argmax())]),
+        correct=correct, p_answer=float(logits.softmax(-1)[p.answer]),
+        rank_answer=int((logits > logits[p.answer]).sum()) + 1, target=t,
+        neurons_total=float(dec.neurons.sum()), heads_total=float(dec.heads.sum()),
+        embed=dec.embed, biases=dec.biases, error=dec.error,
+        lens=lens, toward=toward, away=away, heads=top_heads(dec.heads, top),
+        by_family=by_family, by_label=by_label, shares=shares, n_for=n_for,
+        heuristics_in_80=heuristics_reached(order[:max(n_for["80%"], 0)], here, shape[1]),
+        labelled=bool(labelled_in), knockout=ko,
+        shares_total=shares_total, n_for_total=n_for_total,
+        share_adds=_share_adds(scored, masks, member, side_bits, t) if labelled_in else {},
+        written=wrote, answer_token=tokenizer.decode([int(p.answer)]))
+
+
+def _check_ranking(ranking: str, total: bool) -> None:
+    """A ranking the knockout knows, with the effects it needs."""
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {RANKINGS}, not {ranking!r}")
+    if ranking == "total" and not total:
+        raise ValueError("ranking 'total' needs the total effects (total=True)")
+
+
+def _labels_on(model: HookedTransformer, p: Prompt, dec, labelled_in: Mapping,
+               typical: Mapping | None, typical_kv: Mapping | None
+               ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(each neuron's side bits on the prompt, each neuron's label kinds whose sets
+    contain it, (layer, neuron) -> its labels with whether each holds here)."""
     shape = dec.neurons.shape
     lens_all = np.stack([lens_at(model, layer, np.array([p.answer]))[:, 0]
                          for layer in range(shape[0])]) if labelled_in else np.zeros(shape)
@@ -330,6 +383,33 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     here = {(layer, n): [LabelHere(x.heuristic.label, x.family, bool(
         x.heuristic.contains(*one)[0] and side_bits[layer, n] & kind(x)), x.side) for x in xs]
         for (layer, n), xs in labelled_in.items()}
+    return side_bits, member, here
+
+
+def _knockout(model: HookedTransformer, config: ScienceConfig, p: Prompt, score: np.ndarray,
+              masks: tuple, member: np.ndarray, side_bits: np.ndarray, seeds: int,
+              ranking: str, top_set: np.ndarray | None) -> PromptKnockout | None:
+    """The prompt knockout with its controls (None where no labelled neuron holds)."""
+    sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
+                          config.knockout_neurons, seeds,
+                          np.random.default_rng([config.seed, 47]), random_pool=top_set)
+    return run_knockout(model, p.tokens, p.answer, sets, ranking) \
+        if sets["knockout"][0].any() else None
+
+
+def _share_adds(scored: dict[str, np.ndarray], masks: tuple, member: np.ndarray,
+                side_bits: np.ndarray, t: float) -> dict:
+    """What the labels add to each score's share of T (``label_excess``)."""
+    return {name: {k: float(v[0]) for k, v in label_excess(
+        x[None], masks[0], member[None], side_bits[None], np.array([t])).items()}
+        for name, x in scored.items()}
+
+
+def _shown_rows(dec, totals: np.ndarray, here: dict, typical: Mapping | None, top: int
+                ) -> tuple[list[NeuronRow], list[NeuronRow], np.ndarray]:
+    """(the ``top`` neurons pushing the answer most, the ``top`` pushing it away most,
+    every neuron's position by direct term, largest first)."""
+    t = dec.target
 
     def row(layer: int, n: int) -> NeuronRow:
         c = float(dec.neurons[layer, n])
@@ -343,56 +423,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     order = np.argsort(-flat, kind="stable")
     toward = [row(int(i) // width, int(i) % width) for i in order[:top] if flat[i] > 0]
     away = [row(int(i) // width, int(i) % width) for i in order[::-1][:top] if flat[i] < 0]
-    shown = toward + away
-    for r, promotes in zip(shown, _promoted(
-            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in shown]), strict=True):
-        r.promotes = promotes
-    _note_complements(model, tokenizer, config, p, shown, labelled_in)
-    h_order = np.argsort(-np.abs(dec.heads.ravel()), kind="stable")[:top]
-    heads = [(int(i) // dec.heads.shape[1], int(i) % dec.heads.shape[1],
-              float(dec.heads.ravel()[i])) for i in h_order]
-    holds = {key for key, ls in here.items() if any(x.holds for x in ls)}
-    masks = label_masks(shape, set(here), holds)
-    by_family: dict[str, float] = {}
-    by_label: dict[str, float] = {}
-    for (layer, n) in holds:
-        c = float(dec.neurons[layer, n])
-        for x in {x.family: x for x in here[(layer, n)] if x.holds}.values():
-            by_family[x.family] = by_family.get(x.family, 0.0) + c
-        for x in here[(layer, n)]:
-            if x.holds:
-                by_label[x.label] = by_label.get(x.label, 0.0) + c
-    rest = float(dec.heads.sum()), dec.embed + dec.biases + dec.error
-    shares, n_for = split(dec.neurons, masks, t, rest)
-    shares_total, n_for_total = split(totals, masks, t, None) if total else ({}, {})
-    scored = {"direct": dec.neurons, **({"total": totals} if total else {})}
-    in80 = order[:max(n_for["80%"], 0)]
-    heuristics_in_80 = len({x.label for i in in80
-                            for x in here.get((int(i) // width, int(i) % width), [])
-                            if x.holds})
-    ko = None
-    if labelled_in and seeds:
-        score = dec.neurons if ranking == "direct" else totals
-        sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
-                              config.knockout_neurons, seeds,
-                              np.random.default_rng([config.seed, 47]), random_pool=top_set)
-        if sets["knockout"][0].any():
-            ko = run_knockout(model, p.tokens, p.answer, sets, ranking)
-    return Explanation(
-        prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
-        predicted=tokenizer.decode([int(logits.argmax())]),
-        correct=correct, p_answer=float(logits.softmax(-1)[p.answer]),
-        rank_answer=int((logits > logits[p.answer]).sum()) + 1, target=t,
-        neurons_total=float(dec.neurons.sum()), heads_total=float(dec.heads.sum()),
-        embed=dec.embed, biases=dec.biases, error=dec.error,
-        lens=lens, toward=toward, away=away, heads=heads,
-        by_family=by_family, by_label=by_label, shares=shares, n_for=n_for,
-        heuristics_in_80=heuristics_in_80, labelled=bool(labelled_in), knockout=ko,
-        shares_total=shares_total, n_for_total=n_for_total,
-        share_adds={name: {k: float(v[0]) for k, v in label_excess(
-            x[None], masks[0], member[None], side_bits[None], np.array([t])).items()}
-            for name, x in scored.items()} if labelled_in else {}, written=wrote,
-        answer_token=tokenizer.decode([int(p.answer)]))
+    return toward, away, order
 
 
 def _note_complements(model: HookedTransformer, tokenizer, config: ScienceConfig, p: Prompt,

@@ -94,3 +94,34 @@ def label_excess(terms: np.ndarray, labelled: np.ndarray, member: np.ndarray,
                 expect = expect + np.where(count > 0, count * mean, 0.0)
             out[name] = np.where(t != 0, (s_hold - expect.sum(1)) / t, np.nan)
     return out
+
+
+def held_contributions(neurons: np.ndarray, here: dict, holds: set
+                       ) -> tuple[dict[str, float], dict[str, float]]:
+    """The direct terms (``neurons``, (n_layers, d_mlp)) of the neurons whose labels hold
+    (``holds``; ``here``: (layer, neuron) -> labels with ``holds``, ``family``, ``label``),
+    summed per family (a neuron counted once per family) and per label."""
+    by_family: dict[str, float] = {}
+    by_label: dict[str, float] = {}
+    for (layer, n) in holds:
+        c = float(neurons[layer, n])
+        for x in {x.family: x for x in here[(layer, n)] if x.holds}.values():
+            by_family[x.family] = by_family.get(x.family, 0.0) + c
+        for x in here[(layer, n)]:
+            if x.holds:
+                by_label[x.label] = by_label.get(x.label, 0.0) + c
+    return by_family, by_label
+
+
+def heuristics_reached(reach: np.ndarray, here: dict, width: int) -> int:
+    """How many distinct labels hold on the neurons ``reach`` (flat indices: those that
+    reach 80% of T, largest direct terms first)."""
+    return len({x.label for i in reach for x in here.get((int(i) // width, int(i) % width), [])
+                if x.holds})
+
+
+def top_heads(heads: np.ndarray, top: int) -> list[tuple[int, int, float]]:
+    """(layer, head, term) of the ``top`` heads of largest |term|."""
+    h_order = np.argsort(-np.abs(heads.ravel()), kind="stable")[:top]
+    return [(int(i) // heads.shape[1], int(i) % heads.shape[1], float(heads.ravel()[i]))
+            for i in h_order]
