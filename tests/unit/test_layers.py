@@ -231,7 +231,7 @@ OVER_COMPLEXITY = {
     "catalog/labels/matching.py:score_partitions",
     "catalog/sources/streaming.py:streamed_conversion",
     "schema/dump.py:schema_text",
-    "tests/integration/test_chaos.py:chaos", "ui/views/neuron.py:render",
+    "tests/integration/test_chaos.py:chaos",
 }
 
 
@@ -259,7 +259,6 @@ def test_only_the_listed_functions_pass_the_complexity_limit():
 RADON_OVER_20 = {
     "catalog/labels/matching.py:score_partitions",
     "catalog/sources/streaming.py:streamed_conversion",
-    "ui/views/neuron.py:render",
 }
 
 

@@ -183,7 +183,7 @@ def _explain_a_cell(p: dict, layout: pd.DataFrame) -> None:
                     "them.")
 
 
-def render() -> None:  # noqa: C901
+def render() -> None:
     st.title("Neuron")
     if not require_catalog():
         return
@@ -212,6 +212,20 @@ def render() -> None:  # noqa: C901
         st.info(note)
     layout = data.layout(p["config_id"]).set_index("op")
 
+    _k_maps(p, layout)
+    _kv_map(p, layout)
+
+    _explain_a_cell(p, layout)
+
+    _lens_and_spectrum(p)
+    _matches(p)
+    _counterparts(p)
+
+    _evolution(p, layout)
+
+
+def _k_maps(p: dict, layout: pd.DataFrame) -> None:
+    """The neuron's stored K maps, one per operator (block means where sketched)."""
     st.markdown("#### Activation grids (K map)")
     grids = {op: data.stored_grid(*p.values(), op=op) for op in layout.index}
     sketched = [op for op, g in grids.items() if g is not None and g.sketch]
@@ -228,6 +242,10 @@ def render() -> None:  # noqa: C901
                 cols[i % 2].plotly_chart(plots.profiles(g.row_means, g.col_means,
                                                         int(layout.lo[op]), op),
                                          key=f"p{op}")
+
+
+def _kv_map(p: dict, layout: pd.DataFrame) -> None:
+    """The KV map of the operator chosen (or the one the link names)."""
     st.markdown("#### Direct effect on the answer (KV map)")
     kv_ops = list(layout.index)
     linked = st.query_params.get("op")  # a link may name the operator it was made for
@@ -240,8 +258,9 @@ def render() -> None:  # noqa: C901
         st.plotly_chart(plots.heatmap(g.values, int(layout.lo[kv_op]), title,
                                       diverging=True, unit="activation x lens"), key="kv")
 
-    _explain_a_cell(p, layout)
 
+def _lens_and_spectrum(p: dict) -> None:
+    """The logit lens and the periodic structure, where stored."""
     lens = data.lens(*p.values())
     if lens:
         st.markdown("#### Logit lens")
@@ -266,6 +285,9 @@ def render() -> None:  # noqa: C901
                                     for c in ("share", "fit R^2", "linear share",
                                               "helix R^2")})
 
+
+def _matches(p: dict) -> None:
+    """The heuristic scores stored for the neuron."""
     st.markdown("#### Heuristic matches")
     st.caption("Score: share of the heuristic's cells among the neuron's top-k cells; base "
                "rate: the score a random ordering gives (|S_H| / cells); p-value: the exact "
@@ -283,8 +305,9 @@ def render() -> None:  # noqa: C901
                          "base_rate": st.column_config.NumberColumn(format="%.2f"),
                          "p_value": st.column_config.NumberColumn(format="%.1e")})
 
-    _counterparts(p)
 
+def _evolution(p: dict, layout: pd.DataFrame) -> None:
+    """The neuron across training: effect and best score per step, grids at chosen steps."""
     st.markdown("#### Across training")
     ev = data.evolution(p["model_id"], p["config_id"], p["layer"], p["neuron"])
     if ev.empty:
