@@ -174,7 +174,7 @@ def _group_of(key: str) -> int:
 _READ_OUT = ("ln_final.", "unembed.")
 
 
-def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutral: str,  # noqa: C901
+def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutral: str,
                         tokens: torch.Tensor, *, dtype: torch.dtype, fold_ln: bool,
                         center_writing_weights: bool,
                         center_unembed: bool) -> tuple[bool, torch.Tensor]:
@@ -185,7 +185,6 @@ def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutr
     block, then the read-out, each run while its group's weights are still in float32 (the
     read-out's stay so until the end), so the check against transformers is as strict in
     every working dtype as in float32."""
-    from transformer_lens import loading_from_pretrained as tl_loading
 
     cfg = model.cfg
     # the converters move each tensor to ``cfg.device``; with None, meta tensors stay
@@ -198,46 +197,16 @@ def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutr
     real = _Materialized(hf_model, tensors)
     resid = tokens
     for index, names in enumerate(groups):
-        real.load(names)
-        try:
-            converted = tl_loading.get_pretrained_state_dict(neutral, convert_cfg, hf_model,
-                                                             dtype=torch.float32)
-        finally:
-            real.drop(names)
-        # the group's own tensors real, the rest on the meta device: every processing
-        # step is then computed for this group alone (an operation mixing groups raises)
-        state_dict = {k: (v if _group_of(k) == index else v.to("meta"))
-                      for k, v in converted.items()}
-        del converted
+        holder = _group_state(real, names, index, neutral, convert_cfg, hf_model)
         if index == 0:  # as hf.load_processed decides, from every key
-            fold_ln = (fold_ln and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
-                       and any(k.endswith(_LN_KEYS) for k in state_dict))
-            if fold_ln and cfg.normalization_type in ("LN", "RMS"):
-                raise StreamUnsupported("the norms are not swapped for folding")
-        holder = [state_dict]  # its only reference: each step frees its input as it goes
-        del state_dict
+            fold_ln = _folds(cfg, fold_ln, holder[0])
         try:
             processed = process_weights(cfg, holder, fold_ln=fold_ln,
                                         center_writing_weights=center_writing_weights,
                                         center_unembed=center_unembed)
         except RuntimeError as exc:
             raise StreamUnsupported(f"weight processing mixes layers: {exc}") from None
-        assigned = []
-        for key in list(processed):
-            value = processed.pop(key)
-            if _group_of(key) != index or key not in wanted:
-                continue
-            if value.device.type == "meta":
-                raise StreamUnsupported(f"{key} does not come from its own layer's tensors")
-            done.add(key)
-            if key in _UNEMBED:  # kept apart, in float32, a slice of the vocabulary each
-                unembed[key] = _vocab_slices(value)
-                continue
-            value = value.T.contiguous().T if _multiplied_transposed(key, cfg) \
-                else value.contiguous()
-            model.load_state_dict({key: value}, strict=False, assign=True)
-            assigned.append(key)
-            del value
+        assigned = _assign_group(model, processed, index, wanted, done, unembed)
         with torch.no_grad():
             if index == 0:
                 resid = model(tokens, stop_at_layer=0)
@@ -255,6 +224,60 @@ def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutr
     for key in read_out:
         _cast(model, key, dtype)
     return fold_ln, logits
+
+
+def _group_state(real: _Materialized, names, index: int, neutral: str, convert_cfg,
+                 hf_model) -> list[dict]:
+    """The converter's state dict with group ``index``'s own tensors real and the rest on
+    the meta device (every processing step is then computed for this group alone: an
+    operation mixing groups raises), in a list that holds its only reference (each step
+    frees its input as it goes)."""
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    real.load(names)
+    try:
+        converted = tl_loading.get_pretrained_state_dict(neutral, convert_cfg, hf_model,
+                                                         dtype=torch.float32)
+    finally:
+        real.drop(names)
+    holder = [{k: (v if _group_of(k) == index else v.to("meta"))
+               for k, v in converted.items()}]
+    del converted
+    return holder
+
+
+def _folds(cfg, fold_ln: bool, state_dict: dict) -> bool:
+    """Whether the norms are folded, as ``hf.load_processed`` decides from every key;
+    StreamUnsupported where folding would swap them."""
+    fold_ln = (fold_ln and cfg.normalization_type in ("LN", "LNPre", "RMS", "RMSPre")
+               and any(k.endswith(_LN_KEYS) for k in state_dict))
+    if fold_ln and cfg.normalization_type in ("LN", "RMS"):
+        raise StreamUnsupported("the norms are not swapped for folding")
+    return fold_ln
+
+
+def _assign_group(model, processed: dict, index: int, wanted: set[str], done: set[str],
+                  unembed: dict[str, list[torch.Tensor]]) -> list[str]:
+    """Group ``index``'s processed parameters into ``model`` (the unembedding kept apart
+    in float32 slices, ``unembed``), each popped as it goes; returns the keys assigned."""
+    cfg = model.cfg
+    assigned = []
+    for key in list(processed):
+        value = processed.pop(key)
+        if _group_of(key) != index or key not in wanted:
+            continue
+        if value.device.type == "meta":
+            raise StreamUnsupported(f"{key} does not come from its own layer's tensors")
+        done.add(key)
+        if key in _UNEMBED:  # kept apart, in float32, a slice of the vocabulary each
+            unembed[key] = _vocab_slices(value)
+            continue
+        value = value.T.contiguous().T if _multiplied_transposed(key, cfg) \
+            else value.contiguous()
+        model.load_state_dict({key: value}, strict=False, assign=True)
+        assigned.append(key)
+        del value
+    return assigned
 
 
 # the unembedding: its float32 copy waits in slices for the read-out, so that the cast to
