@@ -27,7 +27,7 @@ from catalog.core.stats import log_n_choose
 from catalog.labels import significance
 from catalog.labels.heuristics import Cells, Heuristic, Partition
 from catalog.labels.matches import Matches
-from catalog.labels.significance import base_rate, p_values
+from catalog.labels.score_rows import matches_from_best
 
 
 @dataclass
@@ -275,7 +275,7 @@ def value_group_scores(
     return out
 
 
-def score_partitions(  # noqa: C901
+def score_partitions(
     k_map: Float[torch.Tensor, "neuron cell"],
     kv_map: Float[torch.Tensor, "neuron cell"],
     partitions: list[Partition],
@@ -311,15 +311,7 @@ def score_partitions(  # noqa: C901
                            pattern_top_k, op, orders, pairs, fallback)
     best: list[torch.Tensor | None] = [None] * len(partitions)
     is_bottom: list[torch.Tensor | None] = [None] * len(partitions)
-    same = kv_map is k_map  # one map for both kinds of heuristic: sort it once
-    # each kind of map is sorted only where a partition reads it (the label rule's second
-    # pass scores result heuristics alone); the bottom side is the top side reversed
-    needs = {part.direct for part in partitions}
-    top: dict[bool, SortedMaps] = {}
-    if False in needs or same:
-        top[False] = SortedMaps.of(k_map)
-    if True in needs:
-        top[True] = top[False] if same else SortedMaps.of(kv_map)
+    top = _sorted_sides(k_map, kv_map, partitions)
     for bottom in (False, True) if with_bottom else (False,):
         sorted_maps = top
         if bottom:  # each distinct sorting reversed once (one when the maps are the same)
@@ -328,70 +320,54 @@ def score_partitions(  # noqa: C901
         if orders is not None:
             for direct, sm in sorted_maps.items():
                 orders[(direct, bottom)] = sm.order
-        scores: dict[int, torch.Tensor] = {}
-        groups: dict[tuple[bool, str], list[int]] = {}
-        for i, part in enumerate(partitions):
-            target = part.heuristics[0].target
-            if cells is not None and target in ("op1", "op2", "result"):
-                groups.setdefault((part.direct, target), []).append(i)
-            else:
-                top_k = pattern_top_k if part.scoring == "count" else None
-                scores[i] = partition_scores(sorted_maps[part.direct], part, top_k)
-        for (direct, target), idx in groups.items():
-            assert cells is not None  # groups are only formed with cells
-            parts = [partitions[i] for i in idx]
-            top_ks = [pattern_top_k if p.scoring == "count" else None for p in parts]
-            for i, sc in zip(idx, value_group_scores(sorted_maps[direct], parts,
-                                                     cells.values(target), top_ks), strict=True):
-                scores[i] = sc
-        for i, sc in scores.items():
+        for i, sc in _side_scores(sorted_maps, partitions, cells, pattern_top_k).items():
             prev = best[i]
             if prev is None:
                 best[i], is_bottom[i] = sc, torch.zeros_like(sc, dtype=torch.bool)
             else:
                 better = sc > prev
                 best[i], is_bottom[i] = torch.where(better, sc, prev), better
-    rows_n, rows_h, rows_s, rows_b, rows_k, rows_d = [], [], [], [], [], []
-    n_cells = k_map.shape[1]
-    heuristics: list[Heuristic] = []
-    for part, sc_or_none, bot_or_none in zip(partitions, best, is_bottom, strict=True):
-        assert sc_or_none is not None and bot_or_none is not None  # every partition scored
-        sc, bot = sc_or_none, bot_or_none
-        if part.scoring == "count":
-            sc = torch.where(sc >= 0.1, sc, torch.zeros_like(sc))  # keep >= K/10
-        nz = torch.nonzero(sc >= floor)
-        rows_n.append(nz[:, 0])
-        rows_h.append(nz[:, 1] + len(heuristics))
-        rows_s.append(sc[nz[:, 0], nz[:, 1]])
-        rows_b.append(bot[nz[:, 0], nz[:, 1]])
-        # |S_H| of each row and the top cells drawn: k itself, or K for pattern counting
-        sizes = torch.as_tensor(part.sizes, device=nz.device)[nz[:, 1]]
-        rows_k.append(sizes)
-        rows_d.append(sizes if part.scoring == "topk"
-                      else torch.full_like(sizes, min(pattern_top_k, n_cells)))
-        heuristics.extend(part.heuristics)
-    if not rows_n:
-        out = Matches.empty()
-        out.heuristics = heuristics
-        return out
-    neuron = torch.cat(rows_n).cpu().numpy().astype(np.int32)
-    score64 = torch.cat(rows_s).cpu().numpy()
-    score = score64.astype(np.float32)
-    k = torch.cat(rows_k).cpu().numpy()
-    draws = torch.cat(rows_d).cpu().numpy()
-    # the overlap in cells from the float64 score, not the stored float32 one (whose
-    # rounding loses a whole cell when the count is near an integer)
-    p_value = p_values(score64, k, n_cells, draws)
-    return Matches(
-        neuron=neuron,
-        op=np.full(len(neuron), op, dtype=np.int8),
-        heuristic=torch.cat(rows_h).cpu().numpy().astype(np.int32),
-        score=score,
-        bottom=torch.cat(rows_b).cpu().numpy(),
-        heuristics=heuristics,
-        base_rate=base_rate(k, n_cells).astype(np.float32),
-        p_value=p_value,
-    )
+    return matches_from_best(partitions, best, is_bottom, floor, pattern_top_k,
+                             k_map.shape[1], op)
+
+
+def _sorted_sides(k_map: torch.Tensor, kv_map: torch.Tensor, partitions: list[Partition]
+                  ) -> dict[bool, SortedMaps]:
+    """Each kind of map sorted (key: a partition's ``direct``, True for the KV map), only
+    where a partition reads it (the label rule's second pass scores result heuristics
+    alone); one sort where both kinds are one map."""
+    same = kv_map is k_map
+    needs = {part.direct for part in partitions}
+    top: dict[bool, SortedMaps] = {}
+    if False in needs or same:
+        top[False] = SortedMaps.of(k_map)
+    if True in needs:
+        top[True] = top[False] if same else SortedMaps.of(kv_map)
+    return top
+
+
+def _side_scores(sorted_maps: dict[bool, SortedMaps], partitions: list[Partition],
+                 cells: Cells | None, pattern_top_k: int) -> dict[int, torch.Tensor]:
+    """Each partition's scores on one side of the maps: heuristics of one number (op1,
+    op2, result) grouped per map kind and number where ``cells`` are given
+    (``value_group_scores``), the others one partition at a time."""
+    scores: dict[int, torch.Tensor] = {}
+    groups: dict[tuple[bool, str], list[int]] = {}
+    for i, part in enumerate(partitions):
+        target = part.heuristics[0].target
+        if cells is not None and target in ("op1", "op2", "result"):
+            groups.setdefault((part.direct, target), []).append(i)
+        else:
+            top_k = pattern_top_k if part.scoring == "count" else None
+            scores[i] = partition_scores(sorted_maps[part.direct], part, top_k)
+    for (direct, target), idx in groups.items():
+        assert cells is not None  # groups are only formed with cells
+        parts = [partitions[i] for i in idx]
+        top_ks = [pattern_top_k if p.scoring == "count" else None for p in parts]
+        for i, sc in zip(idx, value_group_scores(sorted_maps[direct], parts,
+                                                 cells.values(target), top_ks), strict=True):
+            scores[i] = sc
+    return scores
 
 
 def multi_result_matches(
