@@ -7,17 +7,9 @@ would meet)."""
 
 from __future__ import annotations
 
-from catalog.core.stats import wilson
+from reports.labels import share_ci
 
 COMMAND = "ncat counterparts MODEL --checkpoint STEP --in OTHER@STEP"
-
-
-def _share(k: int, n: int) -> str:
-    """k / n with its Wilson 95% interval; 'n/a' for n = 0."""
-    if not n:
-        return "n/a"
-    lo, hi = wilson(k, n)
-    return f"{k}/{n} = {k / n:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def markdown(rows: list[dict]) -> list[str]:
@@ -35,8 +27,8 @@ def markdown(rows: list[dict]) -> list[str]:
             "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']}@{r['step']} | {r['layers']} | {r['n']} | "
-                   f"{_share(r['has'], r['n'])} | {_share(r['one_to_one'], r['n'])} | "
-                   f"{_share(r['same_index'], r['n'])} | {r['threshold']:.3f}, "
+                   f"{share_ci(r['has'], r['n'])} | {share_ci(r['one_to_one'], r['n'])} | "
+                   f"{share_ci(r['same_index'], r['n'])} | {r['threshold']:.3f}, "
                    f"{r['level']:g}, {r['null_models']} |")
     out += ["", "Per family (a neuron carries a family where a label of it holds for any "
             "operator): its labelled neurons with a counterpart, and of those, the ones "
@@ -49,7 +41,7 @@ def markdown(rows: list[dict]) -> list[str]:
             k, n, base = f["same_family"], f["with_counterpart"], f["base_rate"]
             ratio = (f"{(k / n) / base:.1f}x" if n and base else "n/a")
             out.append(f"| {r['model']}@{r['step']} | {family} | {f['labelled']} | "
-                       f"{_share(n, f['labelled'])} | {_share(k, n)} | "
+                       f"{share_ci(n, f['labelled'])} | {share_ci(k, n)} | "
                        f"{'n/a' if base is None else f'{base:.3f}'} | {ratio} |")
         if not r["families"]:
             out.append(f"| {r['model']}@{r['step']} | (no labelled neuron matched) | 0 | "

@@ -57,7 +57,8 @@ def _f(x, digits=3) -> str:
         else f"{x:.{digits}f}"
 
 
-def _share(k: int, n: int) -> str:
+def share_ci(k: int, n: int) -> str:
+    """k/n = share [Wilson 95% interval]; 'n/a' for n = 0."""
     if not n:
         return "n/a"
     lo, hi = wilson(k, n)
@@ -108,9 +109,9 @@ def _enrichment_lines(d: LabelData, pct: str) -> list[str]:
            "top - random | p |", "|---|---|---|---|---|---|---|"]
     for r in sorted(pooled, key=lambda r: (r["op"], r["family"] != "any", r["family"])):
         lo, hi = r["ci_difference"]
-        out.append(f"| {r['op']} | {r['family']} | {_share(r['labelled_top'], r['n_top'])} "
-                   f"| {_share(r['labelled_random'], r['n_random'])} | "
-                   f"{_share(r['labelled_layer'], r['n_layer'])} | "
+        out.append(f"| {r['op']} | {r['family']} | {share_ci(r['labelled_top'], r['n_top'])} "
+                   f"| {share_ci(r['labelled_random'], r['n_random'])} | "
+                   f"{share_ci(r['labelled_layer'], r['n_layer'])} | "
                    f"{_f(r['difference'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}] | "
                    f"{_p(r['fisher_p'])} |")
     per_layer = [r for r in d.enrichment if r["layer"] != "all" and r["family"] == "any"]
@@ -119,8 +120,8 @@ def _enrichment_lines(d: LabelData, pct: str) -> list[str]:
                 "| op | layer | top | random | p |", "|---|---|---|---|---|"]
         for r in per_layer:
             out.append(f"| {r['op']} | {r['layer']} | "
-                       f"{_share(r['labelled_top'], r['n_top'])} | "
-                       f"{_share(r['labelled_random'], r['n_random'])} | "
+                       f"{share_ci(r['labelled_top'], r['n_top'])} | "
+                       f"{share_ci(r['labelled_random'], r['n_random'])} | "
                        f"{_p(r['fisher_p'])} |")
     return out + beside_paper(pooled, pct)
 
@@ -131,17 +132,17 @@ def _controls(d: LabelData, op: str) -> list[str]:
     parts = []
     here = d.here.get(op)
     if here:
-        parts.append(f"this checkpoint {_share(*here)} of all neurons")
+        parts.append(f"this checkpoint {share_ci(*here)} of all neurons")
     if op in d.untrained:
         parts.append(f"the untrained checkpoint (step {d.untrained_step}) "
-                     f"{_share(*d.untrained[op])}")
+                     f"{share_ci(*d.untrained[op])}")
     if op in d.control:
         parts.append(f"this checkpoint's maps against relabelled operand and result "
-                     f"values {_share(*d.control[op])}")
+                     f"values {share_ci(*d.control[op])}")
     if op in d.format_control:
         fk, fr, fn = d.format_control[op]
         parts.append(f"maps that know only the token format (each operand's digits, "
                      f"first digit and token count, added; the answer's digits and "
-                     f"tokens) {_share(fk, fn)} with any label, {_share(fr, fn)} with a "
+                     f"tokens) {share_ci(fk, fn)} with any label, {share_ci(fr, fn)} with a "
                      f"result label")
     return parts

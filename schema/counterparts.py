@@ -116,13 +116,14 @@ def counterparts_of(conn, *, checkpoint_id: int, config_id: int, layer: int,
 # one that carries the family too, and how common the family is among the other
 # checkpoint's neurons (the base rate a counterpart drawn at random would meet)
 REPORT_SQL = """
-WITH fam AS (
-    SELECT DISTINCT s.checkpoint_id, s.layer, s.neuron, h.family
-    FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id
-    WHERE s.config_id = %(g)s AND s.implements),
-pairs AS (
+WITH pairs AS (
     SELECT * FROM neuron_counterparts
     WHERE from_checkpoint_id = %(c)s AND config_id = %(g)s),
+fam AS (  -- the labels of this checkpoint and of those it was matched in, no others
+    SELECT DISTINCT s.checkpoint_id, s.layer, s.neuron, h.family
+    FROM neuron_score s JOIN heuristic h ON h.id = s.heuristic_id
+    WHERE s.config_id = %(g)s AND s.implements AND (s.checkpoint_id = %(c)s
+          OR s.checkpoint_id IN (SELECT to_checkpoint_id FROM pairs))),
 size AS (
     SELECT checkpoint_id, count(DISTINCT (layer, neuron)) AS n FROM neuron_op
     WHERE config_id = %(g)s AND checkpoint_id IN (SELECT to_checkpoint_id FROM pairs)
