@@ -147,8 +147,9 @@ def grid_costs(config: ScienceConfig, valid: dict[str, np.ndarray], device: str,
     import torch
 
     from catalog.core.arith import apply_op
+    from catalog.labels.families import chosen_on
     from catalog.labels.heuristics import Cells, partitions_for
-    from catalog.labels.matching import multi_result_matches, score_partitions
+    from catalog.labels.matching import score_partitions
 
     r = np.arange(config.operand_lo, config.operand_hi)
     a, b = (x.reshape(-1) for x in np.meshgrid(r, r, indexing="ij"))
@@ -170,9 +171,9 @@ def grid_costs(config: ScienceConfig, valid: dict[str, np.ndarray], device: str,
             t = time.perf_counter()
             score_partitions(k, kv, parts, config.score_floor, with_bottom,
                              config.pattern_top_k, cells=cells, op=o)
-            if op == "/" and "multi_result" in config.families:
-                multi_result_matches(kv.cpu(), cells.result, top=config.multi_result_top,
-                                     floor=config.score_floor, op=o)
+            for fam in chosen_on(config.families, op):
+                if fam.score is not None:
+                    fam.score(kv.cpu(), cells.result, config, o)
             took.append(time.perf_counter() - t)
         (n1, n2), (t1, t2) = MATCH_SIZES, took
         per_neuron[op] = max((t2 - t1) / (n2 - n1), t2 / n2 / 4)

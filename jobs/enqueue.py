@@ -87,11 +87,16 @@ def validate_request(model: str, checkpoints, config: ScienceConfig,
     """Validate a request completely; raises EnqueueError naming what is wrong."""
     # imported here: loading transformer_lens takes seconds, and status, cancel and retry
     # (which share this module) need none of it
+    from catalog.labels.families import check_names
     from catalog.measuring.prompts import check_context, longest_prompt
     from catalog.sources import ModelSourceError, canonical_name, inspect_model
 
     if not model:
         raise EnqueueError("model name is empty")
+    try:
+        check_names(config.families)
+    except ValueError as exc:
+        raise EnqueueError(str(exc)) from None
     try:
         model = canonical_name(model)
         steps = parse_checkpoints(model, checkpoints)

@@ -104,14 +104,17 @@ def periodic_lines(df: pd.DataFrame, title: str) -> go.Figure:
     return fig
 
 
-# one colour per heuristic family in every chart
-FAMILY_COLORS = {"range": "#1f77b4", "modulo": "#ff7f0e", "pattern": "#2ca02c",
-                 "value": "#d62728", "identical": "#9467bd", "multi_result": "#8c564b"}
+def family_colors() -> dict[str, str]:
+    """One colour per heuristic family in every chart: each family's own
+    (``catalog.labels.families``), so a family added there is coloured everywhere."""
+    from catalog.labels.families import colors
+
+    return colors()
 
 
 def census_bars(df: pd.DataFrame) -> go.Figure:
     fig = px.bar(df, x="step", y="circuit_neurons", color="family", facet_col="op",
-                 color_discrete_map=FAMILY_COLORS,
+                 color_discrete_map=family_colors(),
                  title="Circuit neurons implementing each heuristic family")
     fig.update_xaxes(type="category")
     fig.update_layout(height=360, margin=dict(l=40, r=10, t=60, b=40))

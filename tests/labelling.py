@@ -7,9 +7,10 @@ from catalog.config import ScienceConfig
 from catalog.core.arith import apply_op, is_valid
 from catalog.core.token_format import number_format
 from catalog.labels import value_null
+from catalog.labels.families import chosen_on
 from catalog.labels.heuristics import Cells, Heuristic, n_tests, partitions_for, rescue_pairs
 from catalog.labels.matches import Matches
-from catalog.labels.matching import multi_result_matches, score_partitions
+from catalog.labels.matching import score_partitions
 from catalog.labels.operator_labels import OperatorLabels, label_operator, operand_fit
 from catalog.labels.rivals import axis_values
 from catalog.measuring.prompts import UNLIMITED
@@ -38,7 +39,8 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
     CheckpointRun.run_layer: catalog.labels.operator_labels.label_operator; ``timed``: its
     clock, as the run's)."""
     parts = partitions_for(cells, config)
-    multi = op == "/" and "multi_result" in config.families
+    chosen = chosen_on(config.families, op)
+    multi = len(chosen)
     k_t, kv_t = torch.from_numpy(k_map), torch.from_numpy(kv)
     dead = np.nonzero(constant_maps(k_map))[0]
 
@@ -50,10 +52,8 @@ def labelled_with_fit(op: str, cells: Cells, k_map: np.ndarray, kv: np.ndarray,
         found = [score_partitions(k, kv_scored, scored, floor, with_bottom,
                                   config.pattern_top_k, cells=cells, orders=orders,
                                   pairs=rescue_pairs(rescue))]
-        if multi and not rescue:
-            found.append(multi_result_matches(kv_t, cells.result,
-                                              top=config.multi_result_top,
-                                              floor=config.score_floor))
+        if not rescue:
+            found += [fam.score(kv_t, cells.result, config, 0) for fam in chosen]
         # constant maps are not scored (the run leaves them out before scoring; the second
         # pass leaves out maps with nothing beyond the operands)
         return Matches.concat(found).without_neurons([] if rescue else dead)

@@ -29,8 +29,8 @@ from catalog.config.checks import check_science
 from catalog.config.vocab import (
     BOTTOM_MODES,
     CONTEXTS,
+    DEFAULT_FAMILIES,
     DTYPES,
-    HEURISTIC_FAMILIES,
     HEURISTIC_VARIANTS,
     LABEL_RULES,
     LEGACY_EXECUTION_KEYS,
@@ -161,7 +161,8 @@ class ScienceConfig:
         True, "score each cell set once, under its simplest name (the others are its "
               "aliases); off: every heuristic, as before 0.6.0")
     families: tuple[str, ...] = _opt(
-        HEURISTIC_FAMILIES, "heuristic families scored, comma-separated", kind="words")
+        DEFAULT_FAMILIES, "heuristic families scored, comma-separated (`python -m "
+        "catalog.labels.families` lists them)", kind="words")
     score_bottom: str = _opt("auto", "also score the bottom-k of each map: auto (gated MLPs "
                                      "only), always or never", choices=BOTTOM_MODES)
     lens_top_k: int = _opt(10, "top and bottom vocabulary tokens kept per neuron's lens")

@@ -19,7 +19,10 @@ TEMPLATES = {
     "question": "What is {a} {op_word} {b}? Answer:",
 }
 OP_WORDS = {"+": "plus", "-": "minus", "*": "times", "/": "divided by"}
-HEURISTIC_FAMILIES = ("range", "modulo", "pattern", "identical", "value", "multi_result")
+# the heuristic families a config scores unless told (each family is defined in
+# catalog.labels.families, which says which exist; a new family is opted into with
+# --families, so adding one moves no stored config's hash)
+DEFAULT_FAMILIES = ("range", "modulo", "pattern", "identical", "value", "multi_result")
 # circuits and faithfulness (catalog.circuits.paper, catalog.measuring.ablation;
 # docs/method.md section 6)
 PROTOCOLS = ("paper", "all-layers", "counterfactual")

@@ -1,9 +1,10 @@
-"""Heuristic labels of neuron maps (docs/method.md section 7): the heuristics
-(``heuristics``), Algorithm 1's scores (``matching``, ``matches``), the label rule's tests
-(``significance``, ``value_null`` and its exact ``tails``), whether a result label says
-more than the operands (``operand_fit``, its ``additive`` fit, ``fit_models``), one
-operator's labels end to end (``operator_labels``), and whether important neurons are
-labelled more often (``enrichment``).
+"""Heuristic labels of neuron maps (docs/method.md section 7): the heuristic families, one
+object each (``families``), the heuristics (``heuristics``), Algorithm 1's scores
+(``matching``, ``matches``), the label rule's tests (``significance``, ``value_null``
+and its exact ``tails``), whether a result label says more than the operands
+(``operand_fit``, its ``additive`` fit, ``fit_models``), one operator's labels end to
+end (``operator_labels``), and whether important neurons are labelled more often
+(``enrichment``).
 
 May import ``catalog.core``, ``catalog.config`` and ``catalog.measuring``."""
 

@@ -28,7 +28,7 @@ FORMAT_KEPT = 256
 _FORMAT_COUNTS: OrderedDict[str, dict[str, int]] = OrderedDict()
 
 
-def format_key(config, op: str, cells, with_bottom: bool, multi_result: bool, device,
+def format_key(config, op: str, cells, with_bottom: bool, multi_result: int, device,
                maps: np.ndarray) -> str:
     """The digest of what the token-format control's counts on ``maps`` depend on: the
     config (its hash), the operator, its cells (operands and results), the bottom side and
@@ -36,7 +36,7 @@ def format_key(config, op: str, cells, with_bottom: bool, multi_result: bool, de
     seed and the tokenizer's token counts)."""
     return array_digest(*(np.asarray(x, dtype=np.int64) for x in (cells.a, cells.b,
                                                                   cells.result)), maps,
-                        text=f"{config.config_hash()}|{op}|{with_bottom}|{multi_result}|"
+                        text=f"{config.config_hash()}|{op}|{with_bottom}|{bool(multi_result)}|"
                              f"{device}", size=20)
 
 

@@ -74,7 +74,7 @@ def gate(m, fit: OperandFit, kv: torch.Tensor, k_map: torch.Tensor, reach: float
     complement on the other side); with ``strict`` (the second pass) only such rows keep
     their labels. Returns ``m``, its rows updated, and the maps (indices) with a labelled
     row that fits."""
-    result_row = np.array([h.target == "result" and h.family != "multi_result"
+    result_row = np.array([h.target == "result" and not h.chosen
                            for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
     rows = np.nonzero(result_row & m.implements)[0]
     if len(rows):

@@ -1,8 +1,9 @@
 """Heuristics (docs/method.md section 7): the prompt sets that neurons are matched against.
 
 A heuristic H is a set S_H of grid prompts it is "about": op1 in [20, 30), result
-= 3 (mod 5), op2 ends in 7, op1 = op2, ... Families are pluggable (a registry that
-refuses duplicate names). Each family yields *partitions*: groups of heuristics
+= 3 (mod 5), op2 ends in 7, op1 = op2, ... Each family is one object in its own module of
+``catalog.labels.families`` (a registry that refuses duplicate names; docs/extending.md
+says how to add one). Each family yields *partitions*: groups of heuristics
 whose sets are disjoint over one operator's cells, written as one label per cell
 (-1 for cells in none). Scoring (catalog.labels.matching) works a partition at a time,
 which is what makes matching every neuron against every heuristic fast.
@@ -15,7 +16,6 @@ slow reference implementation in the tests and by knockouts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -52,55 +52,25 @@ class Heuristic:
         return self.target == "result"
 
     @property
+    def spec(self):
+        """The family object (``catalog.labels.families``) this heuristic belongs to."""
+        from catalog.labels.families import family
+
+        return family(self.family)
+
+    @property
+    def chosen(self) -> bool:
+        """Whether its set was chosen per neuron (multi-result), not a fixed heuristic."""
+        return self.spec.chosen
+
+    @property
     def label(self) -> str:
         who = {"op1": "op1", "op2": "op2", "both": "op1 and op2", "result": "result"}[self.target]
-        p = self.params
-        if self.family == "range":
-            return f"{who} in [{p[0]}, {p[0] + p[1]})"
-        if self.family == "modulo":
-            return f"{who} = {p[1]} (mod {p[0]})"
-        if self.family == "pattern":
-            return f"{who} matches {p[0]}"
-        if self.family == "value":
-            return f"{who} = {p[0]}"
-        if self.family == "identical":
-            return "op1 = op2"
-        if self.family == "multi_result":
-            return f"result in {{{', '.join(map(str, p))}}}"
-        return self.key
+        return self.spec.describe(who, self.params)
 
-    def contains(self, a: np.ndarray, b: np.ndarray, result: np.ndarray) -> np.ndarray:  # noqa: C901
+    def contains(self, a: np.ndarray, b: np.ndarray, result: np.ndarray) -> np.ndarray:
         """Boolean membership of cells (a, b, result) in S_H: the definition itself."""
-        p = self.params
-        if self.family == "identical":
-            return a == b
-        if self.family == "multi_result":
-            return np.isin(result, np.array(p))
-        if self.family == "range":
-            def test(x):
-                return (x >= p[0]) & (x < p[0] + p[1])
-        elif self.family == "modulo":
-            def test(x):
-                return x % p[0] == p[1]
-        elif self.family == "value":
-            def test(x):
-                return x == p[0]
-        elif self.family == "pattern":
-            def test(x):
-                ok = x < 1000
-                for pos, ch in enumerate(p[0]):
-                    if ch != ".":
-                        ok &= (x // 10 ** (2 - pos)) % 10 == int(ch)
-                return ok
-        else:
-            raise ValueError(f"unknown heuristic family {self.family!r}")
-        if self.target == "op1":
-            return test(a)
-        if self.target == "op2":
-            return test(b)
-        if self.target == "both":
-            return test(a) & test(b)
-        return test(result)
+        return self.spec.contains(self.target, self.params, a, b, result)
 
 
 @dataclass
@@ -136,21 +106,7 @@ class Cells:
         return {"op1": self.a, "op2": self.b, "result": self.result}[target]
 
 
-FamilyBuilder = Callable[[Cells, ScienceConfig], list[Partition]]
-FAMILIES: dict[str, FamilyBuilder] = {}
-
-
-def register_family(name: str) -> Callable[[FamilyBuilder], FamilyBuilder]:
-    """Register a heuristic family builder; a second family of the same name is refused."""
-    def deco(fn: FamilyBuilder) -> FamilyBuilder:
-        if name in FAMILIES:
-            raise ValueError(f"heuristic family {name!r} is already registered")
-        FAMILIES[name] = fn
-        return fn
-    return deco
-
-
-def _partition(
+def partition(
     cells: Cells, labels: np.ndarray, heuristics: list[Heuristic], scoring: str = "topk",
     min_size: int = 1,
 ) -> Partition | None:
@@ -172,128 +128,12 @@ def _partition(
     )
 
 
-def _operand_targets(op: str) -> tuple[str, ...]:
+def operand_targets(op: str) -> tuple[str, ...]:
     return ("op1", "op2", "both")
 
 
-def _value_targets(op: str) -> tuple[str, ...]:
+def value_targets(op: str) -> tuple[str, ...]:
     return ("op1", "op2", "result") if op != "/" else ("op1", "op2")
-
-
-def operand_range_widths(op: str) -> tuple[int, ...]:
-    return (3, 5, 10) if op == "*" else (10, 30, 50, 100)
-
-
-def result_range_widths(op: str) -> tuple[int, ...]:
-    return {"+": (10, 30, 50), "-": (10, 30, 50), "*": (10, 30, 50, 100), "/": (2, 10, 100)}[op]
-
-
-@register_family("range")
-def range_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
-    """Operand windows [s, s+w) that tile [lo, hi); overlapping result windows."""
-    out = []
-    span = cells.hi - cells.lo
-    for w in operand_range_widths(cells.op):
-        if w >= span:
-            continue
-        starts = list(range(cells.lo, cells.hi, w))
-        ia = (cells.a - cells.lo) // w
-        ib = (cells.b - cells.lo) // w
-        for target in _operand_targets(cells.op):
-            labels = {"op1": ia, "op2": ib, "both": np.where(ia == ib, ia, -1)}[target]
-            hs = [Heuristic("range", target, (s, w)) for s in starts]
-            out.append(_partition(cells, labels, hs))
-    top = int(cells.result.max())
-    for w in result_range_widths(cells.op):
-        step = max(w // 3, 10)
-        starts = list(range(0, top + 1, step))
-        groups = -(-w // step)  # windows j and j + groups never overlap
-        for g in range(groups):
-            gs = starts[g::groups]
-            labels = np.full(len(cells.a), -1, dtype=np.int64)
-            for j, s in enumerate(gs):
-                labels[(cells.result >= s) & (cells.result < s + w)] = j
-            out.append(_partition(cells, labels, [Heuristic("range", "result", (s, w))
-                                                  for s in gs]))
-    return [p for p in out if p is not None]
-
-
-@register_family("modulo")
-def modulo_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
-    """x = m (mod n) for op1, op2, both operands and the result (not for /)."""
-    out = []
-    targets = ("op1", "op2", "both") + (("result",) if cells.op != "/" else ())
-    for n in config.modulo_bases():
-        for target in targets:
-            if target == "both":
-                ra, rb = cells.a % n, cells.b % n
-                labels = np.where(ra == rb, ra, -1)
-            else:
-                labels = cells.values(target) % n
-            hs = [Heuristic("modulo", target, (n, m)) for m in range(n)]
-            out.append(_partition(cells, labels, hs))
-    return [p for p in out if p is not None]
-
-
-# Fixed-digit positions of the zero-padded 3-digit number; prefix patterns
-# ("1..", "12.") are left to the range family, full numbers are values.
-PATTERN_SHAPES = ((2,), (1,), (1, 2), (0, 2))
-
-
-@register_family("pattern")
-def pattern_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
-    """Digit patterns with wildcards, e.g. ``..3``, ``.2.``, ``1.3`` (not for / results)."""
-    out = []
-    scoring = "count" if config.heuristic_variant == "code" else "topk"
-    seen: set[bytes] = set()
-    for target in _value_targets(cells.op):
-        x = cells.values(target)
-        digits = [(x // 100) % 10, (x // 10) % 10, x % 10]
-        for shape in PATTERN_SHAPES:
-            code = np.zeros_like(x)
-            for pos in shape:
-                code = code * 10 + digits[pos]
-            labels = np.where(x < 1000, code, -1)
-            # The same cell grouping under another shape (e.g. "0.3" when every
-            # number is below 100) would only repeat heuristics: skip it.
-            _, canon = np.unique(labels, return_inverse=True)
-            sig = target.encode() + canon.astype(np.int64).tobytes()
-            if sig in seen:
-                continue
-            seen.add(sig)
-            hs = []
-            for c in range(10 ** len(shape)):
-                pat = ["."] * 3
-                for i, pos in enumerate(shape):
-                    pat[pos] = str((c // 10 ** (len(shape) - 1 - i)) % 10)
-                hs.append(Heuristic("pattern", target, ("".join(pat),)))
-            out.append(_partition(cells, labels, hs, scoring=scoring))
-    return [p for p in out if p is not None]
-
-
-@register_family("identical")
-def identical_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
-    """op1 = op2."""
-    labels = np.where(cells.a == cells.b, 0, -1)
-    p = _partition(cells, labels, [Heuristic("identical", "both", ())])
-    return [p] if p is not None else []
-
-
-# Values are numbers below 1000 (the pattern family's 3-digit numbers written out in
-# full); a one-cell set can never be significant, so sets need two cells.
-VALUE_LIMIT = 1000
-
-
-@register_family("value")
-def value_partitions(cells: Cells, config: ScienceConfig) -> list[Partition]:
-    """One number: op1 = v, op2 = v, result = v (v < 1000, at least two cells)."""
-    out = []
-    for target in ("op1", "op2", "result"):
-        x = cells.values(target)
-        labels = np.where(x < VALUE_LIMIT, x, -1).astype(np.int64)
-        hs = [Heuristic("value", target, (v,)) for v in range(VALUE_LIMIT)]
-        out.append(_partition(cells, labels, hs, min_size=2))
-    return [p for p in out if p is not None]
 
 
 def result_partitions(partitions: list[Partition]) -> list[Partition]:
@@ -335,29 +175,27 @@ def rescue_partitions(partitions: list[Partition], rescue) -> list[Partition]:
 
 
 def partitions_for(cells: Cells, config: ScienceConfig) -> list[Partition]:
-    """Every partition of the config's families (all registered ones the config names),
-    each cell set once (``dedupe``)."""
+    """Every partition of the config's families (``catalog.labels.families``, in the
+    registry's order), each cell set once (``dedupe``)."""
+    from catalog.labels.families import check_names, families
+
+    check_names(config.families)
     out = []
-    for name, build in FAMILIES.items():
-        if name in config.families:
-            out.extend(build(cells, config))
+    for name, fam in families().items():
+        if name in config.families and fam.partitions is not None:
+            out.extend(fam.partitions(cells, config))
     return dedupe(out) if config.dedupe_heuristics else out
-
-
-# Which name a cell set keeps when several heuristics select it: the simplest family
-# first, and within a family the first built (smaller moduli, narrower windows).
-SIMPLICITY = ("value", "range", "modulo", "pattern", "identical")
 
 
 def dedupe(partitions: list[Partition]) -> list[Partition]:
     """Drop heuristics whose cell set another heuristic already has (scored on the same map
-    the same way), keeping the simplest name (``SIMPLICITY``) with the others as its
+    the same way), keeping the simplest name (the smallest ``Family.simplicity``; within a
+    family the first built: smaller moduli, narrower windows) with the others as its
     ``aliases``: on [0, 20) ``op1 in [10, 20)`` and the pattern ``.1.`` are one set, and
     counting it twice would split one finding into two labels and inflate the correction.
     Partitions keep their order; a partition left empty is dropped."""
-    rank = {f: i for i, f in enumerate(SIMPLICITY)}
     order = sorted(range(len(partitions)),
-                   key=lambda i: rank.get(partitions[i].heuristics[0].family, len(rank)))
+                   key=lambda i: partitions[i].heuristics[0].spec.simplicity)
     owner: dict[tuple, tuple[int, int]] = {}  # cell set -> (partition, heuristic) keeping it
     drop: dict[int, set[int]] = {}
     aliases: dict[tuple[int, int], list[str]] = {}
@@ -392,9 +230,9 @@ def dedupe(partitions: list[Partition]) -> list[Partition]:
     return out
 
 
-def n_tests(partitions: list[Partition], with_bottom: bool, multi_result: bool) -> int:
+def n_tests(partitions: list[Partition], with_bottom: bool, multi_result: int) -> int:
     """How many heuristics one neuron is scored against (the label rule's m): each
-    partition's heuristics, twice when the bottom-k is scored too, plus one for the
-    multi-result family (its own choice is corrected inside its p-value)."""
+    partition's heuristics, twice when the bottom-k is scored too, plus one per chosen-set
+    family (multi-result: its own choice is corrected inside its p-value)."""
     n = sum(len(p.heuristics) for p in partitions)
     return n * (2 if with_bottom else 1) + int(multi_result)

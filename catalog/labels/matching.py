@@ -377,6 +377,7 @@ def multi_result_matches(
     coverage: float = 0.95,
     floor: float = 0.0,
     op: int = 0,
+    family: str = "multi_result",
 ) -> Matches:
     """Division neurons whose top cells fall on 2-5 results covering >= ``coverage``.
 
@@ -408,7 +409,7 @@ def multi_result_matches(
                     x = int(round(share * top))
                     log_p = (np.log(max(overlap_tail_at(c, k, top, x), 1e-300))
                              + log_n_choose(len(uniq), r))
-                    out.append((neuron, op, Heuristic("multi_result", "result", results),
+                    out.append((neuron, op, Heuristic(family, "result", results),
                                 share, False, k / c, float(min(1.0, np.exp(log_p))), False))
                 break
     return Matches.from_records(out)

@@ -64,12 +64,6 @@ def gated(config) -> bool:
     return bool(config.result_beyond_operands and config.label_rule == "values")
 
 
-# the config's families whose result sets of other operators are rivals one by one; their
-# ranges and values are windows, which the fit scans whole (on a [0, 300) grid op1 * op2
-# has thousands of range heuristics)
-RIVAL_FAMILIES = ("modulo", "pattern")
-
-
 # operand_fit's fits of this process, newest last: a worker measures checkpoint after
 # checkpoint of one model on the same cells, and the fit depends on nothing else (building
 # it for a [0, 100) grid takes tens of seconds on one core: pseudo-inverses per fold of
@@ -161,7 +155,7 @@ def build_operand_fit(config, cells, device: str | torch.device | None = "cpu") 
                     cells.lo, cells.hi)
         for part in partitions_for(sub, config):
             for h in part.heuristics:
-                if h.target == "result" and h.family in RIVAL_FAMILIES:
+                if h.target == "result" and h.spec.rival_sets:
                     rivals.append(np.asarray(h.contains(cells.a, cells.b, r), bool) & valid)
                     ops.append(name)
     sets, first = (unique_rows(np.stack(rivals)) if rivals

@@ -27,7 +27,7 @@ from catalog.labels.rivals import axis_values, nested_levels
 
 def result_rows(m: Matches) -> np.ndarray:
     """Whether each row's heuristic is a result heuristic of one value set."""
-    return np.array([h.target == "result" and h.family != "multi_result"
+    return np.array([h.target == "result" and not h.chosen
                      for h in m.heuristics] or [False], dtype=bool)[m.heuristic]
 
 

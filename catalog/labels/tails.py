@@ -61,12 +61,7 @@ class ValueGroups:
     def members(self, h: Heuristic) -> np.ndarray:
         """(values,) bool: the values of this number that h's set is made of (for a
         heuristic of both operands, its condition on one of them)."""
-        v = self.values
-        if h.family == "multi_result":
-            return np.isin(v, np.array(h.params))
-        probe = Heuristic(h.family, "op1", h.params) if h.target in ("op1", "op2", "both",
-                                                                      "result") else h
-        return probe.contains(v, v, v)
+        return np.asarray(h.spec.test(self.values, h.params), dtype=bool)
 
 
 @lru_cache(maxsize=65536)

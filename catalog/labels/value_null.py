@@ -92,9 +92,9 @@ class ValueNull:
         heuristic (every layer's labels and controls ask for every heuristic's, tens of
         thousands of times a checkpoint), but for op1 = op2, whose depends on the
         permutations (``n_value_tests`` sets them)."""
-        if h.family == "multi_result":
+        if h.spec.null == "own":
             return 1.0
-        if h.family == "identical":
+        if h.spec.null == "diagonal":
             return 1.0 / (1 + self.permutations)
         key = (h.key, "min_p")
         if key not in self._member:
@@ -202,8 +202,8 @@ class ValueNull:
         null). op1 = op2 is Monte Carlo, computed here: rows that cannot be labelled draw
         at most ``UNLABELLED_PERMUTATIONS`` permutations (valid, only coarser, where a
         label's would need the full count: most such rows, measured on Qwen2.5-Coder-0.5B)."""
-        target, fam = kinds.target[hidx], kinds.family[hidx]
-        multi = fam == "multi_result"
+        target = kinds.target[hidx]
+        multi = kinds.own[hidx]
 
         def share(t: str, sel: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
             size = torch.as_tensor(self.groups[t].size, dtype=torch.float64)
@@ -346,16 +346,17 @@ class _Kinds:
     indexed like the rows' heuristic column."""
 
     heuristics: list[Heuristic]
-    target: np.ndarray  # op1, op2, result, both, or identical (op1 = op2)
-    family: np.ndarray
+    target: np.ndarray  # op1, op2, result, both, or identical (the diagonal null)
+    own: np.ndarray  # bool: a chosen set, whose p-value is its own
     direct: np.ndarray  # bool: scored on the KV map
 
     @classmethod
     def of(cls, heuristics: list[Heuristic]) -> _Kinds:
         return cls(heuristics,
-                   np.array([h.target if h.family != "identical" else "identical"
+                   np.array([h.target if h.spec.null != "diagonal" else "identical"
                              for h in heuristics] or [""]),
-                   np.array([h.family for h in heuristics] or [""]),
+                   np.array([h.spec.null == "own" for h in heuristics] or [False],
+                            dtype=bool),
                    np.array([h.direct for h in heuristics] or [False], dtype=bool))
 
 

@@ -38,9 +38,10 @@ from catalog.core.maps import kv_map
 from catalog.core.progress import progress_bar
 from catalog.core.tokens import continuing_ids, detect_number_tokens, number_token_ids
 from catalog.labels import controls, operator_labels, value_null
+from catalog.labels.families import chosen_on
 from catalog.labels.heuristics import Cells, Partition, n_tests, partitions_for, rescue_pairs
 from catalog.labels.matches import Matches
-from catalog.labels.matching import multi_result_matches, score_partitions
+from catalog.labels.matching import score_partitions
 from catalog.labels.operand_fit import OperandFit
 from catalog.measuring import effects
 from catalog.measuring.grids import mlp_width, run_grid
@@ -369,8 +370,9 @@ class CheckpointRun(CheckpointSummary):
         """The label rule's controls on this layer (``controls.LabelControls``)."""
         return self._controls.measure(layer, o, op, k_map, kv)
 
-    def _multi_result(self, op: str) -> bool:
-        return op == "/" and "multi_result" in self.config.families
+    def _multi_result(self, op: str) -> int:
+        """How many chosen-set families (multi-result) score this operator."""
+        return len(chosen_on(self.config.families, op))
 
     def _match(self, o: int, op: str, k_map: torch.Tensor, kv: torch.Tensor,
                orders: dict | None = None, kv_raw: torch.Tensor | None = None,
@@ -390,11 +392,9 @@ class CheckpointRun(CheckpointSummary):
         out = [score_partitions(k_map, kv, parts, floor,
                                 self.with_bottom, config.pattern_top_k, cells=self.cells[op],
                                 op=o, orders=orders, pairs=rescue_pairs(results_only))]
-        if self._multi_result(op) and kv_raw is not None:
-            out.append(multi_result_matches(kv_raw.cpu(),
-                                            self.table.result[idx],
-                                            top=config.multi_result_top,
-                                            floor=config.score_floor, op=o))
+        if kv_raw is not None:
+            out += [fam.score(kv_raw.cpu(), self.table.result[idx], config, o)
+                    for fam in chosen_on(config.families, op) if fam.score is not None]
         return out
 
     # ------------------------------------------------------------ the checkpoint

@@ -130,7 +130,9 @@ def early_refusal(args) -> str | None:
     check the same things again where they run alone)."""
     try:
         if getattr(args, "science_base", None) is not None:
-            from_args(ScienceConfig, args, args.science_base)
+            from catalog.labels.families import check_names
+
+            check_names(from_args(ScienceConfig, args, args.science_base).families)
         if getattr(args, "execution_flags", False):
             execution_from(args)
         parse_layers(getattr(args, "layers", None))

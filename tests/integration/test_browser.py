@@ -450,7 +450,7 @@ def test_each_family_has_one_colour_in_every_chart_the_browser_draws(server, see
     """Issue 32: the heuristics page's two charts gave `range` and `value` each other's
     colours. Read from the figures Plotly drew in Chromium: each family's bars have one
     colour, the same in both charts, the app's colour for that family."""
-    from reports.plots import FAMILY_COLORS
+    from reports.plots import family_colors
 
     with sync_playwright() as pw:
         browser = launch(pw)
@@ -465,11 +465,11 @@ def test_each_family_has_one_colour_in_every_chart_the_browser_draws(server, see
     seen: dict[str, set] = {}
     for chart in traces:
         for name, color in chart:
-            if name in FAMILY_COLORS:
+            if name in family_colors():
                 seen.setdefault(name, set()).add(color)
-    charts_with_families = sum(any(n in FAMILY_COLORS for n, _ in c) for c in traces)
+    charts_with_families = sum(any(n in family_colors() for n, _ in c) for c in traces)
     assert charts_with_families >= 2 and len(seen) >= 2, traces
-    assert all(colors == {FAMILY_COLORS[f]} for f, colors in seen.items()), seen
+    assert all(colors == {family_colors()[f]} for f, colors in seen.items()), seen
 
 
 def test_the_prompt_page_explains_a_prompt_and_refuses_bad_ones(seeded, tiny_builtin):

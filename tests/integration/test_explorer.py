@@ -336,7 +336,7 @@ def test_every_page_names_the_model_checkpoint_and_config_it_shows(catalog_env, 
 def test_heuristics_page(catalog_env):
     import json
 
-    from reports.plots import FAMILY_COLORS
+    from reports.plots import family_colors
 
     at = run_page("heuristics")
     charts = [c.proto.spec for c in at.get("plotly_chart")]
@@ -346,10 +346,10 @@ def test_heuristics_page(catalog_env):
     seen: dict[str, set] = {}
     for spec in charts:
         for trace in json.loads(spec)["data"]:
-            if trace.get("type") == "bar" and trace.get("name") in FAMILY_COLORS:
+            if trace.get("type") == "bar" and trace.get("name") in family_colors():
                 seen.setdefault(trace["name"], set()).add(trace["marker"]["color"])
     assert len(seen) >= 2, seen
-    assert all(colors == {FAMILY_COLORS[f]} for f, colors in seen.items()), seen
+    assert all(colors == {family_colors()[f]} for f, colors in seen.items()), seen
     overlap = at.dataframe[0].value
     assert overlap.step.tolist() == [64, 128, 300] and overlap.share.iloc[-1] == 1
 

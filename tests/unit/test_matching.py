@@ -11,7 +11,7 @@ from catalog.builtin import builtin_tokenizer, builtin_vocab
 from catalog.config import ScienceConfig
 from catalog.core.arith import OPERATORS, apply_op, is_valid
 from catalog.labels import matching, value_null
-from catalog.labels.heuristics import Cells, Heuristic, partitions_for, register_family
+from catalog.labels.heuristics import Cells, Heuristic, partitions_for
 from catalog.labels.matching import (
     SortedMaps,
     multi_result_matches,
@@ -369,8 +369,10 @@ def test_multi_result_for_division():
 
 
 def test_family_registry_refuses_duplicates():
+    from catalog.labels.families import families, register
+
     with pytest.raises(ValueError, match="'range' is already registered"):
-        register_family("range")(lambda cells, config: [])
+        register(families()["range"])
 
 
 @pytest.mark.parametrize("per_family", [0, 1, 2, 5])

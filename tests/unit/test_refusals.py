@@ -19,6 +19,7 @@ CASES = [
     (["measure", "builtin", "--hi", "-1"], "operand range [0, -1)"),
     (["measure", "builtin", "--ops", "+%"], "%"),
     (["measure", "builtin", "--layers", "a"], "--layers must be comma-separated"),
+    (["measure", "builtin", "--families", "range,squares"], "'squares' unknown"),
     (["measure", "builtin", "--checkpoint", "-3"], "--checkpoint must be a training step"),
     (["measure", "builtin", "--device", "tpu9"], "'tpu9' is not a torch device"),
     (["measure", "./no-such-model"], "path './no-such-model' does not exist"),

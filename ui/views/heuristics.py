@@ -28,7 +28,7 @@ def render() -> None:
             lambda s: "no steps" if s is None or s != s else str(int(s))))
         order = [str(int(s)) for s in sorted(em["emergence_step"].dropna().unique())]
         fig = px.bar(em, x="step", y="pairs", color="family",
-                     color_discrete_map=plots.FAMILY_COLORS,
+                     color_discrete_map=plots.family_colors(),
                      title="When the final (neuron, heuristic) pairs emerged")
         # steps are categories in numeric order (0, 1, 2, 4, ..., not as text)
         fig.update_xaxes(type="category", categoryorder="array",

@@ -18,7 +18,7 @@ import streamlit as st
 
 from catalog.config.settings import get_settings
 from reports import prompts as report_prompts
-from reports.plots import FAMILY_COLORS
+from reports.plots import family_colors
 from ui import data
 from ui.views.common import (
     link,
@@ -101,7 +101,7 @@ def contributions_chart(e: dict) -> go.Figure:
         labs = "; ".join(("✓ " if x["holds"] else "✗ ") + x["label"]
                          + f" ({x.get('side', 'high')})" for x in row["labels"])
         fig.add_bar(x=[group], y=[row["contribution"]], showlegend=False,
-                    marker_color=FAMILY_COLORS.get(group, OTHER_COLORS.get(group, "#444")),
+                    marker_color=family_colors().get(group, OTHER_COLORS.get(group, "#444")),
                     hovertemplate=(f"L{row['layer']} N{row['neuron']}: "
                                    f"{row['contribution']:+.3f} ({row['share']:.1%} of T)<br>"
                                    f"{labs or 'no label'}<extra></extra>"))
