@@ -156,7 +156,7 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
     scored, heads = score_prompts(model, prompts, sorted({la for la, _ in keys}), typical,
                                   typical_kv, batch)
     n = len(prompts)
-    per_label, label_cols, hold_labels, hold = _holding(scored, labels, keys, flat)
+    per_label, label_cols, hold_labels, hold = holding(scored, labels, keys, flat)
     t = scored.target
     shares = {part: np.zeros(n) for part in PARTS}
     shares_total = {part: np.zeros(n) for part in PARTS[:3]}
@@ -192,7 +192,7 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
                        p_clean=p_clean, steering=steered)
 
 
-def _holding(scored: Scored, labels: Mapping, keys: list, flat: np.ndarray
+def holding(scored: Scored, labels: Mapping, keys: list, flat: np.ndarray
              ) -> tuple[list, list[list[int]], np.ndarray, np.ndarray]:
     """(each (labelled neuron's position, label), each labelled neuron's label columns,
     (P, labels) whether each label holds on each prompt, (P, labelled neurons) whether
