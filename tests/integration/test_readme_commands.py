@@ -223,16 +223,64 @@ def demo(env: Env, line: str) -> None:
     assert env.one("SELECT count(*) FROM checkpoint_summary") == len(DEMO_STEPS)
     assert env.one("SELECT count(DISTINCT step) FROM checkpoint_overlap") == len(DEMO_STEPS)
     assert env.one("SELECT count(*) FROM heuristic_census") > 0
+    assert "failed:" not in served.text, served.text[-4000:]
+    # (these were tests/integration/test_demo.py's, on a tiny model's demo of its own)
+    assert env.one("SELECT max(share) FROM checkpoint_overlap") == 1
+    assert env.one("SELECT count(*) FROM heuristic") > 100
+    assert env.one("SELECT count(*) FROM heuristic_emergence") > 0
+    # issue 78: a result label and the comparison stored beside it never disagree
+    assert env.one("SELECT count(*) FROM map_explanation") > 0
+    assert env.one("SELECT count(*) FROM map_explanation WHERE result_label "
+                   "AND best_explanation = 'rival'") == 0
 
-    # A second run reuses everything: no job, no layer is computed again, and it serves.
+    # A second run reuses everything: no job, no layer is computed again, and it serves;
+    # SIGTERM to it after a browser's visit stops everything it started (issue 32.1)
     before, jobs = layer_writes(env), env.one("SELECT count(*) FROM job")
     port = _free_port()
     again = env.start(line, cwd=ROOT, port=port)
     again.wait_for(rf"explorer: http://localhost:{port}", 300)
     assert healthy(port) == "ok"
-    again.stop()
+    _sigterm_after_a_visit(again.proc, port)
     assert layer_writes(env) == before and env.one("SELECT count(*) FROM job") == jobs
     assert "cataloging checkpoints" in again.text  # the progress bar, already full
+    # `ncat demo --no-serve` (documented) finds the same catalog done and returns 0 once it
+    # is ready, never starting the explorer
+    done = env.run("ncat demo --no-serve --quiet", cwd=ROOT, timeout=600)
+    assert done.returncode == 0, env.outputs["ncat demo --no-serve --quiet"]
+    assert "explorer:" not in done.stdout + done.stderr
+    assert layer_writes(env) == before and env.one("SELECT count(*) FROM job") == jobs
+
+
+def _sigterm_after_a_visit(proc: subprocess.Popen, port: int) -> None:
+    """SIGTERM to the demo's own process (not its group), its explorer visited by Chromium
+    with the session still open: within 10 s no process it started is left and nothing
+    listens on the explorer's port (its explorer used to be left running, re-parented to
+    PID 1)."""
+    import psutil
+    from playwright.sync_api import sync_playwright
+    from test_browser import launch
+
+    started: list[psutil.Process] = []
+    try:
+        with sync_playwright() as pw:
+            browser = launch(pw)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{port}/overview", wait_until="networkidle")
+            page.get_by_text("Overview").first.wait_for(timeout=60_000)
+            started = psutil.Process(proc.pid).children(recursive=True)
+            assert started, "the demo started no explorer process"
+            proc.send_signal(signal.SIGTERM)
+            gone, alive = psutil.wait_procs([psutil.Process(proc.pid), *started], timeout=10)
+            browser.close()
+        assert alive == [], [(p.pid, p.name()) for p in alive]
+        # psutil reaped the demo, so its exit status is psutil's to tell: 128 + SIGTERM
+        assert [p.returncode for p in gone if p.pid == proc.pid] == [128 + signal.SIGTERM]
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "the explorer's port still answers"
+    finally:
+        for p in started:
+            if p.is_running():
+                p.kill()
 
 
 def migrate(env: Env, line: str) -> None:

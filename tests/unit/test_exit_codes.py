@@ -32,7 +32,8 @@ def test_a_demo_whose_job_failed_exits_1_and_names_the_job(monkeypatch, capsys):
     """Exit code 1 (docs/cli.md): the command ran but work failed. `ncat demo --no-serve`
     lists each failed job with its step and error on stderr and exits 1; with every job
     done it exits 0. (The catalog run itself is replaced here: what is tested is how the
-    command reports its outcome; tests/integration/test_demo.py runs the real one.)"""
+    command reports its outcome; tests/integration/test_readme_commands.py runs the real
+    one on a catalog it found done.)"""
     import jobs.demo
 
     outcome = {"jobs": 2, "layers": 4, "database_url": "postgresql://x/ncat",
