@@ -65,8 +65,15 @@ class Heuristic:
 
     @property
     def label(self) -> str:
+        """Its readable label; its key where its family is not registered here (a row a
+        catalog stored under a family this installation lacks)."""
+        from catalog.labels.families import find
+
+        fam = find(self.family)
+        if fam is None:
+            return self.key
         who = {"op1": "op1", "op2": "op2", "both": "op1 and op2", "result": "result"}[self.target]
-        return self.spec.describe(who, self.params)
+        return fam.describe(who, self.params)
 
     def contains(self, a: np.ndarray, b: np.ndarray, result: np.ndarray) -> np.ndarray:
         """Boolean membership of cells (a, b, result) in S_H: the definition itself."""

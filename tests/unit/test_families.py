@@ -98,6 +98,13 @@ def test_docs_table_is_the_registrys():
         assert f"| `{name}` |" in text
 
 
+def test_a_stored_row_of_a_family_not_registered_reads_as_its_key():
+    h = Heuristic("squares", "result", (4,))
+    assert h.label == "squares:result:4"
+    with pytest.raises(ValueError, match="unknown heuristic family 'squares'"):
+        h.contains(np.zeros(1), np.zeros(1), np.zeros(1))
+
+
 def test_an_unknown_family_is_refused_with_its_name():
     with pytest.raises(ValueError, match="'squares' unknown"):
         check_names(["range", "squares"])

@@ -141,6 +141,12 @@ def families() -> dict[str, Family]:
                                                            kv[0])))
 
 
+def find(name: str) -> Family | None:
+    """The family called ``name``, or None where none is registered."""
+    _load()
+    return _REGISTRY.get(name)
+
+
 def family(name: str) -> Family:
     """The family called ``name``; a clear error naming the known ones otherwise."""
     _load()
