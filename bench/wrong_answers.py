@@ -57,7 +57,7 @@ def main() -> None:
             typical, typical_kv = typical_of(res.layers, o)
             per_op[op] = wrong_split(lm.model, answers, labels_from_result(res, op), typical,
                                      typical_kv, placements=args.placements, seed=seed)
-        out["seeds"][seed] = {"model": name, "step": lm.step, "ops": per_op,
+        out["seeds"][seed] = {"model": name, "step": lm.info.checkpoint, "ops": per_op,
                               "seconds": time.perf_counter() - t0}
         print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
     out["shared"] = {}

@@ -153,9 +153,12 @@ def _finite_mean(x: np.ndarray) -> float:
 
 
 def result_strata(result: np.ndarray, bins: int = 10) -> np.ndarray:
-    """Each prompt's stratum of difficulty: the decile (by rank) of its result's size."""
-    ranks = np.argsort(np.argsort(result, kind="stable"), kind="stable")
-    return (ranks * bins // max(len(result), 1)).astype(np.int64)
+    """Each prompt's stratum of difficulty: its result's decile (``bins`` quantiles of the
+    results), equal results always in one stratum (so strata of a result that many
+    prompts share, as 0 for ``/``, are larger)."""
+    result = np.asarray(result, dtype=np.float64)
+    edges = np.quantile(result, np.arange(1, bins) / bins)
+    return np.searchsorted(edges, result, side="right").astype(np.int64)
 
 
 def shared_failures(wrong_i: np.ndarray, wrong_j: np.ndarray, strata: np.ndarray,

@@ -97,6 +97,9 @@ def test_shared_failures_against_each_runs_difficulty():
     assert lo < 0.4 < hi
 
 
-def test_result_strata_are_deciles_by_rank():
+def test_result_strata_are_quantiles_that_keep_equal_results_together():
     r = np.array([5, 1, 9, 3, 7, 2, 8, 0, 6, 4])
     assert np.array_equal(result_strata(r, bins=5), r // 2)
+    tied = np.array([0] * 6 + [1, 2, 3, 4])
+    got = result_strata(tied, bins=5)
+    assert len(set(got[:6])) == 1 and got[0] < got[6] <= got[-1]
