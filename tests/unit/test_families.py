@@ -2,11 +2,14 @@
 of ``catalog/labels/families/`` by itself, and the labels, the charts' colours, the
 docs' table and the config's refusals all follow it.
 
-The planted family (perfect squares) is written as a new module into a folder added to
-the package's search path, the way a new file of the package is found, so the checkout
-is not touched; nothing else is edited for it."""
+The planted family (perfect squares, docs/extending.md's example as written there) is
+written as a new module into a folder added to the package's search path, the way a new
+file of the package is found, so the checkout is not touched; nothing else is edited for
+it."""
 
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,46 +27,23 @@ from catalog.labels.families import (
 )
 from catalog.labels.heuristics import Heuristic, partitions_for
 
-PLANTED = '''"""A planted family: op1, op2 or the result is a perfect square."""
+ROOT = Path(__file__).resolve().parents[2]
 
-import numpy as np
-
-from catalog.labels.families import Family, register
-from catalog.labels.heuristics import Heuristic, partition
-
-
-def is_square(x):
-    x = np.asarray(x)
-    r = np.rint(np.sqrt(np.maximum(x, 0))).astype(np.int64)
-    return (r * r == x) & (x >= 0)
-
-
-def squares(cells, config):
-    out = []
-    for target in ("op1", "op2", "result"):
-        labels = np.where(is_square(cells.values(target)), 0, -1)
-        p = partition(cells, labels, [Heuristic("planted_square", target, ())])
-        if p is not None:
-            out.append(p)
-    return out
-
-
-register(Family(name="planted_square", doc="a perfect square (planted by a test)",
-                color="#17becf", describe=lambda who, p: f"{who} is a perfect square",
-                test=lambda x, p: is_square(x), partitions=squares))
-'''
+# the planted family is docs/extending.md's example, as a reader would copy it into a file
+EXAMPLE = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "extending.md").read_text(),
+                    flags=re.S)[1]
 
 
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
     """The planted family's file in a folder of the families package's path; the
     registry loads it the next time it is asked, and forgets it afterwards."""
-    (tmp_path / "planted_square.py").write_text(PLANTED)
+    (tmp_path / "square.py").write_text(EXAMPLE)
     monkeypatch.setattr(fam_pkg, "__path__", [*fam_pkg.__path__, str(tmp_path)])
     monkeypatch.setattr(fam_pkg, "_loaded", False)
-    yield "planted_square"
-    fam_pkg.unregister("planted_square")
-    sys.modules.pop("catalog.labels.families.planted_square", None)
+    yield "square"
+    fam_pkg.unregister("square")
+    sys.modules.pop("catalog.labels.families.square", None)
 
 
 def test_the_catalogs_families_and_their_defaults():
@@ -130,15 +110,15 @@ def test_a_family_that_cannot_be_tested_is_refused(bad, why):
 
 
 def test_a_planted_family_is_picked_up_from_its_own_file(planted):
-    """The planted file alone: the registry, the config, the labels (the catalog's own
-    label rule, value null and gate), the charts' colours and the docs' table."""
+    """The planted file alone (docs/extending.md's example): the registry, the config,
+    the labels (the catalog's own label rule, value null and gate), the charts' colours
+    and the docs' table."""
     from reports.plots import family_colors
 
     check_names(["range", planted])
     assert families()[planted].null == "value"  # a one-number family gets the value null
     assert family_colors()[planted] == "#17becf"
-    assert "| `planted_square` | value | a perfect square (planted by a test) |" in (
-        docs_table())
+    assert "| `square` | value | a perfect square |" in docs_table()
     h = Heuristic(planted, "result", ())
     assert h.label == "result is a perfect square"
     assert h.contains(np.zeros(4), np.zeros(4), np.array([0, 2, 4, 49])).tolist() == [
