@@ -149,7 +149,6 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
     ``steer_heuristics`` (catalog.explain.steering; with the knockouts)."""
     prompts = build_many(model, tokenizer, op, np.asarray(a), np.asarray(b), config)
     n_layers, d_mlp = model.cfg.n_layers, int(model.cfg.d_mlp or 0)
-    shape = (n_layers, d_mlp)
     labels = as_labels(labels)
     keys = sorted(labels)
     flat = np.array([layer * d_mlp + n for layer, n in keys], dtype=np.int64)
@@ -158,31 +157,14 @@ def explain_prompts(model: HookedTransformer, tokenizer, config: ScienceConfig, 
     n = len(prompts)
     per_label, label_cols, hold_labels, hold = holding(scored, labels, keys, flat)
     t = scored.target
-    shares = {part: np.zeros(n) for part in PARTS}
-    shares_total = {part: np.zeros(n) for part in PARTS[:3]}
-    n_for = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
-    n_for_total = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
-    in80 = np.zeros(n, np.int64)
-    everyone = np.arange(n)
+    shares, n_for, shares_total, n_for_total, in80 = _splits(scored, heads, flat, hold,
+                                                             hold_labels, per_label,
+                                                             label_cols)
     direct = scored.scores["direct"].reshape(n, -1)
-    _split_rows(direct, flat, hold, t, everyone, shares, n_for, heads)
-    _split_rows(scored.scores["total"].reshape(n, -1), flat, hold, t, everyone, shares_total,
-                n_for_total, None)
-    _heuristics_in_80(direct, flat, hold_labels, everyone, n_for, label_cols,
-                      [x.heuristic.label for _, x in per_label], in80)
-    rng = np.random.default_rng([config.seed, 77])
-    p_clean = None
-    run: Evaluator | None = None
-    if knockouts and len(keys) and n:
-        run = evaluate or masked_last_position(
-            model, [p.tokens for p in prompts], np.array([p.answer for p in prompts]))
-        p_clean = run(np.zeros((n, *shape), dtype=bool))[0]
-    true, nulls = _label_figures(scored, labels, shape, config.knockout_neurons, draws, rng,
-                                 top_set, run, placements if keys else 0)
-    steered: list[Steered] = []
-    if run is not None and steering:
-        steered = _steered(model, tokenizer, config, op, scored, labels, run, rng,
-                           steer_heuristics)
+    run = _evaluator(model, prompts, evaluate) if knockouts and len(keys) and n else None
+    p_clean, true, nulls, steered = _knockout_figures(
+        model, tokenizer, config, op, scored, labels, run, draws, top_set, placements,
+        steer_heuristics if steering else 0)
     return PromptTerms(a=scored.a, b=scored.b, result=scored.result, target=t, shares=shares,
                        n_for=n_for, heuristics_in_80=in80, n_holding=hold.sum(1),
                        n_neurons=n_layers * d_mlp, n_labelled=len(keys),
@@ -228,6 +210,50 @@ def _label_figures(scored: Scored, labels: Mapping, shape: tuple[int, int], per_
     for fig in nulls:
         fig.pop("sets", None)
     return true, nulls
+
+
+def _splits(scored: Scored, heads: np.ndarray, flat: np.ndarray, hold: np.ndarray,
+            hold_labels: np.ndarray, per_label: list, label_cols: list[list[int]]) -> tuple:
+    """Per prompt: the shares of T and the neurons for 50% / 80% of it, on the direct
+    terms and on the total effects, and the heuristics combining in the direct 80%."""
+    n, t = len(scored.a), scored.target
+    shares = {part: np.zeros(n) for part in PARTS}
+    shares_total = {part: np.zeros(n) for part in PARTS[:3]}
+    n_for = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
+    n_for_total = {"50%": np.zeros(n, np.int64), "80%": np.zeros(n, np.int64)}
+    in80 = np.zeros(n, np.int64)
+    everyone = np.arange(n)
+    direct = scored.scores["direct"].reshape(n, -1)
+    _split_rows(direct, flat, hold, t, everyone, shares, n_for, heads)
+    _split_rows(scored.scores["total"].reshape(n, -1), flat, hold, t, everyone, shares_total,
+                n_for_total, None)
+    _heuristics_in_80(direct, flat, hold_labels, everyone, n_for, label_cols,
+                      [x.heuristic.label for _, x in per_label], in80)
+    return shares, n_for, shares_total, n_for_total, in80
+
+
+def _knockout_figures(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,
+                      scored: Scored, labels: Mapping, run: Evaluator | None, draws: int,
+                      top_set: np.ndarray | None, placements: int, steer_heuristics: int
+                      ) -> tuple:
+    """(each prompt's clean p of its answer, what the labels add, the same under random
+    placements, the steering tests): no knockout, null or steering without ``run``, no
+    steering with ``steer_heuristics`` 0."""
+    n, shape = len(scored.a), scored.sides.shape[1:]
+    rng = np.random.default_rng([config.seed, 77])
+    p_clean = run(np.zeros((n, *shape), dtype=bool))[0] if run is not None else None
+    true, nulls = _label_figures(scored, labels, shape, config.knockout_neurons, draws, rng,
+                                 top_set, run, placements if labels else 0)
+    steered = _steered(model, tokenizer, config, op, scored, labels, run, rng,
+                       steer_heuristics) if run is not None and steer_heuristics else []
+    return p_clean, true, nulls, steered
+
+
+def _evaluator(model: HookedTransformer, prompts: list, evaluate: Evaluator | None
+               ) -> Evaluator:
+    """``evaluate``, or the prompts' own masked forwards at their last position."""
+    return evaluate or masked_last_position(model, [p.tokens for p in prompts],
+                                            np.array([p.answer for p in prompts]))
 
 
 def _steered(model: HookedTransformer, tokenizer, config: ScienceConfig, op: str,

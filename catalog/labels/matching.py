@@ -301,34 +301,52 @@ def score_partitions(
     those).
     """
     if pairs is not None:
-        from catalog.labels.pair_scores import score_pairs
-
-        def fallback(rows: np.ndarray) -> Matches:
-            idx = torch.as_tensor(rows, device=kv_map.device, dtype=torch.long)
-            return score_partitions(k_map.index_select(0, idx), kv_map.index_select(0, idx),
-                                    partitions, floor, with_bottom, pattern_top_k, cells, op)
-        return score_pairs(kv_map, SortedMaps.of(kv_map), partitions, floor, with_bottom,
-                           pattern_top_k, op, orders, pairs, fallback)
+        return _score_pairs(k_map, kv_map, partitions, floor, with_bottom, pattern_top_k,
+                            cells, op, orders, pairs)
     best: list[torch.Tensor | None] = [None] * len(partitions)
     is_bottom: list[torch.Tensor | None] = [None] * len(partitions)
     top = _sorted_sides(k_map, kv_map, partitions)
     for bottom in (False, True) if with_bottom else (False,):
-        sorted_maps = top
-        if bottom:  # each distinct sorting reversed once (one when the maps are the same)
-            negated = {id(sm): sm.negated() for sm in top.values()}
-            sorted_maps = {d: negated[id(sm)] for d, sm in top.items()}
+        sorted_maps = _negated(top) if bottom else top
         if orders is not None:
-            for direct, sm in sorted_maps.items():
-                orders[(direct, bottom)] = sm.order
-        for i, sc in _side_scores(sorted_maps, partitions, cells, pattern_top_k).items():
-            prev = best[i]
-            if prev is None:
-                best[i], is_bottom[i] = sc, torch.zeros_like(sc, dtype=torch.bool)
-            else:
-                better = sc > prev
-                best[i], is_bottom[i] = torch.where(better, sc, prev), better
+            orders.update({(direct, bottom): sm.order for direct, sm in sorted_maps.items()})
+        _keep_best(best, is_bottom, _side_scores(sorted_maps, partitions, cells, pattern_top_k))
     return matches_from_best(partitions, best, is_bottom, floor, pattern_top_k,
                              k_map.shape[1], op)
+
+
+def _negated(top: dict[bool, SortedMaps]) -> dict[bool, SortedMaps]:
+    """The bottom side: each distinct sorting reversed once (one when the maps are the
+    same)."""
+    negated = {id(sm): sm.negated() for sm in top.values()}
+    return {d: negated[id(sm)] for d, sm in top.items()}
+
+
+def _keep_best(best: list, is_bottom: list, scores: dict[int, torch.Tensor]) -> None:
+    """Each partition's best score so far (and whether it is the bottom side's), updated
+    with one side's ``scores``."""
+    for i, sc in scores.items():
+        prev = best[i]
+        if prev is None:
+            best[i], is_bottom[i] = sc, torch.zeros_like(sc, dtype=torch.bool)
+        else:
+            better = sc > prev
+            best[i], is_bottom[i] = torch.where(better, sc, prev), better
+
+
+def _score_pairs(k_map: torch.Tensor, kv_map: torch.Tensor, partitions: list[Partition],
+                 floor: float, with_bottom: bool, pattern_top_k: int, cells: Cells | None,
+                 op: int, orders: dict | None, pairs: tuple) -> Matches:
+    """``score_partitions`` with ``pairs`` (``catalog.labels.pair_scores``): maps whose
+    k-th value is tied are scored by ``score_partitions`` itself."""
+    from catalog.labels.pair_scores import score_pairs
+
+    def fallback(rows: np.ndarray) -> Matches:
+        idx = torch.as_tensor(rows, device=kv_map.device, dtype=torch.long)
+        return score_partitions(k_map.index_select(0, idx), kv_map.index_select(0, idx),
+                                partitions, floor, with_bottom, pattern_top_k, cells, op)
+    return score_pairs(kv_map, SortedMaps.of(kv_map), partitions, floor, with_bottom,
+                       pattern_top_k, op, orders, pairs, fallback)
 
 
 def _sorted_sides(k_map: torch.Tensor, kv_map: torch.Tensor, partitions: list[Partition]

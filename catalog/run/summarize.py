@@ -32,6 +32,15 @@ from catalog.measuring.prompts import PromptTable
 from catalog.run.results import LayerDigest, Summary
 
 
+def _headline(curves: list, protocol: str) -> dict:
+    """The summary's circuit sizes and per-operator faithfulness points, from the curves of
+    the config's first protocol."""
+    first = [c for c in curves if c.protocol == protocol]
+    return {"circuit_sizes": sorted({k for c in first for k, _ in c.curve()}),
+            "faithfulness": {c.op: _points(c, "ratio_of_means") for c in first},
+            "faithfulness_mean_ratio": {c.op: _points(c, "mean_ratio") for c in first}}
+
+
 def _points(curve, stat: str) -> list[tuple]:
     """(size, faithfulness) of a curve under ``stat``, NaN where undefined."""
     return [(k, v if v is not None else float("nan")) for k, v in curve.curve(stat=stat)]
@@ -93,26 +102,32 @@ class CheckpointSummary:
             final.check(n_layers, model.cfg.n_heads, d_mlp)
         curves, final_curves = self._curves(effects, attribution or {}, comps, draws, layers,
                                             seconds, final)
-        t = time.perf_counter()
-        h_knock, p_knock, top_sets = (self._knockouts(effects, matches, draws, layers, runner)
-                                      if run_knockouts else ([], {}, {}))
-        seconds["knockouts"] = time.perf_counter() - t
-        t = time.perf_counter()
-        explained = self._explained(matches, means or {}, draws, layers, top_sets, runner) \
-            if run_knockouts else {}
-        seconds["prompt explanations"] = time.perf_counter() - t
-        first = [c for c in curves if c.protocol == config.faithfulness_protocols[0]]
+        h_knock, p_knock, explained = self._knocked_and_explained(
+            effects, matches, means or {}, draws, layers, runner, seconds, run_knockouts)
         return Summary(
             **self._counts(matches), layers=layers,
-            circuit_sizes=sorted({k for c in first for k, _ in c.curve()}),
-            faithfulness={c.op: _points(c, "ratio_of_means") for c in first},
-            faithfulness_mean_ratio={c.op: _points(c, "mean_ratio") for c in first},
+            **_headline(curves, config.faithfulness_protocols[0]),
             heuristic_knockouts=h_knock, prompt_knockouts=p_knock,
             components=comps, curves=curves, residual_lens=lens,
             enrichment=self._enrichment(effects, matches, layers),
             prompt_explanations=explained, seconds=seconds,
             final_curves=final_curves, final_step=final.step if final is not None else None,
         )
+
+    def _knocked_and_explained(self, effects: dict, matches: dict, means: dict,
+                               draws: dict, layers: list[int], runner: PrefixRunner,
+                               seconds: dict[str, float], run_knockouts: bool) -> tuple:
+        """(the heuristic knockouts, the prompt knockouts, the prompts' explanations), each
+        timed into ``seconds``; empty where ``run_knockouts`` is False."""
+        t = time.perf_counter()
+        h_knock, p_knock, top_sets = (self._knockouts(effects, matches, draws, layers, runner)
+                                      if run_knockouts else ([], {}, {}))
+        seconds["knockouts"] = time.perf_counter() - t
+        t = time.perf_counter()
+        explained = self._explained(matches, means, draws, layers, top_sets, runner) \
+            if run_knockouts else {}
+        seconds["prompt explanations"] = time.perf_counter() - t
+        return h_knock, p_knock, explained
 
     def _components_and_lens(self, draws: dict[str, list[np.ndarray]],
                              runner: PrefixRunner) -> tuple[dict, dict]:
