@@ -72,43 +72,60 @@ def demo_settings(settings: Settings | None = None) -> Settings:
 def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
                 progress: bool = True, settings: Settings | None = None) -> dict:
     """The non-interactive part: services, migration, training, queue, worker, wait."""
-    from catalog import builtin
-    from jobs.enqueue import celery_sender, enqueue, job_statuses, retry
+    from jobs.enqueue import celery_sender
     from schema.engine import migrate
     from schema.jobs import Status
 
     s = demo_settings(settings)
     if progress:
-        from schema.database import psql_url, shown_url
-
-        broker = shown_url(s.redis_url)
-        print(f"demo: catalog database {psql_url(s.database_url)}; job broker {broker}; "
-              f"home {s.ncat_home}", flush=True)
+        _announce(s)
     url = migrate(s.database_url)
     send = celery_sender(s, url)
-    if model in ("builtin", builtin.BUILTIN_NAME):
-        builtin.train(builtin.TrainConfig(), root=s.builtin_root, progress=progress)
-    jobs = enqueue(url, model, "all", config, send=send)
-    ids = [j.job_id for j in jobs]
-    for st in job_statuses(url, ids):
-        if st.status in (Status.FAILED, Status.CANCELLED):
-            retry(url, st.job_id, send=send)
-    status = job_statuses(url, ids)
+    ids, status = _queued(url, model, config, send, s, progress)
     total = sum(st.layers_total for st in status)
-    worker = None
-    log_path = s.ncat_home / "demo-worker.log"
     if any(st.status != Status.DONE for st in status):
-        s.ncat_home.mkdir(parents=True, exist_ok=True)
-        worker = _start_worker(log_path, s)
-    try:
-        status = _wait(url, ids, total, worker, log_path, progress)
-    finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(30)
+        status = _worked(url, ids, total, s, progress)
     failed = [st for st in status if st.status == Status.FAILED]
     return {"database_url": url, "jobs": len(status), "layers": total,
             "failed": [(st.job_id, st.step, st.error) for st in failed]}
+
+
+def _announce(s: Settings) -> None:
+    """Where the demo's catalog, queue and home are (URLs without their secrets)."""
+    from schema.database import psql_url, shown_url
+
+    print(f"demo: catalog database {psql_url(s.database_url)}; job broker "
+          f"{shown_url(s.redis_url)}; home {s.ncat_home}", flush=True)
+
+
+def _queued(url: str, model: str, config: ScienceConfig, send, s: Settings,
+            progress: bool) -> tuple[list[int], list]:
+    """(job ids, their statuses) once the model is trained (the built-in one) and its
+    checkpoints enqueued, failed or cancelled jobs of an earlier run sent again."""
+    from catalog import builtin
+    from jobs.enqueue import enqueue, job_statuses, retry
+    from schema.jobs import Status
+
+    if model in ("builtin", builtin.BUILTIN_NAME):
+        builtin.train(builtin.TrainConfig(), root=s.builtin_root, progress=progress)
+    ids = [j.job_id for j in enqueue(url, model, "all", config, send=send)]
+    for st in job_statuses(url, ids):
+        if st.status in (Status.FAILED, Status.CANCELLED):
+            retry(url, st.job_id, send=send)
+    return ids, job_statuses(url, ids)
+
+
+def _worked(url: str, ids: list[int], total: int, s: Settings, progress: bool) -> list:
+    """The jobs' statuses once the demo's own worker has done them (it is stopped after)."""
+    log_path = s.ncat_home / "demo-worker.log"
+    s.ncat_home.mkdir(parents=True, exist_ok=True)
+    worker = _start_worker(log_path, s)
+    try:
+        return _wait(url, ids, total, worker, log_path, progress)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(30)
 
 
 def _wait(url: str, ids: list[int], total: int, worker, log_path, progress: bool) -> list:

@@ -84,14 +84,7 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
     returns their paths. The model is loaded for its architecture (heads per layer,
     parallel attention and MLP)."""
     with store.connect(url) as conn:
-        at = exports.locate(conn, model, step, config_id, error=ExportError)
-        plans = training.circuit_plans(conn, checkpoint_id=at.checkpoint_id,
-                                       config_id=at.config_id, protocol=protocol)
-        if op not in plans:
-            raise ExportError(
-                f"{model} at {'its final weights' if at.step is None else f'step {at.step}'} "
-                f"(config {at.config_id}) has no {protocol!r} circuit for {op!r} (circuits "
-                f"come with a checkpoint's summary); it has them for {sorted(plans) or 'none'}")
+        at, plans = _circuit_plans(conn, model, step, config_id, op, protocol)
         points = exports.circuit_points(conn, at, op, protocol)
         measured = [int(p[0]) for p in points]
         if k is not None and k not in measured:
@@ -103,9 +96,7 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
         circuit = stored_circuit(conn, CatalogIds(at.model_id, at.checkpoint_id, at.config_id),
                                  config, (n_layers, n_heads, d_mlp), {op: plans[op]},
                                  at.step).plans[op]
-        scores = {(f"m{layer}" if head < 0 else f"a{layer}.h{head}"): float(v)
-                  for layer, head, v in exports.component_effects(conn, at, op)
-                  if v is not None}
+        scores = _node_scores(conn, at, op)
     # one file per distinct MIB graph: MIB's nodes are heads and whole MLPs, so sizes
     # that differ only in the MLP neurons a pruned layer keeps are one graph to MIB (the
     # ten files of the demo's `+` were one graph); each file names the sizes it stands
@@ -113,29 +104,56 @@ def export_mib(url: str, model: str, out: Path, *, step: int | None = None,
     curve = [{"k": int(size), "fraction": fraction, "faithfulness": faith,
               "faithfulness_se": faith_se, "n_prompts": n, "mib_level": bool(level)}
              for size, fraction, faith, faith_se, n, level in points]
-    area = _mib_area(curve)
-    groups = _mib_graphs(curve, circuit, k)
+    about = {"model": model, "step": at.step, "config_id": at.config_id, "operator": op,
+             "protocol": protocol, "curve": curve, "area": _mib_area(curve)}
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for kept, members in groups.values():
+    for kept, members in _mib_graphs(curve, circuit, k).values():
         first, last = members[0]["k"], members[-1]["k"]
-        about = {"model": model, "step": at.step, "config_id": at.config_id, "operator": op,
-                 "protocol": protocol, "k": first, "ks": [c["k"] for c in members],
-                 "fraction": members[0]["fraction"],
-                 "faithfulness": members[0]["faithfulness"],
-                 "faithfulness_se": members[0]["faithfulness_se"],
-                 "n_prompts": members[0]["n_prompts"],
-                 "faithfulness_statistic": "normalised logit, ratio of means (docs/method.md "
-                                           "section 6)",
-                 "curve": curve, "area": area}
         graph = mib.to_graph(kept.heads, kept.neurons, d_model=d_model, parallel=parallel,
-                             node_scores=scores, about=about)
+                             node_scores=scores, about=_about_graph(about, members))
         sizes = f"k{first}" if first == last else f"k{first}-{last}"
         path = out / (f"{slug(model)}_{'final' if at.step is None else at.step}_"
                       f"{OP_NAMES.get(op, 'op')}_{protocol}_{sizes}.json")
         path.write_text(json.dumps(graph))
         written.append(path)
     return written
+
+
+def _circuit_plans(conn, model: str, step: int | None, config_id: int | None, op: str,
+                   protocol: str) -> tuple:
+    """(where the checkpoint is, its ``protocol`` circuits' plans by operator); an
+    ``ExportError`` naming what it has where it has none for ``op``."""
+    at = exports.locate(conn, model, step, config_id, error=ExportError)
+    plans = training.circuit_plans(conn, checkpoint_id=at.checkpoint_id,
+                                   config_id=at.config_id, protocol=protocol)
+    if op not in plans:
+        where = "its final weights" if at.step is None else f"step {at.step}"
+        raise ExportError(
+            f"{model} at {where} (config {at.config_id}) has no {protocol!r} circuit for "
+            f"{op!r} (circuits come with a checkpoint's summary); it has them for "
+            f"{sorted(plans) or 'none'}")
+    return at, plans
+
+
+def _node_scores(conn, at, op: str) -> dict[str, float]:
+    """MIB node name -> the stored component effect of ``op`` (heads and whole MLPs)."""
+    return {(f"m{layer}" if head < 0 else f"a{layer}.h{head}"): float(v)
+            for layer, head, v in exports.component_effects(conn, at, op) if v is not None}
+
+
+def _about_graph(about: dict, members: list[dict]) -> dict:
+    """A graph file's own record: the run's (``about``: model, step, config, operator,
+    protocol, curve, area), the sizes it stands for and its first size's point."""
+    first = members[0]
+    return {**{key: about[key] for key in ("model", "step", "config_id", "operator",
+                                           "protocol")},
+            "k": first["k"], "ks": [c["k"] for c in members], "fraction": first["fraction"],
+            "faithfulness": first["faithfulness"], "faithfulness_se": first["faithfulness_se"],
+            "n_prompts": first["n_prompts"],
+            "faithfulness_statistic": "normalised logit, ratio of means (docs/method.md "
+                                      "section 6)",
+            "curve": about["curve"], "area": about["area"]}
 
 
 def _grid_activations(lm, config: ScienceConfig, layers: list[int]):

@@ -74,30 +74,44 @@ def markdown(d: ReportData) -> str:
     cfg = d.config
     ops = list(cfg["operators"])
     out = _head_lines(d, ops)
-    out += report_circuits.markdown(d.circuits, ops)
-    if not d.circuits.summaries and any(d.faithfulness.values()):
-        out += ["", "Stored before catalog 0.5.0 (every measured layer pruned, heads kept, "
-                "the paper's mean of ratios only):", ""]
-        for op in ops:
-            curve = d.faithfulness.get(op) or []
-            out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
+    out += report_circuits.markdown(d.circuits, ops) + _old_faithfulness_lines(d, ops)
     out += report_labels.markdown(d.labels, ops, cfg.get("label_rule", "paper"))
     out += _top_label_lines(d, ops)
     out += report_periodic.markdown(d.periodic)
     out += _knockout_lines(d)
     out += report_prompts.markdown(d.prompt_explanations, d.prompt_knockouts, ops)
-    if d.spearman:
-        out += ["", "## Attribution against exact patching (Spearman on the exact set)", ""]
-        for layer, facts in sorted(d.spearman.items()):
-            out.append(f"- layer {layer}: " + ", ".join(
-                f"{op} n={f.get('n_exact')} rho={_fmt(f.get('spearman'), 2)}"
-                for op, f in facts.items()))
+    out += _spearman_lines(d.spearman)
     out += report_training.markdown(d.training)
     out += report_counterparts.markdown(d.counterparts)
     out += ["", "## Top neurons by |effect|", ""]
     for op, layer, neuron, value, label in d.top_neurons:
         out.append(f"- `{op}` L{layer} N{neuron}: {_fmt(value, 4)} {label or '(no label)'}")
     return "\n".join(out) + "\n"
+
+
+def _old_faithfulness_lines(d: ReportData, ops: list[str]) -> list[str]:
+    """The faithfulness points of a catalog stored before 0.5.0 (none where its summaries
+    have curves, or where there are no points)."""
+    if d.circuits.summaries or not any(d.faithfulness.values()):
+        return []
+    out = ["", "Stored before catalog 0.5.0 (every measured layer pruned, heads kept, "
+           "the paper's mean of ratios only):", ""]
+    for op in ops:
+        curve = d.faithfulness.get(op) or []
+        out.append(f"- `{op}`: " + ", ".join(f"{k} -> {_fmt(f, 2)}" for k, f in curve))
+    return out
+
+
+def _spearman_lines(spearman: dict) -> list[str]:
+    """Attribution against exact patching per layer and operator (none: no lines)."""
+    if not spearman:
+        return []
+    out = ["", "## Attribution against exact patching (Spearman on the exact set)", ""]
+    for layer, facts in sorted(spearman.items()):
+        out.append(f"- layer {layer}: " + ", ".join(
+            f"{op} n={f.get('n_exact')} rho={_fmt(f.get('spearman'), 2)}"
+            for op, f in facts.items()))
+    return out
 
 
 def _head_lines(d: ReportData, ops: list[str]) -> list[str]:

@@ -12,13 +12,12 @@ Layers, each enough on its own for what it guards:
   closed: nothing the statement sets, creates or locks outlives it;
 - a statement timeout, kept by a watchdog thread of this process too (``Watchdog``: a
   statement may turn its own timeout off), and a server-side cursor that fetches at most
-  ``row_cap + 1`` rows; each row's size is measured on the server (``pg_column_size``)
-  and a row above ``max_row_bytes`` comes back as NULLs with a note, and fetching stops
-  once the rows
-  fetched pass ``max_bytes``: a 1 GB string or 100 million rows never reach this process.
-  The budget counts each row at the larger of its size on the server and its size as
-  Python objects here (``python_bytes``: a float8 array is 8 bytes per element on the
-  server and about 32 once decoded), so the cap bounds this process's memory;
+  ``row_cap + 1`` rows; each row's size is measured on the server (``pg_column_size``),
+  a row above ``max_row_bytes`` comes back as NULLs with a note, and fetching stops once
+  the rows fetched pass ``max_bytes`` (each row counted at the larger of its size on the
+  server and as Python objects here, ``python_bytes``: a float8 array is 8 bytes per
+  element there, about 32 decoded): a 1 GB string or 100 million rows never reach this
+  process, and the cap bounds its memory;
 - repeated column names (``select a.*, b.*``) come back made unique (``x``, ``x_2``).
 """
 
@@ -229,8 +228,7 @@ def run(url: str, text: str, *, row_cap: int = 1000, timeout_ms: int = 5000,
         raise ConsoleError(f"PostgreSQL: {exc}".strip()) from None
 
 
-# the watchdog stops a statement this long after its own timeout would have
-WATCHDOG_GRACE_S = 1.0
+WATCHDOG_GRACE_S = 1.0  # the watchdog stops a statement this long after its own timeout
 
 
 class _OutOfTime(Exception):
@@ -281,10 +279,7 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
     conn.execute("SELECT set_config('statement_timeout', %s, true)", (str(int(timeout_ms)),))
     # a query has run in this transaction: it can no longer be made read-write
     if not wrap:  # EXPLAIN, SHOW: small answers, which cannot stand in a FROM clause
-        cur = conn.execute(stmt)
-        cols = unique_names([d.name for d in cur.description] if cur.description else [])
-        rows = cur.fetchmany(row_cap + 1)
-        return ConsoleResult(cols, rows[:row_cap], capped=len(rows) > row_cap)
+        return _run_plain(conn, stmt, row_cap)
     # the statement's columns (planned, not run), renamed by position so that repeated
     # names stay apart; each row's size is measured on the server, and a row over the limit
     # comes back as NULLs
@@ -299,6 +294,19 @@ def _run(conn: psycopg.Connection, stmt: str, wrap: bool, row_cap: int, timeout_
         assert cur.description is not None
         out.columns = unique_names([d.name for d in cur.description][:-1])
         _fetch(cur, out, row_cap, max_row_bytes, max_bytes, batch, dog)
+    return _capped(out, row_cap)
+
+
+def _run_plain(conn: psycopg.Connection, stmt: str, row_cap: int) -> ConsoleResult:
+    """A statement run as it is, its first ``row_cap`` rows (capped: there were more)."""
+    cur = conn.execute(stmt)
+    cols = unique_names([d.name for d in cur.description] if cur.description else [])
+    rows = cur.fetchmany(row_cap + 1)
+    return ConsoleResult(cols, rows[:row_cap], capped=len(rows) > row_cap)
+
+
+def _capped(out: ConsoleResult, row_cap: int) -> ConsoleResult:
+    """``out`` cut to ``row_cap`` rows, its oversized rows among them (capped: more)."""
     if len(out.rows) > row_cap:
         out.capped = True
         out.rows = out.rows[:row_cap]

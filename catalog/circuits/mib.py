@@ -146,20 +146,31 @@ def read_graph(d: dict) -> ReadGraph:
     """A graph file read under MIB's schema: ``cfg``, ``nodes`` and ``edges`` required,
     every node and edge one the model's full graph has (ValueError naming the first that
     is not), and the catalog's MLP neurons if present."""
-    missing = [k for k in ("cfg", "nodes", "edges") if k not in d]
-    if missing:
-        raise ValueError(f"not a MIB circuit graph: missing {missing}")
-    cfg = d["cfg"]
-    for key in ("n_layers", "n_heads", "parallel_attn_mlp", "d_model"):
-        if key not in cfg:
-            raise ValueError(f"the graph's cfg lacks {key!r}")
+    cfg = _check_keys(d)
     _check_members(d, int(cfg["n_layers"]), int(cfg["n_heads"]),
                    bool(cfg["parallel_attn_mlp"]))
     extra = d.get("ncat", {})
-    return ReadGraph(cfg, {n for n, v in d["nodes"].items() if v["in_graph"]},
-                     {e for e, v in d["edges"].items() if v["in_graph"]},
+    return ReadGraph(cfg, _kept(d["nodes"]), _kept(d["edges"]),
                      {k: list(v) for k, v in extra.get("mlp_neurons", {}).items()},
                      {k: v for k, v in extra.items() if k != "mlp_neurons"})
+
+
+def _kept(members: dict) -> set[str]:
+    """The names of the nodes (or edges) in the graph."""
+    return {name for name, v in members.items() if v["in_graph"]}
+
+
+def _check_keys(d: dict) -> dict:
+    """The graph's ``cfg``, once ``cfg``, ``nodes`` and ``edges`` and the cfg's keys are
+    there (ValueError naming what is missing)."""
+    missing = [k for k in ("cfg", "nodes", "edges") if k not in d]
+    if missing:
+        raise ValueError(f"not a MIB circuit graph: missing {missing}")
+    lacking = [k for k in ("n_layers", "n_heads", "parallel_attn_mlp", "d_model")
+               if k not in d["cfg"]]
+    if lacking:
+        raise ValueError(f"the graph's cfg lacks {lacking[0]!r}")
+    return d["cfg"]
 
 
 def _check_members(d: dict, n_layers: int, n_heads: int, parallel: bool) -> None:

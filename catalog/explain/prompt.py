@@ -47,6 +47,7 @@ from catalog.core.arith import apply_op, is_valid
 from catalog.core.tokens import detect_number_tokens, encode_number
 from catalog.explain.controls import PromptKnockout, knockout_masks, run_knockout
 from catalog.explain.decompose import Decomposition, decompose_cached, hook_names
+from catalog.explain.greedy import written  # noqa: F401  (re-exported)
 from catalog.explain.holds import (  # noqa: F401  (the label loaders, re-exported)
     Label,
     as_labels,
@@ -257,39 +258,6 @@ def _one_pass(model: HookedTransformer, tokenizer, p: Prompt
     return dec, lens, correct, written(model, tokenizer, p, top.tolist())
 
 
-def _extends(tokenizer, token: int) -> bool:
-    return tokenizer.decode([token])[:1].isdigit()
-
-
-@torch.no_grad()
-def written(model: HookedTransformer, tokenizer, p: Prompt, top: Sequence[int]) -> str:
-    """What greedy decoding writes after the prompt: its first token, then each next token
-    while it extends the number (its text starts with a digit), at most the result's
-    length plus two tokens; the built-in model writes one token (a whole number).
-    ``top``: the teacher-forced pass's top token at each position of the prompt followed
-    by the result's tokens; it is greedy decoding's as long as greedy decoding has written
-    the result's tokens, and one forward per further token is run past that."""
-    at = len(p.tokens) - 1
-    limit = 1 if model.cfg.model_name == BUILTIN_NAME else len(p.result_tokens) + 2
-    out: list[int] = []
-    while len(out) < limit:
-        i = len(out)
-        if at + i < len(top) and list(p.result_tokens[:i]) == out:
-            t = int(top[at + i])  # the pass saw exactly these tokens before it
-        else:
-            seq = [int(x) for x in p.tokens] + out
-            if len(seq) >= model.cfg.n_ctx:
-                break
-            toks = torch.as_tensor(seq, dtype=torch.long, device=model.W_U.device)[None]
-            t = int(model(toks)[0, -1].argmax())
-        if out and not _extends(tokenizer, t):
-            break
-        out.append(t)
-        if not _extends(tokenizer, t):
-            break
-    return tokenizer.decode(out)
-
-
 def _promoted(model: HookedTransformer, tokenizer, rows: Sequence[tuple[int, int, float]],
               k: int = 5) -> list[list[str]]:
     """For each (layer, neuron, activation), the tokens the neuron's write promotes most
@@ -329,22 +297,14 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     shape = dec.neurons.shape
     side_bits, member, here = _labels_on(model, p, dec, labelled_in, typical, typical_kv)
     toward, away, order = _shown_rows(dec, totals, here, typical, top)
-    shown = toward + away
-    for r, promotes in zip(shown, _promoted(
-            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in shown]), strict=True):
-        r.promotes = promotes
-    _note_complements(model, tokenizer, config, p, shown, labelled_in)
+    _annotate(model, tokenizer, config, p, toward + away, labelled_in)
     holds = {key for key, ls in here.items() if any(x.holds for x in ls)}
     masks = label_masks(shape, set(here), holds)
     by_family, by_label = held_contributions(dec.neurons, here, holds)
-    rest = float(dec.heads.sum()), dec.embed + dec.biases + dec.error
-    shares, n_for = split(dec.neurons, masks, t, rest)
-    shares_total, n_for_total = split(totals, masks, t, None) if total else ({}, {})
+    shares, n_for, shares_total, n_for_total = _splits(dec, totals, masks, t, total)
     scored = {"direct": dec.neurons, **({"total": totals} if total else {})}
-    ko = None
-    if labelled_in and seeds:
-        ko = _knockout(model, config, p, scored[ranking], masks, member, side_bits, seeds,
-                       ranking, top_set)
+    ko = _knockout(model, config, p, scored[ranking], masks, member, side_bits, seeds,
+                   ranking, top_set, bool(labelled_in))
     return Explanation(
         prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
         predicted=tokenizer.decode([int(logits.argmax())]),
@@ -359,6 +319,23 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
         shares_total=shares_total, n_for_total=n_for_total,
         share_adds=_share_adds(scored, masks, member, side_bits, t) if labelled_in else {},
         written=wrote, answer_token=tokenizer.decode([int(p.answer)]))
+
+
+def _annotate(model: HookedTransformer, tokenizer, config: ScienceConfig, p: Prompt,
+              shown: list, labelled_in: Mapping) -> None:
+    """The shown rows' promoted tokens and their labels' complements, in place."""
+    for r, promotes in zip(shown, _promoted(
+            model, tokenizer, [(r.layer, r.neuron, r.activation) for r in shown]), strict=True):
+        r.promotes = promotes
+    _note_complements(model, tokenizer, config, p, shown, labelled_in)
+
+
+def _splits(dec, totals: np.ndarray, masks: tuple, t: float, total: bool) -> tuple:
+    """(shares, n_for) of T over the direct terms, and over the total effects ({} where
+    not computed)."""
+    rest = float(dec.heads.sum()), dec.embed + dec.biases + dec.error
+    shares, n_for = split(dec.neurons, masks, t, rest)
+    return (shares, n_for, *(split(totals, masks, t, None) if total else ({}, {})))
 
 
 def _check_ranking(ranking: str, total: bool) -> None:
@@ -388,8 +365,12 @@ def _labels_on(model: HookedTransformer, p: Prompt, dec, labelled_in: Mapping,
 
 def _knockout(model: HookedTransformer, config: ScienceConfig, p: Prompt, score: np.ndarray,
               masks: tuple, member: np.ndarray, side_bits: np.ndarray, seeds: int,
-              ranking: str, top_set: np.ndarray | None) -> PromptKnockout | None:
-    """The prompt knockout with its controls (None where no labelled neuron holds)."""
+              ranking: str, top_set: np.ndarray | None, labelled: bool = True
+              ) -> PromptKnockout | None:
+    """The prompt knockout with its controls (None without labels or ``seeds``, or where
+    no labelled neuron holds)."""
+    if not (labelled and seeds):
+        return None
     sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
                           config.knockout_neurons, seeds,
                           np.random.default_rng([config.seed, 47]), random_pool=top_set)

@@ -207,16 +207,8 @@ def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutr
         except RuntimeError as exc:
             raise StreamUnsupported(f"weight processing mixes layers: {exc}") from None
         assigned = _assign_group(model, processed, index, wanted, done, unembed)
-        with torch.no_grad():
-            if index == 0:
-                resid = model(tokens, stop_at_layer=0)
-            else:
-                resid = model(resid, start_at_layer=index - 1, stop_at_layer=index)
-        for key in assigned:
-            if index == 0 and key.startswith(_READ_OUT):
-                read_out.append(key)
-            else:
-                _cast(model, key, dtype)
+        resid = _group_forward(model, tokens, resid, index)
+        read_out += _cast_group(model, assigned, index, dtype)
     missing = sorted(wanted - done)
     if missing:
         raise StreamUnsupported(f"the converter gives no {', '.join(missing[:4])}")
@@ -224,6 +216,28 @@ def streamed_conversion(model, hf_model, tensors: StreamedTensors, groups, neutr
     for key in read_out:
         _cast(model, key, dtype)
     return fold_ln, logits
+
+
+@torch.no_grad()
+def _group_forward(model, tokens: torch.Tensor, resid: torch.Tensor, index: int
+                   ) -> torch.Tensor:
+    """The residual stream after group ``index`` (0: the embedding of ``tokens``; i: block
+    i - 1 run on ``resid``)."""
+    if index == 0:
+        return model(tokens, stop_at_layer=0)
+    return model(resid, start_at_layer=index - 1, stop_at_layer=index)
+
+
+def _cast_group(model, assigned, index: int, dtype: torch.dtype) -> list[str]:
+    """Cast group ``index``'s parameters to ``dtype``, but the read-out's of group 0
+    (returned: they stay in float32 until the logits are checked)."""
+    kept = []
+    for key in assigned:
+        if index == 0 and key.startswith(_READ_OUT):
+            kept.append(key)
+        else:
+            _cast(model, key, dtype)
+    return kept
 
 
 def _group_state(real: _Materialized, names, index: int, neutral: str, convert_cfg,

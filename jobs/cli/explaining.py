@@ -277,27 +277,7 @@ CONTROLS = {"unlabelled": "unlabelled neurons, the prompt's labels placed on the
 
 def render(e, where: str, note: str) -> str:
     """The explanation as a readable terminal table."""
-    out = [f"{e.prompt} on {where} ({note})",
-           f"answer {e.result}: the model writes {e.written!r} "
-           f"({'correct' if e.correct else 'wrong'}); the answer's first token "
-           f"{e.answer_token!r}: p = {e.p_answer:.3f}, rank {e.rank_answer} (1 = top)",
-           "logit lens, the answer's first token's rank by layer (1 = top): "
-           + " ".join(f"L{la}:{rank}" for la, rank, _ in e.lens),
-           f"T (the answer's logit minus the competing numbers' mean) = {e.target:.3f}: "
-           f"neurons {e.neurons_total:+.3f}, heads {e.heads_total:+.3f}, embeddings "
-           f"{e.embed:+.3f}, biases {e.biases:+.3f} (rest {e.error:+.1e}; direct effects, "
-           "the norms' scales frozen)",
-           "shares of T (direct): " + ", ".join(f"{k} {v:.1%}" for k, v in e.shares.items()),
-           "shares of T (total effects, first order): "
-           + ", ".join(f"{k} {v:.1%}" for k, v in e.shares_total.items()),
-           f"neurons to reach 50% / 80% of T: {e.n_for['50%']} / {e.n_for['80%']} direct, "
-           f"{e.n_for_total['50%']} / {e.n_for_total['80%']} total (-1: never), carrying "
-           f"{e.heuristics_in_80} distinct heuristics that hold here"]
-    if e.share_adds:
-        out.append("what the label adds to the share of T (labelled neurons that hold, less "
-                   "what the prompt's labels placed at random would carry): " + "; ".join(
-                       f"{r} " + ", ".join(f"vs {c} {v:+.1%}" for c, v in by.items())
-                       for r, by in e.share_adds.items()))
+    out = _header_lines(e, where, note) + _share_adds_lines(e.share_adds)
     for title, rows in (("toward the answer", e.toward), ("away from it", e.away)):
         out += _neuron_rows(title, rows)
     out.append("\nheads: " + ", ".join(f"L{la}H{h} {c:+.3f}" for la, h, c in e.heads[:5]))
@@ -307,6 +287,36 @@ def render(e, where: str, note: str) -> str:
     if e.knockout is not None:
         out += _knockout_lines(e.knockout)
     return "\n".join(out)
+
+
+def _header_lines(e, where: str, note: str) -> list[str]:
+    """The prompt, the answer and what the model writes, the lens, T and its shares."""
+    return [f"{e.prompt} on {where} ({note})",
+            f"answer {e.result}: the model writes {e.written!r} "
+            f"({'correct' if e.correct else 'wrong'}); the answer's first token "
+            f"{e.answer_token!r}: p = {e.p_answer:.3f}, rank {e.rank_answer} (1 = top)",
+            "logit lens, the answer's first token's rank by layer (1 = top): "
+            + " ".join(f"L{la}:{rank}" for la, rank, _ in e.lens),
+            f"T (the answer's logit minus the competing numbers' mean) = {e.target:.3f}: "
+            f"neurons {e.neurons_total:+.3f}, heads {e.heads_total:+.3f}, embeddings "
+            f"{e.embed:+.3f}, biases {e.biases:+.3f} (rest {e.error:+.1e}; direct effects, "
+            "the norms' scales frozen)",
+            "shares of T (direct): " + ", ".join(f"{k} {v:.1%}" for k, v in e.shares.items()),
+            "shares of T (total effects, first order): "
+            + ", ".join(f"{k} {v:.1%}" for k, v in e.shares_total.items()),
+            f"neurons to reach 50% / 80% of T: {e.n_for['50%']} / {e.n_for['80%']} direct, "
+            f"{e.n_for_total['50%']} / {e.n_for_total['80%']} total (-1: never), carrying "
+            f"{e.heuristics_in_80} distinct heuristics that hold here"]
+
+
+def _share_adds_lines(share_adds: dict) -> list[str]:
+    """What the label adds to the share of T, per ranking and control (none: no line)."""
+    if not share_adds:
+        return []
+    return ["what the label adds to the share of T (labelled neurons that hold, less "
+            "what the prompt's labels placed at random would carry): " + "; ".join(
+                f"{r} " + ", ".join(f"vs {c} {v:+.1%}" for c, v in by.items())
+                for r, by in share_adds.items())]
 
 
 def _neuron_rows(title: str, rows) -> list[str]:

@@ -256,21 +256,53 @@ def test_only_the_listed_functions_pass_the_complexity_limit():
 RADON_OVER_20: set[str] = set()
 
 
-def radon_over(limit: int) -> set[str]:
-    """path:function of every function or method of the five packages at ``limit`` or
-    more by radon's count."""
+def radon_counts() -> dict[str, int]:
+    """path:function -> radon's count (the largest of functions of one name in a file),
+    for every function and method of the five packages."""
     from radon.complexity import cc_visit
     from radon.visitors import Class
 
-    found = set()
+    found: dict[str, int] = {}
     for layer in LAYERS:
         for path in (ROOT / layer).rglob("*.py"):
             rel = path.relative_to(ROOT).as_posix()
             for block in cc_visit(path.read_text()):
                 for f in [block, *(block.methods if isinstance(block, Class) else [])]:
-                    if not isinstance(f, Class) and f.complexity >= limit:
-                        found.add(f"{rel}:{f.name}")
+                    if not isinstance(f, Class):
+                        key = f"{rel}:{f.name}"
+                        found[key] = max(found.get(key, 0), f.complexity)
     return found
+
+
+def radon_over(limit: int) -> set[str]:
+    """path:function of every function or method of the five packages at ``limit`` or
+    more by radon's count."""
+    return {key for key, c in radon_counts().items() if c >= limit}
+
+
+# the 26 functions at 20 or more when the count began (2026-12-05); issue 82 asks each at
+# 10 or fewer, and so they stay
+ONCE_OVER_20 = {
+    "catalog/circuits/mib.py:read_graph", "catalog/circuits/paper.py:measure_curve",
+    "catalog/config/checks.py:_check_circuits", "catalog/config/checks.py:check_science",
+    "catalog/config/flags.py:parse", "catalog/explain/grid.py:explain_prompts",
+    "catalog/explain/prompt.py:explain", "catalog/explain/steering.py:summarize_steering",
+    "catalog/labels/matching.py:score_partitions", "catalog/labels/value_null.py:p_values",
+    "catalog/run/summarize.py:summarize", "catalog/sources/streaming.py:streamed_conversion",
+    "jobs/cli/explaining.py:render", "jobs/demo.py:catalog_all",
+    "jobs/field_exports.py:export_mib", "jobs/plan.py:estimate", "reports/circuits.py:markdown",
+    "reports/circuits.py:warnings", "reports/labels.py:markdown", "reports/report.py:markdown",
+    "reports/training.py:figures", "schema/console.py:_run", "schema/console.py:statements",
+    "ui/views/common.py:pick_model_checkpoint_config", "ui/views/neuron.py:render",
+    "ui/views/overview.py:checkpoint_table",
+}
+
+
+def test_the_functions_once_at_twenty_or_more_are_at_ten_or_fewer():
+    counts = radon_counts()
+    assert ONCE_OVER_20 - set(counts) == set(), "renamed or moved: say where in this list"
+    over = {key: counts[key] for key in ONCE_OVER_20 if counts[key] > 10}
+    assert over == {}, f"issue 82 asks for 10 at most: {over}"
 
 
 def test_only_the_listed_functions_reach_twenty_by_every_branch():

@@ -120,20 +120,26 @@ def checkpoint_table(cks: pd.DataFrame, faith: pd.DataFrame) -> tuple[pd.DataFra
         if not isinstance(ck.accuracy, dict):
             rows.append({**_checkpoint_cells(ck), "op": ""})
             continue
-        shares = {e["op"]: e for e in (ck.enrichment if isinstance(ck.enrichment, list)
-                                       else []) if e["layer"] == "all" and e["family"] == "any"}
+        shares = _overall_shares(ck.enrichment)
         for op, acc in ck.accuracy.items():
             row = {**_checkpoint_cells(ck), "op": op, "accuracy": acc}
             k = _faithfulness_cells(row, ck, op, points)
             faith_k = faith_k if k is None else k
-            if op in shares:
-                row["labelled top / random"] = (f"{shares[op]['share_top']:.2f} / "
-                                                f"{shares[op]['share_random']:.2f}")
+            row.update(shares.get(op, {}))
             rows.append(row)
     table = pd.DataFrame(rows)
     if "n prompts" in table:
         table["n prompts"] = table["n prompts"].astype("Int64")
     return table, faith_k
+
+
+def _overall_shares(enrichment) -> dict[str, dict[str, str]]:
+    """op -> the labelled shares of the top and random sets over every layer and family,
+    as the table's cell (none where the checkpoint has no enrichment)."""
+    rows = enrichment if isinstance(enrichment, list) else []
+    return {e["op"]: {"labelled top / random": f"{e['share_top']:.2f} / "
+                                               f"{e['share_random']:.2f}"}
+            for e in rows if e["layer"] == "all" and e["family"] == "any"}
 
 
 def _checkpoint_cells(ck) -> dict:
