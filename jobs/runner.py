@@ -87,10 +87,14 @@ def _loaded(conn, job: JobRow) -> _Loaded:
     from catalog.run.checkpoint import CheckpointRun
     from catalog.sources import load_model
 
-    config = ScienceConfig.from_dict(jobdb.job_config(conn, job.config_id))
-    key = (job.model_name, job.step, job.device, config.config_hash())
+    # a config's id names it within its catalog (its rows are never changed): the config
+    # is read and parsed only when this process has not prepared the run already
+    info = conn.info
+    key = (info.host, info.port, info.dbname, job.model_name, job.step, job.device,
+           job.config_id)
     if _CURRENT is None or _CURRENT.key != key:
         _CURRENT = None  # free the previous model first
+        config = ScienceConfig.from_dict(jobdb.job_config(conn, job.config_id))
         settings = get_settings()
         execution = fit_memory(job, config, execution_for(job, settings), settings)
         lm = load_model(job.model_name, job.step, device=job.device,

@@ -18,8 +18,10 @@ ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(seeded):
+    """One explorer on the module's seeded catalog for the tests that only read it (each
+    start is seconds of imports: one per test was about half a minute of the suite)."""
     env = {**os.environ, "DATABASE_URL": seeded, "NCAT_QUEUE": "browser-tests-no-worker"}
     proc, url = start_explorer(env)
     yield url
