@@ -85,6 +85,8 @@ def catalog_all(model: str = "builtin", config: ScienceConfig = DEMO_CONFIG,
     total = sum(st.layers_total for st in status)
     if any(st.status != Status.DONE for st in status):
         status = _worked(url, ids, total, s, progress)
+    else:  # the bar, already full: a second run says the catalog is there
+        status = _wait(url, ids, total, None, None, progress)
     failed = [st for st in status if st.status == Status.FAILED]
     return {"database_url": url, "jobs": len(status), "layers": total,
             "failed": [(st.job_id, st.step, st.error) for st in failed]}
