@@ -304,7 +304,7 @@ def explain(model: HookedTransformer, tokenizer, text: str, config: ScienceConfi
     shares, n_for, shares_total, n_for_total = _splits(dec, totals, masks, t, total)
     scored = {"direct": dec.neurons, **({"total": totals} if total else {})}
     ko = _knockout(model, config, p, scored[ranking], masks, member, side_bits, seeds,
-                   ranking, top_set, bool(labelled_in))
+                   ranking, top_set) if labelled_in and seeds else None
     return Explanation(
         prompt=p.text, a=p.a, op=p.op, b=p.b, result=p.result,
         predicted=tokenizer.decode([int(logits.argmax())]),
@@ -365,12 +365,8 @@ def _labels_on(model: HookedTransformer, p: Prompt, dec, labelled_in: Mapping,
 
 def _knockout(model: HookedTransformer, config: ScienceConfig, p: Prompt, score: np.ndarray,
               masks: tuple, member: np.ndarray, side_bits: np.ndarray, seeds: int,
-              ranking: str, top_set: np.ndarray | None, labelled: bool = True
-              ) -> PromptKnockout | None:
-    """The prompt knockout with its controls (None without labels or ``seeds``, or where
-    no labelled neuron holds)."""
-    if not (labelled and seeds):
-        return None
+              ranking: str, top_set: np.ndarray | None) -> PromptKnockout | None:
+    """The prompt knockout with its controls (None where no labelled neuron holds)."""
     sets = knockout_masks(score[None], masks[0], member[None], side_bits[None],
                           config.knockout_neurons, seeds,
                           np.random.default_rng([config.seed, 47]), random_pool=top_set)
