@@ -32,6 +32,28 @@ PYTHIA_STEPS = [1000, 2000]
 # checkpoint is needed but the default model's accuracy is not.
 from tiny_model import TINY  # noqa: E402
 
+# Files whose tests start first in the test command's parallel part (scripts/test.sh
+# passes --no-loadscope-reorder, so pytest-xdist hands out files in this order; the rest
+# follow by their number of tests, most first, which is xdist's own order). The README's
+# commands are the longest file by far (the demo, 7-10 min) and wait for the default
+# model, which the test command trains beside the first tests; the chaos tests mostly
+# wait on workers (3-4 min of wall time, about one core's work): started early, their
+# waits overlap the other process's work instead of lengthening the part's end.
+FIRST_FILES = ("test_readme_commands.py", "test_chaos.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def order(item) -> tuple[int, int]:
+        name = item.path.name
+        if name in FIRST_FILES:
+            return (FIRST_FILES.index(name), 0)
+        return (len(FIRST_FILES), -per_file[item.path])
+
+    per_file: dict = {}
+    for item in items:
+        per_file[item.path] = per_file.get(item.path, 0) + 1
+    items.sort(key=order)  # stable: a file's tests keep their order
+
 
 @pytest.fixture(autouse=True)
 def _seed_everything():

@@ -157,8 +157,10 @@ def adopt(cfg: TrainConfig, source: Path, root: Path | None = None) -> bool:
     (every checkpoint of the schedule with its metrics, no training state left) and its
     settings file equals ``cfg``, and every checkpoint's weights hash equals the one its
     training recorded; each file is then hard-linked (copied across file systems) into
-    ``root``, written atomically. Returns whether the run was taken; with False nothing
-    was changed (``root`` may hold the run already), and ``train`` goes on as before. The
+    ``root``, written atomically, under the run's training lock (a ``train`` of it started
+    meanwhile waits, then finds it whole). Returns whether the run was taken; with False
+    nothing was changed but the run's (empty) folder and lock file (``root`` may hold the
+    run already), and ``train`` goes on as before. The
     checkpoints are the same bits wherever they were trained (``train``), so a taken run
     equals a trained one.
     """
@@ -169,6 +171,19 @@ def adopt(cfg: TrainConfig, source: Path, root: Path | None = None) -> bool:
     src = checkpoint_dir(cfg, source)
     if src.resolve() == checkpoint_dir(cfg, root).resolve():
         return False
+    out = checkpoint_dir(cfg, root)
+    out.mkdir(parents=True, exist_ok=True)
+    # under the training lock: a ``train`` of the same run started meanwhile (the test
+    # command adopts in the background while tests start) waits and then finds it whole
+    with open(out / ".training.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
+            return False
+        return _adopt_locked(cfg, src, out, schedule)
+
+
+def _adopt_locked(cfg: TrainConfig, src: Path, out: Path, schedule: list[int]) -> bool:
+    """``adopt``'s checks and links, its caller holding the training lock of ``out``."""
     names = ["train_config.json"] + [f"step{s}{ext}" for s in schedule for ext in (".pt", ".json")]
     if (src / STATE_FILE).exists() or not all((src / n).exists() for n in names):
         return False
@@ -185,8 +200,6 @@ def adopt(cfg: TrainConfig, source: Path, root: Path | None = None) -> bool:
     except Exception as exc:  # noqa: BLE001 - an unreadable run is trained again
         log.warning("not taking %s: %s", src, exc)
         return False
-    out = checkpoint_dir(cfg, root)
-    out.mkdir(parents=True, exist_ok=True)
     # the settings and metrics first: ``train`` counts a run whole once every .pt is there
     for name in sorted(names, key=lambda n: n.endswith(".pt")):
         tmp = out / f".{name}.adopt"

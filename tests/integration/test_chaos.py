@@ -37,12 +37,16 @@ from schema.engine import migrate
 from helpers import CuttableLink, Redis, checksums, drop_database, new_database_url, statuses
 from tiny_model import TINY
 
-# recovery is bounded in seconds, and the reconciler's timings are short
-pytestmark = pytest.mark.serial
+# Not serial: the bounds below guard against a job that never heals, and the timings
+# that matter are the reconciler's (a heartbeat every 0.5 s, stale after 4 s), which a
+# busy machine does not come near; the test command starts this file first beside the
+# other tests (tests/conftest.py), where its waits overlap their work. Alone on 2 idle
+# cores the six recoveries took 8.5-27.9 s (2026-12-07).
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAOS = Path(__file__).resolve().parent / "chaos" / "chaos_worker.py"
-RECOVERY_BOUND = 90  # seconds from the failure to every job done
+RECOVERY_BOUND = 180  # seconds from the failure to every job done (a guard, see above)
 STALE = 4.0
 
 # one config per failure, so each failure has jobs of its own (and a clean reference)

@@ -49,6 +49,48 @@ def test_a_finished_run_is_taken_whole_and_not_trained_again(tiny_builtin, tmp_p
     assert os.stat(out / f"step{cfg.steps}.pt").st_mtime_ns == mtime
 
 
+def test_adoption_holds_the_training_lock_so_a_train_started_meanwhile_trains_nothing(
+        tiny_builtin, tmp_path, monkeypatch):
+    """The test command adopts (or trains) the default model in the background while the
+    first tests start; a test's ``train`` of the same run must wait for the adoption and
+    find the run whole, not start training it beside the links being made."""
+    import fcntl
+    import threading
+
+    cfg, root = tiny_builtin
+    target = tmp_path / "tests-home" / "builtin"
+    out = target / cfg.key()
+    out.mkdir(parents=True)
+    took: list[bool] = []
+    with open(out / ".training.lock", "w") as held:  # a trainer holds the run's lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        adopting = threading.Thread(target=lambda: took.append(builtin.adopt(cfg, root, target)))
+        adopting.start()
+        adopting.join(timeout=2)
+        assert adopting.is_alive() and not took  # waiting on the lock
+        assert not any(out.glob("step*")), "adopted while another held the lock"
+    adopting.join(timeout=60)
+    assert took == [True]
+    # and the other way round: a train that finds the lock taken by an adoption waits for
+    # it and then trains nothing
+    target2 = tmp_path / "tests-home-2" / "builtin"
+    out2 = target2 / cfg.key()
+    out2.mkdir(parents=True)
+    _no_training(monkeypatch)
+    trained: list = []
+    with open(out2 / ".training.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        training_thread = threading.Thread(
+            target=lambda: trained.append(builtin.train(cfg, root=target2, progress=False)))
+        training_thread.start()
+        training_thread.join(timeout=2)
+        assert training_thread.is_alive() and not trained
+        # what the adoption does under its lock: the run's files, settings first
+        assert training._adopt_locked(cfg, root / cfg.key(), out2, cfg.checkpoint_steps())
+    training_thread.join(timeout=60)
+    assert trained == [out2]
+
+
 @pytest.mark.parametrize("damage", ["missing checkpoint", "missing metrics", "altered weights",
                                     "other settings", "unfinished run"])
 def test_a_run_that_is_not_whole_or_not_this_one_is_left_alone(tiny_builtin, tmp_path, damage):
