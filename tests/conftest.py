@@ -32,26 +32,38 @@ PYTHIA_STEPS = [1000, 2000]
 # checkpoint is needed but the default model's accuracy is not.
 from tiny_model import TINY  # noqa: E402
 
-# Files whose tests start first in the test command's parallel part (scripts/test.sh
-# passes --no-loadscope-reorder, so pytest-xdist hands out files in this order; the rest
-# follow by their number of tests, most first, which is xdist's own order). The README's
-# commands are the longest file by far (the demo, 7-10 min) and wait for the default
-# model, which the test command trains beside the first tests; the chaos tests mostly
-# wait on workers (3-4 min of wall time, about one core's work): started early, their
-# waits overlap the other process's work instead of lengthening the part's end.
-FIRST_FILES = ("test_readme_commands.py", "test_chaos.py")
+# The order in which the test command's parallel part hands out files (scripts/test.sh
+# passes --no-loadscope-reorder, so pytest-xdist follows the collection order set here).
+# The default built-in model trains beside the first tests (one math thread, about 5.5
+# minutes): the README's commands, the longest file (the demo), start first and wait for
+# it; the other process meanwhile runs numeric files that need no trained default model,
+# so both cores work. The chaos tests mostly wait on workers (about 3 minutes of wall
+# time, a core's work): they come next, beside the demo's workers, where their waits
+# overlap work. Then the other files that need the default model (short), then the rest
+# by their number of tests, most first (pytest-xdist's own order).
+ORDER = (
+    "test_readme_commands.py",
+    # numeric, no default model: beside its training
+    "test_value_null.py", "test_labels.py", "test_operand_labels.py", "test_patching.py",
+    "test_streaming.py",
+    "test_chaos.py",
+    # need the default model: after its training
+    "test_readme.py", "test_builtin.py", "test_builtin_reuse.py", "test_untrained_labels.py",
+    "test_explain_cli.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    def order(item) -> tuple[int, int]:
-        name = item.path.name
-        if name in FIRST_FILES:
-            return (FIRST_FILES.index(name), 0)
-        return (len(FIRST_FILES), -per_file[item.path])
-
     per_file: dict = {}
     for item in items:
         per_file[item.path] = per_file.get(item.path, 0) + 1
+
+    def order(item) -> tuple[int, int]:
+        name = item.path.name
+        if name in ORDER:
+            return (ORDER.index(name), 0)
+        return (len(ORDER), -per_file[item.path])
+
     items.sort(key=order)  # stable: a file's tests keep their order
 
 
