@@ -57,7 +57,12 @@ def _config(settings: Settings) -> dict:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "worker_concurrency": 1,
-        "broker_transport_options": {"visibility_timeout": settings.ncat_visibility_timeout},
+        # kombu's Redis transport sweeps for unacknowledged messages past their visibility
+        # timeout every 10 s but scans Redis only on every 10th sweep by default, so a
+        # killed worker's task came back up to 100 s after its timeout (a test saw 97 s
+        # against 20 s); a scan per sweep is one ZRANGE every 10 s
+        "broker_transport_options": {"visibility_timeout": settings.ncat_visibility_timeout,
+                                     "unacked_restore_throttle": 1},
         "broker_connection_retry_on_startup": True,
         "task_ignore_result": True,
         "task_default_queue": settings.ncat_queue,
