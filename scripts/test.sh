@@ -29,9 +29,9 @@ if [ "$#" -gt 0 ]; then
   exit $?
 fi
 # The default built-in model, trained once per checkout (cached in the test home), in the
-# background with one math thread while lint, types and the first tests run: two tests need
-# it (the README's Python example and its demo command), and they wait for it on the
-# training lock (catalog.builtin.train). With two threads it trained 1.48x faster, so one
+# background with one math thread while lint, types and the first tests run: the tests
+# that need it (the README's demo and Python example, `ncat explain builtin`, the reuse and
+# accuracy tests) wait for it on the training lock (catalog.builtin.training.training_lock). With two threads it trained 1.48x faster, so one
 # thread beside the other work keeps both cores busy where two threads alone left part
 # of them idle, and lint and types (about 45 s on one core) run beside it too. After the
 # demo the user's home holds the same model (same settings, same bits): it is taken from

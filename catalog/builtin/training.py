@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,13 +141,21 @@ def train(
     if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
         log.info("built-in checkpoints already cached in %s", out)
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".training.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with training_lock(out):
         if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
             return out
         _train_in_child(cfg, root, progress)
     return out
+
+
+@contextmanager
+def training_lock(out: Path):
+    """The run folder ``out``'s training lock (created with the folder), held until the
+    block ends: one trainer or adopter of a run at a time, the others wait."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".training.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def adopt(cfg: TrainConfig, source: Path, root: Path | None = None) -> bool:
@@ -172,11 +181,9 @@ def adopt(cfg: TrainConfig, source: Path, root: Path | None = None) -> bool:
     if src.resolve() == checkpoint_dir(cfg, root).resolve():
         return False
     out = checkpoint_dir(cfg, root)
-    out.mkdir(parents=True, exist_ok=True)
     # under the training lock: a ``train`` of the same run started meanwhile (the test
     # command adopts in the background while tests start) waits and then finds it whole
-    with open(out / ".training.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with training_lock(out):
         if all(checkpoint_path(cfg, s, root).exists() for s in schedule):
             return False
         return _adopt_locked(cfg, src, out, schedule)
