@@ -421,9 +421,9 @@ class Bounded:
 
 def bound_readers(conn, *, idle_s: float | None = None,
                   transaction_s: float | None = None) -> Bounded:
-    """Hold the analysts' sessions in this database to the role's bounds, whatever a
-    session set for itself (PostgreSQL lets it): statements past the statement timeout
-    are cancelled (``cancel_overdue_readers``); sessions idle past the role's
+    """Hold the analysts' sessions here to the role's bounds, whatever a session set for
+    itself (without the reader guard; with it, its statement timeout): statements past
+    the statement timeout are cancelled (``cancel_overdue_readers``); sessions idle past the role's
     idle_session_timeout (10 minutes, migration 0038) and transactions open past its
     transaction_timeout (5 minutes: a psql cursor fetched in pieces, each under the
     statement timeout) are ended, each plus a grace (``idle_s`` and ``transaction_s``

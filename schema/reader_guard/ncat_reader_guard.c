@@ -17,6 +17,13 @@
  *     max_parallel_workers_per_gather, however it is set: SET, set_config(), a function's
  *     SET clause; a connection whose startup options ask for more is closed with the cap
  *     named.
+ *   - turning off, or raising above its cap, idle_session_timeout,
+ *     idle_in_transaction_session_timeout and transaction_timeout (the role's defaults of
+ *     migration 0038: 10 min, 1 min, 5 min), however it is set; a connection whose
+ *     startup options do is closed with the cap named. Without this a session could turn
+ *     its own off and hold one of the role's slots for ever where no worker's reconciler
+ *     runs (statement_timeout is left to the session: the console sets its own per
+ *     statement, and the console's watchdog and the reconciler cancel overdue ones);
  * and bounds the memory of the session's process: the address space it may add to what
  * it held at login (ncat_reader_guard.max_backend_memory, default 1 GB; Linux, through
  * RLIMIT_AS). Memory that no setting sizes (values: array_fill(0::int8, array[120000000])
@@ -57,6 +64,30 @@ static double cap_hash_mem_multiplier = 2.0;
 static int	cap_parallel_workers = 2;
 static int	cap_backend_memory = 1048576;	/* kB beyond the process's size at login */
 static bool catalog_database = false;	/* set per catalog database by ncat migrate */
+
+/* The time settings a reader session may lower but not turn off (0) or raise: the
+ * server's setting, the guard's cap (ms; 0: not capped) and the check hook it had. */
+typedef struct TimeoutCap
+{
+	const char *name;
+	const char *cap_name;
+	const char *description;
+	int			cap;
+	GucIntCheckHook prev;
+} TimeoutCap;
+
+static TimeoutCap timeouts[] = {
+	{"idle_session_timeout", "ncat_reader_guard.max_idle_session_timeout",
+	 "The longest idle_session_timeout a reader session may ask for (0: no cap).",
+	 600000, NULL},
+	{"idle_in_transaction_session_timeout",
+	 "ncat_reader_guard.max_idle_in_transaction_session_timeout",
+	 "The longest idle_in_transaction_session_timeout a reader session may ask for "
+	 "(0: no cap).", 60000, NULL},
+	{"transaction_timeout", "ncat_reader_guard.max_transaction_timeout",
+	 "The longest transaction_timeout a reader session may ask for (0: no cap; "
+	 "PostgreSQL 17+).", 300000, NULL},
+};
 
 static GucIntCheckHook prev_work_mem_check = NULL;
 static GucIntCheckHook prev_maintenance_check = NULL;
@@ -110,6 +141,54 @@ check_parallel_cap(int *newval, void **extra, GucSource source)
 	return prev_parallel_check == NULL || prev_parallel_check(newval, extra, source);
 }
 
+/* A session's value of timeouts[i]: at most its cap, and never 0 (off) while capped. */
+static bool
+timeout_within(int i, int newval, GucSource source)
+{
+	const TimeoutCap *t = &timeouts[i];
+
+	if (!asked_by_session(source) || t->cap == 0 || (newval > 0 && newval <= t->cap))
+		return true;
+	GUC_check_errcode(ERRCODE_INSUFFICIENT_PRIVILEGE);
+	if (newval == 0)
+		GUC_check_errmsg("%s cannot be turned off by the catalog's readers (at most %d ms)",
+						 t->name, t->cap);
+	else
+		GUC_check_errmsg("%s is capped at %d ms for the catalog's readers (asked %d ms)",
+						 t->name, t->cap, newval);
+	GUC_check_errhint("A superuser sets the cap with %s.", t->cap_name);
+	return false;
+}
+
+static bool
+check_timeout(int i, int *newval, void **extra, GucSource source)
+{
+	if (!timeout_within(i, *newval, source))
+		return false;
+	return timeouts[i].prev == NULL || timeouts[i].prev(newval, extra, source);
+}
+
+static bool
+check_timeout_0(int *newval, void **extra, GucSource source)
+{
+	return check_timeout(0, newval, extra, source);
+}
+
+static bool
+check_timeout_1(int *newval, void **extra, GucSource source)
+{
+	return check_timeout(1, newval, extra, source);
+}
+
+static bool
+check_timeout_2(int *newval, void **extra, GucSource source)
+{
+	return check_timeout(2, newval, extra, source);
+}
+
+static const GucIntCheckHook timeout_checks[] = {check_timeout_0, check_timeout_1,
+check_timeout_2};
+
 static bool
 check_hash_mem_cap(double *newval, void **extra, GucSource source)
 {
@@ -161,6 +240,32 @@ refuse_startup_value(struct config_generic *rec, double value, double cap, const
 				 errmsg("%s is capped at %.15g%s for the catalog's readers; this connection "
 						"asked for %.15g%s", rec->name, cap, unit, value, unit),
 				 errhint("Connect without that option (PGOPTIONS, options=).")));
+}
+
+/* Each capped timeout the server has: its startup value checked, its check hook held. */
+static void
+guard_timeouts(void)
+{
+	for (int i = 0; i < (int) lengthof(timeouts); i++)
+	{
+		TimeoutCap *t = &timeouts[i];
+		struct config_generic *g = guc_record(t->name);
+		struct config_int *rec;
+
+		if (g == NULL || g->vartype != PGC_INT)
+			continue;			/* an older server (transaction_timeout: 17+) */
+		rec = (struct config_int *) g;
+		if (asked_by_session(g->source) && t->cap != 0 &&
+			(*rec->variable == 0 || *rec->variable > t->cap))
+			ereport(FATAL,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("%s is capped at %d ms for the catalog's readers and cannot be "
+							"turned off; this connection asked for %d ms", t->name, t->cap,
+							*rec->variable),
+					 errhint("Connect without that option (PGOPTIONS, options=).")));
+		t->prev = rec->check_hook;
+		rec->check_hook = timeout_checks[i];
+	}
 }
 
 static void
@@ -270,6 +375,10 @@ _PG_init(void)
 							"login (Linux).",
 							NULL, &cap_backend_memory, 1048576, 65536, MAX_KILOBYTES,
 							PGC_SUSET, GUC_UNIT_KB, NULL, NULL, NULL);
+	for (int i = 0; i < (int) lengthof(timeouts); i++)
+		DefineCustomIntVariable(timeouts[i].cap_name, timeouts[i].description, NULL,
+								&timeouts[i].cap, timeouts[i].cap, 0, INT_MAX,
+								PGC_SUSET, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomBoolVariable("ncat_reader_guard.catalog_database",
 							 "Whether this database is a catalog the readers may log in to "
 							 "(set per database by ncat migrate).",
@@ -317,6 +426,7 @@ _PG_init(void)
 	parallel_rec->check_hook = check_parallel_cap;
 	prev_hash_mem_check = hash_rec->check_hook;
 	hash_rec->check_hook = check_hash_mem_cap;
+	guard_timeouts();
 
 	prev_utility = ProcessUtility_hook;
 	ProcessUtility_hook = guard_utility;

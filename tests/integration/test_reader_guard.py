@@ -142,6 +142,53 @@ def test_a_reader_statement_cannot_hold_gigabytes_through_values(db):
             conn.execute("SET ncat_reader_guard.max_backend_memory = '100GB'")
 
 
+# the role's defaults (migration 0038) and the guard's caps, which equal them
+READER_TIMEOUTS = {"idle_session_timeout": "10min",
+                   "idle_in_transaction_session_timeout": "1min",
+                   "transaction_timeout": "5min"}  # PostgreSQL 17+
+
+
+def test_a_reader_cannot_turn_off_or_lengthen_its_idle_and_transaction_timeouts(db):
+    """Issue 80.8's last gap: the role's defaults end a session idle for 10 minutes, one
+    idle in a transaction for 1, and a transaction open for 5 (PostgreSQL 17+), but a
+    session could turn its own off (SET idle_session_timeout = 0: allowed until now) and
+    hold one of the role's 24 slots for as long as no worker's reconciler ran. The guard
+    refuses 0 and any value above the cap, however it is set (SET, set_config, SET LOCAL,
+    a connection's startup options); a shorter value is the session's own, and RESET
+    goes back to the role's."""
+    with store.connect(db, autocommit=True) as owner:
+        _require_guard(owner)
+        version = int(owner.execute("SHOW server_version_num").fetchone()[0])
+    names = [n for n in READER_TIMEOUTS if n != "transaction_timeout" or version >= 170000]
+    with store.connect(reader_url(db), autocommit=True) as conn:
+        for name in names:
+            assert conn.execute(f"SHOW {name}").fetchone()[0] == READER_TIMEOUTS[name]
+            for sql in (f"SET {name} = 0", f"SET {name} = '1h'",
+                        f"SELECT set_config('{name}', '0', false)",
+                        f"SELECT set_config('{name}', '2h', true)"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match=name):
+                    conn.execute(sql)
+                assert conn.execute(f"SHOW {name}").fetchone()[0] == READER_TIMEOUTS[name]
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+                conn.execute(f"SET LOCAL {name} = 0")
+            conn.execute(f"SET {name} = '30s'")  # shorter: the session's own
+            assert conn.execute(f"SHOW {name}").fetchone()[0] == "30s"
+            conn.execute(f"RESET {name}")
+            assert conn.execute(f"SHOW {name}").fetchone()[0] == READER_TIMEOUTS[name]
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SET ncat_reader_guard.max_idle_session_timeout = 0")
+        assert conn.execute("SHOW ncat_reader_guard.max_idle_session_timeout"
+                            ).fetchone()[0] == "10min"
+    # the owner is not held
+    with store.connect(db, autocommit=True) as owner:
+        owner.execute("SET idle_session_timeout = 0")
+    # a connection whose startup options turn one off is closed, the cap named
+    for name in names:
+        with pytest.raises(psycopg.OperationalError, match=f"{name} is capped"):
+            psycopg.connect(reader_url(db).replace("+psycopg", ""),
+                            options=f"-c {name}=0").close()
+
+
 def test_readers_log_in_to_catalog_databases_only(db, pg_server):
     """Issue 80.3: catalog_reader logged in to the server's `postgres` and `template1`
     databases, where no migration took pg_stat_activity's query text and the signal

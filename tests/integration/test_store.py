@@ -738,10 +738,13 @@ def test_reader_through_psql_cannot_escape_its_limits(db):
 def test_idle_reader_sessions_and_long_transactions_are_ended(db):
     """Issue 80.8: 24 idle psql sessions kept every analyst out for ever, and a cursor ran
     one query for 63 s in fetches each under the statement timeout. The role's defaults
-    (migration 0038) end them on the server itself; a session may lengthen its own, so
-    the reconciler's pass (bound_readers) ends them too: an idle session and a cursor
-    held open past their bounds (shortened here) are ended, a busy fresh session and the
-    owner's are not."""
+    (migration 0038) end them on the server itself, and the reader guard keeps a session
+    from turning its own off (tests/integration/test_reader_guard.py); where a server has
+    no guard a session may, so the reconciler's pass (bound_readers) ends them too. Such
+    a server is stood for here by the database's own settings for the role, which turn
+    the timeouts off (an administrator's setting: the guard does not hold it): an idle
+    session and a cursor held open past their bounds (shortened here) are ended, a busy
+    fresh session and the owner's are not."""
     from schema.console import bound_readers, reader_setting_s
 
     with store.connect(db, autocommit=True) as owner:
@@ -750,13 +753,17 @@ def test_idle_reader_sessions_and_long_transactions_are_ended(db):
         assert reader_setting_s(owner, "idle_in_transaction_session_timeout", "0") == 60.0
         if int(version) >= 170000:
             assert reader_setting_s(owner, "transaction_timeout", "0") == 300.0
+        name = owner.execute("SELECT current_database()").fetchone()[0]
+        for setting in ("idle_session_timeout", "idle_in_transaction_session_timeout"):
+            owner.execute(f'ALTER ROLE catalog_reader IN DATABASE "{name}" SET {setting} = 0')
     with store.connect(reader_url(db), autocommit=True) as idle, \
             store.connect(reader_url(db)) as cursor_holder, \
             store.connect(reader_url(db), autocommit=True) as fresh, \
             store.connect(db, autocommit=True) as owner:
-        assert idle.execute("SHOW idle_session_timeout").fetchone()[0] == "10min"
-        idle.execute("SET idle_session_timeout = 0")  # its own: allowed, and not enough
-        cursor_holder.execute("SET idle_in_transaction_session_timeout = 0")
+        assert idle.execute("SHOW idle_session_timeout").fetchone()[0] == "0"
+        assert cursor_holder.execute("SHOW idle_in_transaction_session_timeout"
+                                     ).fetchone()[0] == "0"
+        cursor_holder.rollback()
         cur = cursor_holder.cursor(name="pieces")
         cur.execute("SELECT g FROM generate_series(1, 100000) g")
         for _ in range(4):  # each fetch well under the statement timeout
