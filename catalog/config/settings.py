@@ -96,9 +96,35 @@ class Settings(BaseSettings):
         return self.ncat_home / "builtin"
 
 
+# fields whose values are never shown in an error (a URL may hold a password)
+_SECRET = frozenset({"database_url", "redis_url", "ncat_reader_password"})
+
+
+class SettingsError(ValueError):
+    """An environment variable the settings cannot take: the message names each variable,
+    what is wrong with it and (but for URLs and passwords) the value given."""
+
+
 def get_settings(**overrides) -> Settings:
-    """The settings of this process's environment (fields in ``overrides`` replace them)."""
-    return Settings(**overrides)
+    """The settings of this process's environment (fields in ``overrides`` replace them);
+    ``SettingsError`` naming every variable that is wrong."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(settings_problem(exc)) from None
+
+
+def settings_problem(exc) -> str:
+    """One line per bad variable of a pydantic ``ValidationError`` of ``Settings``."""
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err.get("loc") else "?"
+        shown = "" if field in _SECRET else f"={err.get('input')!r}"
+        parts.append(f"{field.upper()}{shown}: {err['msg'].lower()}")
+    return "bad environment variable" + ("s" if len(parts) > 1 else "") + ": " + "; ".join(
+        parts)
 
 
 def child_env(settings: Settings | None = None, **extra: str) -> dict[str, str]:

@@ -129,6 +129,9 @@ def early_refusal(args) -> str | None:
     command, so such input is refused before torch is imported (issue 79; the commands
     check the same things again where they run alone)."""
     try:
+        from catalog.config.settings import get_settings
+
+        get_settings()  # NCAT_* variables the settings cannot take: SettingsError
         if getattr(args, "science_base", None) is not None:
             from catalog.labels.families import check_names
 
@@ -149,8 +152,8 @@ def early_refusal(args) -> str | None:
         if getattr(args, "database_url", None):
             check_database_url(args.database_url)
         elif hasattr(args, "database_url") and os.environ.get("DATABASE_URL"):
-            # the command takes one: the environment's too (read as is: the settings'
-            # own errors, a bad port of the explorer, are each command's to report)
+            # the command takes one: the environment's too (read as is: the settings
+            # above take any string)
             check_database_url(os.environ["DATABASE_URL"], "DATABASE_URL")
     except ValueError as exc:
         return str(exc)

@@ -128,11 +128,29 @@ def test_readme_cli_reference_matches_the_parser():
         "docs/cli.md is stale: run python -m jobs.cli_reference --write")
 
 
-def test_a_bad_explorer_port_stops_only_the_explorer(monkeypatch):
+def test_a_bad_environment_variable_is_one_line_naming_it_and_exit_2(monkeypatch, capsys):
+    """A variable the settings cannot take was a 25-line pydantic traceback, exit 1, from
+    whichever command read the settings first (a bad NCAT_EXPLORER_PORT stopped `ncat
+    status` too). Every command now refuses it before any work, naming each variable and
+    its value, never a URL's or password's value."""
     monkeypatch.setenv("NCAT_EXPLORER_PORT", "eighty")
-    assert build_parser().parse_args(["status"]).fn  # other commands are unaffected
-    with pytest.raises(SystemExit, match="NCAT_EXPLORER_PORT must be a port number, got 'eighty'"):
-        main(["explore"])
+    for argv in (["explore"], ["status"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err == ("error: bad environment variable: NCAT_EXPLORER_PORT='eighty': input "
+                       "should be a valid integer, unable to parse string as an integer"), err
+    monkeypatch.setenv("NCAT_HEARTBEAT_SECONDS", "0")
+    monkeypatch.setenv("REDIS_URL", "redis://:s3cret@localhost:6379/0")
+    monkeypatch.setenv("NCAT_QUEUE", "")
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "bad environment variables:" in err and "NCAT_HEARTBEAT_SECONDS='0'" in err
+    assert "NCAT_QUEUE=''" in err and "s3cret" not in err and "Traceback" not in err
+    # the explorer's own start (`ncat demo` passes its settings) says the same
+    from jobs.cli.serving import _port
+
+    with pytest.raises(SystemExit, match="NCAT_EXPLORER_PORT='eighty'"):
+        _port(build_parser().parse_args(["explore"]))
 
 
 def test_an_unreachable_database_is_one_line_with_the_url_and_no_password(capsys):

@@ -97,9 +97,8 @@ def test_batch_sizes_change_no_number_and_not_the_config_hash(tiny, monkeypatch)
     lower them and still fill the same catalog rows."""
     import dataclasses
 
-    from pydantic import ValidationError
-
     from catalog.config import ExecutionConfig
+    from catalog.config.settings import SettingsError
     from jobs.runner import execution_for
     from schema.jobs import JobRow
 
@@ -127,7 +126,7 @@ def test_batch_sizes_change_no_number_and_not_the_config_hash(tiny, monkeypatch)
     mine = execution_for(job)
     assert (mine.batch_size, mine.patch_chunk, mine.device) == (256, 8, "cpu")
     monkeypatch.setenv("NCAT_PATCH_CHUNK", "0")
-    with pytest.raises(ValidationError, match="ncat_patch_chunk"):
+    with pytest.raises(SettingsError, match="NCAT_PATCH_CHUNK='0': input should be greater"):
         execution_for(job)
 
 
