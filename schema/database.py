@@ -30,6 +30,22 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+# libpq's connect_timeout (seconds) where the URL sets none: without it a port where
+# another server listens (Redis, which waits for a newline that PostgreSQL's startup
+# packet never sends) or a server that accepts and never answers held a command for ever
+CONNECT_TIMEOUT_S = 10
+
+
+def connect_args(url: str) -> dict:
+    """Keyword arguments for psycopg's connect (and SQLAlchemy's ``connect_args``): a
+    connect_timeout of CONNECT_TIMEOUT_S unless the URL's query names one."""
+    from urllib.parse import parse_qs
+
+    text = str(url)
+    query = text.split("?", 1)[1].split("#", 1)[0] if "?" in text else ""
+    return {} if "connect_timeout" in parse_qs(query) else {"connect_timeout": CONNECT_TIMEOUT_S}
+
+
 _embedded = None
 
 

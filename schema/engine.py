@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from schema.database import resolve_database_url, shown_url
+from schema.database import connect_args, resolve_database_url, shown_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def ensure_database(url: str) -> None:
     """Create the URL's database if the server lacks it (connects to 'postgres')."""
     u = make_url(url)
-    admin = create_engine(u.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    admin = create_engine(u.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                          connect_args=connect_args(url))
     try:
         with admin.connect() as conn:
             exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"),
@@ -33,7 +34,8 @@ def wait_for(url: str, timeout: float = 30.0) -> None:
     last = None
     while time.monotonic() < deadline:
         try:
-            eng = create_engine(make_url(url).set(database="postgres"))
+            eng = create_engine(make_url(url).set(database="postgres"),
+                                connect_args=connect_args(url))
             with eng.connect():
                 eng.dispose()
                 return
@@ -59,7 +61,8 @@ def make_engine(url: str | None = None, **kwargs) -> Engine:
     url = url or resolve_database_url()
     wait_for(url)
     ensure_database(url)
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    return create_engine(url, pool_pre_ping=True,
+                         **{"connect_args": connect_args(url), **kwargs})
 
 
 def alembic_config(url: str):
@@ -199,7 +202,7 @@ def current_revision(url: str) -> str | None:
     """The database's Alembic revision (None: not migrated)."""
     from alembic.runtime.migration import MigrationContext
 
-    eng = create_engine(url)
+    eng = create_engine(url, connect_args=connect_args(url))
     try:
         with eng.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()

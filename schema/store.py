@@ -55,8 +55,12 @@ def json_safe(x):
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:
-    """psycopg connection from a SQLAlchemy-style or plain PostgreSQL URL."""
-    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), **kwargs)
+    """psycopg connection from a SQLAlchemy-style or plain PostgreSQL URL (within
+    ``schema.database.CONNECT_TIMEOUT_S`` unless the URL or ``kwargs`` set a timeout)."""
+    from schema.database import connect_args
+
+    return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
+                           **{**connect_args(url), **kwargs})
 
 
 def drop_database(url: str) -> None:

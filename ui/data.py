@@ -47,7 +47,10 @@ def database_url() -> str:
 
 @st.cache_resource
 def engine():
-    return create_engine(database_url(), pool_pre_ping=True)
+    from schema.database import connect_args
+
+    url = database_url()
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args(url))
 
 
 @st.cache_data(ttl=5)

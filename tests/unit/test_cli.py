@@ -153,6 +153,34 @@ def test_a_bad_environment_variable_is_one_line_naming_it_and_exit_2(monkeypatch
         _port(build_parser().parse_args(["explore"]))
 
 
+def test_a_server_that_accepts_and_never_answers_is_unreachable_not_a_hang(monkeypatch,
+                                                                          capsys):
+    """A database URL whose port another server holds (Redis on 6379 waits for a newline
+    that PostgreSQL's startup packet never sends) kept `ncat status` waiting for ever (over
+    2 minutes when tried). Every connection now has libpq's connect_timeout (10 s unless
+    the URL sets its own): exit 3, one line. A listener that accepts and never writes
+    stands for such a port here, the timeout shortened to 1 s."""
+    import socket
+    import time
+
+    from schema import database
+
+    assert database.connect_args("postgresql://u@h/db") == {"connect_timeout": 10}
+    assert database.connect_args("postgresql://u@h/db?connect_timeout=3") == {}
+    assert database.connect_args("postgresql+psycopg://u:p@h:5/db?sslmode=require") == {
+        "connect_timeout": 10}
+    monkeypatch.setattr(database, "CONNECT_TIMEOUT_S", 1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"postgresql://analyst@127.0.0.1:{silent.getsockname()[1]}/catalog"
+        t0 = time.monotonic()
+        assert main(["status", "--database-url", url]) == 3
+        assert time.monotonic() - t0 < 30
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "timeout expired" in err, err
+
+
 def test_an_unreachable_database_is_one_line_with_the_url_and_no_password(capsys):
     from jobs.cli import UNREACHABLE, main
 
