@@ -61,8 +61,16 @@ def _config(settings: Settings) -> dict:
         # timeout every 10 s but scans Redis only on every 10th sweep by default, so a
         # killed worker's task came back up to 100 s after its timeout (a test saw 97 s
         # against 20 s); a scan per sweep is one ZRANGE every 10 s
+        # a broker URL whose port accepts and never answers (another server, a hung
+        # Redis) held a worker silent for ever, and its SIGTERM for minutes: reads and
+        # connects are bounded (NCAT_BROKER_TIMEOUT_SECONDS; kombu's Redis transport
+        # polls with BRPOP for 1 s at a time), so Celery logs "Cannot connect ... Trying
+        # again" instead
         "broker_transport_options": {"visibility_timeout": settings.ncat_visibility_timeout,
-                                     "unacked_restore_throttle": 1},
+                                     "unacked_restore_throttle": 1,
+                                     "socket_timeout": settings.ncat_broker_timeout_seconds,
+                                     "socket_connect_timeout":
+                                         settings.ncat_broker_timeout_seconds},
         "broker_connection_retry_on_startup": True,
         "task_ignore_result": True,
         "task_default_queue": settings.ncat_queue,

@@ -20,14 +20,10 @@ import psycopg
 
 from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.periodic.spectra import SPECTRUM_COLS
+from schema.database import connect_args
 from schema.quantize import quantize_rows
 from schema.rows import HeuristicLike, LayerRows
-from schema.sketch import (
-    CODEC_ZSTD,
-    GridGeometry,
-    encode_full,
-    encode_sketches,
-)
+from schema.sketch import CODEC_ZSTD, GridGeometry, encode_full, encode_sketches
 
 NEURON_OP_COLS = ("max_act", "mean_act", "mean_kv", "density", "effect_exact", "effect_exact_std",
                   "effect_attr", "effect_attr_std", "rank", "effect_log", "effect_median",
@@ -55,10 +51,8 @@ def json_safe(x):
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:
-    """psycopg connection from a SQLAlchemy-style or plain PostgreSQL URL (within
-    ``schema.database.CONNECT_TIMEOUT_S`` unless the URL or ``kwargs`` set a timeout)."""
-    from schema.database import connect_args
-
+    """psycopg connection from a SQLAlchemy-style or plain PostgreSQL URL (connect_timeout:
+    ``schema.database.connect_args`` unless ``kwargs`` set one)."""
     return psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"),
                            **{**connect_args(url), **kwargs})
 

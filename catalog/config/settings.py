@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     ncat_child_startup_seconds: float = Field(
         120.0, gt=0, description="how long a worker's new pool process may take to start "
                                  "(imports torch) before Celery gives up on it")
+    ncat_broker_timeout_seconds: float = Field(
+        30.0, gt=1, description="how long a broker connection may wait to connect or for an "
+                                "answer before Celery says it cannot connect and tries again")
     ncat_explorer_port: int = Field(8501, gt=0, lt=65536,
                                     description="port of `ncat explore` and `ncat demo`")
     local_pg_host: str = Field("localhost", description="where to look for a local PostgreSQL")

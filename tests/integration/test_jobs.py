@@ -582,6 +582,31 @@ def test_workers_are_counted_on_their_own_queue_only(queue):
     assert workers_on_queue(get_settings(ncat_queue="another-queue"), timeout=1.0) == 0
 
 
+def test_a_worker_at_a_broker_that_never_answers_says_so_and_stops_on_sigterm(
+        queue, monkeypatch):
+    """A REDIS_URL whose port accepts and never answers (another server, a hung Redis)
+    kept a worker silent for ever (nothing logged in 2 minutes when tried), and its
+    SIGTERM took nearly 3 minutes more. Broker reads and connects are now bounded
+    (NCAT_BROKER_TIMEOUT_SECONDS, shortened to 2 s here): the worker logs that it cannot
+    connect and tries again, and SIGTERM ends it within the bound."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        monkeypatch.setenv("NCAT_BROKER_TIMEOUT_SECONDS", "2")
+        worker = queue.start_worker("silent")
+        wait_until(lambda: "Cannot connect to redis" in queue.worker_log("silent"),
+                   timeout=90, what="the worker to say it cannot reach the broker")
+        assert worker.poll() is None  # it goes on trying
+        assert "Timeout reading from socket" in queue.worker_log("silent")
+        t0 = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        assert time.monotonic() - t0 < 30, queue.worker_log("silent")[-2000:]
+
+
 def test_a_tests_queue_leaves_nothing_in_redis(redis_url):
     """Issue 50: every run left `test-*` queues and their bindings in Redis db 0. The tests
     use a database of their own on a local Redis, and each queue fixture deletes its keys
