@@ -78,7 +78,8 @@ def cmd_export(args) -> int:
 
         if service_error(exc, args) is not None:
             raise  # the server could not be reached: main() says so, exit 3
-        return fail(f"export of {args.what!r} failed: {exc}")
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # not the caret
+        return fail(f"export of {args.what!r} failed: {first}")
     from jobs.cli.common import Report
 
     out = Report(args)

@@ -34,6 +34,12 @@ def test_export_refuses_bad_format_and_writes(seeded, tmp_path, capsys):
                  str(tmp_path / "x.csv"), "--database-url", seeded]) == 2
     assert "read-only transaction" in capsys.readouterr().err
     assert count(seeded, "SELECT count(*) FROM heuristic") == before
+    # a view that does not exist: one line (the server's caret lines were printed too)
+    assert main(["export", "neuron_summary", "--out", str(tmp_path / "y.csv"),
+                 "--database-url", seeded]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: export of 'neuron_summary' failed: relation \"neuron_summary\" "
+                   "does not exist"), err
 
 
 def test_catalog_command_stores_checkpoints(db, tiny_builtin, capsys, monkeypatch):
