@@ -453,17 +453,23 @@ def test_every_page_says_the_catalog_cannot_be_reached_and_why(url, says, monkey
     monkeypatch.setenv("DATABASE_URL", url)
     from ui import data
 
-    for fn in (data.database_url, data.engine):
-        fn.clear()
-    for fn in (data.unreachable, data.has_catalog, data.models):
-        fn.clear()
-    for page in PAGES:
-        at = run_page(page)
-        errors = [e.value for e in at.error]
-        assert len(errors) == 1 and errors[0].startswith("The catalog cannot be reached: ") \
-            and says in errors[0], (page, errors)
-        assert "catalog is empty" not in text_of(at), page
-        assert not at.dataframe, page
+    def forget() -> None:  # the explorer's cached URL, engine and answers
+        for fn in (data.database_url, data.engine):
+            fn.clear()
+        for fn in (data.unreachable, data.has_catalog, data.models):
+            fn.clear()
+
+    forget()
+    try:
+        for page in PAGES:
+            at = run_page(page)
+            errors = [e.value for e in at.error]
+            assert len(errors) == 1 and errors[0].startswith(
+                "The catalog cannot be reached: ") and says in errors[0], (page, errors)
+            assert "catalog is empty" not in text_of(at), page
+            assert not at.dataframe, page
+    finally:  # the next test's pages must not meet this URL (cached for the process)
+        forget()
 
 
 def test_engine_is_cached_and_job_progress_is_fresh(catalog_env):
