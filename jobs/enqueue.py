@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from catalog.config import CATALOG_VERSION, ScienceConfig
 from schema import jobs as jobdb
 from schema import reads, store
+from schema.database import first_line
 from schema.jobs import Status
 
 
@@ -26,7 +27,7 @@ class QueuedWithoutBroker(RuntimeError):
     worker's reconciler sends what is missing. ``jobs`` is what was queued."""
 
     def __init__(self, jobs: list, cause: BaseException) -> None:
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        first = first_line(cause)
         super().__init__(
             f"the jobs are queued in the database, but the job broker failed while their "
             f"messages were sent ({type(cause).__name__}: {first}); a running worker's "

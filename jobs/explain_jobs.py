@@ -22,6 +22,7 @@ from catalog.config import ScienceConfig
 from catalog.config.settings import get_settings
 from jobs.enqueue import broker_failed
 from schema import store
+from schema.database import first_line
 from schema.explain_requests import (
     ExplainRequest,
     claim_request,
@@ -76,7 +77,7 @@ class NotSent(RuntimeError):
     """The request is recorded but the broker failed while its message was sent."""
 
     def __init__(self, req: ExplainRequest, cause: BaseException) -> None:
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        first = first_line(cause)
         super().__init__(f"explain request #{req.id} is recorded, but the job broker failed "
                          f"while its message was sent ({type(cause).__name__}: {first}); "
                          "send it again once the broker answers")

@@ -157,6 +157,12 @@ def url_is_clean(url: str) -> bool:
     return at < 0 or not any(c in rest[:at] for c in "/?#")
 
 
+def first_line(exc: object) -> str:
+    """An error's first line (its type's name where it has no text): what a one-line
+    message shows of it (a server's LINE and caret lines, a traceback's rest, left out)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def shown_url(url: str, driver: bool = False) -> str:
     """A database or broker URL as every command shows it: scheme, user, host, port and
     database, with ``***`` where a password was (in the user part or the query string)

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from schema.database import connect_args, resolve_database_url, shown_url
+from schema.database import connect_args, first_line, resolve_database_url, shown_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def wait_for(url: str, timeout: float = 30.0) -> None:
                                    f"{reason}") from None
             last = exc
             time.sleep(0.5)
-    first = (str(last).strip().splitlines() or [type(last).__name__])[0]
+    first = first_line(last)
     raise DatabaseUnreachable(
         f"PostgreSQL at {shown_url(url)} did not answer "
         f"within {timeout:.0f} s: {first}")
@@ -243,7 +243,7 @@ def login_refused(exc: BaseException) -> str | None:
         return None
     if getattr(exc, "sqlstate", None) in LOGIN_REFUSED:
         diag = exc.diag.message_primary if exc.diag else None
-        return diag or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return diag or first_line(exc)
     if isinstance(exc, psycopg.OperationalError):
         for line in str(exc).splitlines():
             reason = line.split("FATAL:", 1)[-1].split("failed:", 1)[-1].strip()
@@ -262,7 +262,7 @@ def connection_problem(exc: BaseException, url: str) -> str:
         return f"the server at {shown_url(url)} refused the login: {reason}"
     if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.orig is not None:
         exc = exc.orig
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first_line(exc)
     if _unreachable(exc):
         return f"no PostgreSQL answers at {shown_url(url)} ({first})"
     return f"{shown_url(url)}: {type(exc).__name__}: {first}"

@@ -9,6 +9,7 @@ import sys
 
 from catalog.config import ExecutionConfig, ScienceConfig
 from catalog.config.flags import add_arguments, from_args
+from schema.database import first_line
 from schema.database import psql_url as psql_url
 
 DB_HELP = "database URL (default: DATABASE_URL, a local server, or an embedded one)"
@@ -246,7 +247,7 @@ def service_error(exc: BaseException, args=None) -> str | None:
             url = hide_password(database_url(args) if args is not None else "")
         except Exception:  # noqa: BLE001 - resolving the URL is what failed
             url = "the catalog database"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         return (f"lost or could not open the connection to {url}: {first}. Is PostgreSQL "
                 "running there? (--database-url or DATABASE_URL chooses the server; what was "
                 "stored before stays as it was)")
@@ -254,7 +255,7 @@ def service_error(exc: BaseException, args=None) -> str | None:
         from catalog.config.settings import get_settings
 
         url = hide_password(get_settings().redis_url or "redis://localhost:6379/0")
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = first_line(exc)
         return (f"cannot reach the job broker at {url}: {first}. Is Redis running? "
                 "(REDIS_URL chooses it)")
     return None

@@ -75,11 +75,11 @@ def cmd_export(args) -> int:
         return fail(str(exc))
     except Exception as exc:  # database errors: say what failed
         from jobs.cli.common import service_error
+        from schema.database import first_line
 
         if service_error(exc, args) is not None:
             raise  # the server could not be reached: main() says so, exit 3
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # not the caret
-        return fail(f"export of {args.what!r} failed: {first}")
+        return fail(f"export of {args.what!r} failed: {first_line(exc)}")
     from jobs.cli.common import Report
 
     out = Report(args)
