@@ -2,9 +2,11 @@
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 # Read once by huggingface_hub at import: set before anything imports catalog.
@@ -136,3 +138,53 @@ def save(name: str, data: dict, record: str | None = None) -> None:
     if record:
         (ROOT / "bench" / "recorded" / f"{record}.json").write_text(text + "\n")
     print(text)
+
+
+def git(*argv: str) -> str:
+    """A git command's output in this checkout."""
+    return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+@contextmanager
+def revision_tree(rev: str):
+    """(a temporary git worktree of revision ``rev``, its full sha, this checkout's HEAD
+    sha, noted when uncommitted changes of tracked files are in it): the code a
+    ``--against REV`` benchmark runs beside this checkout's. Removed on exit."""
+    sha, here = git("rev-parse", rev), git("rev-parse", "HEAD")
+    if git("status", "--porcelain", "--untracked-files=no"):
+        here += " + uncommitted changes"
+    tree = Path(tempfile.mkdtemp(prefix="ncat-bench-rev-")) / "tree"
+    git("worktree", "add", "--detach", str(tree), sha)
+    try:
+        yield tree, sha, here
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+
+
+def code_env(code: Path, threads: int) -> dict[str, str]:
+    """The environment of a child importing the code under ``code`` (a checkout or a
+    ``revision_tree``) with ``threads`` math threads."""
+    return {**os.environ, **{k: str(threads) for k in
+                             ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
+            "PYTHONPATH": str(code)}
+
+
+def against_ready(procs: dict, tree: Path) -> None:
+    """Each child of an ``--against`` run ({"old": ..., "new": ...}, each printing "ready
+    <catalog's __file__>" when ready) imported the code it was meant to: the revision's
+    worktree for "old", this checkout for "new"."""
+    for name, p in procs.items():
+        ready, path = p.stdout.readline().split()
+        assert ready == "ready", ready
+        assert path.startswith(str(tree if name == "old" else ROOT)), (name, path)
+
+
+def take_turns(procs: dict, runs: int, turn) -> dict[str, list]:
+    """``turn(child)`` of the "old" and "new" children ``runs`` times each, one at a time
+    so that neither runs beside the other, the order alternating per round."""
+    got: dict[str, list] = {"old": [], "new": []}
+    for r in range(runs):
+        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            got[name].append(turn(procs[name]))
+    return got

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, save
+from _common import ROOT, against_ready, code_env, revision_tree, save, take_turns
 
 
 def _digest(res) -> str:
@@ -81,13 +81,10 @@ def _child(threads: int, step: int) -> None:
 def _start(threads: int, step: int, code: Path = ROOT) -> subprocess.Popen:
     """A child measuring ``step`` with ``threads`` threads, importing the code under
     ``code`` (this checkout, or another revision's worktree)."""
-    env = {**os.environ, **{k: str(threads) for k in
-                            ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
-           "PYTHONPATH": str(code)}
     return subprocess.Popen([sys.executable, __file__, "--child", str(threads), "--step",
                              str(step)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=code)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=code_env(code, threads), cwd=code)
 
 
 def _ready(procs: list[subprocess.Popen]) -> None:
@@ -122,36 +119,13 @@ def _turn(proc: subprocess.Popen) -> tuple[float, str]:
 
 def _against(rev: str, runs: int, step: int, record: bool) -> None:
     """The checkout's code against revision ``rev``'s (module doc)."""
-    import tempfile
-
     import numpy as np
 
-    sha = subprocess.run(["git", "rev-parse", rev], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    here = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                cwd=ROOT, capture_output=True, text=True).stdout.strip())
-    tree = Path(tempfile.mkdtemp(prefix="ncat-bench-rev-")) / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT,
-                   check=True, capture_output=True)
-    try:
+    with revision_tree(rev) as (tree, sha, here):
         procs = {"old": _start(1, step, tree), "new": _start(1, step)}
-        imported = {}
-        for name, p in procs.items():  # which code each child imported
-            assert p.stdout is not None
-            ready, imported[name] = p.stdout.readline().split()
-            assert ready == "ready", ready
-        assert imported["old"].startswith(str(tree)), imported
-        assert imported["new"].startswith(str(ROOT)), imported
-        got: dict[str, list] = {"old": [], "new": []}
-        for r in range(runs):
-            for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                got[name].append(_turn(procs[name]))
+        against_ready(procs, tree)
+        got = take_turns(procs, runs, _turn)
         _stop(list(procs.values()))
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                       capture_output=True)
 
     def stats(xs: list) -> dict:
         s = [x for x, _ in xs]
@@ -160,7 +134,7 @@ def _against(rev: str, runs: int, step: int, record: bool) -> None:
 
     old, new = stats(got["old"]), stats(got["new"])
     out = {"cores": 1, "step": step, "runs": runs, "old_rev": sha,
-           "new_rev": here + (" + uncommitted changes" if dirty else ""),
+           "new_rev": here,
            "old": old, "new": new, "speedup old / new": old["median_s"] / new["median_s"],
            "equal catalogs": old["digests"] == new["digests"] and len(old["digests"]) == 1}
     save("demo_checkpoint_code", out, "cpu_demo_checkpoint_code" if record else None)

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, save
+from _common import ROOT, against_ready, code_env, revision_tree, save, take_turns
 
 MODEL = "qwen2.5-coder-0.5b"
 # phases of run_layer that are the model's own work, not the labelling
@@ -76,26 +74,20 @@ def _child(layer: int, hi: int, shots: int, ops: str) -> None:
 
 
 def _start(code: Path, args) -> subprocess.Popen:
-    env = {**os.environ, **{k: "1" for k in
-                            ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
-           "PYTHONPATH": str(code)}
     return subprocess.Popen([sys.executable, __file__, "--child", "--layer", str(args.layer),
                              "--hi", str(args.hi), "--shots", str(args.shots),
                              "--ops", args.ops],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=code)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=code_env(code, 1), cwd=code)
 
 
 def _turn(proc: subprocess.Popen) -> dict:
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    return json.loads(proc.stdout.readline())
-
-
-def _git(*argv: str) -> str:
-    return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    got = json.loads(proc.stdout.readline())
+    print({k: v for k, v in got.items() if k != "phases"}, flush=True)
+    return got
 
 
 def main() -> None:
@@ -116,29 +108,14 @@ def main() -> None:
         ap.error("--against REV is required (the revision to compare with)")
     import numpy as np
 
-    sha, here = _git("rev-parse", args.against), _git("rev-parse", "HEAD")
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    tree = Path(tempfile.mkdtemp(prefix="ncat-bench-rev-")) / "tree"
-    _git("worktree", "add", "--detach", str(tree), sha)
-    try:
+    with revision_tree(args.against) as (tree, sha, here):
         procs = {"old": _start(tree, args), "new": _start(ROOT, args)}
-        for name, p in procs.items():  # each child imported the code it was meant to
-            assert p.stdout is not None
-            ready, path = p.stdout.readline().split()
-            assert ready == "ready", ready
-            assert path.startswith(str(tree if name == "old" else ROOT)), (name, path)
-        got: dict[str, list[dict]] = {"old": [], "new": []}
-        for r in range(args.runs):
-            for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                got[name].append(_turn(procs[name]))
-                print(name, {k: v for k, v in got[name][-1].items() if k != "phases"},
-                      flush=True)
+        against_ready(procs, tree)
+        got = take_turns(procs, args.runs, _turn)
         for p in procs.values():
             assert p.stdin is not None
             p.stdin.close()
             p.wait(60)
-    finally:
-        _git("worktree", "remove", "--force", str(tree))
 
     def stats(runs: list[dict], key: str) -> dict:
         xs = [r[key] for r in runs]
@@ -147,8 +124,7 @@ def main() -> None:
 
     out: dict = {"model": MODEL, "layer": args.layer, "operators": args.ops,
                  "operand_range": [0, args.hi], "shots": args.shots, "threads": 1,
-                 "runs": args.runs, "old_rev": sha,
-                 "new_rev": here + (" + uncommitted changes" if dirty else "")}
+                 "runs": args.runs, "old_rev": sha, "new_rev": here}
     for name, runs in got.items():
         out[name] = {"labels": stats(runs, "labels_s"), "run_layer": stats(runs, "total_s"),
                      "phases_median_s": {p: float(np.median([r["phases"].get(p, 0.0)
