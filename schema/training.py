@@ -73,13 +73,19 @@ def lacking_final(conn: psycopg.Connection, *, model_id: int, config_id: int,
                   final_checkpoint_id: int) -> list[tuple[int, int | None]]:
     """(checkpoint id, step) of the model's checkpoints with a paper circuit under the
     config, before the final one, whose final-circuit curves are missing or were measured
-    against another final checkpoint; by step, latest first."""
+    against another final checkpoint; by step, latest first. A checkpoint whose own paper
+    curves have no point (no prompt it answers right: nothing to measure a circuit on, so
+    the final circuit's curves there are empty too) is not listed: it was, after every
+    later summary, loaded and prepared again for nothing."""
     return [tuple(r) for r in conn.execute(
         "SELECT DISTINCT s.checkpoint_id, c.step FROM circuit_summary s "
         "JOIN checkpoint c ON c.id = s.checkpoint_id "
         "WHERE s.model_id = %s AND s.config_id = %s AND s.protocol = 'paper' "
         "  AND s.checkpoint_id <> %s "
         "  AND c.step < (SELECT step FROM checkpoint WHERE id = %s) "
+        "  AND EXISTS (SELECT 1 FROM circuit_point p WHERE p.model_id = s.model_id "
+        "              AND p.checkpoint_id = s.checkpoint_id "
+        "              AND p.config_id = s.config_id AND p.protocol = 'paper') "
         "  AND NOT EXISTS (SELECT 1 FROM final_circuit_point f "
         "                  WHERE f.checkpoint_id = s.checkpoint_id AND f.config_id = s.config_id "
         "                    AND f.final_checkpoint_id = %s) "

@@ -67,6 +67,28 @@ def test_the_final_circuit_is_at_every_earlier_checkpoint(seeded, tiny_builtin):
             lm.model, last) is None
 
 
+def test_a_checkpoint_with_nothing_to_measure_is_not_left_to_fill(seeded):
+    """A checkpoint whose own paper curves have no point (it answers no prompt right, as
+    the demo's steps 0-2) has nothing to measure the final circuit on: it is not listed as
+    lacking it, while a checkpoint with points whose final curves are missing is. (Listed,
+    it was loaded and prepared again after every later summary: 8 grid passes of a demo.)"""
+    with store.connect(seeded) as conn, conn.transaction(force_rollback=True):
+        ids_of = dict(conn.execute("SELECT step, id FROM checkpoint").fetchall())
+        model_id, config_id = conn.execute(
+            "SELECT model_id, config_id FROM checkpoint_summary s JOIN checkpoint c "
+            "ON c.id = s.checkpoint_id LIMIT 1").fetchone()
+        empty, lacking = ids_of[SEED_STEPS[0]], ids_of[SEED_STEPS[1]]
+        conn.execute("DELETE FROM final_circuit_point WHERE checkpoint_id = ANY(%s)",
+                     ([empty, lacking],))
+        last = ids_of[SEED_STEPS[-1]]
+        both = training.lacking_final(conn, model_id=model_id, config_id=config_id,
+                                      final_checkpoint_id=last)
+        assert sorted(both) == sorted([(empty, SEED_STEPS[0]), (lacking, SEED_STEPS[1])])
+        conn.execute("DELETE FROM circuit_point WHERE checkpoint_id = %s", (empty,))
+        assert training.lacking_final(conn, model_id=model_id, config_id=config_id,
+                                      final_checkpoint_id=last) == [(lacking, SEED_STEPS[1])]
+
+
 def test_heuristic_shares_per_step_with_their_intervals(seeded):
     with store.connect(seeded) as conn:
         rows = conn.execute(
