@@ -204,17 +204,10 @@ class PrefixRunner:
         key = (skip, np.asarray(idx, dtype=np.int64).tobytes())
         if key in self._contexts:
             return self._contexts[key]
-        model, n = self.model, len(idx)
+        model = self.model
         device = model.cfg.device
-        if skip:
-            base = expand_cache(self._prefix(int(self.table.op[idx[0]])), n)
-            cache = TransformerLensKeyValueCache(
-                entries=[TransformerLensKeyValueCacheEntry(
-                    past_keys=e.past_keys, past_values=e.past_values, frozen=False)
-                    for e in base.entries],
-                previous_attention_mask=base.previous_attention_mask, frozen=False)
-        else:
-            cache = TransformerLensKeyValueCache.init_cache(model.cfg, device, n)
+        cache = open_cache(model, self._prefix(int(self.table.op[idx[0]])) if skip else None,
+                           len(idx))
         toks = torch.from_numpy(self.table.token_matrix(idx)[:, skip:-1]).to(device)
         if toks.shape[1]:
             model(toks, past_kv_cache=cache, stop_at_layer=model.cfg.n_layers,
@@ -236,14 +229,7 @@ class PrefixRunner:
         cache = self.context(idx, skip)
         toks = self.table.token_matrix(idx)[:, -1:]
         if rows is not None:
-            at = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=device)
-            cache = TransformerLensKeyValueCache(
-                entries=[TransformerLensKeyValueCacheEntry(
-                    past_keys=e.past_keys.index_select(0, at),
-                    past_values=e.past_values.index_select(0, at), frozen=True)
-                    for e in cache.entries],
-                previous_attention_mask=cache.previous_attention_mask.index_select(0, at),
-                frozen=True)
+            cache = rows_of(cache, rows)
             toks = toks[rows]
         resid = model.run_with_hooks(
             torch.from_numpy(np.ascontiguousarray(toks)).to(device), past_kv_cache=cache,
@@ -283,6 +269,77 @@ class PrefixRunner:
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
 
 
+HEAD_SHARE = 0.8  # heads are shared where that runs at most this share of the positions
+
+
+def shared_heads(toks: np.ndarray, p: int, fed: int) -> tuple[int, np.ndarray | None]:
+    """Where to split prompts ``toks`` ((n, length), one group; ``p`` tokens a cached
+    prefix, ``fed`` answer tokens fed after them) into a head run once per distinct head
+    and a tail run per prompt: (h, each prompt's head number; None where no split saves
+    enough). The grid's prompts share their first operand and operator ("BOS 37 +" for a
+    hundred prompts on [0, 100)), which leaves two positions of five per prompt. The split
+    minimizes the positions run: distinct heads x (h - p) + n x (length - h + fed)."""
+    n, length = toks.shape
+    best, best_h, best_of = n * (length - p + fed), p, None
+    for h in range(p + 1, length):
+        _, first, of = np.unique(toks[:, p:h], axis=0, return_index=True, return_inverse=True)
+        cost = len(first) * (h - p) + n * (length - h + fed)
+        if cost < best:
+            best, best_h, best_of = cost, h, of.reshape(-1)
+    if best_of is None or best > HEAD_SHARE * n * (length - p + fed):
+        return p, None
+    return best_h, best_of
+
+
+def open_cache(model: HookedTransformer, prefix: TransformerLensKeyValueCache | None,
+               n: int) -> TransformerLensKeyValueCache:
+    """A cache of ``n`` rows that a forward extends, each ``prefix``'s (None: empty)."""
+    if prefix is None:
+        return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, n)
+    base = expand_cache(prefix, n)
+    return TransformerLensKeyValueCache(
+        entries=[TransformerLensKeyValueCacheEntry(
+            past_keys=e.past_keys, past_values=e.past_values, frozen=False)
+            for e in base.entries],
+        previous_attention_mask=base.previous_attention_mask, frozen=False)
+
+
+def head_cache(model: HookedTransformer, heads: np.ndarray, p: int,
+               prefix: TransformerLensKeyValueCache | None,
+               batch_size: int) -> TransformerLensKeyValueCache:
+    """Keys and values of prompt heads ((u, h) tokens, the first ``p`` of them the cached
+    ``prefix``'s), one row per head, frozen."""
+    parts = []
+    for s in range(0, len(heads), batch_size):
+        rows = heads[s:s + batch_size]
+        cache = open_cache(model, prefix, len(rows))
+        t = torch.from_numpy(np.ascontiguousarray(rows[:, p:])).to(model.cfg.device)
+        model(t, past_kv_cache=cache, stop_at_layer=model.cfg.n_layers,
+              attention_mask=torch.ones(t.shape, dtype=torch.long, device=model.cfg.device))
+        parts.append(cache)
+    return TransformerLensKeyValueCache(
+        entries=[TransformerLensKeyValueCacheEntry(
+            past_keys=torch.cat([c.entries[i].past_keys for c in parts]),
+            past_values=torch.cat([c.entries[i].past_values for c in parts]), frozen=True)
+            for i in range(len(parts[0].entries))],
+        previous_attention_mask=torch.cat([c.previous_attention_mask for c in parts]),
+        frozen=True)
+
+
+def rows_of(cache: TransformerLensKeyValueCache, rows: np.ndarray
+            ) -> TransformerLensKeyValueCache:
+    """A frozen cache of ``cache``'s ``rows`` (indices, repeats allowed)."""
+    at = torch.as_tensor(np.asarray(rows, dtype=np.int64),
+                         device=cache.previous_attention_mask.device)
+    return TransformerLensKeyValueCache(
+        entries=[TransformerLensKeyValueCacheEntry(
+            past_keys=e.past_keys.index_select(0, at),
+            past_values=e.past_values.index_select(0, at), frozen=True)
+            for e in cache.entries],
+        previous_attention_mask=cache.previous_attention_mask.index_select(0, at),
+        frozen=True)
+
+
 @torch.no_grad()
 def run_grid(
     model: HookedTransformer,
@@ -300,11 +357,11 @@ def run_grid(
     digit), the token after them is not one of those: ``0+2=22`` is not ``2``.
 
     With ``reuse_prefix`` an operator's shared prefix (few-shot text and solved examples,
-    catalog.measuring.prompts) runs once, and every batch attends to its cached keys and values
-    instead of recomputing them; the activations are the same to float rounding
-    (tested, and timed in bench/prefix.py). Returns layer -> float32 array
-    (n_prompts, d_mlp) in table order.
-    """
+    catalog.measuring.prompts) runs once, and so does each distinct prompt head where
+    that saves positions (``shared_heads``: "BOS 37 +"); every batch attends to their
+    cached keys and values instead of recomputing them; the activations are the same to
+    float rounding (tested; bench/prefix.py). Returns layer -> float32 array (n_prompts,
+    d_mlp) in table order."""
     n = len(table)
     d_mlp = mlp_width(model)
     device = model.cfg.device
@@ -320,13 +377,21 @@ def run_grid(
             p = 0
         if p and o not in caches:
             caches[o] = prefix_cache(model, table.prefix_tokens[o])
+        answer = m if continuing is not None else m - 1  # the result tokens fed
+        toks = table.token_matrix(idx_all)
+        h, head_of = shared_heads(toks, p, answer) if reuse_prefix else (p, None)
+        heads = None if head_of is None else head_cache(
+            model, toks[np.unique(head_of, return_index=True)[1], :h], p,
+            caches.get(o), batch_size)
         for start in range(0, len(idx_all), batch_size):
             idx = idx_all[start:start + batch_size]
-            answer = m if continuing is not None else m - 1  # the result tokens fed
-            seq = np.stack([np.concatenate([table.tokens[i][p:],
-                                            table.result_tokens[i][:answer]]) for i in idx])
+            seq = np.concatenate([toks[start:start + batch_size, h:], np.stack(
+                [table.result_tokens[i][:answer] for i in idx]).reshape(len(idx), -1)], 1)
             captured: dict[int, torch.Tensor] = {}
-            last = length - 1 - p  # the prompt's last position in seq
+            last = length - 1 - h  # the prompt's last position in seq
+            context = (rows_of(heads, head_of[start:start + batch_size])
+                       if heads is not None and head_of is not None
+                       else expand_cache(caches[o], len(idx)) if p else None)
 
             def grab(act, hook, _pos=last, _store=captured):
                 _store[hook.layer()] = act[:, _pos, :].float().cpu()
@@ -335,9 +400,9 @@ def run_grid(
                 torch.from_numpy(seq).to(device),
                 stop_at_layer=model.cfg.n_layers,
                 fwd_hooks=[(post_hook_name(layer), grab) for layer in layers],
-                past_kv_cache=expand_cache(caches[o], len(idx)) if p else None,
+                past_kv_cache=context,
                 attention_mask=(torch.ones(seq.shape, dtype=torch.long, device=device)
-                                if p else None),
+                                if context is not None else None),
             )
             pred = final_logits(model, resid[:, last:last + answer + 1]).argmax(-1).cpu()
             target = torch.from_numpy(np.stack([table.result_tokens[i] for i in idx]))

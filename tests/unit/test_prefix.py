@@ -183,3 +183,43 @@ def test_an_answer_must_end_where_the_result_ends(pythia):
     # with nothing counted as continuing a number, the answer alone decides again
     run_grid(model, table, [], batch_size=64, continuing=cont[:0])
     assert (table.correct == is_two).all()
+
+
+def test_shared_prompt_heads_equal_the_full_forward_and_run_fewer_positions(tiny_builtin):
+    """Without a few-shot prefix (the built-in model's "BOS a op b ="), the grid pass runs
+    each distinct head ("BOS a op") once and two positions per prompt: the activations
+    equal the full forward's to float rounding, correctness is the same, and the model
+    sees under half the positions (counted at its embedding)."""
+    from catalog.measuring.grids import shared_heads
+
+    cfg, root = tiny_builtin
+    lm = load_model("builtin", builtin_config=cfg, cache_root=root)
+    model = lm.model
+    config = ScienceConfig(operand_hi=20)
+    table = build_prompts(lm.tokenizer, detect_number_tokens(
+        lm.tokenizer, prepend_bos=model.cfg.default_prepend_bos), config)
+    layers = list(range(model.cfg.n_layers))
+    seen = []
+    handle = model.hook_embed.register_forward_hook(lambda m, i, out: seen.append(
+        out.shape[0] * out.shape[1]))
+    try:
+        shared = run_grid(model, table, layers, batch_size=97)
+        positions, correct = sum(seen), table.correct.copy()
+        seen.clear()
+        full = run_grid(model, table, layers, batch_size=97, reuse_prefix=False)
+    finally:
+        handle.remove()
+    n_full = sum(len(t) for t in table.tokens)
+    assert sum(seen) == n_full and positions < 0.5 * n_full
+    for layer in layers:
+        assert np.abs(full[layer]).max() > 1e-2
+        np.testing.assert_allclose(shared[layer], full[layer], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(correct, table.correct)
+    assert 0 < correct.mean() < 1
+    # the split: the first operand and the operator, 20 heads per operator
+    toks = table.token_matrix(table.op_index("+"))
+    h, head_of = shared_heads(toks, 0, 0)
+    assert h == 3 and head_of is not None and len(np.unique(head_of)) == 20
+    assert (toks[head_of == head_of[0], :3] == toks[0, :3]).all()
+    # prompts that share nothing are run whole
+    assert shared_heads(np.arange(40).reshape(8, 5), 0, 0) == (0, None)
