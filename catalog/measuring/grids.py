@@ -15,11 +15,18 @@ import torch
 from jaxtyping import Float
 from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
-from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 from transformer_lens.utilities.activation_functions import apply_softcap
 
 from catalog.core.progress import progress_bar
+from catalog.measuring.kv_cache import (
+    expand_cache,
+    head_cache,
+    open_cache,
+    prefix_cache,
+    rows_of,
+    shared_heads,
+)
 from catalog.measuring.prompts import PromptTable
 
 
@@ -110,14 +117,6 @@ def _groups(table: PromptTable) -> dict[tuple[int, int, int], np.ndarray]:
     return out
 
 
-def prefix_cache(model: HookedTransformer, prefix: np.ndarray) -> TransformerLensKeyValueCache:
-    """Keys and values of a shared prefix (one sequence), computed once."""
-    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
-    tokens = torch.from_numpy(prefix[None]).to(model.cfg.device)
-    model(tokens, past_kv_cache=cache, attention_mask=torch.ones_like(tokens))
-    return cache
-
-
 # architectures whose query/key norm acts on all heads' vectors at once (TransformerLens's
 # attention applies it before splitting heads for these, per head for the others)
 _WHOLE_VECTOR_QK_NORM = ("OlmoeForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM")
@@ -139,17 +138,6 @@ def cache_keys(model: HookedTransformer, layer: int, k: torch.Tensor,
         k = k.clamp(-cfg.clip_qkv, cfg.clip_qkv)
         v = v.clamp(-cfg.clip_qkv, cfg.clip_qkv)
     return k, v
-
-
-def expand_cache(cache: TransformerLensKeyValueCache, batch: int) -> TransformerLensKeyValueCache:
-    """The same prefix for ``batch`` sequences, frozen so that forwards do not extend it."""
-    entries = [TransformerLensKeyValueCacheEntry(
-        past_keys=e.past_keys.expand(batch, -1, -1, -1),
-        past_values=e.past_values.expand(batch, -1, -1, -1), frozen=True)
-        for e in cache.entries]
-    return TransformerLensKeyValueCache(
-        entries=entries, previous_attention_mask=cache.previous_attention_mask.expand(batch, -1),
-        frozen=True)
 
 
 class PrefixRunner:
@@ -269,75 +257,24 @@ class PrefixRunner:
             attention_mask=torch.ones(toks.shape, dtype=torch.long, device=device), **kwargs)
 
 
-HEAD_SHARE = 0.8  # heads are shared where that runs at most this share of the positions
-
-
-def shared_heads(toks: np.ndarray, p: int, fed: int) -> tuple[int, np.ndarray | None]:
-    """Where to split prompts ``toks`` ((n, length), one group; ``p`` tokens a cached
-    prefix, ``fed`` answer tokens fed after them) into a head run once per distinct head
-    and a tail run per prompt: (h, each prompt's head number; None where no split saves
-    enough). The grid's prompts share their first operand and operator ("BOS 37 +" for a
-    hundred prompts on [0, 100)), which leaves two positions of five per prompt. The split
-    minimizes the positions run: distinct heads x (h - p) + n x (length - h + fed)."""
-    n, length = toks.shape
-    best, best_h, best_of = n * (length - p + fed), p, None
-    for h in range(p + 1, length):
-        _, first, of = np.unique(toks[:, p:h], axis=0, return_index=True, return_inverse=True)
-        cost = len(first) * (h - p) + n * (length - h + fed)
-        if cost < best:
-            best, best_h, best_of = cost, h, of.reshape(-1)
-    if best_of is None or best > HEAD_SHARE * n * (length - p + fed):
-        return p, None
-    return best_h, best_of
-
-
-def open_cache(model: HookedTransformer, prefix: TransformerLensKeyValueCache | None,
-               n: int) -> TransformerLensKeyValueCache:
-    """A cache of ``n`` rows that a forward extends, each ``prefix``'s (None: empty)."""
-    if prefix is None:
-        return TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, n)
-    base = expand_cache(prefix, n)
-    return TransformerLensKeyValueCache(
-        entries=[TransformerLensKeyValueCacheEntry(
-            past_keys=e.past_keys, past_values=e.past_values, frozen=False)
-            for e in base.entries],
-        previous_attention_mask=base.previous_attention_mask, frozen=False)
-
-
-def head_cache(model: HookedTransformer, heads: np.ndarray, p: int,
-               prefix: TransformerLensKeyValueCache | None,
-               batch_size: int) -> TransformerLensKeyValueCache:
-    """Keys and values of prompt heads ((u, h) tokens, the first ``p`` of them the cached
-    ``prefix``'s), one row per head, frozen."""
-    parts = []
-    for s in range(0, len(heads), batch_size):
-        rows = heads[s:s + batch_size]
-        cache = open_cache(model, prefix, len(rows))
-        t = torch.from_numpy(np.ascontiguousarray(rows[:, p:])).to(model.cfg.device)
-        model(t, past_kv_cache=cache, stop_at_layer=model.cfg.n_layers,
-              attention_mask=torch.ones(t.shape, dtype=torch.long, device=model.cfg.device))
-        parts.append(cache)
-    return TransformerLensKeyValueCache(
-        entries=[TransformerLensKeyValueCacheEntry(
-            past_keys=torch.cat([c.entries[i].past_keys for c in parts]),
-            past_values=torch.cat([c.entries[i].past_values for c in parts]), frozen=True)
-            for i in range(len(parts[0].entries))],
-        previous_attention_mask=torch.cat([c.previous_attention_mask for c in parts]),
-        frozen=True)
-
-
-def rows_of(cache: TransformerLensKeyValueCache, rows: np.ndarray
-            ) -> TransformerLensKeyValueCache:
-    """A frozen cache of ``cache``'s ``rows`` (indices, repeats allowed)."""
-    at = torch.as_tensor(np.asarray(rows, dtype=np.int64),
-                         device=cache.previous_attention_mask.device)
-    return TransformerLensKeyValueCache(
-        entries=[TransformerLensKeyValueCacheEntry(
-            past_keys=e.past_keys.index_select(0, at),
-            past_values=e.past_values.index_select(0, at), frozen=True)
-            for e in cache.entries],
-        previous_attention_mask=cache.previous_attention_mask.index_select(0, at),
-        frozen=True)
+def _contexts(model: HookedTransformer, table: PromptTable, o: int, toks: np.ndarray,
+              fed: int, caches: dict, reuse: bool, batch_size: int):
+    """(h, context_of) for one group of ``run_grid`` (operator ``o``, prompts ``toks``):
+    the first h tokens of each prompt come from a cache (the operator's prefix, kept in
+    ``caches``, or the prompt's head); ``context_of(start, stop)`` is the cache of the
+    group's rows [start, stop) (None: no cache)."""
+    length = toks.shape[1]
+    p = len(table.prefix_tokens[o]) if reuse else 0
+    if p < 2 or p >= length:  # BOS alone is not worth a cache; nothing after the prefix
+        p = 0
+    if p and o not in caches:
+        caches[o] = prefix_cache(model, table.prefix_tokens[o])
+    h, head_of = shared_heads(toks, p, fed) if reuse else (p, None)
+    if head_of is not None:
+        heads = head_cache(model, toks[np.unique(head_of, return_index=True)[1], :h], p,
+                           caches.get(o), batch_size)
+        return h, lambda start, stop: rows_of(heads, head_of[start:stop])
+    return h, lambda start, stop: expand_cache(caches[o], stop - start) if p else None
 
 
 @torch.no_grad()
@@ -372,26 +309,17 @@ def run_grid(
     bar = progress_bar(total, "activation grids", "batch", enabled=progress)
     caches: dict[int, TransformerLensKeyValueCache] = {}
     for (o, length, m), idx_all in groups.items():
-        p = len(table.prefix_tokens[o]) if reuse_prefix else 0
-        if p < 2 or p >= length:  # BOS alone is not worth a cache; nothing after the prefix
-            p = 0
-        if p and o not in caches:
-            caches[o] = prefix_cache(model, table.prefix_tokens[o])
         answer = m if continuing is not None else m - 1  # the result tokens fed
         toks = table.token_matrix(idx_all)
-        h, head_of = shared_heads(toks, p, answer) if reuse_prefix else (p, None)
-        heads = None if head_of is None else head_cache(
-            model, toks[np.unique(head_of, return_index=True)[1], :h], p,
-            caches.get(o), batch_size)
+        h, context_of = _contexts(model, table, o, toks, answer, caches, reuse_prefix,
+                                  batch_size)
         for start in range(0, len(idx_all), batch_size):
             idx = idx_all[start:start + batch_size]
             seq = np.concatenate([toks[start:start + batch_size, h:], np.stack(
                 [table.result_tokens[i][:answer] for i in idx]).reshape(len(idx), -1)], 1)
             captured: dict[int, torch.Tensor] = {}
             last = length - 1 - h  # the prompt's last position in seq
-            context = (rows_of(heads, head_of[start:start + batch_size])
-                       if heads is not None and head_of is not None
-                       else expand_cache(caches[o], len(idx)) if p else None)
+            context = context_of(start, start + len(idx))
 
             def grab(act, hook, _pos=last, _store=captured):
                 _store[hook.layer()] = act[:, _pos, :].float().cpu()

@@ -190,7 +190,7 @@ def test_shared_prompt_heads_equal_the_full_forward_and_run_fewer_positions(tiny
     each distinct head ("BOS a op") once and two positions per prompt: the activations
     equal the full forward's to float rounding, correctness is the same, and the model
     sees under half the positions (counted at its embedding)."""
-    from catalog.measuring.grids import shared_heads
+    from catalog.measuring.kv_cache import shared_heads
 
     cfg, root = tiny_builtin
     lm = load_model("builtin", builtin_config=cfg, cache_root=root)
