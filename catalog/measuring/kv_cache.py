@@ -32,6 +32,18 @@ def expand_cache(cache: TransformerLensKeyValueCache, batch: int) -> Transformer
 
 
 HEAD_SHARE = 0.8  # heads are shared where that runs at most this share of the positions
+# and where a batch's own copy of its rows' cached keys and values (prefix and head) holds
+# at most this many bytes: with a long few-shot prefix on a large model those copies
+# would outgrow the forward itself (a prefix alone is shared by every row, not copied)
+HEAD_BYTES = 256 * 2**20
+
+
+def token_kv_bytes(model: HookedTransformer) -> int:
+    """Bytes of one position's keys and values over every layer."""
+    cfg = model.cfg
+    heads = int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
+    size = torch.empty(0, dtype=cfg.dtype).element_size()
+    return int(cfg.n_layers) * 2 * heads * int(cfg.d_head) * size
 
 
 def shared_heads(toks: np.ndarray, p: int, fed: int) -> tuple[int, np.ndarray | None]:

@@ -185,11 +185,14 @@ def test_an_answer_must_end_where_the_result_ends(pythia):
     assert (table.correct == is_two).all()
 
 
-def test_shared_prompt_heads_equal_the_full_forward_and_run_fewer_positions(tiny_builtin):
+def test_shared_prompt_heads_equal_the_full_forward_and_run_fewer_positions(tiny_builtin,
+                                                                             monkeypatch):
     """Without a few-shot prefix (the built-in model's "BOS a op b ="), the grid pass runs
     each distinct head ("BOS a op") once and two positions per prompt: the activations
     equal the full forward's to float rounding, correctness is the same, and the model
-    sees under half the positions (counted at its embedding)."""
+    sees under half the positions (counted at its embedding). Where a batch's copies of
+    its heads' keys and values would pass ``HEAD_BYTES``, prompts run whole."""
+    from catalog.measuring import kv_cache
     from catalog.measuring.kv_cache import shared_heads
 
     cfg, root = tiny_builtin
@@ -211,6 +214,15 @@ def test_shared_prompt_heads_equal_the_full_forward_and_run_fewer_positions(tiny
         handle.remove()
     n_full = sum(len(t) for t in table.tokens)
     assert sum(seen) == n_full and positions < 0.5 * n_full
+    seen.clear()
+    monkeypatch.setattr(kv_cache, "HEAD_BYTES", 97 * 3 * kv_cache.token_kv_bytes(model) - 1)
+    handle = model.hook_embed.register_forward_hook(lambda m, i, out: seen.append(
+        out.shape[0] * out.shape[1]))
+    try:
+        run_grid(model, table, [], batch_size=97)
+    finally:
+        handle.remove()
+    assert sum(seen) == n_full
     for layer in layers:
         assert np.abs(full[layer]).max() > 1e-2
         np.testing.assert_allclose(shared[layer], full[layer], rtol=1e-5, atol=1e-5)
