@@ -19,15 +19,14 @@ from transformer_lens.utilities import get_act_name
 from transformer_lens.utilities.activation_functions import apply_softcap
 
 from catalog.core.progress import progress_bar
-from catalog.measuring import kv_cache
 from catalog.measuring.kv_cache import (
     expand_cache,
     head_cache,
+    heads_fit,
     open_cache,
     prefix_cache,
     rows_of,
     shared_heads,
-    token_kv_bytes,
 )
 from catalog.measuring.prompts import PromptTable
 
@@ -272,7 +271,7 @@ def _contexts(model: HookedTransformer, table: PromptTable, o: int, toks: np.nda
     if p and o not in caches:
         caches[o] = prefix_cache(model, table.prefix_tokens[o])
     h, head_of = shared_heads(toks, p, fed) if reuse else (p, None)
-    if min(batch_size, len(toks)) * h * token_kv_bytes(model) > kv_cache.HEAD_BYTES:
+    if not heads_fit(model, min(batch_size, len(toks)), h):
         h, head_of = p, None
     if head_of is not None:
         heads = head_cache(model, toks[np.unique(head_of, return_index=True)[1], :h], p,

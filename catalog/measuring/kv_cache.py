@@ -46,6 +46,11 @@ def token_kv_bytes(model: HookedTransformer) -> int:
     return int(cfg.n_layers) * 2 * heads * int(cfg.d_head) * size
 
 
+def heads_fit(model: HookedTransformer, rows: int, h: int) -> bool:
+    """Whether ``rows`` copies of ``h`` cached positions stay within ``HEAD_BYTES``."""
+    return rows * h * token_kv_bytes(model) <= HEAD_BYTES
+
+
 def shared_heads(toks: np.ndarray, p: int, fed: int) -> tuple[int, np.ndarray | None]:
     """Where to split prompts ``toks`` ((n, length), one group; ``p`` tokens a cached
     prefix, ``fed`` answer tokens fed after them) into a head run once per distinct head
