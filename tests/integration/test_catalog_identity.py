@@ -42,8 +42,12 @@ def test_a_worker_leaves_another_catalogs_messages_for_its_owner(queue, pg_serve
     too) waits there: A's worker runs its own job, leaves B's messages in the queue
     (neither runs them against its own job 1 nor drops them as done), and B's worker,
     started afterwards, finds them and finishes B's job. The reconciler, which would send
-    B's layers again, is kept out of it (stale after 10 minutes)."""
+    B's layers again, is kept out of it (stale after 10 minutes), and so is the broker's
+    own redelivery of a message unacknowledged past the visibility timeout (the fixture's
+    3 s: a slow first layer of A's was delivered twice, and its second delivery's
+    'already done' would read as B's message run against A's job 1)."""
     monkeypatch.setenv("NCAT_STALE_SECONDS", "600")
+    monkeypatch.setenv("NCAT_VISIBILITY_TIMEOUT", "600")
     monkeypatch.setenv("NCAT_BUSY_RETRY_SECONDS", "0.5")
     other = new_database_url(pg_server)
     migrate(other)
