@@ -12,6 +12,7 @@ are committed but the broker failed while their messages went out (docs/cli.md).
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 
@@ -46,13 +47,40 @@ def build_parser() -> argparse.ArgumentParser:
     measuring.add_commands(sub)
     explaining.add_commands(sub)
     queue.add_commands(sub)
+    p.set_defaults(commands=sub.choices)
     return p
 
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; an argument the command does not take is refused by that
+    command's own parser (its usage, not ncat's list of commands), with the nearest
+    option it does take where one is close (``--hii`` -> ``--hi``)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = args.commands.get(args.command, parser)
+        command.error(unrecognized(command, extra))
+    return args
+
+
+def unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    """'unrecognized arguments: ...', and for each unknown option the one it is close to."""
+    options = [s for action in parser._actions for s in action.option_strings]
+    hints = []
+    for arg in extra:
+        if arg.startswith("-") and not arg.lstrip("-").replace(".", "").isdigit():
+            flag = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, options, n=1, cutoff=0.8)
+            hints.append(f"{flag}: did you mean {close[0]}?" if close else
+                         f"{parser.prog} has no {flag}")
+    return (f"unrecognized arguments: {' '.join(extra)}"
+            + (f" ({'; '.join(hints)}; {parser.prog} --help lists the options)"
+               if hints else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     refused = early_refusal(args)  # before any command imports the science
     if refused is not None:
         return fail(refused)

@@ -94,6 +94,37 @@ def test_bad_arguments_exit_with_a_message(capsys):
     assert "unknown model" in capsys.readouterr().err
 
 
+def test_an_argument_a_command_does_not_take_is_refused_by_that_command(capsys):
+    """Exit 2 with the command's own usage (argparse's default is ncat's list of commands)
+    and, for an unknown option close to one the command takes, that option; on every
+    command."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, command in sub.choices.items():
+        given = ["1" if a.type is int else "builtin" for a in command._actions
+                 if not a.option_strings and a.required and a.nargs not in ("*", "?")]
+        given += [x for a in command._actions if a.option_strings and a.required
+                  for x in (a.option_strings[0], "out.csv")]
+        with pytest.raises(SystemExit) as done:
+            main([name, *given, "--no-such-flag-here"])
+        assert done.value.code == 2, name
+        err = capsys.readouterr().err
+        assert f"usage: ncat {name}" in err and "usage: ncat [-h]" not in err, (name, err)
+        assert (f"ncat {name}: error: unrecognized arguments: --no-such-flag-here "
+                f"(ncat {name} has no --no-such-flag-here;") in err, err
+    cases = [(["measure", "builtin", "--hii", "50"], "--hii: did you mean --hi?"),
+             (["status", "--jsn"], "--jsn: did you mean --json?"),
+             (["measure", "builtin", "--step", "5000"], "ncat measure has no --step;"),
+             (["report", "builtin", "--oops=1"], "ncat report has no --oops;")]
+    for argv, hint in cases:
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert f"unrecognized arguments: {' '.join(argv[2 if argv[1] == 'builtin' else 1:])}" \
+            in err and hint in err, err
+
+
 def test_every_command_has_help():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
