@@ -131,8 +131,10 @@ def test_tiered_patching_equals_exact_on_the_exact_set(tiny_builtin):
                                        rtol=1e-5, atol=1e-7)
             rest = ~b.is_exact[:, o]
             assert np.isnan(b.effect_exact[rest, o]).all()
+            # float32 sums: their rounding is relative to the largest terms, not to each
+            # mean (1.7e-8 off on a mean of 4.4e-4 among means up to 0.07, one CI run)
             np.testing.assert_allclose(b.effect_trimmed[rest, o], trimmed[rest], rtol=1e-5,
-                                       atol=1e-8)
+                                       atol=1e-5 * np.abs(trimmed).max())
             np.testing.assert_array_equal(b.effect_attr[:, o], a.effect_attr[:, o])
             facts = b.patching[op]
             assert facts["n_exact"] == 7 and -1 <= facts["spearman"] <= 1
