@@ -137,6 +137,26 @@ def latest_first(step: int | None) -> tuple[bool, int]:
     return step is None, -(step or 0)
 
 
+def send_order(pending: list[tuple[int | None, int, int]]) -> list[tuple[int, int]]:
+    """(job, layer) in the order their messages go out, from (step, job, layer): the
+    latest checkpoint's layers first (``latest_first``), then the first layer of every
+    other job, latest first, then their second layers, and so on. A process that computed
+    a layer goes on with the rest of its job (``jobs.runner.rest_of_job``), so the next
+    message a free process takes is another checkpoint's first layer rather than a layer
+    of the checkpoint another process has prepared; the latest checkpoint's layers run
+    side by side, so its summary comes first."""
+    by_job: dict[int, list[int]] = {}  # job -> its layers, the jobs latest first
+    for _, job, layer in sorted(pending, key=lambda x: latest_first(x[0])):
+        by_job.setdefault(job, []).append(layer)
+    if not by_job:
+        return []
+    (first, first_layers), *rest = [(job, sorted(v)) for job, v in by_job.items()]
+    out = [(first, layer) for layer in first_layers]
+    for i in range(max((len(v) for _, v in rest), default=0)):
+        out += [(job, v[i]) for job, v in rest if i < len(v)]
+    return out
+
+
 def job_key(model: str, step: int | None, config: ScienceConfig, layers: list[int]) -> str:
     blob = json.dumps({"model": model, "step": step, "config": config.config_hash(),
                        "layers": sorted(layers)}, sort_keys=True)
@@ -158,7 +178,7 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
             layers: list[int] | None = None, device: str = "cpu", force: bool = False,
             send=None) -> list[Enqueued]:
     """Create (or find) one job per checkpoint and queue its layers, the latest checkpoint's
-    first (``latest_first``); the jobs are returned in the order asked for.
+    first (``send_order``); the jobs are returned in the order asked for.
 
     ``send(job_id, layer)`` queues one task; by default through Celery.
     """
@@ -189,9 +209,8 @@ def enqueue(url: str, model: str, checkpoints=None, config: ScienceConfig | None
                 jobdb.requeue(conn, job_id, only_unfinished=False, force=True)
                 to_send += [(p.step, job_id, layer) for layer in p.layers]
             results.append(Enqueued(job_id, p.model, p.step, p.layers, False))
-    to_send.sort(key=lambda x: latest_first(x[0]))  # stable: layers in order within a job
     # after commit: a worker must find the rows
-    _send_all(send, [(job_id, layer) for _, job_id, layer in to_send], results)
+    _send_all(send, send_order(to_send), results)
     return results
 
 

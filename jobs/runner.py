@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
+import time
 from enum import StrEnum
 
 import psycopg
@@ -94,6 +96,7 @@ def _loaded(conn, job: JobRow) -> _Loaded:
            job.config_id)
     if _CURRENT is None or _CURRENT.key != key:
         _CURRENT = None  # free the previous model first
+        began = time.monotonic()
         config = ScienceConfig.from_dict(jobdb.job_config(conn, job.config_id))
         settings = get_settings()
         execution = fit_memory(job, config, execution_for(job, settings), settings)
@@ -104,6 +107,8 @@ def _loaded(conn, job: JobRow) -> _Loaded:
         ids = store_results.register(conn, lm, config)
         store_results.write_layouts(conn, run, ids)
         _CURRENT = _Loaded(key, lm, run, ids, {})
+        log.info("job %s: %s step %s prepared in process %s (%.1f s)", job.id,
+                 job.model_name, job.step, os.getpid(), time.monotonic() - began)
     return _CURRENT
 
 
@@ -161,13 +166,49 @@ class Heartbeat(threading.Thread):
 
 def process_layer(url: str, job_id: int, layer: int, worker: str,
                   lost: dict | None = None) -> Outcome:
-    """Compute and store one layer of a job; returns what happened.
+    """Compute and store one layer of a job, then the job's layers that no one has
+    started (``rest_of_job``); returns what happened to the layer asked for.
 
     Raises Transient when the database connection dropped: the layer was put back in the
     queue through a fresh connection (or, when the database is still away, the loss rides
     on the task sent again: ``Transient.unrecorded``, given back here as ``lost``), and the
     task should be sent again after ``retry_in`` seconds.
     """
+    began = time.monotonic()
+    outcome = _deliver(url, job_id, layer, worker, lost)
+    if outcome is Outcome.COMPUTED:
+        rest_of_job(url, job_id, worker, began)
+    return outcome
+
+
+def rest_of_job(url: str, job_id: int, worker: str, began: float) -> None:
+    """Layer affinity: after computing a layer, this process has the job's checkpoint
+    prepared (the model loaded, every layer's grid pass run), so it goes on with the job's
+    layers that no one has started, each under its own lock as its own delivery would
+    (a layer another session holds is left to it); each one's message, when it comes,
+    finds it done. Without this, two processes took the two layers of one checkpoint and
+    each prepared it: the demo's 14 checkpoints were prepared about 30 times. The
+    enqueue order (``jobs.enqueue.send_order``) deals the other layers out after every
+    job's first, so processes start on different checkpoints. It stops once the task has
+    run half the broker's visibility timeout (past it, the broker would deliver the task
+    again), and where the database connection drops (the layer's own message takes it)."""
+    limit = get_settings().ncat_visibility_timeout / 2
+    with store.connect(url, autocommit=True) as conn:
+        todo = jobdb.queued_layers(conn, job_id)
+    for layer in todo:
+        if time.monotonic() - began > limit:
+            return
+        try:
+            outcome = _deliver(url, job_id, layer, worker, None)
+        except Transient as exc:
+            log.warning("job %s layer %s: left to its own message (%s)", job_id, layer, exc)
+            return
+        log.info("job %s layer %s: %s (taken on with its checkpoint prepared here)",
+                 job_id, layer, outcome)
+
+
+def _deliver(url: str, job_id: int, layer: int, worker: str, lost: dict | None) -> Outcome:
+    """One delivery of the layer (``process_layer`` without the rest of its job)."""
     started: dict = {}  # the start (attempt number) this delivery made, once it made one
     try:
         return _process(url, job_id, layer, worker, lost, started)

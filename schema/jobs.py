@@ -365,6 +365,13 @@ def layer_losses(conn, job_id: int, layer: int) -> tuple[str | None, int]:
     return (row[0], int(row[1])) if row else (None, 0)
 
 
+def queued_layers(conn, job_id: int) -> list[int]:
+    """The job's layers that are queued (no one has started them), in order."""
+    return [int(r[0]) for r in conn.execute(
+        "SELECT layer FROM job_layer WHERE job_id = %s AND status = %s ORDER BY layer",
+        (job_id, Status.QUEUED)).fetchall()]
+
+
 def grids_of(conn, checkpoint_id: int, config_hash: str, layer: int,
              neurons: list[int]) -> tuple[int, dict[int, bool], int]:
     """(config id, neuron -> whether its stored grid is a sketch, for the ``neurons`` that

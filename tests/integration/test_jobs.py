@@ -84,10 +84,15 @@ def _filled(log: str) -> list[list[int]]:
             for m in re.findall(r"final circuit measured at steps \[([^\]]*)\]", log)]
 
 
-def test_one_request_queues_the_latest_checkpoint_first(queue):
-    """``enqueue`` sends the latest checkpoint's layers first (the jobs come back in the
-    order asked for): one worker summarizes step 300 first, and 256 and 128 each measure
-    the final circuit in their own summaries, so nothing is loaded again afterwards."""
+def test_one_request_queues_the_latest_checkpoint_first(queue, monkeypatch):
+    """``enqueue`` sends the latest checkpoint's layers first, then the other jobs' first
+    layers, then their second (the jobs come back in the order asked for): one worker
+    summarizes step 300 first, and 256 and 128 each measure the final circuit in their
+    own summaries, so nothing is loaded again afterwards. A process that computed a layer
+    of 256 or 128 goes on with that job's other layer (layer affinity), so each of them
+    is prepared once; 300's two layers run side by side. Visibility timeout 10 minutes:
+    the affinity stops at half of it (the fixture's 3 s would stop it at once)."""
+    monkeypatch.setenv("NCAT_VISIBILITY_TIMEOUT", "600")
     sent: list[tuple[int, int]] = []
     broker = enq._broker_send(queue.url)
 
@@ -97,11 +102,18 @@ def test_one_request_queues_the_latest_checkpoint_first(queue):
     jobs = enq.enqueue(queue.url, queue.name, "128,256,300", CONFIG, send=send)
     assert [j.step for j in jobs] == [128, 256, 300]
     layers = list(range(TINY.n_layers))
-    assert sent == [(j.job_id, x) for j in jobs[::-1] for x in layers]
+    latest, *rest = jobs[::-1]
+    assert sent == [(latest.job_id, x) for x in layers] + [
+        (j.job_id, x) for x in layers for j in rest]
     queue.start_worker()
     wait_until(lambda: all_done(queue.url), what="the three jobs done")
     log = queue.worker_log()
     assert _filled(log) == [], log[-3000:]
+    prepared = re.findall(r"job \d+: \S+ step (\d+) prepared in process", log)
+    assert sorted(prepared.count(s) for s in ("128", "256")) == [1, 1], prepared
+    for j in rest:  # its other layers taken on by the process that prepared it
+        assert len(re.findall(rf"job {j.job_id} layer [1-9]\d*: computed \(taken on",
+                              log)) == TINY.n_layers - 1, log[-3000:]
     with store.connect(queue.url) as conn:
         assert conn.execute(
             "SELECT DISTINCT c.step, f.step FROM final_circuit_point p JOIN checkpoint c "
