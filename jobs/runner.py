@@ -186,9 +186,9 @@ def rest_of_job(url: str, job_id: int, worker: str, began: float) -> None:
     prepared (the model loaded, every layer's grid pass run), so it goes on with the job's
     layers that no one has started, each under its own lock as its own delivery would
     (a layer another session holds is left to it); each one's message, when it comes,
-    finds it done. Without this, two processes took the two layers of one checkpoint and
-    each prepared it: the demo's 14 checkpoints were prepared about 30 times. The
-    enqueue order (``jobs.enqueue.send_order``) deals the other layers out after every
+    finds it done. Without this, two processes that took the two layers of one checkpoint
+    each prepared it (in the test that queues three checkpoints at once on two processes,
+    each earlier one twice). The enqueue order (``jobs.enqueue.send_order``) deals the other layers out after every
     job's first, so processes start on different checkpoints. It stops once the task has
     run half the broker's visibility timeout (past it, the broker would deliver the task
     again), and where the database connection drops (the layer's own message takes it)."""
