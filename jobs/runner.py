@@ -188,10 +188,11 @@ def rest_of_job(url: str, job_id: int, worker: str, began: float) -> None:
     (a layer another session holds is left to it); each one's message, when it comes,
     finds it done. Without this, two processes that took the two layers of one checkpoint
     each prepared it (in the test that queues three checkpoints at once on two processes,
-    each earlier one twice). The enqueue order (``jobs.enqueue.send_order``) deals the other layers out after every
-    job's first, so processes start on different checkpoints. It stops once the task has
-    run half the broker's visibility timeout (past it, the broker would deliver the task
-    again), and where the database connection drops (the layer's own message takes it)."""
+    each earlier one twice). The enqueue order (``jobs.enqueue.send_order``) deals the
+    other layers out after every job's first, so processes start on different
+    checkpoints. It stops once the task has run half the broker's visibility timeout
+    (past it, the broker would deliver the task again), and where the database
+    connection drops (the layer's own message takes it)."""
     limit = get_settings().ncat_visibility_timeout / 2
     with store.connect(url, autocommit=True) as conn:
         todo = jobdb.queued_layers(conn, job_id)
