@@ -194,8 +194,12 @@ def rest_of_job(url: str, job_id: int, worker: str, began: float) -> None:
     (past it, the broker would deliver the task again), and where the database
     connection drops (the layer's own message takes it)."""
     limit = get_settings().ncat_visibility_timeout / 2
-    with store.connect(url, autocommit=True) as conn:
-        todo = jobdb.queued_layers(conn, job_id)
+    try:
+        with store.connect(url, autocommit=True) as conn:
+            todo = jobdb.queued_layers(conn, job_id)
+    except TRANSIENT as exc:  # the layer asked for is stored; the others have messages
+        log.warning("job %s: its other layers left to their own messages (%s)", job_id, exc)
+        return
     for layer in todo:
         if time.monotonic() - began > limit:
             return
