@@ -182,17 +182,13 @@ def process_layer(url: str, job_id: int, layer: int, worker: str,
 
 
 def rest_of_job(url: str, job_id: int, worker: str, began: float) -> None:
-    """Layer affinity: after computing a layer, this process has the job's checkpoint
-    prepared (the model loaded, every layer's grid pass run), so it goes on with the job's
-    layers that no one has started, each under its own lock as its own delivery would
-    (a layer another session holds is left to it); each one's message, when it comes,
-    finds it done. Without this, two processes that took the two layers of one checkpoint
-    each prepared it (in the test that queues three checkpoints at once on two processes,
-    each earlier one twice). The enqueue order (``jobs.enqueue.send_order``) deals the
-    other layers out after every job's first, so processes start on different
-    checkpoints. It stops once the task has run half the broker's visibility timeout
-    (past it, the broker would deliver the task again), and where the database
-    connection drops (the layer's own message takes it)."""
+    """Layer affinity: this process has the job's checkpoint prepared (the model loaded,
+    every layer's grid pass run), so it goes on with the job's layers no one has started,
+    each under its own lock as its own delivery would (one another session holds is left
+    to it); their messages then find them done. Two processes on the two layers of one
+    checkpoint each prepared it (``jobs.enqueue.send_order`` deals out every job's first
+    layer before the others). It stops past half the visibility timeout (the broker
+    would deliver the task again) and where the database connection drops."""
     limit = get_settings().ncat_visibility_timeout / 2
     try:
         with store.connect(url, autocommit=True) as conn:
