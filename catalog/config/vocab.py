@@ -65,3 +65,6 @@ MAX_LEVELS = 1024
 # folds of the held-out fits (catalog.labels.fit_models); every cell of one unordered operand
 # pair in the same fold
 FOLDS = 5
+# the held-out models of the operands with one label's set that an operator's fit keeps for
+# the next checkpoint (``catalog.labels.rival_rule.set_model``), at most this many bytes
+SET_MODELS_BYTES = 64 << 20

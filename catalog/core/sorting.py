@@ -24,11 +24,15 @@ _LOW = np.uint64(0xFFFFFFFF)
 
 def order_keys(x: np.ndarray, descending: bool) -> np.ndarray:
     """uint32 keys of float32 ``x`` whose ascending integer order is ``x``'s ascending
-    order (descending: its descending order); -0.0 as 0.0."""
-    u = (x + np.float32(0.0)).view(np.uint32)  # -0.0 + 0.0 is 0.0
-    negative = (u & _SIGN) != 0
-    key = np.where(negative, ~u, u | _SIGN)
-    return ~key if descending else key
+    order (descending: its descending order); -0.0 as 0.0. A negative float's bits are
+    all flipped, a positive one's sign bit is set: each step in place on one new array."""
+    u = np.add(x, np.float32(0.0)).view(np.uint32)  # -0.0 + 0.0 is 0.0; a new array
+    flip = np.right_shift(u.view(np.int32), 31).view(np.uint32)  # all ones if negative
+    flip |= _SIGN
+    if descending:
+        np.invert(flip, out=flip)
+    u ^= flip
+    return u
 
 
 def row_order(x: np.ndarray, descending: bool = False) -> np.ndarray:
@@ -40,7 +44,9 @@ def row_order(x: np.ndarray, descending: bool = False) -> np.ndarray:
     n, c = x.shape
     if x.dtype != np.float32 or c >= 2**32 or np.isnan(x).any():
         return np.argsort(-x if descending else x, axis=1, kind="stable")
-    words = order_keys(x, descending).astype(np.uint64) << np.uint64(32)
+    words = order_keys(x, descending).astype(np.uint64)
+    words <<= np.uint64(32)
     words |= np.arange(c, dtype=np.uint64)
     words.sort(axis=1)
-    return (words & _LOW).astype(np.int64)
+    words &= _LOW  # the cells' indices, below 2^32: the same words read as int64
+    return words.view(np.int64)

@@ -27,6 +27,7 @@ label explains") states the rule this module implements:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,6 +124,8 @@ class OperandFit:
     _models: dict[str, FoldModel] = field(default_factory=dict)
     # each rival axis's fit with the operands (``rival_rule.projection``), built once
     _projections: dict = field(default_factory=dict)
+    # the operands with one label's set (``rival_rule.set_model``), the last used kept
+    _set_models: OrderedDict = field(default_factory=OrderedDict)
 
     @property
     def models(self) -> dict[str, FoldModel]:

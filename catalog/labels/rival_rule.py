@@ -11,11 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from catalog.config import vocab
+from catalog.core.digest import array_digest
 from catalog.labels.additive import BLOCK, partial_tests
 from catalog.labels.fit_models import (
     TSS,
     Design,
     Explanations,
+    FoldModel,
     fold_model,
     held_out_all,
     held_out_r2,
@@ -97,8 +100,7 @@ def explain_set(fit: OperandFit, maps: torch.Tensor, heuristic) -> np.ndarray:
     own result's factor does not, on ``*``'s many products), as ``explain`` judges
     every explanation."""
     a, b, r = fit.cells
-    member = np.asarray(heuristic.contains(a, b, r), dtype=np.int64)
-    model = fold_model([*fit.specs["operands"], member], fit.folds, fit.device)
+    model = set_model(fit, np.asarray(heuristic.contains(a, b, r), dtype=np.int64))
     out = []
     step = max(BLOCK, EXPLAIN_VALUES // max(fit.n_cells, 1))
     for s in range(0, len(maps), step):
@@ -106,6 +108,29 @@ def explain_set(fit: OperandFit, maps: torch.Tensor, heuristic) -> np.ndarray:
         out.append(held_out_r2(got["set"], got[TSS]))
     return torch.cat(out).cpu().numpy() if out else np.zeros(0)
 
+
+
+def set_model(fit: OperandFit, member: np.ndarray) -> FoldModel:
+    """The fold model of the operands with the set ``member`` (0/1 per cell), kept on the
+    fit for the next checkpoint (least recently used first out, within
+    ``SET_MODELS_BYTES``): the same model ``fold_model`` builds. A worker meets the same
+    labels' sets checkpoint after checkpoint: on the demo's grid about 60 models a
+    checkpoint, 2 s to build, about 1.6 MB each."""
+    key = array_digest(member)
+    kept = fit._set_models
+    if key in kept:
+        kept.move_to_end(key)
+        return kept[key]
+    model = fold_model([*fit.specs["operands"], member], fit.folds, fit.device)
+    kept[key] = model
+    while len(kept) > 1 and sum(_bytes(m) for m in kept.values()) > vocab.SET_MODELS_BYTES:
+        kept.popitem(last=False)
+    return model
+
+
+def _bytes(model: FoldModel) -> int:
+    return sum(t.element_size() * t.nelement()
+               for t in (model.inverse, model.const_cross, *model.groups))
 
 
 def beaten(m: Matches, fit: OperandFit, kv: torch.Tensor, maps: np.ndarray,

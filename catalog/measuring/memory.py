@@ -242,10 +242,11 @@ def label_fit_bytes(config) -> float:
     per operator, and again for its relabelled control, the rival sets, float64, and for
     the operator's own fit (the controls never explain: ``OperandFit.models``) the
     held-out fits' inverses (five folds of each model: the operands, the result, the
-    result of each operator with the operands)."""
+    result of each operator with the operands) and the models of the operands with a
+    label's set it keeps (``SET_MODELS_BYTES``)."""
     if not (config.result_beyond_operands and config.label_rule == "values"):
         return 0.0
-    from catalog.config.vocab import FOLDS, MAX_LEVELS
+    from catalog.config.vocab import FOLDS, MAX_LEVELS, SET_MODELS_BYTES
 
     side = config.operand_hi - config.operand_lo
     cells = float(side) ** 2
@@ -254,7 +255,7 @@ def label_fit_bytes(config) -> float:
     models = 0.0
     for op in config.operators:
         widths = [ops_w, levels[op]] + [ops_w + n for n in levels.values()]
-        models = max(models, FOLDS * sum(w * w for w in widths) * 8.0)
+        models = max(models, FOLDS * sum(w * w for w in widths) * 8.0 + SET_MODELS_BYTES)
     # the rivals (residues and digit patterns of three operators, a few hundred each) on
     # every cell (the windows keep each cell's bin and their roots' picks, not per-cell
     # rows: ``WindowScan``)

@@ -238,3 +238,30 @@ def test_a_top_set_bounds_the_random_control_only(bag):
                            random_pool=top)
     assert masks["knockout"][0].any()
     assert all((m & ~top[None]).sum() == 0 and m.any() for m in masks["random"])
+
+
+def test_the_sorted_top_mask_equals_the_stable_order():
+    """``top_mask`` (each row's last kept value found by a plain sort) keeps exactly the
+    neurons the stable order keeps: the largest scores of the pool, ties by index, with
+    ties at the cut, infinite scores, rows whose pool is smaller than the count, counts
+    per row or one for all, float32 and float64; NaN scores take the stable order."""
+    from catalog.explain.controls import _top_mask_by_order, top_mask
+
+    rng = np.random.default_rng(5)
+    shape = (40, 3, 64)
+    for trial in range(60):
+        score = rng.standard_normal(shape).astype(np.float32 if trial % 2 else np.float64)
+        if trial % 3 == 0:
+            score = np.round(score * 2)  # many ties, at the cut too
+        if trial % 5 == 0:
+            score[0, 0, :5], score[1, 1, 3:9] = -np.inf, np.inf
+        pool = rng.random(shape) < rng.random()
+        counts = rng.integers(0, 12, shape[:2]) if trial % 2 else int(rng.integers(0, 80))
+        want = _top_mask_by_order(np.where(pool, -score, np.inf), pool, counts)
+        got = top_mask(score, pool, counts)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got.sum(-1), np.minimum(
+            np.broadcast_to(counts, shape[:2]), pool.sum(-1)))
+    score[2, 1, 7] = np.nan
+    np.testing.assert_array_equal(top_mask(score, pool, 4), _top_mask_by_order(
+        np.where(pool, -score, np.inf), pool, 4))

@@ -12,6 +12,8 @@ comparison names another operator's result for windows of it; the label and the 
 comparison agree on every labelled map; true result sets keep their labels (the recall
 tests of test_operand_labels)."""
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +139,33 @@ def test_the_rival_axes_of_each_operator():
             assert len(v) == len(cells.a)
             swapped = axis_values(name, cells.b, cells.a)
             assert np.array_equal(v, swapped)  # the operands' order does not matter
+
+
+def test_a_label_sets_model_is_kept_for_the_next_checkpoint_within_its_bound(monkeypatch):
+    """``set_model`` (the held-out model of the operands with a label's set, step 5)
+    returns the model ``fold_model`` builds, keeps it on the fit so that the next
+    checkpoint's call builds nothing, and keeps no more bytes than its bound (the last
+    used stays)."""
+    from catalog.labels import fit_models, rival_rule
+
+    cells = cells_of("+", 20)
+    fit = operand_fit(ScienceConfig(operand_hi=20), cells)
+    fit._set_models.clear()
+    a, b, r = fit.cells
+    sets = [np.asarray(Heuristic("modulo", "result", (5, k)).contains(a, b, r), dtype=np.int64)
+            for k in range(4)]
+    built = []
+    real = fit_models.FoldModel.of
+    monkeypatch.setattr(fit_models.FoldModel, "of",
+                        classmethod(lambda cls, *x: built.append(1) or real(*x)))
+    ids = [id(rival_rule.set_model(fit, s)) for s in sets]  # no reference kept here
+    gc.collect()  # fold_model's own cache holds a model only while someone else does
+    assert len(built) == 4
+    first = [rival_rule.set_model(fit, s) for s in sets]
+    assert len(built) == 4 and [id(x) for x in first] == ids
+    want = fit_models.FoldModel.of([*fit.specs["operands"], sets[0]], fit.folds, fit.device)
+    torch.testing.assert_close(first[0].inverse, want.inverse, rtol=0, atol=0)
+    one = rival_rule._bytes(first[0])
+    monkeypatch.setattr(rival_rule.vocab, "SET_MODELS_BYTES", 2 * one)
+    rival_rule.set_model(fit, 1 - sets[0])
+    assert len(fit._set_models) == 2 and list(fit._set_models.values())[0] is first[3]

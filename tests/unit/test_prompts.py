@@ -56,6 +56,28 @@ def test_each_tokenizer_is_probed_once_until_it_changes(monkeypatch):
     assert detect_number_tokens(tok).vocab_size == first.vocab_size + 1 and len(calls) > 520
 
 
+def test_each_number_is_encoded_once_per_tokenizer_until_it_changes(monkeypatch):
+    """``encode_number`` keeps each tokenizer object's numbers: the same ids come back
+    without asking the tokenizer again (every checkpoint's prompts ask for the same
+    numbers), a list the caller may change without changing what is kept, and a
+    tokenizer given new tokens is asked again."""
+    from catalog.core import tokens
+
+    tok = number_tokenizer(520)
+    asked = []
+    real = tokens.encode
+    monkeypatch.setattr(tokens, "encode", lambda t, text: asked.append(text) or real(t, text))
+    want = tokens._encode_number(tok, 521)
+    asked.clear()
+    first = encode_number(tok, 521)
+    assert first == want and len(first) == 2 and asked
+    asked.clear()
+    first.append(-1)
+    assert encode_number(tok, 521) == want and asked == []
+    tok.add_tokens(["<|new|>"])
+    assert encode_number(tok, 521) == want and asked
+
+
 def test_prompt_counts_follow_the_limit():
     tok = number_tokenizer(15)
     cfg = ScienceConfig(operand_hi=10)
