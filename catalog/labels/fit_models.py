@@ -28,6 +28,28 @@ def levels(values: np.ndarray, most: int = MAX_LEVELS) -> np.ndarray:
     return g
 
 
+def held_bytes(obj, seen: set | None = None) -> int:
+    """The bytes of the tensors and arrays an object holds (through its attributes,
+    dicts, lists and tuples; a sparse tensor by its indices and values)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.is_sparse:
+            return held_bytes(obj._indices(), seen) + held_bytes(obj._values(), seen)
+        return obj.element_size() * obj.nelement()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(held_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(held_bytes(v, seen) for v in obj)
+    if hasattr(obj, "__dict__"):
+        return held_bytes(vars(obj), seen)
+    return 0
+
+
 class Design:
     """One-hot columns of several groupings of the cells, side by side: ``sums(y)`` is
     X'y for maps y (rows), dense or sparse by size; ``on_cells(c, upto)`` puts column

@@ -40,6 +40,7 @@ from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.digest import array_digest
 from catalog.labels import value_null
 from catalog.labels.additive import BLOCK, with_set
+from catalog.labels.fit_models import held_bytes
 from catalog.labels.gate import gate
 from catalog.labels.heuristics import (
     Cells,
@@ -78,28 +79,6 @@ FITS_KEPT_BYTES = 2 << 30
 # [0, 300) holds eight fits, 5.7 GB, and under the cap above each checkpoint built all
 # eight again (about 200 s on one core) while the next one evicted the last
 FAMILY_KEPT_BYTES = 8 << 30
-
-
-def held_bytes(obj, seen: set | None = None) -> int:
-    """The bytes of the tensors and arrays an object holds (through its attributes,
-    dicts, lists and tuples; a sparse tensor by its indices and values)."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
-        return 0
-    seen.add(id(obj))
-    if isinstance(obj, torch.Tensor):
-        if obj.is_sparse:
-            return held_bytes(obj._indices(), seen) + held_bytes(obj._values(), seen)
-        return obj.element_size() * obj.nelement()
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(held_bytes(v, seen) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(held_bytes(v, seen) for v in obj)
-    if hasattr(obj, "__dict__"):
-        return held_bytes(vars(obj), seen)
-    return 0
 
 
 def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:

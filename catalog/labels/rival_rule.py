@@ -20,6 +20,7 @@ from catalog.labels.fit_models import (
     Explanations,
     FoldModel,
     fold_model,
+    held_bytes,
     held_out_all,
     held_out_r2,
 )
@@ -123,14 +124,9 @@ def set_model(fit: OperandFit, member: np.ndarray) -> FoldModel:
         return kept[key]
     model = fold_model([*fit.specs["operands"], member], fit.folds, fit.device)
     kept[key] = model
-    while len(kept) > 1 and sum(_bytes(m) for m in kept.values()) > vocab.SET_MODELS_BYTES:
+    while len(kept) > 1 and held_bytes(kept) > vocab.SET_MODELS_BYTES:
         kept.popitem(last=False)
     return model
-
-
-def _bytes(model: FoldModel) -> int:
-    return sum(t.element_size() * t.nelement()
-               for t in (model.inverse, model.const_cross, *model.groups))
 
 
 def beaten(m: Matches, fit: OperandFit, kv: torch.Tensor, maps: np.ndarray,

@@ -165,7 +165,7 @@ def test_a_label_sets_model_is_kept_for_the_next_checkpoint_within_its_bound(mon
     assert len(built) == 4 and [id(x) for x in first] == ids
     want = fit_models.FoldModel.of([*fit.specs["operands"], sets[0]], fit.folds, fit.device)
     torch.testing.assert_close(first[0].inverse, want.inverse, rtol=0, atol=0)
-    one = rival_rule._bytes(first[0])
+    one = fit_models.held_bytes(first[0])
     monkeypatch.setattr(rival_rule.vocab, "SET_MODELS_BYTES", 2 * one)
     rival_rule.set_model(fit, 1 - sets[0])
     assert len(fit._set_models) == 2 and list(fit._set_models.values())[0] is first[3]
