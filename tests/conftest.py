@@ -17,6 +17,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TEST_HOME = Path(os.environ.get("NCAT_TEST_HOME")
                  or Path(__file__).resolve().parents[1] / ".cache" / "test-home")
 os.environ["NCAT_HOME"] = str(TEST_HOME)
+# the label rule's fits are not kept on disk between test processes (tests count what is
+# built); the README's commands run with the store as a user's do, and
+# tests/unit/test_fit_store.py turns it on where it tests it
+os.environ["NCAT_FIT_CACHE_BYTES"] = "0"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
                                   "explorer's Prompt page explains in its own process; "
                                   "larger ones go to a worker as a job (jobs.explain_jobs) "
                                   "and show what it stored")
+    ncat_fit_cache_bytes: int = Field(
+        4 * 1024**3, ge=0, description="bytes of the label rule's fits (they depend on the "
+                                       "config and the operand grid, not the weights) kept "
+                                       "in NCAT_HOME/fits for the next process, least "
+                                       "recently used removed first; 0: none kept")
     ncat_max_attempts: int = Field(
         5, ge=1, description="a layer lost this many times since it was last queued (its "
                              "process died, its task or its database connection was lost) "

@@ -2,7 +2,8 @@
 object each (``families``), the heuristics (``heuristics``), Algorithm 1's scores
 (``matching``, ``matches``), the label rule's tests (``significance``, ``value_null``
 and its exact ``tails``), whether a result label says more than the operands
-(``operand_fit``, its ``additive`` fit, ``fit_models``), one operator's labels end to
+(``operand_fit``, its ``additive`` fit, ``fit_models``, kept on disk by
+``fit_store``), one operator's labels end to
 end (``operator_labels``), and whether important neurons are labelled more often
 (``enrichment``).
 

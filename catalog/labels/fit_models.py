@@ -14,6 +14,7 @@ import torch
 
 from catalog.config.vocab import FOLDS, MAX_LEVELS
 from catalog.core.digest import array_digest
+from catalog.labels import fit_store
 
 # one-hot designs with more cells x columns than this are kept sparse
 DENSE_LIMIT = 20_000_000
@@ -245,12 +246,15 @@ _MODELS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def fold_model(groups: list[np.ndarray], folds: np.ndarray, device) -> FoldModel:
     """``FoldModel.of(groups, folds, device)``, the same object for the same groupings
     (as partitions of the cells, level numbers included), folds and device while any
-    holder keeps it."""
+    holder keeps it, and on disk for the next process (``catalog.labels.fit_store``)."""
     key = (array_digest(*(np.asarray(x, dtype=np.int64) for x in (*groups, folds))),
            str(device))
     model = _MODELS.get(key)
     if model is None:
-        model = FoldModel.of(groups, folds, device)
+        model = fit_store.load("fold-model", key, FoldModel, device)
+        if model is None:
+            model = FoldModel.of(groups, folds, device)
+            fit_store.save("fold-model", key, model, held_bytes(model))
         _MODELS[key] = model
     return model
 

@@ -38,7 +38,7 @@ import torch
 
 from catalog.config.vocab import FIT_COLS, FIT_OP_COLS
 from catalog.core.digest import array_digest
-from catalog.labels import value_null
+from catalog.labels import fit_store, value_null
 from catalog.labels.additive import BLOCK, with_set
 from catalog.labels.fit_models import held_bytes
 from catalog.labels.gate import gate
@@ -84,7 +84,9 @@ FAMILY_KEPT_BYTES = 8 << 30
 def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> OperandFit:
     """``build_operand_fit``, kept per process for the same config, cells and device (the
     fit holds no state between calls: ``OperandFit.hold`` is released by its caller),
-    the fits kept within ``FITS_KEPT_BYTES`` and ``FAMILY_KEPT_BYTES`` (``_evict``)."""
+    the fits kept within ``FITS_KEPT_BYTES`` and ``FAMILY_KEPT_BYTES`` (``_evict``), and
+    on disk for the next process (``catalog.labels.fit_store``, saved as built: its
+    explanation models are stored by ``fold_model``)."""
     digest = array_digest(*(np.asarray(x, dtype=np.int64)
                             for x in (cells.a, cells.b, cells.result)))
     key = (config.config_hash(), cells.op, cells.lo, cells.hi, digest,
@@ -92,7 +94,10 @@ def operand_fit(config, cells, device: str | torch.device | None = "cpu") -> Ope
     if key in _FITS:
         _FITS.move_to_end(key)
         return _FITS[key]
-    fit = build_operand_fit(config, cells, device)
+    fit = fit_store.load("fit", key, OperandFit, device)
+    if fit is None:
+        fit = build_operand_fit(config, cells, device)
+        fit_store.save("fit", key, fit, held_bytes(fit))
     _FITS[key] = fit
     _evict(key)
     return fit

@@ -41,6 +41,7 @@ import redis
 from sqlalchemy.engine import make_url
 
 from catalog import builtin
+from catalog.config.settings import Settings
 from schema import store
 
 from helpers import drop_database, forget_queue, new_database_url, reader_url
@@ -90,6 +91,8 @@ class Env:
         self.queue = f"readme-{uuid.uuid4().hex[:8]}"
         self.work = work
         self.vars = dict(os.environ, DATABASE_URL=url, REDIS_URL=redis_url, NCAT_QUEUE=self.queue,
+                         NCAT_FIT_CACHE_BYTES=str(Settings.model_fields[
+                             "ncat_fit_cache_bytes"].default),  # a user's default
                          PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                          NCAT_HOME=str(_test_home(work)))
         self.procs: list[subprocess.Popen] = []
