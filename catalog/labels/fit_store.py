@@ -5,8 +5,8 @@ on the science config and the operand grid alone, never on the weights: every pr
 catalogs a checkpoint of a config builds the same ones again (about 20 s of one core for
 the demo's four operators on [0, 100), a third of a steady-state checkpoint). They are
 kept under ``NCAT_HOME/fits``, one file per object, named by what it is built from and by
-a digest of the code that builds it (the label, config and core packages, numpy's and
-torch's versions): a changed rule is a new name, never an old fit read as new. Files are
+a digest of the code that builds it (the labels package and those it may import, numpy's
+and torch's versions): a changed rule is a new name, never an old fit read as new. Files are
 written whole (a temporary file renamed into place), read back on the device they were
 built for, and the least recently used are removed past ``NCAT_FIT_CACHE_BYTES``
 (``0``: nothing is kept; an object larger than the bound is not written). A file that
@@ -34,11 +34,13 @@ T = TypeVar("T")
 
 @functools.cache
 def code_version() -> str:
-    """A digest of the sources the fits are built by (catalog's labels, config and core
-    packages) and of numpy's and torch's versions."""
+    """A digest of the sources the fits are built by (catalog's labels package and every
+    package it may import) and of numpy's and torch's versions."""
+    from catalog.labels import MAY_IMPORT
+
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.blake2b(digest_size=16)
-    for sub in ("labels", "config", "core"):
+    for sub in ("labels", *MAY_IMPORT):
         for path in sorted((root / sub).rglob("*.py")):
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
