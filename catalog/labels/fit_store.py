@@ -21,6 +21,7 @@ import functools
 import hashlib
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +31,9 @@ import torch
 from catalog.config.settings import get_settings
 
 T = TypeVar("T")
+
+# a file still being written after this long was left by a process that was killed
+STALE_WRITE_SECONDS = 3600
 
 
 @functools.cache
@@ -108,15 +112,19 @@ def save(kind: str, key: tuple, obj: object, size: int) -> None:
 
 def trim(folder: Path, bound: int) -> None:
     """Remove the least recently used stored files until those left hold ``bound`` bytes
-    at most."""
+    at most, and any file a process began writing over ``STALE_WRITE_SECONDS`` ago (it
+    was killed while writing)."""
     files = []
+    now = time.time()
     for path in folder.glob("*.pt"):
-        if path.name.startswith(".writing-"):
-            continue
         try:
             st = path.stat()
         except FileNotFoundError:
             continue  # removed by another process meanwhile
+        if path.name.startswith(".writing-"):
+            if now - st.st_mtime > STALE_WRITE_SECONDS:
+                path.unlink(missing_ok=True)
+            continue
         files.append((st.st_mtime, st.st_size, path))
     total = sum(size for _, size, _ in files)
     for _, size, path in sorted(files, key=lambda f: (f[0], f[2].name)):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import numpy as np
 import pytest
@@ -110,12 +111,18 @@ def test_the_least_recently_used_files_go_first_past_the_bound(store, monkeypatc
         (store / f"fit-{name}.pt").write_bytes(b"x" * 100)
         os.utime(store / f"fit-{name}.pt", (1000 + i, 1000 + i))
     os.utime(store / "fit-a.pt", (2000, 2000))  # read back last
+    # what a process killed while writing left, an hour and a minute ago, and one being
+    # written now by another process
+    for name, age in (("old", 3660), ("now", 0)):
+        (store / f".writing-{name}.pt").write_bytes(b"x" * 10)
+        os.utime(store / f".writing-{name}.pt", (time.time() - age, time.time() - age))
     fit_store.trim(store, 250)
-    assert sorted(p.name for p in store.glob("*.pt")) == ["fit-a.pt", "fit-d.pt"]
+    assert sorted(p.name for p in store.glob("*.pt")) == [".writing-now.pt", "fit-a.pt",
+                                                          "fit-d.pt"]
     # an object larger than the bound is not written at all
     monkeypatch.setenv("NCAT_FIT_CACHE_BYTES", "150")
     fit_store.save("fit", ("big",), torch.zeros(1000), 4000)
-    assert sorted(p.name for p in store.glob("*.pt")) == ["fit-a.pt", "fit-d.pt"]
+    assert sorted(p.name for p in store.glob("fit-*.pt")) == ["fit-a.pt", "fit-d.pt"]
 
 
 def test_off_or_unwritable_the_fit_is_built_and_nothing_fails(store, tmp_path, monkeypatch):
