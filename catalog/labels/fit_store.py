@@ -52,8 +52,18 @@ def code_version() -> str:
     return digest.hexdigest()
 
 
+# the folder's stored bytes as this process last counted them (``trim``) plus what it
+# wrote since: the folder is listed again only when that passes the bound (a process
+# building the demo's fits writes over 300 files; listing the folder after each was
+# quadratic). Other processes' writes are counted at the next listing, by whichever
+# process lists first.
+_COUNTED: dict[Path, int] = {}
+
+
+@functools.cache
 def where() -> tuple[Path, int] | None:
-    """The store's folder and byte bound from the settings; None when the bound is 0."""
+    """The store's folder and byte bound from this process's settings (read once: a
+    fold model is looked up hundreds of times per fit); None when the bound is 0."""
     settings = get_settings()
     if settings.ncat_fit_cache_bytes <= 0:
         return None
@@ -105,15 +115,18 @@ def save(kind: str, key: tuple, obj: object, size: int) -> None:
             os.replace(tmp, path)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        trim(folder, bound)
+        counted = _COUNTED.get(folder)
+        written = path.stat().st_size
+        _COUNTED[folder] = (trim(folder, bound) if counted is None or counted + written > bound
+                            else counted + written)
     except OSError:
         pass  # a read-only or full home: built again next time
 
 
-def trim(folder: Path, bound: int) -> None:
+def trim(folder: Path, bound: int) -> int:
     """Remove the least recently used stored files until those left hold ``bound`` bytes
     at most, and any file a process began writing over ``STALE_WRITE_SECONDS`` ago (it
-    was killed while writing)."""
+    was killed while writing); the stored bytes left."""
     files = []
     now = time.time()
     for path in folder.glob("*.pt"):
@@ -132,3 +145,4 @@ def trim(folder: Path, bound: int) -> None:
             break
         path.unlink(missing_ok=True)
         total -= size
+    return total

@@ -21,14 +21,24 @@ from catalog.labels import operator_labels as ol
 CONFIG = ScienceConfig(operand_hi=16)
 
 
+def _bound(monkeypatch, value: int) -> None:
+    """``NCAT_FIT_CACHE_BYTES`` set, as a new process would read it."""
+    monkeypatch.setenv("NCAT_FIT_CACHE_BYTES", str(value))
+    fit_store.where.cache_clear()
+    monkeypatch.setattr(fit_store, "_COUNTED", {})
+
+
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    """The store on, in a home of its own; this process's in-memory fits forgotten."""
+    """The store on, in a home of its own; this process's in-memory fits forgotten. The
+    settings read back at the end (the rest of the suite runs with the store off)."""
     monkeypatch.setenv("NCAT_HOME", str(tmp_path))
-    monkeypatch.setenv("NCAT_FIT_CACHE_BYTES", str(1 << 30))
+    _bound(monkeypatch, 1 << 30)
     monkeypatch.setattr(ol, "_FITS", ol.OrderedDict())
     monkeypatch.setattr(fit_models, "_MODELS", fit_models.weakref.WeakValueDictionary())
-    return tmp_path / "fits"
+    yield tmp_path / "fits"
+    monkeypatch.undo()
+    fit_store.where.cache_clear()
 
 
 def _forget(monkeypatch) -> None:
@@ -120,16 +130,25 @@ def test_the_least_recently_used_files_go_first_past_the_bound(store, monkeypatc
     assert sorted(p.name for p in store.glob("*.pt")) == [".writing-now.pt", "fit-a.pt",
                                                           "fit-d.pt"]
     # an object larger than the bound is not written at all
-    monkeypatch.setenv("NCAT_FIT_CACHE_BYTES", "150")
-    fit_store.save("fit", ("big",), torch.zeros(1000), 4000)
+    _bound(monkeypatch, 5000)
+    fit_store.save("fit", ("big",), torch.zeros(1000), 10_000)
     assert sorted(p.name for p in store.glob("fit-*.pt")) == ["fit-a.pt", "fit-d.pt"]
+    # saves (about 2 kB each on disk) list the folder once, then again only when what was
+    # counted and written since passes the bound; then the least recently used go first
+    for name in ("s1", "s2"):
+        fit_store.save("fit", (name,), torch.zeros(100), 400)
+    assert len(list(store.glob("fit-*.pt"))) == 4  # 4.1 kB: under the bound
+    fit_store.save("fit", ("s3",), torch.zeros(100), 400)
+    left = {p.name for p in store.glob("fit-*.pt")}
+    assert len(left) == 2 and not left & {"fit-a.pt", "fit-d.pt"}
+    assert sum(p.stat().st_size for p in store.glob("fit-*.pt")) <= 5000
 
 
 def test_off_or_unwritable_the_fit_is_built_and_nothing_fails(store, tmp_path, monkeypatch):
     cells = cells_of("-", 12)
-    monkeypatch.setenv("NCAT_FIT_CACHE_BYTES", "0")
+    _bound(monkeypatch, 0)
     assert ol.operand_fit(CONFIG, cells).op == "-" and not store.exists()
-    monkeypatch.setenv("NCAT_FIT_CACHE_BYTES", str(1 << 30))
+    _bound(monkeypatch, 1 << 30)
     store.write_text("a file where the folder would be")
     _forget(monkeypatch)
     assert ol.operand_fit(CONFIG, cells).op == "-"
